@@ -1,0 +1,74 @@
+# cxr_audit: two commands on a fresh machine.
+#   make demo  -> sets up .venv and runs the full audit on the synthetic demo corpus (offline)
+#   make test  -> sets up .venv with the dev extra, checks notebook/module sync, runs every notebook and pytest
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+TORCH_PIN := torch==2.13.0
+SETUP_FILES := settings.ini setup.py
+OUT ?= demo_out
+
+.PHONY: demo test sync-check docs lab export clean install-generate bench readme
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps keyed on the packaging files: re-install only when they change.
+$(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.stamp-dev: $(SETUP_FILES) | $(PY)
+	$(PIP) -e ".[dev]"
+	touch $@ $(VENV)/.stamp-core
+
+# Whenever torch is needed, install the pinned CPU build first (an unpinned torch pulls a multi-GB CUDA build).
+$(VENV)/.stamp-generate: $(SETUP_FILES) | $(PY)
+	$(PIP) "$(TORCH_PIN)"
+	$(PIP) -e ".[generate]"
+	touch $@
+
+install-generate: $(VENV)/.stamp-generate
+
+demo: $(VENV)/.stamp-core
+	$(VENV)/bin/cxr-audit demo --out $(OUT)
+
+# Notebooks must be clean and exported modules must match them: clean + export must change nothing.
+sync-check: $(VENV)/.stamp-dev
+	@snap() { git diff --no-ext-diff -- nbs cxr_audit | md5sum; git ls-files -o --exclude-standard -- nbs cxr_audit | sort | xargs -r md5sum; }; \
+	before="$$(snap)"; \
+	$(VENV)/bin/nbdev_clean >/dev/null && $(VENV)/bin/nbdev_export; \
+	after="$$(snap)"; \
+	if [ "$$before" != "$$after" ]; then \
+	  echo "ERROR: notebooks were not clean or cxr_audit/ was out of sync with nbs/."; \
+	  echo "Run nbdev_clean && nbdev_export and commit the result. Changed:"; \
+	  git status --short -- nbs cxr_audit; exit 1; \
+	fi; echo "notebooks clean and in sync with cxr_audit/"
+
+test: sync-check
+	$(PY) -m pytest tests
+
+export: $(VENV)/.stamp-dev
+	$(VENV)/bin/nbdev_export
+	$(VENV)/bin/nbdev_clean
+
+# Docs: Quarto through nbdev when it is installed, otherwise the offline fallback renderer.
+docs: $(VENV)/.stamp-dev
+	@if command -v quarto >/dev/null 2>&1; then $(VENV)/bin/nbdev_docs; \
+	else $(PY) .ci/render_docs.py --out _docs; fi
+
+lab: $(VENV)/.stamp-dev
+	$(PIP) -e ".[lab]"
+	$(PY) -m ipykernel install --sys-prefix --name cxr_audit --display-name "cxr_audit (.venv)" >/dev/null
+	$(VENV)/bin/jupyter lab --notebook-dir=nbs --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+bench: $(VENV)/.stamp-dev
+	@for b in benchmarks/bench_*.py; do [ -e "$$b" ] && $(PY) "$$b"; done; true
+
+clean:
+	rm -rf _proc _docs $(OUT) .pytest_cache
+
+readme: $(VENV)/.stamp-dev
+	$(PY) .ci/render_docs.py --readme

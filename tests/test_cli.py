@@ -1,0 +1,98 @@
+"""The `cxr-audit` command, run as a real subprocess (the installed console script)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=None):
+    exe = shutil.which("cxr-audit", path=str(Path(sys.executable).parent)) or shutil.which("cxr-audit")
+    assert exe, "the cxr-audit console script is not installed (pip install -e .)"
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    a, b = tmp_path_factory.mktemp("demo_a"), tmp_path_factory.mktemp("demo_b")
+    ra = cli("demo", "--out", a, "--n-patients", 20, "--seed", 7)
+    rb = cli("demo", "--out", b, "--n-patients", 20, "--seed", 7)
+    return a, b, ra, rb
+
+
+def test_help_lists_subcommands():
+    r = cli("--help")
+    assert r.returncode == 0
+    for sub in ("demo", "audit", "validate"):
+        assert sub in r.stdout
+
+
+def test_demo_writes_all_files(demo_runs):
+    a, _, ra, _ = demo_runs
+    assert ra.returncode == 0, ra.stderr
+    assert str(a / "report.html") in ra.stdout
+    for name in ("studies.parquet", "generations.parquet", "findings.parquet", "progression.parquet",
+                 "manifest.json", "report.html"):
+        assert (a / name).is_file(), name
+    studies = pd.read_parquet(a / "studies.parquet")
+    assert studies["dataset"].str.startswith("synthetic").all()
+
+
+def test_report_is_self_contained(demo_runs):
+    page = (demo_runs[0] / "report.html").read_text(encoding="utf-8")
+    assert "<svg" in page and "Corpus overview" in page and "Synthetic data" in page
+    assert not re.search(r"<script[^>]*\bsrc\s*=\s*[\"']?https?://", page, re.I)
+    assert not re.search(r"<link[^>]*\bhref\s*=\s*[\"']?https?://", page, re.I)
+    assert not re.search(r"@import\s+url\(\s*[\"']?https?://", page, re.I)
+
+
+def test_same_seed_gives_identical_parquet(demo_runs):
+    a, b, _, _ = demo_runs
+    files = sorted(p.name for p in a.glob("*.parquet"))
+    assert len(files) == 4
+    for name in files:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_other_seed_differs(demo_runs, tmp_path):
+    assert cli("demo", "--out", tmp_path, "--n-patients", 20, "--seed", 8).returncode == 0
+    assert (tmp_path / "studies.parquet").read_bytes() != (demo_runs[0] / "studies.parquet").read_bytes()
+
+
+def test_audit_on_csv_inputs(demo_runs, tmp_path):
+    a = demo_runs[0]
+    studies = pd.read_parquet(a / "studies.parquet")
+    studies["image_paths"] = studies["image_paths"].map(";".join)
+    studies.to_csv(tmp_path / "studies.csv", index=False)
+    pd.read_parquet(a / "generations.parquet").to_csv(tmp_path / "generations.csv", index=False)
+    r = cli("audit", "--studies", tmp_path / "studies.csv", "--generations", tmp_path / "generations.csv",
+            "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert "Corpus overview" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+
+
+def test_missing_file_is_one_clear_line(tmp_path):
+    r = cli("audit", "--studies", tmp_path / "nope.csv", "--generations", tmp_path / "g.csv", "--out", tmp_path)
+    assert r.returncode == 2
+    assert "nope.csv: file not found" in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_missing_column_is_one_clear_line(demo_runs, tmp_path):
+    pd.read_parquet(demo_runs[0] / "generations.parquet").drop(columns="hypothesis").to_csv(tmp_path / "g.csv", index=False)
+    r = cli("audit", "--studies", demo_runs[0] / "studies.parquet", "--generations", tmp_path / "g.csv", "--out", tmp_path)
+    assert r.returncode == 2
+    assert "g.csv: missing column(s) 'hypothesis'" in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_validate(demo_runs):
+    r = cli("validate", "--studies", demo_runs[0] / "studies.parquet", "--generations", demo_runs[0] / "generations.parquet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
