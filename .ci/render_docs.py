@@ -45,8 +45,24 @@ def title_of(nb):
     return None
 
 
+def _directives(src):
+    "Quarto-style `#| key: value` lines of a cell as a dict."
+    out = {}
+    for l in src.splitlines():
+        m = re.match(r"\s*#\|\s*([\w-]+)\s*:?\s*(.*)$", l)
+        if m: out[m.group(1)] = m.group(2).strip().lower()
+    return out
+
+
+def _frontmatter_md(src):
+    "The raw YAML front matter nbdev makes from the title cell, back as `# title` + `> description`."
+    import yaml
+    fm = yaml.safe_load(src.strip().strip("-")) or {}
+    return f"# {fm.get('title', '')}\n\n> {fm.get('description', '')}".strip()
+
+
 def execute_and_process(path):
-    "Run the notebook, then apply nbdev's docs processors; return an nbformat node."
+    "Run the notebook, then apply nbdev's docs processors; return an nbformat node ready for nbconvert."
     import nbformat
     from execnb.nbio import nb2str, read_nb
     from execnb.shell import CaptureShell
@@ -58,17 +74,34 @@ def execute_and_process(path):
         shell.run_all(nb, exc_stop=True)
     FilterDefaults()(nb)
     node = nbformat.reads(nb2str(nb), as_version=4)
+    cells = []
     for c in node.cells:
         c.metadata.pop("execution", None)
-        if c.cell_type == "code":
-            c.source = "\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith("#|")).strip()
-    node.cells = [c for c in node.cells if not (c.cell_type == "code" and not c.source and not c.get("outputs"))]
+        if c.cell_type == "raw" and c.source.lstrip().startswith("---"):
+            cells.append(nbformat.v4.new_markdown_cell(_frontmatter_md(c.source))); continue
+        if c.cell_type != "code": cells.append(c); continue
+        d = _directives(c.source)
+        if d.get("include") == "false": continue
+        c.source = "\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith("#|")).strip()
+        tags = set(c.metadata.get("tags", []))
+        if d.get("echo") == "false" or not c.source: tags.add("remove_input")
+        if d.get("output") == "false": tags.add("remove_output")
+        c.metadata["tags"] = sorted(tags)
+        for o in c.get("outputs", []):
+            md = o.get("data", {}).get("text/markdown")
+            if md is not None:  # pandoc attributes ({target=...}, {#id}) mean nothing outside Quarto
+                o["data"]["text/markdown"] = re.sub(r"\{(?:target|#|\.)[^}\n]*\}", "", "".join(md))
+        if c.source or c.get("outputs"): cells.append(c)
+    node.cells = cells
     return node
 
 
 def body_html(node):
     from nbconvert import HTMLExporter
-    exp = HTMLExporter(template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True)
+    from traitlets.config import Config
+    cfg = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": ["remove_input"],
+                                            "remove_all_outputs_tags": ["remove_output"]}})
+    exp = HTMLExporter(config=cfg, template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exp.from_notebook_node(node)
     return re.sub(r'href="([\w\-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
 

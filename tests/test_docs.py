@@ -12,16 +12,20 @@ def load_renderer():
     return mod
 
 
-def test_core_page_renders_offline(tmp_path):
+def test_every_notebook_renders_offline(tmp_path):
     rd = load_renderer()
-    node = rd.execute_and_process(ROOT / "nbs" / "00_core.ipynb")
-    body = rd.body_html(node)
-    page = rd.page("core", body, [("index", "cxr_audit"), ("00_core", "core")], "00_core")
-    assert "sha256_frame" in page and "write_manifest" in page           # show_doc entries made it in
-    assert "#| export" not in page and "#| hide" not in page              # directives stripped
-    assert "from fastcore.test import" not in page                        # hidden cells removed
-    assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?://", page)
-    assert 'href="index.html"' in page
+    rd.render(tmp_path)                                                   # raises if any notebook fails
+    pages = {p.stem: p.read_text(encoding="utf-8") for p in tmp_path.glob("*.html")}
+    assert set(pages) == {p.stem for p in rd.notebooks()}
+    for name, page in pages.items():
+        assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?://", page), name
+        assert "#| " not in page and "{target=" not in page, name        # directives and pandoc attributes gone
+        assert "show_doc(" not in page, name                              # doc cells show output only
+        assert 'href="index.html"' in page, name
+    core = pages["00_core"]
+    assert "<h1" in core and "sha256_frame" in core and "write_manifest" in core
+    assert "from fastcore.test import" not in core                        # hidden cells removed
+    assert "data:image/svg+xml" in pages["14_audit"] or "<svg" in pages["14_audit"]  # figures are inline
 
 
 def test_readme_is_generated_from_index(tmp_path):
