@@ -20,7 +20,9 @@ $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
 	$(PIP) -e .
 	touch $@
 
+# The dev extra includes the generate extra (torch): the pinned CPU build goes in first.
 $(VENV)/.stamp-dev: $(SETUP_FILES) | $(PY)
+	$(PIP) "$(TORCH_PIN)"
 	$(PIP) -e ".[dev]"
 	touch $@ $(VENV)/.stamp-core
 
@@ -43,7 +45,7 @@ sync-check: $(VENV)/.stamp-dev
 	after="$$(snap)"; \
 	if [ "$$before" != "$$after" ]; then \
 	  echo "ERROR: notebooks were not clean or cxr_audit/ was out of sync with nbs/."; \
-	  echo "Run nbdev_clean && nbdev_export and commit the result. Changed:"; \
+	  echo "Run nbdev_clean && nbdev_export and commit the result (they have now been run here):"; \
 	  git status --short -- nbs cxr_audit; exit 1; \
 	fi; echo "notebooks clean and in sync with cxr_audit/"
 
@@ -59,9 +61,12 @@ docs: $(VENV)/.stamp-dev
 	@if command -v quarto >/dev/null 2>&1; then $(VENV)/bin/nbdev_docs; \
 	else $(PY) .ci/render_docs.py --out _docs; fi
 
-lab: $(VENV)/.stamp-dev
-	$(PIP) -e ".[lab]"
+$(VENV)/.stamp-lab: $(SETUP_FILES) | $(VENV)/.stamp-dev
+	$(PIP) -e ".[dev,lab]"
 	$(PY) -m ipykernel install --sys-prefix --name cxr_audit --display-name "cxr_audit (.venv)" >/dev/null
+	touch $@
+
+lab: $(VENV)/.stamp-lab
 	$(VENV)/bin/jupyter lab --notebook-dir=nbs --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 bench: $(VENV)/.stamp-dev
