@@ -29,7 +29,7 @@ def demo_runs(tmp_path_factory):
 def test_help_lists_subcommands():
     r = cli("--help")
     assert r.returncode == 0
-    for sub in ("demo", "audit", "validate"):
+    for sub in ("demo", "audit", "validate", "cohort"):
         assert sub in r.stdout
 
 
@@ -96,3 +96,20 @@ def test_validate(demo_runs):
     r = cli("validate", "--studies", demo_runs[0] / "studies.parquet", "--generations", demo_runs[0] / "generations.parquet")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("ok")
+
+
+def test_cohort_subcommand(demo_runs, tmp_path):
+    r = cli("cohort", "--recipe", "003_lmimic", "--studies", demo_runs[0] / "studies.parquet", "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("cohort 003_lmimic")
+    for name in ("cohort.parquet", "flow.csv", "excluded.parquet", "manifest.json"):
+        assert (tmp_path / name).is_file(), name
+    flow = pd.read_csv(tmp_path / "flow.csv")
+    assert (flow["n_in"] - flow["n_out"] == flow["n_excluded"]).all()
+    kept, gone = pd.read_parquet(tmp_path / "cohort.parquet"), pd.read_parquet(tmp_path / "excluded.parquet")
+    assert len(kept) + len(gone) == len(pd.read_parquet(demo_runs[0] / "studies.parquet"))
+
+
+def test_cohort_unknown_recipe_is_refused(demo_runs, tmp_path):
+    r = cli("cohort", "--recipe", "nope", "--studies", demo_runs[0] / "studies.parquet", "--out", tmp_path)
+    assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
