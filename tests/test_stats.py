@@ -1,0 +1,297 @@
+"""Cross-checks of cxr_audit.stats against naive loops, scipy, statsmodels and pingouin (test-only dependency).
+
+The notebook (nbs/04_stats.ipynb) holds the fast worked examples; the slower checks live here: the coverage
+simulation, many random cases against the reference libraries, and the exact-equality checks on larger inputs.
+"""
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.inter_rater import cohens_kappa
+from statsmodels.stats.multitest import multipletests
+
+from cxr_audit.core import sha256_frame
+from cxr_audit.stats import (agreement_stats, agreement_table, bootstrap, bootstrap_distinct, bootstrap_metrics,
+                             cohen_kappa, corpus_bleu, count_reversals, distinct_replicates, distinct_stats,
+                             exact_binomial_ci,
+                             gwet_ac1, holm, holm_family, icc2_1, incidence, kendalls_w, macro_f1, macro_stats,
+                             mean_stats, micro_f1, micro_stats, paired_bootstrap, percent_agreement, quadratic_kappa,
+                             rank_ci, rater_agreement, replicate_ranks, replicate_sums, resample_indices,
+                             resample_weights, within_one)
+
+
+# ---------------------------------------------------------------- exact equality with the naive evaluator loop
+def test_mean_equals_naive_loop_exactly():
+    x = np.round(np.random.default_rng(0).normal(0.5, 0.2, 500) * 256) / 256  # dyadic: every sum is exact
+    res = bootstrap(mean_stats(x), "mean", reps=3000, seed=2026)
+    naive = np.array([x[i].mean() for i in resample_indices(500, 3000, seed=2026)])
+    assert np.array_equal(res.replicates, naive)
+
+
+def test_micro_and_macro_f1_equal_naive_loop_exactly():
+    g = np.random.default_rng(1)
+    y_true, y_pred = g.random((400, 14)) < 0.2, g.random((400, 14)) < 0.25
+    tp, fp, fn = (y_true & y_pred), (~y_true & y_pred), (y_true & ~y_pred)
+    micro = bootstrap(micro_stats(tp.sum(1), fp.sum(1), fn.sum(1)), micro_f1, reps=1000, seed=3)
+    macro = bootstrap(macro_stats(tp, fp, fn), macro_f1, reps=1000, seed=3)
+    naive_micro, naive_macro = [], []
+    for i in resample_indices(400, 1000, seed=3):
+        t, p = y_true[i], y_pred[i]
+        a, b, c = (t & p).sum(), (~t & p).sum(), (t & ~p).sum()
+        naive_micro.append(2 * a / (2 * a + b + c))
+        a, b, c = (t & p).sum(0), (~t & p).sum(0), (t & ~p).sum(0)
+        den = 2 * a + b + c
+        f1 = np.where(den > 0, 2 * a / np.where(den > 0, den, 1), 0.0)
+        acc = 0.0
+        for v in f1: acc += v                          # classes added in order, as documented
+        naive_macro.append(acc / len(f1))
+    assert np.array_equal(micro.replicates, np.array(naive_micro))
+    assert np.array_equal(macro.replicates, np.array(naive_macro))
+
+
+def _ngrams(toks, k):
+    return Counter(tuple(toks[i:i + k]) for i in range(len(toks) - k + 1))
+
+
+def _pair_counts(ref, hyp, N):
+    m = [sum((_ngrams(hyp, k) & _ngrams(ref, k)).values()) for k in range(1, N + 1)]
+    return m + [max(len(hyp) - k + 1, 0) for k in range(1, N + 1)] + [len(hyp), len(ref)]
+
+
+def _naive_bleu(pairs, N):
+    tot = np.sum([_pair_counts(r, h, N) for r, h in pairs], axis=0).astype(float)
+    s = 0.0
+    with np.errstate(divide="ignore"):                    # an empty n-gram order gives log(0) = -inf, BLEU 0
+        for k in range(N): s += np.log(tot[k] / tot[N + k])  # numpy scalars: same rounding as the vectorized log
+    c, r = tot[2 * N], tot[2 * N + 1]
+    return (np.exp(1 - r / c) if c < r else 1.0) * np.exp(s / N)
+
+
+@pytest.mark.parametrize("clustered", [False, True])
+def test_bleu_like_ratio_equals_naive_loop_exactly(clustered):
+    g = np.random.default_rng(4)
+    vocab = "no acute cardiopulmonary process heart size normal lungs are clear small left pleural effusion".split()
+    refs = [list(g.choice(vocab, g.integers(5, 15))) for _ in range(120)]
+    hyps = [list(g.choice(vocab, g.integers(3, 15))) for _ in range(120)]
+    S = np.array([_pair_counts(r, h, 4) for r, h in zip(refs, hyps)], dtype=float)
+    clusters = np.arange(120) // 3 if clustered else None
+    res = bootstrap(S, corpus_bleu, reps=200, seed=7, clusters=clusters)
+    assert res.estimate == _naive_bleu(list(zip(refs, hyps)), 4)
+    if clustered:
+        members = [np.arange(c * 3, c * 3 + 3) for c in range(40)]
+        draws = [np.concatenate([members[c] for c in d]) for d in resample_indices(40, 200, seed=7)]
+    else:
+        draws = resample_indices(120, 200, seed=7)
+    naive = [_naive_bleu([(refs[i], hyps[i]) for i in d], 4) for d in draws]
+    assert np.array_equal(res.replicates, np.array(naive))
+
+
+def test_paired_differences_equal_naive_paired_loop():
+    g = np.random.default_rng(5)
+    n = 300
+    counts = {s: (g.integers(0, 5, n), g.integers(0, 3, n), g.integers(0, 3, n)) for s in "ABC"}
+    res = paired_bootstrap({s: micro_stats(*c) for s, c in counts.items()}, "micro_f1", reps=500, seed=11)
+
+    def f1(c, i):
+        tp, fp, fn = (v[i].sum() for v in c)
+        return 2 * tp / (2 * tp + fp + fn)
+    idx = resample_indices(n, 500, seed=11)
+    for k, (a, b) in enumerate(res.pairs):
+        sa, sb = res.systems[a], res.systems[b]
+        naive = np.array([f1(counts[sa], i) - f1(counts[sb], i) for i in idx])
+        assert np.array_equal(res.differences[k], naive)
+
+
+# ---------------------------------------------------------------- weights
+def test_cluster_weights_equal_explicit_cluster_resample():
+    g = np.random.default_rng(6)
+    labels = g.choice([f"p{i}" for i in range(37)], size=200)          # uneven cluster sizes
+    codes, uniq = pd.factorize(labels)                                  # first-appearance order (documented)
+    members = [np.flatnonzero(codes == c) for c in range(len(uniq))]
+    W = resample_weights(200, 300, seed=8, clusters=labels)
+    for b, draw in enumerate(resample_indices(len(uniq), 300, seed=8)):
+        units = np.concatenate([members[c] for c in draw])              # the explicit resampled data set
+        assert np.array_equal(W[b], np.bincount(units, minlength=200))
+
+
+def test_same_seed_same_replicates_and_clusters_matter():
+    x = mean_stats(np.random.default_rng(9).normal(size=240))
+    a = bootstrap(x, reps=400, seed=5, clusters=np.arange(240) // 4)
+    b = bootstrap(x, reps=400, seed=5, clusters=np.arange(240) // 4)
+    c = bootstrap(x, reps=400, seed=5, clusters=np.arange(240) % 60)   # same number of clusters, other members
+    assert np.array_equal(a.replicates, b.replicates)
+    assert sha256_frame(a.to_frame()) == sha256_frame(b.to_frame())
+    assert not np.array_equal(a.replicates, c.replicates)
+    assert not np.array_equal(a.replicates, bootstrap(x, reps=400, seed=6, clusters=np.arange(240) // 4).replicates)
+
+
+def test_chunking_does_not_change_results():
+    S = micro_stats(*np.random.default_rng(10).integers(0, 4, (3, 500)))
+    full = replicate_sums(S, reps=700, seed=1)
+    assert np.array_equal(full, replicate_sums(S, reps=700, seed=1, chunk=13))
+    assert np.array_equal(full, resample_weights(500, 700, seed=1) @ S)
+
+
+# ---------------------------------------------------------------- intervals against scipy
+def test_percentile_and_bca_intervals_match_scipy_within_monte_carlo_error():
+    x = np.random.default_rng(12).exponential(1.0, 150)
+    ours = bootstrap(mean_stats(x), reps=20000, seed=1)
+    for method in ("percentile", "BCa"):
+        ref = sps.bootstrap((x,), np.mean, n_resamples=20000, method=method, rng=2).confidence_interval
+        np.testing.assert_allclose(ours.conf_int(method.lower()), [ref.low, ref.high], atol=0.05 * ours.se * 3)
+
+
+def test_percentile_coverage_simulation():
+    # 400 data sets of 60 normal values; the 95% percentile interval should cover the true mean 92-98% of the time
+    g = np.random.default_rng(2026)
+    hits = 0
+    for k in range(400):
+        x = g.normal(1.0, 2.0, 60)
+        lo, hi = bootstrap(mean_stats(x), reps=1000, seed=k).conf_int()
+        hits += lo <= 1.0 <= hi
+    assert 0.92 <= hits / 400 <= 0.98, hits / 400
+
+
+# ---------------------------------------------------------------- multiple testing, kappa, ICC, W, AC1
+def test_holm_equals_statsmodels():
+    p = np.random.default_rng(13).random(9) ** 3
+    assert np.array_equal(holm(p), multipletests(p, method="holm")[1])
+
+
+def test_holm_family_adjusts_over_all_metrics():
+    g = np.random.default_rng(14)
+    sys_ = {s: mean_stats(g.normal(mu, 1, 200)) for s, mu in zip("ABCD", (0.3, 0.0, 0.1, 0.25))}
+    fam = bootstrap_metrics({"m1": (sys_, "mean"), "m2": (sys_, "mean"), "m3": (sys_, "mean")},
+                            reps=500, seed=2026, baseline="A")
+    t = holm_family(fam)
+    assert len(t) == 9
+    assert np.array_equal(t.p_holm.to_numpy(), multipletests(t.p.to_numpy(), method="holm")[1])
+
+
+@pytest.mark.parametrize("q", [2, 3, 4])
+def test_kappa_and_weighted_kappa_equal_statsmodels(q):
+    g = np.random.default_rng(q)
+    a = g.integers(0, q, 150)
+    b = np.where(g.random(150) < 0.6, a, g.integers(0, q, 150))
+    T = agreement_stats(a, b, range(q)).sum(0)
+    table = agreement_table(a, b, range(q)).to_numpy()
+    assert np.isclose(cohen_kappa(T), cohens_kappa(table).kappa, rtol=0, atol=1e-12)
+    assert np.isclose(quadratic_kappa(T), cohens_kappa(table, wt="quadratic").kappa, rtol=0, atol=1e-12)
+
+
+def test_ac1_hand_computed_three_categories():
+    # 20 items, categories 0/1/2. Cross-table (rows rater a, columns rater b):
+    #   [[6, 1, 0], [1, 7, 1], [0, 1, 3]] -> p_o = 16/20 = 0.8
+    # margins a: 7, 9, 4; b: 7, 9, 4 -> pi = 0.35, 0.45, 0.20
+    # p_e = (0.35*0.65 + 0.45*0.55 + 0.20*0.80) / (3 - 1) = (0.2275 + 0.2475 + 0.16) / 2 = 0.3175
+    # AC1 = (0.8 - 0.3175) / (1 - 0.3175) = 0.4825 / 0.6825 = 0.706959...
+    cells = [[6, 1, 0], [1, 7, 1], [0, 1, 3]]
+    a = [i for i in range(3) for j in range(3) for _ in range(cells[i][j])]
+    b = [j for i in range(3) for j in range(3) for _ in range(cells[i][j])]
+    T = agreement_stats(a, b).sum(0)
+    assert np.isclose(percent_agreement(T), 0.8)
+    assert np.isclose(gwet_ac1(T), 0.4825 / 0.6825)
+    assert np.isclose(within_one(T), 1.0)
+
+
+def test_icc21_equals_pingouin_icc_a1():
+    pg = pytest.importorskip("pingouin")
+    g = np.random.default_rng(15)
+    for n, k in [(6, 4), (30, 2), (70, 3)]:
+        Y = g.poisson(3, (n, 1)) + g.poisson(1, (n, k)) + np.arange(k) * 0.5
+        long = pd.DataFrame([(i, j, Y[i, j]) for i in range(n) for j in range(k)], columns=["t", "r", "s"])
+        ref = pg.intraclass_corr(long, targets="t", raters="r", ratings="s").set_index("Type").loc["ICC(A,1)"]
+        ours = icc2_1(Y)
+        assert np.isclose(ours.estimate, ref["ICC"], atol=1e-10)
+        assert np.isclose(ours.extra["F"], ref["F"], atol=1e-8) and np.isclose(ours.p, ref["pval"], rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(ours.conf_int(), ref["CI95"], atol=0.005 + 1e-9)  # pingouin rounds to 2 decimals
+
+
+def test_kendalls_w_textbook_and_friedman():
+    # ProofWiki, "Kendall's Coefficient of Concordance/Examples/Arbitrary Example 1": 4 judges rank 3 competitors,
+    # rank sums 7, 9, 8 (mean 8) -> S = 2 -> W = 12*2 / (4^2 * 3 * (3^2 - 1)) = 1/16
+    judges = np.array([[1, 3, 2], [1, 2, 3], [2, 3, 1], [3, 1, 2]])
+    assert np.isclose(kendalls_w(judges).estimate, 1 / 16)
+    g = np.random.default_rng(16)
+    for _ in range(20):
+        X = g.integers(0, 4, (5, 7)).astype(float)                        # many ties
+        w, f = kendalls_w(X), sps.friedmanchisquare(*X.T)
+        assert np.isclose(w.extra["chi2"], f.statistic) and np.isclose(w.p, f.pvalue)
+
+
+def test_exact_binomial_ci_matches_beta_quantiles():
+    for k, n in [(0, 5), (3, 10), (41, 70), (70, 70)]:
+        e = exact_binomial_ci(k, n)
+        lo = 0.0 if k == 0 else sps.beta.ppf(0.025, k, n - k + 1)
+        hi = 1.0 if k == n else sps.beta.ppf(0.975, k + 1, n - k)
+        np.testing.assert_allclose(e.conf_int(), [lo, hi], atol=1e-9)
+
+
+def test_rater_agreement_table_shapes_and_intervals():
+    g = np.random.default_rng(17)
+    a = g.integers(0, 2, 200); b = np.where(g.random(200) < 0.8, a, 1 - a)
+    t = rater_agreement(a, b, seed=1, clusters=np.arange(200) // 2)
+    assert list(t.columns) == ["measure", "estimate", "ci_low", "ci_high", "n", "method"]
+    assert (t.ci_low <= t.estimate).all() and (t.estimate <= t.ci_high).all()
+
+
+# ---------------------------------------------------------------- distinct items, ranks, reversals
+def test_distinct_counts_equal_naive_sets():
+    g = np.random.default_rng(18)
+    texts = [" ".join(g.choice(list("abcdef"), g.integers(2, 6))) for _ in range(150)]
+    grams = [list(zip(t.split(), t.split()[1:])) for t in texts]
+    X, _ = incidence(grams)
+    clusters = np.arange(150) // 5
+    members = [np.arange(c * 5, c * 5 + 5) for c in range(30)]
+    naive = [len({bg for c in d for i in members[c] for bg in grams[i]}) for d in resample_indices(30, 300, seed=3)]
+    assert np.array_equal(distinct_replicates(X, 300, seed=3, clusters=clusters), naive)
+    r = bootstrap_distinct(X, totals=[len(x) for x in grams], reps=300, seed=3, clusters=clusters, scheme="recount")
+    tot = np.array([len(x) for x in grams])
+    assert np.allclose(r.replicates, np.array(naive) / (resample_weights(150, 300, seed=3, clusters=clusters) @ tot))
+
+
+def test_ranks_and_reversals():
+    g = np.random.default_rng(19)
+    z = g.normal(0, 1, (4, 300)); z -= z.mean(1, keepdims=True)       # exact means 0.6, 0.4, 0.1, 0.0
+    sy = {s: mean_stats(z[i] + mu) for i, (s, mu) in enumerate(zip("ABCD", (0.6, 0.4, 0.1, 0.0)))}
+    res = paired_bootstrap(sy, reps=800, seed=0)
+    ranks = replicate_ranks(res)
+    assert ranks.shape == (800, 4) and (np.sort(ranks, 1) == np.arange(1, 5)).mean() > 0.99
+    rc = rank_ci(res)
+    assert rc.estimate.tolist() == [1, 2, 3, 4] and (rc.ci_low <= rc.estimate).all() and (rc.estimate <= rc.ci_high).all()
+    same = count_reversals(res, {"same": res})
+    assert same.loc[0, ["flips", "significant_flips", "verdict_changes"]].tolist() == [0, 0, 0]
+    rev = paired_bootstrap({s: mean_stats(-v[:, 0]) for s, v in sy.items()}, reps=800, seed=0)
+    counts = count_reversals(res, {"reversed": rev}).iloc[0]
+    assert counts.flips == 6 and counts.significant_flips == counts.verdict_changes
+
+
+@pytest.mark.parametrize("K,N,a", [(3000, 400, 1.1), (300, 400, 1.0), (20000, 1000, 1.3)])
+def test_distinct_ratio_coverage_shares_vs_recount(K, N, a):
+    # Reports drawn from a Zipf-like generator over K templates; the estimand is the expected unique-report ratio
+    # at sample size N. The per-unit share decomposition gives usable intervals; recounting distinct items in each
+    # resample is biased downward (repeated units add to the denominator only) and its intervals miss the truth.
+    g = np.random.default_rng(K)
+    p = 1 / np.arange(1, K + 1) ** a; p /= p.sum()
+    truth = np.mean([len(np.unique(g.choice(K, N, p=p))) / N for _ in range(4000)])
+    shares = recount = 0
+    for k in range(200):
+        X, _ = incidence([[v] for v in g.choice(K, N, p=p)])
+        lo, hi = bootstrap_distinct(X, reps=1000, seed=k).conf_int()
+        shares += lo <= truth <= hi
+        lo, hi = bootstrap_distinct(X, reps=1000, seed=k, scheme="recount").conf_int()
+        recount += lo <= truth <= hi
+    assert 0.90 <= shares / 200 <= 0.995, shares / 200
+    assert recount / 200 <= 0.05, recount / 200
+
+
+def test_distinct_stats_sum_to_distinct_counts():
+    g = np.random.default_rng(20)
+    items = [list(g.choice(50, g.integers(1, 8))) for _ in range(300)]
+    X, vocab = incidence(items)
+    S = distinct_stats(X, totals=[len(x) for x in items])
+    assert np.isclose(S[:, 0].sum(), len(vocab), rtol=0, atol=1e-9)
+    r = bootstrap_distinct(X, totals=[len(x) for x in items], reps=100, seed=0)
+    assert np.isclose(r.estimate, len(vocab) / sum(map(len, items)))
