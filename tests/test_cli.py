@@ -113,3 +113,32 @@ def test_cohort_subcommand(demo_runs, tmp_path):
 def test_cohort_unknown_recipe_is_refused(demo_runs, tmp_path):
     r = cli("cohort", "--recipe", "nope", "--studies", demo_runs[0] / "studies.parquet", "--out", tmp_path)
     assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+
+
+def test_review_prepare_and_analyse(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("review", "prepare", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet",
+            "--out", tmp_path / "rev", "--n", 3, "--strata", "dataset", "--simulate")
+    assert r.returncode == 0, r.stderr
+    key = tmp_path / "rev" / "key" / "review_key.csv"
+    assert key.is_file() and not any((tmp_path / "rev" / "phase1").rglob("*key*"))   # the key is kept apart
+    sims = sorted((tmp_path / "rev" / "simulated").glob("*.csv"))
+    r = cli("review", "analyse", "--key", key, "--ratings", *sims, "--out", tmp_path / "res")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "res" / "agreement.csv").is_file()
+    # an unfilled sheet is refused with the sheet, row and column named
+    blank = tmp_path / "rev" / "phase1" / "R1" / "R1_phase1.csv"
+    r = cli("review", "analyse", "--key", key, "--ratings", blank, "--out", tmp_path / "bad")
+    assert r.returncode == 2 and "R1_phase1.csv row 2, column major_omission" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_labels_and_trace_subcommands(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("labels", "--references", a / "studies.parquet", "--predictions", a / "generations.parquet",
+            "--out", tmp_path / "lab", "--reps", 50)
+    assert r.returncode == 0, r.stderr
+    assert any((tmp_path / "lab").iterdir())
+    fx = ROOT / "tests" / "fixtures" / "labels"
+    r = cli("trace", "--chexpert-csv", fx / "chexpert_labeled.csv", "--texts", fx / "chexpert_texts.csv", "--out", tmp_path / "tr")
+    assert r.returncode == 0, r.stderr
+    assert "Cardiomegaly" in r.stdout

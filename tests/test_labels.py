@@ -1,0 +1,277 @@
+"Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, readers, CLI."
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cxr_audit.core import InputError, sha256_frame, write_table
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, Labeler, align_labels, check_text_provenance, cli_labels,
+                              cli_trace, exclusion_sensitivity, findings_to_labels, from_wide, label_generations, label_reports,
+                              labels_report_blocks, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
+                              read_chexbert_csv, read_chexpert_csv, reference_texts, state_accuracy, to_binary, to_wide,
+                              trace_label_triggers)
+from cxr_audit.synth import make_demo_corpus
+
+FIX = Path(__file__).parent / "fixtures" / "labels"
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return pd.read_csv(FIX / "sentences.csv", keep_default_na=False)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return pd.read_csv(FIX / "reports.csv", keep_default_na=False)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return make_demo_corpus(40, seed=3)
+
+
+# --- the fixture: size, coverage and accuracy --------------------------------------------------------------------
+
+def test_fixture_size_and_coverage(sentences, reports):
+    assert len(sentences) >= 200 and len(reports) >= 50
+    assert reports.text.str.count(r"\.").ge(2).mean() > 0.9          # multi-sentence reports
+    exp = parse_expected(sentences.expected, ids=sentences.sentence_id)
+    for lab in CHEXPERT_13:                                             # every observation positive, negative and uncertain
+        assert {1.0, 0.0, -1.0} <= set(exp[lab].dropna()), lab
+
+
+def test_sentence_accuracy(sentences):
+    acc = state_accuracy(label_reports(sentences.text, ids=sentences.sentence_id),
+                         parse_expected(sentences.expected, ids=sentences.sentence_id), labels_order=CHEXPERT_13)
+    assert (acc.accuracy >= 0.9).all(), acc
+    assert acc.correct.sum() / acc.n.sum() >= 0.95
+
+
+def test_report_accuracy(reports):
+    acc = state_accuracy(label_reports(reports.text, ids=reports.report_id), parse_expected(reports.expected, ids=reports.report_id))
+    assert (acc.accuracy >= 0.9).all(), acc
+    assert acc.set_index("label").loc["No Finding", "n"] >= 10
+
+
+def test_accuracy_threshold_can_fail(sentences):
+    # a labeler that negates nothing must fall below the thresholds the tests above use
+    blind = Labeler(triggers={"negation": {"forward": [], "backward": [], "bidirectional": []}})
+    acc = state_accuracy(blind(sentences.text, ids=sentences.sentence_id), parse_expected(sentences.expected, ids=sentences.sentence_id),
+                         labels_order=CHEXPERT_13)
+    assert (acc.accuracy < 0.9).any()
+
+
+# --- normal heart-size wording -------------------------------------------------------------------------------------
+
+NORMAL_HEART = ["The heart size is within normal limits.", "Heart size is within normal limits.", "The heart is normal in size.",
+                "Normal cardiac silhouette.", "Heart size is normal.", "Heart size normal.", "Normal heart size.",
+                "The cardiac silhouette is normal in size.", "The heart is not enlarged.", "Heart size normal XXXX.",
+                "The cardiomediastinal silhouette is within normal limits.", "Normal heart size and mediastinal contours.",
+                "FINDINGS: The heart size is within normal limits. The lungs are clear.\nIMPRESSION: No acute process."]
+
+
+@pytest.mark.parametrize("text", NORMAL_HEART)
+def test_normal_heart_wording_is_never_cardiomegaly(text):
+    w = to_wide(label_reports([text]))
+    assert w.loc[0, "Cardiomegaly"] == 0.0
+
+
+def test_heart_wording_with_real_findings():
+    w = to_wide(label_reports(["Heart size is within normal limits, but there is a small right effusion.",
+                               "The heart size is within normal limits. Moderate cardiomegaly on the lateral view.",
+                               "Borderline heart size."]))
+    assert w.loc[0, ["Cardiomegaly", "Pleural Effusion"]].tolist() == [0.0, 1.0]
+    assert w.loc[1, "Cardiomegaly"] == 1.0                 # a positive mention wins over normal wording (documented precedence)
+    assert w.loc[2, "Cardiomegaly"] == -1.0
+
+
+def test_sim_template_never_cardiomegaly(demo):
+    g = demo.generations
+    tmpl = g[g.system == "sim-template"]
+    lab, _ = label_generations(tmpl)
+    pos = lab[(lab.label == "Cardiomegaly") & (lab.state == 1.0)]
+    # every positive comes from a real cardiac phrase, never from the template's normal wording
+    assert not pos.evidence.str.contains("normal", case=False).any()
+    assert pos.evidence.str.contains("cardiomegaly|enlarge", case=False).all()
+
+
+# --- the naive labeler's trigger -----------------------------------------------------------------------------------
+
+def test_probe_finds_the_naive_trigger():
+    ps = probe_summary(probe_labeler(naive_cardiac_labeler())).set_index("label")
+    assert ps.loc["Cardiomegaly", "triggers"] >= 5
+    assert ps.drop("Cardiomegaly").triggers.sum() == 0
+    assert probe_summary(probe_labeler(label_reports)).triggers.sum() == 0
+
+
+def test_trace_detects_the_naive_trigger(demo):
+    naive_lab, _ = label_generations(demo.generations, labeler=naive_cardiac_labeler())
+    texts = dict(zip(demo.generations.sample_id, demo.generations.hypothesis))
+    tr = trace_label_triggers(naive_lab, texts=texts)
+    f = tr.flags.set_index(["system", "label"])
+    row = f.loc[("sim-template/B4", "Cardiomegaly")]
+    assert row.dominated and row.top_evidence == "the heart size is within normal limits"
+    assert row.normal_wording_positives >= 0.8 * row.positives and row.with_term <= 0.2 * row.positives
+    # a system that really describes cardiomegaly has positives with the term
+    assert f.loc[("sim-verbose", "Cardiomegaly"), "with_term"] > 0
+    ours, _ = label_generations(demo.generations)
+    assert trace_label_triggers(ours).flags.normal_wording_positives.sum() == 0
+
+
+def test_trace_provenance_hashes(demo):
+    lab, _ = label_generations(demo.generations.head(30))
+    tr = trace_label_triggers(lab)
+    assert tr.rows.row_sha256.is_unique and tr.rows.row_sha256.str.len().eq(64).all()
+    again = trace_label_triggers(label_generations(demo.generations.head(30))[0])
+    assert tr.rows.row_sha256.tolist() == again.rows.row_sha256.tolist()
+
+
+# --- alignment -----------------------------------------------------------------------------------------------------
+
+def test_alignment_counts_by_hand():
+    ref = pd.DataFrame({"Cardiomegaly": [1, 1, 0, np.nan], "Edema": [0, 1, -1, 1]}, index=["a", "b", "c", "d"])
+    pred = pd.DataFrame({"Cardiomegaly": [1, 0, 1, np.nan], "Edema": [np.nan, 1, 1, -1]}, index=["a", "b", "c", "d"])
+    al = align_labels(ref, {"s": pred}, labels=["Cardiomegaly", "Edema"])
+    pl = al.per_label().set_index("label")
+    assert pl.loc["Cardiomegaly", ["tp", "fp", "fn", "tn"]].tolist() == [1, 1, 1, 1]
+    assert pl.loc["Edema", ["tp", "fp", "fn", "tn"]].tolist() == [1, 1, 1, 1]    # ref -1 is negative; pred -1 is negative
+    sm = al.summary(reps=50).set_index("metric")
+    assert sm.loc["micro_f1", "estimate"] == pytest.approx(2 * 2 / (2 * 2 + 2 + 2))
+    alu = align_labels(ref, {"s": pred}, labels=["Edema"], uncertain_positive=True).per_label().iloc[0]
+    assert [alu.tp, alu.fp, alu.fn, alu.tn] == [3, 0, 0, 1]
+    # per-case sufficient statistics sum to the per-label totals
+    S = al.case_stats("s", kind="micro")
+    assert S.sum(0).tolist() == [2, 2, 2]
+
+
+def test_alignment_matching_is_reported_not_guessed():
+    ref = from_wide(pd.DataFrame({"Edema": [1.0, 0.0]}, index=["s1", "s2"]))
+    pred = pd.DataFrame({"Edema": [1.0, 0.0, 1.0]}, index=["g1", "g2", "g3"])
+    al = align_labels(ref, {"x": pred}, case_map={"g1": "s1", "g2": "S2", "g3": "s1"})
+    assert al.matching.status.tolist() == ["matched", "no reference", "duplicate prediction"]
+    assert al.counts.reference_id.unique().tolist() == ["s1"]
+    with pytest.raises(InputError, match="case 'g2': no reference"):
+        align_labels(ref, {"x": pred}, case_map={"g1": "s1", "g2": "S2", "g3": "s1"}, strict=True)
+
+
+def test_chexpert5_and_binary_mapping():
+    assert to_binary([1, 0, -1, np.nan]).tolist() == [1, 0, 0, 0]
+    ref = pd.DataFrame({c: [1.0] for c in CHEXPERT_14}, index=["a"])
+    al = align_labels(ref, ref, labels=CHEXPERT_5)
+    assert set(al.counts.label) == set(CHEXPERT_5) and al.counts.tp.sum() == 5
+
+
+def test_exclusion_sensitivity_sign_flip():
+    idx = [f"s{i}" for i in range(40)]
+    ref = pd.DataFrame(0.0, index=idx, columns=list(CHEXPERT_5)); ref.iloc[:30, ref.columns.get_loc("Cardiomegaly")] = 1.0
+    ref.iloc[5:25, ref.columns.get_loc("Pleural Effusion")] = 1.0
+    a = pd.DataFrame(0.0, index=idx, columns=ref.columns); a["Cardiomegaly"] = 1.0
+    b = pd.DataFrame(0.0, index=idx, columns=ref.columns); b.iloc[5:25:3, b.columns.get_loc("Pleural Effusion")] = 1.0
+    es = exclusion_sensitivity(align_labels(ref, {"a": a, "b": b}, labels=CHEXPERT_5), compare=("a", "b"), reps=200, seed=1)
+    assert es.difference[0] > 0 > es.difference[1]
+    assert es.sign_flip.tolist() == [False, True]
+    # no flip when the excluded label does not drive the difference
+    es2 = exclusion_sensitivity(align_labels(ref, {"a": b, "b": a * 0}, labels=CHEXPERT_5), reps=0)
+    assert not es2.sign_flip.any()
+
+
+# --- readers -------------------------------------------------------------------------------------------------------
+
+def test_read_chexpert_csv():
+    lab = read_chexpert_csv(FIX / "chexpert_labeled.csv")
+    w = to_wide(lab)
+    assert list(w.columns) == list(CHEXPERT_14) and len(w) == 8
+    assert w.loc[0, "Cardiomegaly"] == 1.0 and w.loc[4, "No Finding"] == 1.0 and w.loc[5, "Atelectasis"] == -1.0
+    assert w.loc[7].isna().all() and lab.text[lab.text_id == 7].isna().all()
+
+
+def test_read_chexbert_csv_both_encodings(tmp_path):
+    cb = to_wide(read_chexbert_csv(FIX / "chexbert_labeled.csv"))
+    assert cb.loc[0, ["Cardiomegaly", "No Finding", "Edema"]].tolist()[:2] == [0.0, 1.0] and np.isnan(cb.loc[0, "Edema"])
+    assert cb.loc[1, ["Cardiomegaly", "Edema", "Pleural Effusion"]].tolist() == [1.0, -1.0, 0.0]
+    # the same labels in the CheXpert encoding read the same
+    raw = pd.read_csv(FIX / "chexbert_labeled.csv")
+    enc = raw.copy()
+    for c in CHEXPERT_14: enc[c] = raw[c].map({0: np.nan, 1: 1.0, 2: 0.0, 3: -1.0})
+    enc.to_csv(tmp_path / "cb.csv", index=False)
+    assert to_wide(read_chexbert_csv(tmp_path / "cb.csv")).equals(cb)
+    raw.loc[0, "Edema"] = 7
+    raw.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(InputError, match="column 'Edema'"):
+        read_chexbert_csv(tmp_path / "bad.csv", encoding="classes")
+
+
+def test_provenance_check():
+    given = pd.read_csv(FIX / "chexpert_texts.csv", keep_default_na=False)
+    prov = check_text_provenance(read_chexpert_csv(FIX / "chexpert_labeled.csv", ids=given.text_id), given)
+    assert prov.status.tolist().count("different") == 1
+    ws = check_text_provenance({"a": "No  effusion.", "b": "x"}, {"a": "No effusion.", "c": "y"}).set_index("text_id").status
+    assert ws.to_dict() == {"a": "whitespace only", "b": "missing", "c": "missing"}
+
+
+# --- bad inputs ----------------------------------------------------------------------------------------------------
+
+def test_bad_inputs_are_flagged_not_raised():
+    texts = [None, float("nan"), "", "   \n", 42, ["a list"], b"bytes", "<unk>", "[PAD] <pad>", "No effusion."]
+    lab = label_reports(texts)
+    flags = [None if pd.isna(f) else f for f in lab.drop_duplicates("text_id").flag]
+    assert flags == ["missing", "missing", "empty", "empty", "not text", "not text", "not text", "no words", "no words", None]
+    bad = lab[lab.text_id < 9]
+    assert bad.state.isna().all() and bad.flag.notna().all()
+    good = to_wide(lab).loc[9]
+    assert good["Pleural Effusion"] == 0.0 and good["No Finding"] == 1.0
+
+
+def test_determinism_and_cache():
+    texts = ["Mild cardiomegaly. No effusion.", "Possible small left pneumothorax.", None] * 3
+    a, b = label_reports(texts), Labeler(cache_size=0)(texts)
+    assert sha256_frame(a) == sha256_frame(b)
+
+
+def test_cues_do_not_hide_phrases(sentences, reports, demo):
+    # the cue pre-filter is only a speed-up: without it every sentence gets the same mentions
+    no_cues = Labeler(phrases={"observations": {o: {"cues": []} for o in CHEXPERT_13}})
+    with_cues = Labeler()
+    texts = list(sentences.text) + list(reports.text) + list(reference_texts(demo.studies)) + list(demo.generations.hypothesis.head(200))
+    assert sha256_frame(with_cues(texts).drop(columns="source")) == sha256_frame(no_cues(texts).drop(columns="source"))
+
+
+# --- ground truth, CLI and report blocks ---------------------------------------------------------------------------
+
+def test_findings_to_labels_and_reference_texts(demo):
+    truth = to_wide(findings_to_labels(demo.findings))
+    f = demo.findings
+    r = f.iloc[0]
+    assert truth.loc[r.study_id, r.observation] == {"present": 1.0, "uncertain": -1.0, "absent": 0.0}[r.status]
+    refs = reference_texts(demo.studies)
+    assert not refs.str.contains("INDICATION").any()
+
+
+def test_cli_labels_and_trace(tmp_path, demo):
+    write_table(demo.studies.head(12), tmp_path / "refs.parquet")
+    write_table(demo.generations[demo.generations.study_id.isin(demo.studies.study_id.head(12))], tmp_path / "gens.parquet")
+    msg = cli_labels({"references": tmp_path / "refs.parquet", "predictions": tmp_path / "gens.parquet", "out": tmp_path / "o",
+                      "labels": "5", "reps": 20})
+    assert "60/60 matched" in msg and "(5 labels)" in msg
+    counts = pd.read_parquet(tmp_path / "o" / "alignment_counts.parquet")
+    assert set(counts.label) == set(CHEXPERT_5)
+    # a minimal references table (study_id and text only) works too
+    minimal = demo.studies.head(12)[["study_id", "text"]]
+    minimal.to_csv(tmp_path / "refs.csv", index=False)
+    msg_min = cli_labels({"references": tmp_path / "refs.csv", "predictions": tmp_path / "gens.parquet", "out": tmp_path / "o2", "reps": 20})
+    assert "60/60 matched" in msg_min
+    given = pd.read_csv(FIX / "chexpert_texts.csv", keep_default_na=False)
+    given.to_parquet(tmp_path / "texts.parquet")
+    msg2 = cli_trace({"chexpert_csv": FIX / "chexpert_labeled.csv", "texts": tmp_path / "texts.parquet", "min_positives": 3})
+    assert "1 different" in msg2 and "Cardiomegaly" in msg2
+    with pytest.raises(InputError, match="pass id_column"):
+        given.head(3).to_parquet(tmp_path / "short.parquet")
+        cli_trace({"chexpert_csv": FIX / "chexpert_labeled.csv", "texts": tmp_path / "short.parquet"})
+
+
+def test_report_blocks(demo):
+    blocks = labels_report_blocks(demo.studies, demo.generations, demo.findings, reps=50, seed=0)
+    frames = [b for b in blocks if isinstance(b, pd.DataFrame)]
+    assert {"reference-report labels", "ground truth"} <= set(frames[0].reference)
+    assert any(hasattr(b, "to_dict") and type(b).__module__.startswith("altair") for b in blocks)
