@@ -26,13 +26,7 @@ from PIL import Image
 
 from cxr_audit.generate import (POLICIES, EarlyEOSSuppression, EOSReweight, HFReportGenerator, RecurrencePenalty,
                                 TemplatePhrasePenalty, load_image, tiny_model)
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
-    return min(times)
+from _timing import best_of
 
 
 def main():
@@ -60,12 +54,12 @@ def main():
                                           eos_token_id=3, **kw)
         gen.generate_batch(paths[:2], policy=pol["G1"])  # warm up
         res = {
-            "hf_greedy_s": best(lambda: raw(do_sample=False, repetition_penalty=1.15), a.repeat),
-            "ours_greedy_s": best(lambda: gen.generate_batch(paths, policy=pol["G1"]), a.repeat),
-            "ours_anti_template_s": best(lambda: gen.generate_batch(paths, policy=anti), a.repeat),
-            "hf_sample_s": best(lambda: raw(do_sample=True, top_k=50, repetition_penalty=1.05), a.repeat),
-            "ours_sample_s": best(lambda: gen.generate_batch(paths, policy=pol["K50"], seeds=range(a.n)), a.repeat),
-            "ours_sample_batch1_s": best(lambda: gen1.generate_batch(paths, policy=pol["K50"], seeds=range(a.n)), 1),
+            "hf_greedy_s": best_of(lambda: raw(do_sample=False, repetition_penalty=1.15), a.repeat),
+            "ours_greedy_s": best_of(lambda: gen.generate_batch(paths, policy=pol["G1"]), a.repeat),
+            "ours_anti_template_s": best_of(lambda: gen.generate_batch(paths, policy=anti), a.repeat),
+            "hf_sample_s": best_of(lambda: raw(do_sample=True, top_k=50, repetition_penalty=1.05), a.repeat),
+            "ours_sample_s": best_of(lambda: gen.generate_batch(paths, policy=pol["K50"], seeds=range(a.n)), a.repeat),
+            "ours_sample_batch1_s": best_of(lambda: gen1.generate_batch(paths, policy=pol["K50"], seeds=range(a.n)), 1),
         }
     res.update({
         "ratio_greedy_vs_hf": res["ours_greedy_s"] / res["hf_greedy_s"],

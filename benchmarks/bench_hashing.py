@@ -8,20 +8,13 @@ Run: .venv/bin/python benchmarks/bench_hashing.py [--rows N]
 import argparse
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from cxr_audit.core import sha256_frame
-
-
-def best_of(fn, repeat=5):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
-    return min(times)
+from _timing import best_of
 
 
 def main():
