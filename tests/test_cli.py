@@ -142,3 +142,11 @@ def test_labels_and_trace_subcommands(demo_runs, tmp_path):
     r = cli("trace", "--chexpert-csv", fx / "chexpert_labeled.csv", "--texts", fx / "chexpert_texts.csv", "--out", tmp_path / "tr")
     assert r.returncode == 0, r.stderr
     assert "Cardiomegaly" in r.stdout
+
+
+def test_concentration_subcommand(demo_runs, tmp_path):
+    r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "system,policy", "--out", tmp_path, "--reps", 200)
+    assert r.returncode == 0, r.stderr
+    assert any(tmp_path.iterdir())
+    r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "nope", "--out", tmp_path / "x", "--reps", 50)
+    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr

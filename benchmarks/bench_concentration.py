@@ -1,0 +1,204 @@
+"""Benchmark: the corpus audit of generated reports (`cxr_audit.concentration.audit_concentration`) on 1,000,000 reports.
+
+The SYNTHETIC generations table has 5 configurations of 200,000 reports each, assembled from a sentence bank with
+slots (findings, locations, severities, changes, measurements, devices and a long tail of rare terms, about 2,400
+token types in all), shaped like the demo's simulated systems: two verbose systems that almost never repeat a report,
+a terse one that often does, a template-collapsing one under beam search, and the same under sampling with invalid
+outputs (empty strings, missing values, leaked special tokens, loops cut at the token cap and flagged `truncated`).
+
+Timed (best of --repeat runs for ours; the baseline once, in the same run):
+- ours_s: `audit_concentration(table)` with every measure (validity with reasons, unique-report ratio, duplicate rate,
+  top-5 share, prefix rate, repeated 4-gram rate, Distinct-1/2, length median/IQR) plus its per-report flags table;
+- baseline_s: a plain-Python implementation with `collections.Counter` (per report: regular-expression tokenization,
+  the same validity rules, normalization, a Counter of 4-grams; per group: Counters of normalized texts, sets of
+  n-grams, sorted lengths), producing the same summary and the same per-report flags.
+The script checks that both give the same summary (to 1e-12) and the same flags. Writes
+benchmarks/results/concentration.json and prints it. No assertions on time (target: ours <= 10 s, >= 5x the baseline).
+Run: .venv/bin/python benchmarks/bench_concentration.py [--n 1000000] [--repeat 2]
+"""
+import argparse
+import json
+import platform
+import re
+import resource
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cxr_audit.concentration import DEFAULT_PREFIXES, VALIDITY_RULES, audit_concentration
+
+MAX_TOKENS = 160
+
+# ---------------------------------------------------------------- synthetic generations
+FIND = ["pleural effusion", "pneumothorax", "consolidation", "atelectasis", "pulmonary edema", "opacity", "nodule",
+        "airspace disease", "vascular congestion", "interstitial thickening", "hilar enlargement", "cardiomegaly"]
+LOC = ["right upper lobe", "left upper lobe", "right lower lobe", "left lower lobe", "right lung base", "left lung base",
+       "lingula", "right middle lobe", "retrocardiac region", "both lung bases", "right apex", "left apex", "perihilar region"]
+SEV = ["small", "moderate", "large", "trace", "mild", "subtle", "extensive", "minimal"]
+CHG = ["new", "unchanged", "increased", "decreased", "improved", "worsened", "stable", "slightly larger", "slightly smaller"]
+NORMAL = ["The lungs are clear.", "There is no focal consolidation.", "No pleural effusion or pneumothorax.",
+          "Heart size is normal.", "The cardiomediastinal silhouette is within normal limits.", "No acute osseous abnormality.",
+          "The hila are unremarkable.", "Pulmonary vascularity is normal.", "The mediastinum is not widened.",
+          "There is no pneumothorax.", "The visualized bones are intact.", "No free air below the diaphragm."]
+TEMPLATES = ["No acute cardiopulmonary process. The heart size is within normal limits. The lungs are clear. There is no pleural effusion or pneumothorax.",
+             "No acute cardiopulmonary process. The heart size is within normal limits. The mediastinal contours are unremarkable.",
+             "The heart size is within normal limits. Lungs are clear bilaterally. No pleural effusion or pneumothorax.",
+             "No acute cardiopulmonary process. Cardiomediastinal silhouette is normal. No focal airspace disease."]
+RARE = [f"finding{i}" for i in range(2000)]
+
+
+def _finding_sentences(g, m):
+    "m random finding sentences (vectorized choices, Python formatting)."
+    kind, f, l, s, c = g.integers(0, 6, m), g.integers(0, len(FIND), m), g.integers(0, len(LOC), m), g.integers(0, len(SEV), m), g.integers(0, len(CHG), m)
+    num, rare = g.integers(5, 95, m), g.integers(0, len(RARE), m)
+    use_rare = g.random(m) < 0.05
+    out = []
+    for i in range(m):
+        k = kind[i]
+        if k == 0: t = f"There is a {SEV[s[i]]} {FIND[f[i]]} in the {LOC[l[i]]}."
+        elif k == 1: t = f"{CHG[c[i]].capitalize()} {SEV[s[i]]} {FIND[f[i]]} in the {LOC[l[i]]}."
+        elif k == 2: t = f"The {FIND[f[i]]} in the {LOC[l[i]]} is {CHG[c[i]]} compared with the prior study."
+        elif k == 3: t = f"An endotracheal tube terminates {num[i] / 10:.1f} cm above the carina."
+        elif k == 4: t = f"A {num[i] // 10} mm {FIND[f[i]]} projects over the {LOC[l[i]]}."
+        else: t = f"No {FIND[f[i]]} is seen."
+        out.append(t[:-1] + f" with {RARE[rare[i]]}." if use_rare[i] else t)
+    return out
+
+
+def make_generations(n: int, seed: int = 0) -> pd.DataFrame:
+    "A SYNTHETIC generations table of about `n` reports in 5 configurations."
+    g = np.random.default_rng(seed)
+    per = n // 5
+    rows = []
+    for s, (system, policy) in enumerate([("verbose", "B4"), ("omit", "B4"), ("terse", "B4"), ("template", "B4"), ("template", "K50")]):
+        m = per if s < 4 else n - 4 * per
+        hyp, trunc = [], np.zeros(m, bool)
+        if s < 2:
+            k = g.integers(2, 5, m); normal = g.integers(0, len(NORMAL), (m, 6)); found = iter(_finding_sentences(g, int(k.sum())))
+            for i in range(m):
+                hyp.append(" ".join([next(found) for _ in range(k[i])] + [NORMAL[j] for j in dict.fromkeys(normal[i, :4 + s])]))
+        elif s == 2:
+            idx = g.integers(0, len(NORMAL), (m, 3)); two = g.random(m) < 0.5
+            hyp = [" ".join(NORMAL[j] for j in (r[:2] if t else r)) for r, t in zip(idx, two)]
+        elif s == 3:
+            t = g.choice(4, m, p=[0.5, 0.25, 0.15, 0.1]); add = g.random(m) < 0.15; extra = iter(_finding_sentences(g, int(add.sum())))
+            hyp = [TEMPLATES[t[i]] + (" " + next(extra) if add[i] else "") for i in range(m)]
+        else:
+            t = g.choice(4, m); u = g.random(m); extra = iter(_finding_sentences(g, m)); loop = g.integers(0, len(NORMAL), m)
+            for i in range(m):
+                e = next(extra)
+                if u[i] < 0.01: hyp.append("")
+                elif u[i] < 0.015: hyp.append(None)
+                elif u[i] < 0.025: hyp.append("<unk> " + e if u[i] < 0.02 else e + "</s>")
+                elif u[i] < 0.04:
+                    hyp.append(" ".join(((NORMAL[loop[i]] + " ") * 40).split()[:MAX_TOKENS]))
+                    trunc[i] = True
+                else:
+                    sents = re.split(r"(?<=\.) ", TEMPLATES[t[i]]); g.shuffle(sents)
+                    hyp.append(" ".join(sents[: g.integers(2, len(sents) + 1)] + [e]))
+        rows.append(pd.DataFrame({"study_id": [f"s{i:07d}" for i in range(m)], "system": system, "policy": policy,
+                                  "hypothesis": pd.array(hyp, dtype="str"), "truncated": trunc}))
+    return pd.concat(rows, ignore_index=True)
+
+
+# ---------------------------------------------------------------- the plain-Python baseline
+TOKEN = re.compile(r"[^\W_]+")
+SPECIAL = re.compile("|".join(f"(?:{re.escape(t)})" for t in VALIDITY_RULES["special_tokens"])
+                     + "".join(f"|(?:{p})" for p in VALIDITY_RULES["special_patterns"]))
+WS = re.compile(r"\s+")
+
+
+def _quantile(sorted_vals, q):
+    "numpy's default (linear) quantile of a sorted list."
+    n = len(sorted_vals); v = n * q + (1 + q * (1 - 1 - 1)) - 1
+    lo = int(v // 1); hi = min(lo + 1, n - 1); t = v - lo; a, b = sorted_vals[lo], sorted_vals[hi]
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
+
+
+def baseline(texts, groups, truncated, prefixes=DEFAULT_PREFIXES, k=5, rules=VALIDITY_RULES):
+    "Every measure and the per-report flags, report by report in plain Python with Counters."
+    norm_ids, per_report = {}, []
+    for t, cut in zip(texts, truncated):
+        ok_text = isinstance(t, str)
+        s = t if ok_text else ""
+        toks = [w.lower() for w in TOKEN.findall(s)]
+        reasons = []
+        if not ok_text: reasons.append("missing")
+        else:
+            special = bool(SPECIAL.search(s))
+            words = len(TOKEN.findall(SPECIAL.sub(" ", s))) if special else len(toks)
+            if s == "": reasons.append("empty")
+            elif not toks: reasons.append("no_words")
+            if special: reasons.append("special_token")
+            if any(c in s for c in rules["bad_characters"]): reasons.append("bad_character")
+            if s and toks and words < rules["min_words"]: reasons.append("too_few_words")
+        if cut: reasons.append("token_limit")
+        grams = Counter(zip(toks, toks[1:], toks[2:], toks[3:]))
+        total = max(len(toks) - 3, 0); repeated = total - len(grams)
+        if ok_text and total >= rules["loop_min_ngrams"] and total > 0 and repeated >= rules["loop_share"] * total: reasons.append("looping")
+        norm = WS.sub(" ", s.lower()).strip().rstrip(".,;:!? \t\n\r\f\v")
+        nid = norm_ids.setdefault(norm, len(norm_ids))
+        per_report.append((not reasons, ";".join(reasons), nid, any(norm.startswith(p) for p in prefixes), repeated > 0, toks))
+    by = defaultdict(list)
+    for i, gname in enumerate(groups): by[gname].append(i)
+    summary, flags = {}, [None] * len(per_report)
+    for gname, idx in sorted(by.items()):
+        counts = Counter(per_report[i][2] for i in idx)
+        top = {nid for nid, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]}
+        d1, d2, t1, t2, lengths = set(), set(), 0, 0, []
+        for i in idx:
+            valid, reasons, nid, prefix, rep, toks = per_report[i]
+            d1.update(toks); d2.update(zip(toks, toks[1:])); t1 += len(toks); t2 += max(len(toks) - 1, 0); lengths.append(len(toks))
+            flags[i] = (valid, reasons, nid, counts[nid], nid in top, prefix, rep, len(toks))
+        n = len(idx); lengths.sort()
+        summary[gname] = {"n": n, "validity_rate": sum(per_report[i][0] for i in idx) / n, "unique_report_ratio": len(counts) / n,
+                          "duplicate_rate": sum(v for v in counts.values() if v > 1) / n,
+                          f"top_{k}_share": sum(sorted(counts.values(), reverse=True)[:k]) / n,
+                          "prefix_rate": sum(per_report[i][3] for i in idx) / n, "repeated_4gram_rate": sum(per_report[i][4] for i in idx) / n,
+                          "distinct_1": len(d1) / t1, "distinct_2": len(d2) / t2, "length_median": _quantile(lengths, 0.5),
+                          "length_iqr": _quantile(lengths, 0.75) - _quantile(lengths, 0.25)}
+    return summary, flags
+
+
+# ---------------------------------------------------------------- run
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    t = time.perf_counter(); table = make_generations(args.n); build = time.perf_counter() - t
+    rss_table = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ours = []
+    for _ in range(args.repeat):
+        t = time.perf_counter(); audit = audit_concentration(table); ours.append(time.perf_counter() - t)
+    rss_ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t = time.perf_counter()
+    texts = table["hypothesis"].astype(object).where(table["hypothesis"].notna(), None).tolist()
+    groups = list(zip(table["system"].tolist(), table["policy"].tolist()))
+    summary, flags = baseline(texts, groups, table["truncated"].tolist())
+    base = time.perf_counter() - t
+    mine = audit.summary.set_index(["system", "policy"])
+    worst = max(abs(mine.loc[g, m] - v) for g, row in summary.items() for m, v in row.items())
+    f = audit.flags
+    same_flags = (f.valid.tolist() == [x[0] for x in flags] and f.reasons.tolist() == [x[1] for x in flags]
+                  and f.duplicate_group.tolist() == [x[2] for x in flags] and f.duplicate_group_size.tolist() == [x[3] for x in flags]
+                  and f.in_top_5.tolist() == [x[4] for x in flags] and f.prefix_hit.tolist() == [x[5] for x in flags]
+                  and f.repeated_4gram.tolist() == [x[6] for x in flags] and f.length.tolist() == [x[7] for x in flags])
+    res = {"reports": len(table), "groups": len(mine), "distinct_texts": int(table.hypothesis.nunique(dropna=False)),
+           "build_table_s": round(build, 2), "ours_s": round(min(ours), 3), "ours_runs_s": [round(x, 3) for x in ours],
+           "baseline_s": round(base, 3), "speedup": round(base / min(ours), 1),
+           "baseline": "plain Python: per-report re tokenization, validity rules, normalization and a Counter of 4-grams; per group Counters and n-gram sets",
+           "same_summary_as_baseline": bool(worst <= 1e-12), "max_abs_summary_diff": float(worst), "same_flags_as_baseline": bool(same_flags),
+           "peak_rss_mb_after_table": round(rss_table), "peak_rss_mb_after_ours": round(rss_ours), "target_s": 10.0, "target_speedup": 5.0,
+           "python": platform.python_version(), "machine": platform.machine(), "cpus": __import__("os").cpu_count()}
+    out = Path(__file__).parent / "results"; out.mkdir(exist_ok=True)
+    (out / "concentration.json").write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+    print(audit.summary.to_string())
+
+
+if __name__ == "__main__":
+    main()

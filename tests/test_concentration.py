@@ -1,0 +1,310 @@
+"""Cross-checks of cxr_audit.concentration against a plain-Python reference, on random and hand-made corpora.
+
+The notebook (nbs/05_concentration.ipynb) holds the worked examples; here: a naive implementation of every measure
+and flag compared on random corpora (unicode, missing and non-text values, special tokens, odd whitespace, texts
+shared between groups), the invariants (doubling, permutation), the bootstrap against naive recounts on the same
+draws (with and without clusters, and with tiny chunks), the shares-vs-recount coverage simulation, the fallback
+paths of the engine for large vocabularies, determinism, and the command-line helper.
+"""
+import math
+import re
+from collections import Counter, defaultdict
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import cxr_audit.stats as stats
+from cxr_audit.concentration import (REASONS, VALIDITY_RULES, _Corpus, _dense, _distinct_per, audit_concentration,
+                                     cli_concentration, concentration_report_blocks, distinct_n, has_repeated_ngram,
+                                     normalize_for_matching, surface_validity, tokenize)
+from cxr_audit.core import is_missing, sha256_frame
+from cxr_audit.stats import resample_indices
+from cxr_audit.synth import make_demo_corpus
+
+TOKEN = re.compile(r"[^\W_]+")
+SPECIAL = re.compile("|".join(f"(?:{re.escape(t)})" for t in VALIDITY_RULES["special_tokens"])
+                     + "".join(f"|(?:{p})" for p in VALIDITY_RULES["special_patterns"]))
+
+
+# ---------------------------------------------------------------- a plain-Python reference
+def ref_tokens(t):
+    return [w.lower() for w in TOKEN.findall(t)] if isinstance(t, str) else []
+
+
+def ref_norm(t):
+    s = t if isinstance(t, str) else ""
+    return re.sub(r"\s+", " ", s.lower()).strip().rstrip(".,;:!? \t\n\r\f\v")
+
+
+def ref_reasons(t, cut=False, r=VALIDITY_RULES):
+    out = []
+    if is_missing(t): out.append("missing")
+    elif not isinstance(t, str): out.append("not_text")
+    else:
+        toks = ref_tokens(t)
+        special = bool(SPECIAL.search(t))
+        words = len(ref_tokens(SPECIAL.sub(" ", t))) if special else len(toks)
+        if t == "": out.append("empty")
+        elif not toks: out.append("no_words")
+        if special: out.append("special_token")
+        if any(c in t for c in r["bad_characters"]): out.append("bad_character")
+        if t and toks and words < r["min_words"]: out.append("too_few_words")
+    if cut: out.append("token_limit")
+    if isinstance(t, str):
+        toks = ref_tokens(t); grams = list(zip(*[toks[j:] for j in range(r["loop_n"])]))
+        if len(grams) >= r["loop_min_ngrams"] and len(grams) - len(set(grams)) >= r["loop_share"] * len(grams): out.append("looping")
+    return ";".join(out)
+
+
+def ref_quantile(vals, q):
+    v = sorted(vals); n = len(v); x = n * q + (1 + q * (1 - 1 - 1)) - 1
+    lo = int(x // 1); hi = min(lo + 1, n - 1); w = x - lo; a, b = v[lo], v[hi]
+    return b - (b - a) * (1 - w) if w >= 0.5 else a + (b - a) * w
+
+
+def ref_audit(texts, groups, k=5, prefixes=("no acute cardiopulmonary process",)):
+    "Summary (dict per group) and per-report flags, the slow obvious way."
+    nid = {}
+    norm = [ref_norm(t) for t in texts]
+    ids = [nid.setdefault(x, len(nid)) for x in norm]
+    by = defaultdict(list)
+    for i, g in enumerate(groups): by[g].append(i)
+    summary, flags = {}, [None] * len(texts)
+    for g, idx in by.items():
+        cnt = Counter(ids[i] for i in idx)
+        top = {x for x, _ in sorted(cnt.items(), key=lambda kv: (-kv[1], kv[0]))[:k]}
+        toks = {i: ref_tokens(texts[i]) for i in idx}
+        n = len(idx)
+        rep = {i: len(list(zip(*[toks[i][j:] for j in range(4)]))) > len(set(zip(*[toks[i][j:] for j in range(4)]))) for i in idx}
+        pre = {i: any(norm[i].startswith(p) for p in prefixes) for i in idx}
+        reasons = {i: ref_reasons(texts[i]) for i in idx}
+        d = {}
+        for m in (1, 2):
+            grams = [gr for i in idx for gr in zip(*[toks[i][j:] for j in range(m)])]
+            d[m] = len(set(grams)) / len(grams) if grams else float("nan")
+        lens = [len(toks[i]) for i in idx]
+        summary[g] = {"n": n, "validity_rate": sum(reasons[i] == "" for i in idx) / n, "unique_report_ratio": len(cnt) / n,
+                      "duplicate_rate": sum(v for v in cnt.values() if v > 1) / n, f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n,
+                      "prefix_rate": sum(pre.values()) / n, "repeated_4gram_rate": sum(rep.values()) / n, "distinct_1": d[1],
+                      "distinct_2": d[2], "length_median": ref_quantile(lens, 0.5),
+                      "length_iqr": ref_quantile(lens, 0.75) - ref_quantile(lens, 0.25)}
+        for i in idx:
+            flags[i] = (reasons[i] == "", reasons[i], ids[i], cnt[ids[i]], ids[i] in top, pre[i], rep[i], len(toks[i]))
+    return summary, flags
+
+
+WORDS = ["No", "acute", "cardiopulmonary", "process", "effusion", "pleural", "left", "right", "4.2", "cm", "Épanchement",
+         "naïve", "x_y", "<unk>", "</s>", "[PAD]", "<|im_end|>", "\ufffd", "heart", "size", "normal", "...", "", "no"]
+SEPS = [" ", "  ", ". ", ".", "\n", "\t", ", ", " . "]
+
+
+def random_corpus(seed, n=400, groups=("A", "B", "C")):
+    g = np.random.default_rng(seed)
+    pool = []
+    for _ in range(n // 3):
+        k = g.integers(0, 14)
+        pool.append("".join(str(g.choice(WORDS)) + str(g.choice(SEPS)) for _ in range(k)))
+    pool += ["No acute cardiopulmonary process.", "no acute cardiopulmonary process", "", "   ", "The heart is normal. " * 6,
+             "No acute cardiopulmonary process. Small left effusion."]
+    texts = [pool[i] for i in g.integers(0, len(pool), n)]
+    for i in g.choice(n, 12, replace=False): texts[i] = [None, float("nan"), 3, ["x"], b"bytes", pd.NA][i % 6]
+    return pd.DataFrame({"system": [groups[i] for i in g.integers(0, len(groups), n)], "hypothesis": pd.Series(texts, dtype=object)})
+
+
+# ---------------------------------------------------------------- exact agreement with the reference
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_summary_and_flags_equal_plain_python_reference(seed):
+    df = random_corpus(seed)
+    a = audit_concentration(df, group_by="system")
+    want, flags = ref_audit(df.hypothesis.tolist(), df.system.tolist())
+    got = a.summary.set_index("system")
+    for g, row in want.items():
+        for m, v in row.items():
+            assert (math.isnan(v) and math.isnan(got.loc[g, m])) or got.loc[g, m] == pytest.approx(v, abs=1e-12), (g, m)
+    f = a.flags
+    assert f.reasons.tolist() == [x[1] for x in flags]
+    assert f.valid.tolist() == [x[0] for x in flags]
+    assert f.duplicate_group.tolist() == [x[2] for x in flags] and f.duplicate_group_size.tolist() == [x[3] for x in flags]
+    assert f.in_top_5.tolist() == [x[4] for x in flags] and f.prefix_hit.tolist() == [x[5] for x in flags]
+    assert f.repeated_4gram.tolist() == [x[6] for x in flags] and f.length.tolist() == [x[7] for x in flags]
+
+
+def test_single_functions_equal_reference():
+    df = random_corpus(7)
+    texts = df.hypothesis.tolist()
+    for n in (1, 2, 3):
+        grams = [gr for t in texts for gr in zip(*[ref_tokens(t)[j:] for j in range(n)])]
+        assert distinct_n(texts, n) == len(set(grams)) / len(grams)
+    assert surface_validity(texts).reasons.tolist() == [ref_reasons(t) for t in texts]
+    for n in (2, 4, 5):
+        assert has_repeated_ngram(texts, n).tolist() == [
+            len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) > len(set(zip(*[ref_tokens(t)[j:] for j in range(n)]))) for t in texts]
+    assert [normalize_for_matching(t) for t in texts] == [ref_norm(t) for t in texts]
+    assert [tokenize(t) for t in texts] == [ref_tokens(t) for t in texts]
+    assert set(REASONS) >= {"missing", "not_text", "empty", "looping", "token_limit"}
+
+
+# ---------------------------------------------------------------- invariants
+@pytest.mark.parametrize("seed", [4, 5])
+def test_doubling_halves_distinct_n_and_unique_ratio_exactly(seed):
+    df = random_corpus(seed)
+    one = audit_concentration(df, group_by="system", distinct=(1, 2, 3)).summary
+    two = audit_concentration(pd.concat([df, df]), group_by="system", distinct=(1, 2, 3)).summary
+    for m in ("distinct_1", "distinct_2", "distinct_3", "unique_report_ratio"):
+        assert (two[m] == one[m] / 2).all(), m
+    for m in ("validity_rate", "top_5_share", "prefix_rate", "repeated_4gram_rate"):
+        assert (two[m] == one[m]).all(), m
+    assert (two.duplicate_rate == 1).all() and (two.n == 2 * one.n).all()
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_permuting_reports_changes_nothing(seed):
+    df = random_corpus(seed)
+    a = audit_concentration(df, group_by="system")
+    perm = np.random.default_rng(seed).permutation(len(df))
+    b = audit_concentration(df.iloc[perm], group_by="system")
+    pd.testing.assert_frame_equal(a.summary, b.summary)
+    cols = ["valid", "reasons", "duplicate_group_size", "prefix_hit", "repeated_4gram", "length"]
+    pd.testing.assert_frame_equal(a.flags[cols].iloc[perm].reset_index(drop=True), b.flags[cols].reset_index(drop=True))
+
+
+# ---------------------------------------------------------------- bootstrap = naive recount on the same draws
+def naive_measures(texts, idx, k=5):
+    norm = [ref_norm(texts[i]) for i in idx]; toks = [ref_tokens(texts[i]) for i in idx]; n = len(idx)
+    cnt = Counter(norm); lens = [len(t) for t in toks]
+    out = {"unique_report_ratio": len(cnt) / n, "duplicate_rate": sum(v for v in cnt.values() if v > 1) / n,
+           f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n, "validity_rate": sum(ref_reasons(texts[i]) == "" for i in idx) / n,
+           "prefix_rate": sum(x.startswith("no acute cardiopulmonary process") for x in norm) / n,
+           "length_median": ref_quantile(lens, 0.5), "length_iqr": ref_quantile(lens, 0.75) - ref_quantile(lens, 0.25)}
+    for m in (1, 2):
+        grams = [gr for t in toks for gr in zip(*[t[j:] for j in range(m)])]
+        out[f"distinct_{m}"] = len(set(grams)) / len(grams)
+    return out
+
+
+@pytest.mark.parametrize("clustered", [False, True])
+def test_recount_replicates_equal_naive_recount(clustered):
+    df = random_corpus(11, n=300, groups=("A",))
+    texts = df.hypothesis.tolist()
+    cl = [f"c{i // 4}" for i in range(len(df))] if clustered else None
+    res = audit_concentration(df, group_by=()).bootstrap_results(reps=150, seed=5, scheme="recount", clusters=cl)
+    if clustered:
+        members = defaultdict(list)
+        for i, c in enumerate(cl): members[c].append(i)
+        names = list(members)
+        draws = [[i for c in d for i in members[names[c]]] for d in resample_indices(len(names), 150, seed=5)]
+    else:
+        draws = [list(d) for d in resample_indices(len(df), 150, seed=5)]
+    loop = [naive_measures(texts, d) for d in draws]
+    for m in loop[0]:
+        assert np.array_equal(res[m].replicates, np.array([x[m] for x in loop])), m
+
+
+def test_chunked_resampling_gives_the_same_replicates(monkeypatch):
+    df = random_corpus(12, n=200, groups=("A",))
+    a = audit_concentration(df, group_by=())
+    whole = a.bootstrap_results(reps=60, seed=1, scheme="recount")
+    monkeypatch.setattr(stats, "_CHUNK_BYTES", 8 * 200 * 3)        # about 3 replicates per chunk
+    chunked = a.bootstrap_results(reps=60, seed=1, scheme="recount")
+    for m in whole:
+        assert np.array_equal(whole[m].replicates, chunked[m].replicates, equal_nan=True), m
+        assert np.allclose(whole[m].jackknife, chunked[m].jackknife, equal_nan=True), m
+
+
+def test_bootstrap_is_deterministic_and_shares_estimates_equal_summary():
+    demo = make_demo_corpus(n_patients=20, seed=3)
+    a = audit_concentration(demo.generations)
+    pid = demo.studies.set_index("study_id").patient_id
+    t1 = a.bootstrap(reps=200, seed=9, clusters=pid)
+    t2 = audit_concentration(demo.generations).bootstrap(reps=200, seed=9, clusters=pid)
+    assert sha256_frame(t1) == sha256_frame(t2)
+    est = t1.pivot(index="group", columns="measure", values="estimate").loc[a.labels, a.measures]
+    assert np.allclose(est.to_numpy(), a.summary[a.measures].to_numpy(), rtol=0, atol=1e-12, equal_nan=True)
+    c1 = a.compare(reps=200, seed=9, clusters=pid)
+    assert sha256_frame(c1) == sha256_frame(a.compare(reps=200, seed=9, clusters=pid))
+    assert np.allclose(c1.p_holm, stats.holm(c1.p))
+
+
+@pytest.mark.parametrize("K,N,a", [(300, 400, 1.0), (20000, 1000, 1.3)])
+def test_coverage_shares_vs_recount(K, N, a):
+    # Reports drawn from a Zipf-like generator over K templates; the estimand is the expected value at sample size N.
+    # Shares intervals cover it; recounted duplicate rates and unique ratios are biased and miss it.
+    g = np.random.default_rng(K)
+    p = 1 / np.arange(1, K + 1) ** a; p /= p.sum()
+
+    def measures(v):
+        c = np.bincount(v, minlength=K); c = c[c > 0]
+        return {"duplicate_rate": c[c >= 2].sum() / N, "top_5_share": np.sort(c)[-5:].sum() / N, "unique_report_ratio": len(c) / N}
+    sims = [measures(g.choice(K, N, p=p)) for _ in range(3000)]
+    truth = {m: np.mean([s[m] for s in sims]) for m in sims[0]}
+    D, cover = 80, Counter()
+    for d in range(D):
+        t = pd.DataFrame({"hypothesis": [f"report {x}" for x in g.choice(K, N, p=p)]})
+        au = audit_concentration(t, group_by=())
+        for s in ("shares", "recount"):
+            res = au.bootstrap_results(0, list(truth), reps=400, seed=d, scheme=s)
+            for m in truth:
+                lo, hi = res[m].conf_int(); cover[(m, s)] += lo <= truth[m] <= hi
+    for m in truth: assert cover[(m, "shares")] / D >= 0.85, (m, cover)
+    assert cover[("duplicate_rate", "recount")] / D <= 0.1 and cover[("unique_report_ratio", "recount")] / D <= 0.1, cover
+
+
+# ---------------------------------------------------------------- engine fallbacks for large vocabularies
+def test_dense_and_distinct_fallback_paths_agree_with_numpy():
+    g = np.random.default_rng(0)
+    keys = g.integers(0, 1 << 40, 5000)
+    keys[::7] = keys[0]
+    ids, K = _dense(keys)
+    u, inv = np.unique(keys, return_inverse=True)
+    assert K == len(u) and np.array_equal(ids, inv)
+    who, it = g.integers(0, 3000, 20000), g.integers(0, 30000, 20000)      # W * K above the bitmap limit
+    want = np.array([len(set(it[who == w])) for w in range(3000)])
+    assert np.array_equal(_distinct_per(who, it, 30000, 3000), want)
+
+
+def test_repeats_fallback_when_packing_does_not_fit(monkeypatch):
+    import cxr_audit.concentration as conc
+    texts = ["a b c d a b c d e", "x y z w", "p q p q p q", None] * 3
+    want = [[len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) - len(set(zip(*[ref_tokens(t)[j:] for j in range(n)])))
+             for t in _Corpus.of(texts).uniq] for n in (2, 4, 6)]
+    packed = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
+    monkeypatch.setattr(conc, "_PACK_BITS", 0)            # force the dense n-gram ids instead of packed halves
+    fallback = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
+    assert packed == want == fallback and want[1] == [1, 0, 1, 0]
+
+
+# ---------------------------------------------------------------- bad input, CLI, report
+def test_bad_values_are_invalid_never_dropped():
+    vals = [None, float("nan"), pd.NA, 7, 3.5, ["a"], {"b": 1}, "", "   ", "..."]
+    a = audit_concentration(pd.DataFrame({"system": "s", "hypothesis": pd.Series(vals, dtype=object)}), group_by="system")
+    assert a.summary.n[0] == len(vals) and a.summary.validity_rate[0] == 0
+    assert a.flags.reasons.tolist() == ["missing"] * 3 + ["not_text"] * 4 + ["empty", "no_words", "no_words"]
+    with pytest.raises(ValueError, match=r"missing column\(s\) 'policy'"):
+        audit_concentration(pd.DataFrame({"system": ["s"], "hypothesis": ["x"]}))
+
+
+def test_cli_writes_everything(tmp_path):
+    demo = make_demo_corpus(n_patients=12, seed=1)
+    gens = demo.generations.merge(demo.studies[["study_id", "patient_id"]], on="study_id")
+    gens.to_parquet(tmp_path / "g.parquet")
+    msg = cli_concentration({"generations": str(tmp_path / "g.parquet"), "out": str(tmp_path / "out"), "by": "system,policy",
+                             "reps": 100, "clusters": "patient_id", "baseline": "sim-verbose+B4", "scheme": "recount"})
+    assert "sim-template+B4 is the most concentrated" in msg
+    iv = pd.read_csv(tmp_path / "out/intervals.csv")
+    assert set(iv.scheme.dropna()) == {"recount"} and (iv.n_clusters == 12).all()
+    cmp = pd.read_csv(tmp_path / "out/comparisons.csv")
+    assert (cmp["first"] == "sim-verbose+B4").all() and len(cmp) == 8
+    assert (tmp_path / "out/top_k_share.svg").read_text().lstrip().startswith("<svg")
+
+
+def test_report_blocks_on_the_demo_single_out_the_template_system():
+    demo = make_demo_corpus(n_patients=30, seed=0)
+    pid = demo.studies.set_index("study_id").patient_id
+    blocks = concentration_report_blocks(demo.generations, clusters=pid, reps=200)
+    assert blocks[0].startswith("**sim-template+B4** is the most concentrated")
+    kinds = [type(b).__module__.split(".")[0] for b in blocks]
+    assert "altair" in kinds and "pandas" in kinds
+    tables = [b for b in blocks if isinstance(b, pd.DataFrame)]
+    reasons = tables[-1]
+    assert set(reasons.group) == {"sim-template+K50"}
