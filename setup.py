@@ -25,7 +25,7 @@ def _split(key): return cfg.get(key, "").split()
 requirements = _split("requirements")
 dev_requirements = _split("dev_requirements")
 extras = {k.removeprefix("extra_"): _split(k) for k in cfg if k.startswith("extra_")}
-extras["dev"] = sorted(set(dev_requirements) | {r for k in ("generate", "dicom", "nlp", "llm", "metrics") for r in extras[k]})
+extras["dev"] = sorted(set(dev_requirements) | {r for k in ("generate", "dicom", "nlp", "llm", "metrics", "radeval") for r in extras[k]})
 extras["all"] = sorted({r for k, v in extras.items() if k != "all" for r in v})
 scripts = [s for s in cfg.get("console_scripts", "").split("\n") if s.strip()]
 
