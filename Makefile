@@ -18,8 +18,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Stamps keyed on the packaging files: re-install only when they change.
+# The demo environment: the core plus the metrics extra (pycocoevalcap's METEOR jar; METEOR also needs Java).
 $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
-	$(PIP) -e .
+	$(PIP) -e ".[metrics]"
 	touch $@
 
 # The dev extra includes the generate extra (torch): the pinned CPU build goes in first.

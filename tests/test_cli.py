@@ -150,3 +150,17 @@ def test_concentration_subcommand(demo_runs, tmp_path):
     assert any(tmp_path.iterdir())
     r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "nope", "--out", tmp_path / "x", "--reps", 50)
     assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_score_subcommand(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_4,rouge_l,chexpert_f1_5",
+            "--bootstrap", 100, "--by", "system,policy", "--baseline", "sim-verbose+B4", "--out", tmp_path / "sc")
+    assert r.returncode == 0, r.stderr
+    systems = pd.read_csv(tmp_path / "sc" / "systems.csv")
+    assert set(systems["metric"]) == {"bleu_4", "rouge_l", "chexpert_f1_5"}
+    assert (systems["ci_low"] <= systems["estimate"]).all() and (systems["estimate"] <= systems["ci_high"]).all()
+    comps = pd.read_csv(tmp_path / "sc" / "comparisons.csv")
+    assert len(comps) and comps["p_holm"].between(0, 1).all()
+    r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_9", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "bleu_9" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,214 @@
+"""Integration tests of cxr_audit.evaluator (the worked examples live in nbs/12_evaluator.ipynb).
+
+Here: the bootstrap by weights against re-running each metric on explicit resamples with the same draws (BLEU-4,
+ROUGE-L, METEOR via the jar, CheXpert-F1, and the small, explained CIDEr-D difference), clustered resamples, the
+evaluator end to end with a tiny random Hugging Face model from `cxr_audit.generate`, threaded dataset reading,
+determinism, the `cxr-audit score` helper on files, and the audit-report blocks with and without Java.
+"""
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cxr_audit.core import InputError, write_table
+from cxr_audit.evaluator import (ReportGenerationEvaluator, cli_score, metrics_report_blocks, results_summary, score_pairs,
+                                 score_systems, study_section)
+from cxr_audit.generate import SimulatedGenerator
+from cxr_audit.metrics import get_metric
+from cxr_audit.stats import resample_weights
+from cxr_audit.synth import make_demo_corpus
+
+FIVE = ["bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5"]
+HAVE_JAVA = shutil.which("java") is not None
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return make_demo_corpus(n_patients=20, seed=3)
+
+
+@pytest.fixture(scope="module")
+def evaluated(demo):
+    "sim-omit over the demo studies, all five metrics, 40 resamples (one METEOR JVM for the whole run)."
+    metrics = FIVE if HAVE_JAVA else [m for m in FIVE if m != "meteor"]
+    ev = ReportGenerationEvaluator(SimulatedGenerator("sim-omit", demo), dataset=demo.studies, metrics=metrics,
+                                   n_bootstrap=40, bootstrap_seed=11)
+    return ev, ev.evaluate()
+
+
+def _resample(ev, r, W):
+    "The explicit resample of replicate r: pair i repeated W[r, i] times."
+    rows = np.repeat(np.arange(len(ev.pairs_)), W[r])
+    return ev.pairs_.reference.to_numpy()[rows].tolist(), ev.pairs_.hypothesis.to_numpy()[rows].tolist()
+
+
+@pytest.mark.parametrize("name", ["bleu_4", "rouge_l", "chexpert_f1_5", "meteor"])
+def test_bootstrap_equals_rerunning_the_metric(evaluated, name):
+    ev, df = evaluated
+    if name == "meteor" and not HAVE_JAVA: pytest.skip("no Java: METEOR cannot run")
+    W = resample_weights(len(ev.pairs_), 40, seed=11)
+    S, _ = ev.stats_[name]
+    m = get_metric(name)
+    for r in (range(0, 40, 8) if name != "meteor" else (17,)):             # METEOR: one JVM per re-run
+        refs, hyps = _resample(ev, r, W)
+        S_r, _, jar = m.jar_scores(refs, hyps) if name == "meteor" else (m.stats(refs, hyps), None, None)
+        # the same sufficient statistics, summed in another order ...
+        if name == "rouge_l": np.testing.assert_allclose(W[r] @ S, S_r.sum(0), rtol=1e-13)
+        else: np.testing.assert_array_equal(W[r] @ S, S_r.sum(0))           # counts: exact
+        # ... hence the same value as re-running the metric on the resampled pairs
+        np.testing.assert_allclose(df[name].iloc[r + 1], float(m.value(S_r.sum(0))), rtol=1e-12, atol=0)
+        if jar is not None: np.testing.assert_allclose(df[name].iloc[r + 1], jar, rtol=1e-9)   # and the jar's own corpus score
+
+
+def test_cider_holds_the_idf_fixed(evaluated):
+    "Re-running CIDEr-D on a resample recomputes its IDF from the resampled references; ours keeps the full set's IDF."
+    ev, df = evaluated
+    W = resample_weights(len(ev.pairs_), 40, seed=11)
+    S, _ = ev.stats_["cider"]
+    diffs = []
+    for r in range(40):
+        refs, hyps = _resample(ev, r, W)
+        rerun = float(get_metric("cider").value(get_metric("cider").stats(refs, hyps).sum(0)))
+        np.testing.assert_allclose(df.cider.iloc[r + 1], float(get_metric("cider").value(W[r] @ S)), rtol=1e-12)
+        diffs.append(df.cider.iloc[r + 1] - rerun)
+    diffs = np.array(diffs)
+    spread = df.cider.iloc[1:].std()
+    assert np.abs(diffs).max() > 0                          # the two schemes do differ ...
+    assert np.abs(diffs).mean() < 0.35 * spread, (np.abs(diffs).mean(), spread)   # ... by much less than the bootstrap spread
+    assert abs(diffs.mean()) < 0.25 * spread
+
+
+def test_clustered_bootstrap_moves_patients_together(demo):
+    ev = ReportGenerationEvaluator(SimulatedGenerator("sim-verbose", demo), dataset=demo.studies, metrics=["bleu_4", "chexpert_f1_5"],
+                                   n_bootstrap=100, bootstrap_seed=5, clusters="patient_id")
+    df = ev.evaluate()
+    cl = ev.pairs_.cluster.tolist()
+    W = resample_weights(len(cl), 100, seed=5, clusters=cl)
+    members = {c: [i for i, x in enumerate(cl) if x == c] for c in dict.fromkeys(cl)}
+    assert all(len(set(W[:, m].T.tolist()[0])) >= 1 and (W[:, m] == W[:, m[:1]]).all() for m in members.values())
+    for r in range(0, 100, 25):
+        refs, hyps = _resample(ev, r, W)
+        np.testing.assert_allclose(df.bleu_4.iloc[r + 1], score_pairs(refs, hyps, ["bleu_4"]).bleu_4[0], rtol=1e-12)
+    assert ev.bootstrap_["bleu_4"].n_clusters == demo.studies.patient_id.nunique()
+
+
+def test_determinism_and_stage_b(demo, tmp_path):
+    "Same seed, same bytes; the two-stage workflow gives the one-stage numbers."
+    mk = lambda d: ReportGenerationEvaluator(SimulatedGenerator("sim-terse", demo), dataset=demo.studies, metrics=["bleu_4", "cider"],
+                                             n_bootstrap=30, bootstrap_seed=2, output_dir=d)
+    a, b = mk(tmp_path / "a"), mk(tmp_path / "b")
+    a.save_results(a.evaluate()); b.save_results(b.evaluate())
+    for f in ("results.csv", "results_summary.csv", "generations.csv"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    pq = mk(tmp_path / "c").generate_only()
+    pairs = pd.read_parquet(pq)
+    pd.testing.assert_frame_equal(score_pairs(pairs.reference, pairs.hypothesis, ["bleu_4", "cider"], 30, seed=2), a.results_)
+
+
+def test_threaded_reading_keeps_order():
+    class Slow:
+        def __len__(self): return 12
+        def __getitem__(self, i):
+            time.sleep(0.01 * ((7 * i) % 5))
+            return {"img": f"{i}.png", "id": f"s{i}", "report": f"FINDINGS: finding number {i} ."}
+    gen = lambda imgs: [f"finding number {p.split('.')[0]} ." for p in imgs]
+    ev = ReportGenerationEvaluator(gen, dataset=Slow(), metrics=["bleu_1"], num_workers=4, batch_size=5)
+    ev.generate()
+    assert ev.pairs_.sample_id.tolist() == [f"s{i}" for i in range(12)]
+    assert (ev.pairs_.reference == ev.pairs_.hypothesis).all()
+    assert ev.evaluate().bleu_1[0] == pytest.approx(1.0)
+
+
+def test_with_a_tiny_hugging_face_generator(tmp_path):
+    "The evaluator drives cxr_audit.generate's HFReportGenerator (a tiny random ViT+GPT-2) on PNG files, with indications."
+    pytest.importorskip("torch"); pytest.importorskip("transformers")
+    from PIL import Image
+    from cxr_audit.generate import HFReportGenerator, get_policy, tiny_model
+    import dataclasses
+    paths = []
+    for i in range(5):
+        p = tmp_path / f"img{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    reports = ["INDICATION: Cough.\nFINDINGS: the lungs are clear .", "FINDINGS: small left effusion .",
+               "IMPRESSION: no acute process .", "INDICATION: Fever.\nFINDINGS: mild edema .", "FINDINGS: heart size is normal ."]
+    ds = [{"img": p, "study_id": f"s{i}", "report": r} for i, (p, r) in enumerate(zip(paths, reports))]
+    policy = dataclasses.replace(get_policy("G1"), max_new_tokens=12)
+    gen = HFReportGenerator(*tiny_model("encoder-decoder"), policy=policy, batch_size=2)
+    ev = ReportGenerationEvaluator(gen, dataset=ds, metrics=["bleu_1", "rouge_l"], use_indication=True, batch_size=2, n_bootstrap=20)
+    assert ev.arity == 2
+    df = ev.evaluate()
+    assert df.shape == (21, 6) and ev.counts_["samples"] == 5
+    assert ev.counts_["scored"] + ev.counts_["empty_hypothesis"] == 5
+    again = ReportGenerationEvaluator(gen, dataset=ds, metrics=["bleu_1", "rouge_l"], use_indication=True, batch_size=3, n_bootstrap=20)
+    pd.testing.assert_frame_equal(again.evaluate(), df)          # greedy decoding: the same reports whatever the batching
+
+
+def test_cli_score_on_files(demo, tmp_path):
+    write_table(demo.generations, tmp_path / "g.parquet"); write_table(demo.studies, tmp_path / "s.parquet")
+    msg = cli_score({"generations": tmp_path / "g.parquet", "studies": tmp_path / "s.parquet", "out": tmp_path / "out",
+                     "metrics": "bleu_4,rouge_l,chexpert_f1_5", "bootstrap": 300, "seed": 1, "baseline": "sim-verbose+B4",
+                     "ref_section": "impression"})
+    assert msg.startswith("score: 5 configuration(s) x 3 metric(s)") and "patient clusters" in msg, msg
+    sys_ = pd.read_csv(tmp_path / "out/systems.csv")
+    cmp_ = pd.read_csv(tmp_path / "out/comparisons.csv")
+    assert set(sys_.system) == {"sim-verbose+B4", "sim-terse+B4", "sim-template+B4", "sim-template+K50", "sim-omit+B4"}
+    assert (cmp_["first"] == "sim-verbose+B4").all() and len(cmp_) == 12
+    assert (cmp_.p_holm >= cmp_.p - 1e-15).all()
+    # the reference really was the impression
+    refs = [study_section(r, "impression") for r in demo.studies.to_dict("records")]
+    assert refs != [study_section(r, "findings") for r in demo.studies.to_dict("records")]
+    one = demo.generations.query("system == 'sim-omit'")
+    ref_of = dict(zip(demo.studies.study_id, refs))
+    est = score_pairs([ref_of[s] for s in one.study_id], one.hypothesis, ["bleu_4"]).bleu_4[0]
+    assert sys_.query("system == 'sim-omit+B4' and metric == 'bleu_4'").estimate.iloc[0] == pytest.approx(est, rel=1e-12)
+    scores = pd.read_parquet(tmp_path / "out/scores.parquet")
+    assert len(scores) == 5 * 3 * len(demo.studies)
+    # bad input names the file, the column or the row
+    write_table(demo.generations.drop(columns="hypothesis"), tmp_path / "bad.csv")
+    with pytest.raises(InputError, match=r"bad.csv: missing column\(s\) 'hypothesis'"):
+        cli_score({"generations": tmp_path / "bad.csv", "out": tmp_path / "o2"})
+    write_table(demo.generations.assign(study_id=["x"] + demo.generations.study_id.tolist()[1:]), tmp_path / "bad2.parquet")
+    with pytest.raises(InputError, match=r"bad2.parquet: row 0: study_id 'x' is not in s.parquet"):
+        cli_score({"generations": tmp_path / "bad2.parquet", "studies": tmp_path / "s.parquet", "out": tmp_path / "o3"})
+
+
+def test_report_blocks_say_when_meteor_cannot_run(demo, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")                   # no java on PATH
+    blocks = metrics_report_blocks(demo.studies, demo.generations, n_boot=100)
+    notes = [b for b in blocks if isinstance(b, str) and b.startswith("**Not computed")]
+    assert len(notes) == 1 and "meteor" in notes[0] and "Java" in notes[0], notes
+    table = next(b for b in blocks if isinstance(b, pd.DataFrame))
+    assert "meteor" not in table.columns and {"bleu_4", "cider", "chexpert_f1_5"} <= set(table.columns)
+    assert any(isinstance(b, str) and "IDF" in b for b in blocks)
+
+
+def test_multi_leaf_metrics_are_flattened():
+    from cxr_audit.stats import micro_precision, micro_recall, micro_f1, micro_stats
+
+    class TokenPRF:
+        name, higher_is_better, range, leaves = "tokens", True, (0.0, 1.0), ("precision", "recall", "f1")
+        def stats(self, refs, hyps):
+            tp = [len(set(r.split()) & set(h.split())) for r, h in zip(refs, hyps)]
+            return micro_stats(tp, [len(set(h.split())) - t for h, t in zip(hyps, tp)], [len(set(r.split())) - t for r, t in zip(refs, tp)])
+        def value(self, T): return np.stack([micro_precision(T), micro_recall(T), micro_f1(T)], axis=-1)
+        def per_sample(self, refs, hyps): return self.value(self.stats(refs, hyps))[:, 2]
+
+    df = score_pairs(["a b c", "d e"], ["a b", "d e f"], [TokenPRF(), "bleu_1"], n_bootstrap=10)
+    assert df.columns.tolist() == ["label", "fold", "seed", "bootstrap", "tokens.precision", "tokens.recall", "tokens.f1", "bleu_1"]
+    assert df.iloc[0, 4:7].tolist() == pytest.approx([4 / 5, 4 / 5, 4 / 5])
+    assert results_summary(df).metric.tolist() == ["tokens.precision", "tokens.recall", "tokens.f1", "bleu_1"]
+
+
+def test_radeval_names_give_flattened_columns():
+    "The documented bundles' RadEval names: one column per output, `metric.output` when there are several."
+    pytest.importorskip("radeval")
+    df = score_pairs(["the lungs are clear .", "small left effusion ."], ["lungs are clear .", "left effusion ."], ["bleu", "rouge"], n_bootstrap=5)
+    assert df.columns.tolist()[4:] == ["bleu", "rouge.rougeL", "rouge.rouge1", "rouge.rouge2"]
+    assert ((df.iloc[:, 4:] >= 0) & (df.iloc[:, 4:] <= 1)).all().all()
+    with pytest.raises(InputError, match="unknown metric 'no_such_metric'"):
+        ReportGenerationEvaluator(lambda imgs: imgs, dataset=[], metrics=["bleu_4", "no_such_metric"])
