@@ -164,3 +164,25 @@ def test_score_subcommand(demo_runs, tmp_path):
     assert len(comps) and comps["p_holm"].between(0, 1).all()
     r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_9", "--out", tmp_path / "x")
     assert r.returncode == 2 and "bleu_9" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_reref_subcommand(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("reref", "--studies", a / "studies.parquet", "--variations", "negation:implicit,structure:structured",
+            "--generations", a / "generations.parquet", "--metrics", "bleu_4", "--reps", 50, "--out", tmp_path / "rr")
+    assert r.returncode == 0, r.stderr
+    refs = pd.read_parquet(tmp_path / "rr" / "references.parquet")
+    assert {"original", "negation:implicit", "structure:structured"} <= set(refs["variant"])
+    assert (tmp_path / "rr" / "shifts.csv").is_file()
+    r = cli("reref", "--studies", a / "studies.parquet", "--variations", "structure:wobbly", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "wobbly" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_longitudinal_subcommand(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet",
+            "--metrics", "bleu_4,rouge_l", "--reps", 50, "--out", tmp_path / "lg")
+    assert r.returncode == 0, r.stderr
+    assert any(p.suffix in (".csv", ".parquet") for p in (tmp_path / "lg").iterdir())
+    r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", a / "nope.parquet", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "nope.parquet" in r.stderr and "Traceback" not in r.stderr

