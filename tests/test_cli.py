@@ -1,5 +1,4 @@
 """The `cxr-audit` command, run as a real subprocess (the installed console script)."""
-import os
 import re
 import shutil
 import subprocess

