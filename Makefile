@@ -61,6 +61,7 @@ sync-check: $(VENV)/.stamp-dev
 	fi; echo "notebooks clean and in sync with cxr_audit/"
 
 test: sync-check
+	$(VENV)/bin/ruff check cxr_audit tests benchmarks .ci
 	$(PY) -m pytest tests
 
 export: $(VENV)/.stamp-dev

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model, proc = tiny_model("encoder-decoder")
+    tiny = tiny_model("encoder-decoder")
+    model, proc = tiny.model, tiny.processor
     with tempfile.TemporaryDirectory() as d:
         paths = []
         for i in range(a.n):

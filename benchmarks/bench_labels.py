@@ -7,7 +7,9 @@ Timed:
 - reports_per_s: `Labeler()` (the default: regex sentence splitter, sentence cache) on all reports, cache cold at start
   (target >= 2,000 reports/s);
 - reports_per_s_no_cache: the same with `cache_size=0` (every sentence labeled afresh);
-- reports_per_s_pysbd: the default labeler with pysbd sentence splitting, on the first 2,000 reports.
+- reports_per_s_pysbd: the default labeler with pysbd sentence splitting, on the first 2,000 reports;
+- label_audit_s: the one-call `label_audit` on the demo corpus of --audit-patients patients (five runs, ground truth,
+  the naive contrast labeler, 200 resamples), including its bootstrap tables (`to_frame()`, `exclusion`).
 
 medspacy (optional cross-check): the script creates a separate virtual environment under
 benchmarks/results/.medspacy-venv (gitignored; medspacy pins numpy<2, so it never enters the project's environment),
@@ -18,7 +20,7 @@ when no observation but Support Devices is 1 or -1). Reported: medspacy_reports_
 the same reports, our cache cold), agreement (share of equal raw states over report x 14 labels) and
 agreement_binary (only 1 positive). When medspacy cannot be installed or run, `medspacy_error` says why.
 Writes benchmarks/results/labels.json and prints it. No assertions on time.
-Run: .venv/bin/python benchmarks/bench_labels.py [--n 20000] [--medspacy-n 5000] [--no-medspacy]
+Run: .venv/bin/python benchmarks/bench_labels.py [--n 20000] [--audit-patients 60] [--medspacy-n 5000] [--no-medspacy]
 """
 import argparse
 import json
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cxr_audit.labels import CHEXPERT_14, Labeler, phrase_table, reference_texts, to_wide
+from cxr_audit.labels import CHEXPERT_14, Labeler, label_audit, phrase_table, reference_texts, to_wide
 from cxr_audit.synth import make_demo_corpus
 
 RESULTS = Path(__file__).parent / "results"
@@ -132,12 +134,22 @@ def run_medspacy(texts, ours_wide: pd.DataFrame, timeout: int) -> dict:
             "agreement_by_label": {l: round(float(same[:, i].mean()), 4) for i, l in enumerate(CHEXPERT_14)}}
 
 
+def time_label_audit(patients: int) -> tuple[float, int]:
+    "Seconds for `label_audit` with its bootstrap tables, and the number of generated reports."
+    d = make_demo_corpus(patients, seed=0)
+    t = time.perf_counter()
+    audit = label_audit(d.studies, d.generations, d.findings, reps=200, seed=2026, contrast="naive")
+    audit.to_frame(); audit.exclusion
+    return time.perf_counter() - t, len(d.generations)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--medspacy-n", type=int, default=5000)
     ap.add_argument("--medspacy-timeout", type=int, default=480)
     ap.add_argument("--no-medspacy", action="store_true")
+    ap.add_argument("--audit-patients", type=int, default=60)
     args = ap.parse_args()
     cpu = pin_one_core()
     texts = demo_reports(args.n)
@@ -146,8 +158,10 @@ def main():
     rps_nc, out_nc = time_labeler(Labeler(cache_size=0), texts)
     assert out.equals(out_nc)
     rps_sbd, _ = time_labeler(Labeler(splitter="default"), texts[:2000])
+    audit_s, audit_reports = time_label_audit(args.audit_patients)
     res = {"benchmark": "labels", "reports": len(texts), "one_core": cpu is not None, "cpu": cpu,
            "reports_per_s": round(rps, 1), "reports_per_s_no_cache": round(rps_nc, 1), "reports_per_s_pysbd": round(rps_sbd, 1),
+           "label_audit_s": round(audit_s, 2), "label_audit_generated_reports": audit_reports,
            "target_reports_per_s": 2000, "meets_target": rps >= 2000,
            "mean_words": round(float(np.mean([len(t.split()) for t in texts])), 1),
            "python": platform.python_version(), "machine": platform.machine()}

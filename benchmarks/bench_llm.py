@@ -46,13 +46,13 @@ def bench_cache(n: int) -> dict:
     structured = [{**r, "schema": Label} for r in plain]
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "bench.sqlite"
-        t = time.perf_counter(); first = run_batch(plain, rule, cache=path, progress=False); first_s = time.perf_counter() - t
+        t = time.perf_counter(); first = run_batch(plain, rule, cache=path, progress=False).to_frame(); first_s = time.perf_counter() - t
         run_batch(structured, rule, cache=path, progress=False)
         assert (first.status == "ok").all()
         cache = ChatCache(path)
         reruns = []
         def rerun(reqs):
-            out = run_batch(reqs, rule, cache=cache, progress=False)
+            out = run_batch(reqs, rule, cache=cache, progress=False).to_frame()
             assert out.cached.all() and len(out) == n
             reruns.append(out)
         cached_s = best_of(lambda: rerun(plain))
@@ -97,7 +97,7 @@ def bench_server(n: int, max_tokens: int) -> dict:
         # machine then biases no level in particular
         for c in (1, 2, 4, 4, 2, 1):
             t = time.perf_counter()
-            df = run_batch(reqs, llm, cache=False, max_concurrency=c, max_tokens=max_tokens, progress=False)
+            df = run_batch(reqs, llm, cache=False, max_concurrency=c, max_tokens=max_tokens, progress=False).to_frame()
             wall = time.perf_counter() - t
             assert (df.status == "ok").all(), df.error.dropna().head()
             if str(c) in out and out[str(c)]["wall_s"] <= wall:

@@ -7,7 +7,7 @@ Timed (wall clock, best of --repeat):
 - llm_path_sentences_per_s: `LLMAnnotator(rule_chat(), cache=False).annotate` on the first --llm-n distinct sentences:
   the same rules behind the whole LLM machinery (prompts, `run_batch`, parsing), i.e. the overhead of that machinery;
 - split_reports_per_s (pysbd, the default) and split_reports_per_s_regex: `report_sentences` on all reports;
-- evaluate_s: `evaluate_longitudinal` (progression measures only, sentences given) with --reps paired replicates,
+- evaluate_s: `progression_evaluation` (progression measures only, sentences given) with --reps paired replicates,
   against the evaluator practice of recomputing progression micro-F1 from the instance table on every resample
   (the resampled studies' rows gathered and counted with numpy; micro-F1 only; --naive-reps replicates timed, scaled). Both use the same resamples
   (`cxr_audit.stats.resample_indices`, same seed); `identical` says whether their micro-F1 replicates agree exactly.
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from _timing import best_of
-from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, evaluate_longitudinal, report_sentences,
+from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, progression_evaluation, report_sentences,
                                     rule_chat)
 from cxr_audit.stats import resample_indices
 from cxr_audit.synth import make_demo_corpus
@@ -68,8 +68,8 @@ def main(a):
 
     ref = annotate_reports(dict(zip(demo.studies.study_id, demo.studies.findings)), splitter="regex")
     gen = annotate_reports(dict(zip(demo.generations.sample_id, demo.generations.hypothesis)), splitter="regex")
-    run = lambda: evaluate_longitudinal(demo.studies, demo.generations, metrics=(), reps=a.reps, seed=1,
-                                        reference_sentences=ref, generated_sentences=gen)
+    run = lambda: progression_evaluation(demo.studies, demo.generations, metrics=(), reps=a.reps, seed=1,
+                                         reference_sentences=ref, generated_sentences=gen)
     ev = run()
     t_ev = best_of(run, a.repeat)
     units = list(ev.units)

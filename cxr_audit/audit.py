@@ -5,38 +5,33 @@
 # %% ../nbs/14_audit.ipynb #563e039e
 from __future__ import annotations
 
-import argparse
 import html
 import re
-import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .core import (InputError, as_pandas, chart_svg, enable_theme, read_table, require_columns,
-                            write_manifest, write_table)
+from .core import DEFAULT_SEED, InputError, as_pandas, chart_svg, enable_theme, write_manifest, write_table
 from .corpus import to_generations, to_studies
 from .synth import make_demo_corpus
-from .cohort import RECIPES, cli_cohort, cohort_report_blocks, run_recipe
-from .concentration import cli_concentration, concentration_report_blocks
-from .stats import (bootstrap_metrics, distinct_stats, holm_family, incidence, mean_stats, plot_forest,
-                             plot_win_probability, proportion_stats, rank_ci)
-from .llm import cli_llm_cache
-from .generate import cli_generate, plot_policy_summary, policy_summary
-from .review import cli_review_analyse, cli_review_prepare, review_report_blocks
-from .labels import cli_labels, cli_trace, labels_report_blocks
-from .reref import cli_reref, reref_report_blocks
-from .longitudinal import cli_longitudinal, longitudinal_report_blocks
-from .evaluator import cli_score, metrics_report_blocks
+from .cohort import RECIPES, run_recipe
+from .concentration import audit_concentration, compare_configurations
+from .labels import label_audit
+from .reref_sensitivity import reference_sensitivity
+from .longitudinal import progression_evaluation
+from .generate import plot_policy_summary, policy_summary
+from .evaluator import score_systems
+from .review import simulate_review
 
 # %% auto #0
 __all__ = ['STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report', 'n_words', 'dataset_summary',
            'system_summary', 'length_profile', 'plot_lengths', 'plot_counts', 'AuditContext', 'corpus_stage',
-           'cohort_stage', 'concentration_stage', 'labels_stage', 'policy_stage', 'uncertainty_stage', 'metrics_stage',
-           'reref_stage', 'longitudinal_stage', 'review_stage', 'check_pair', 'run_audit', 'run_demo', 'main']
+           'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage', 'policy_stage', 'uncertainty_stage',
+           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'check_pair', 'run_audit', 'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -169,6 +164,19 @@ class AuditContext:
     @property
     def synthetic(self) -> bool: return bool(self.studies["dataset"].astype(str).str.startswith("synthetic").any())
 
+    @property
+    def seed(self) -> int: return int(self.params.get("seed", DEFAULT_SEED))
+
+    def reps(self, default: int) -> int:
+        "The run's `reps` when one was given, else the stage's own default."
+        return int(self.params.get("reps") or default)
+
+    @property
+    def patient_of_study(self) -> pd.Series:
+        "`study_id` -> `patient_id`, the resampling cluster of each study (a study without a patient is its own)."
+        pid = self.studies.set_index("study_id")["patient_id"]
+        return pid.where(pid.notna(), pid.index.to_series())
+
 def corpus_stage(ctx: AuditContext) -> Section:
     "The corpus overview: datasets, systems, lengths."
     ds, sy = dataset_summary(ctx.studies), system_summary(ctx.generations)
@@ -186,27 +194,80 @@ def corpus_stage(ctx: AuditContext) -> Section:
 def cohort_stage(ctx: AuditContext) -> Section:
     "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`) on the studies."
     name = ctx.params.get("cohort_recipe", "000_test")
-    kw = {}
-    if name == "000_test" and not ctx.studies["split"].eq("test").any(): kw["split"] = None  # no test partition: whole table
+    kw = {"split": None} if name == "000_test" and not ctx.studies["split"].eq("test").any() else {}  # no test partition: whole table
     cohort = run_recipe(name, ctx.studies, **kw)
+    problems = cohort.check(image_root=ctx.params.get("image_root"))
+    verdict = "No integrity problems found." if problems.empty else f"**{len(problems)} integrity problem(s)**:"
     doc = (RECIPES[name].__doc__ or "").strip().splitlines()
-    return Section("Cohort", cohort_report_blocks(cohort, image_root=ctx.params.get("image_root")),
-                   note=f"Recipe `{name}`" + (f": {doc[0]}" if doc else ""))
+    return Section("Cohort", [cohort.headline(), cohort.summary(), cohort.plot(), verdict] + ([problems] if len(problems) else []),
+                   note=f"Recipe `{name}`" + (f": {doc[0]}" if doc else "") + " Deterministic rules, no model.")
 
 # %% ../nbs/14_audit.ipynb #a8905604
+_CONCENTRATION_MAIN = ("validity_rate", "unique_report_ratio", "duplicate_rate", "top_k_share", "prefix_rate", "distinct_2")
+
+def interval_cells(frame: pd.DataFrame,   # long table: group, metric, estimate, ci_low, ci_high
+                   metrics: Sequence[str] # the metrics to show, as columns
+                  ) -> pd.DataFrame:
+    "One row per group, one column per metric, cells `estimate [ci_low, ci_high]`."
+    iv = frame[frame["metric"].isin(metrics)]
+    cell = iv.assign(text=[f"{e:.3f} [{lo:.3f}, {hi:.3f}]" for e, lo, hi in zip(iv.estimate, iv.ci_low, iv.ci_high)])
+    wide = cell.pivot(index="group", columns="metric", values="text")
+    return wide.reindex(index=list(dict.fromkeys(iv.group)), columns=list(metrics)).rename_axis(columns=None).reset_index()
+
+def _concentration_comparisons(a) -> list:
+    "The Holm family of paired comparisons of a `ConcentrationAudit`, as report blocks."
+    try: t = a.comparison_table()
+    except InputError as e: return [f"No paired comparisons: {e}."]
+    return [f"**Paired comparisons** on the {t.n_units.iloc[0]:,} {a.unit} values every configuration covers, first − second, "
+            f"Holm-adjusted over all {len(t)} tests as one family; {int(t.significant.sum())} significant "
+            f"(p_holm < {1 - a.size:g}). Intervals are unadjusted.",
+            t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
+            a.note(), a.plot("forest", title="Validity and prefix hit: paired differences")]
+
 def concentration_stage(ctx: AuditContext) -> Section:
-    "Validity, recurrence and concentration of the generated reports, with clustered intervals."
-    pid = ctx.studies.set_index("study_id")["patient_id"]
-    pid = pid.where(pid.notna(), pid.index.to_series())   # a study without a patient is its own cluster
-    blocks = concentration_report_blocks(ctx.generations, clusters=pid, reps=int(ctx.params.get("reps", 2000)),
-                                         seed=int(ctx.params.get("bootstrap_seed", 2026)))
-    return Section("Concentration", blocks, note="Distribution of the outputs, not their correctness; every output counts in every denominator.")
+    "Validity, recurrence and concentration of the generated reports, with clustered intervals and Holm-adjusted comparisons."
+    a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
+    main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
+    s = a.summary()
+    how = (f"{a.reps:,} resamples of patients per configuration (seed {a.seed}); shares scheme for the distinct and "
+           "group counts (see the `concentration` module)")
+    blocks = [a.headline() + " The prefix rate alone can miss this: it only looks at how a report opens.",
+              s.assign(**{c: s[c].round(4) for c in a.metrics}), a.plot("top_k"), a.plot("profile", max_reports=15),
+              a.plot("distinct_n"), f"**Estimates with {a.size:.0%} intervals** ({how}):", interval_cells(a.to_frame(), main)]
+    if len(a.labels) > 1: blocks += _concentration_comparisons(a)
+    bad = a.invalid_counts()
+    blocks += ([f"**{bad.outputs.sum():,} output(s) are not surface-valid**, by reason (kept in every denominator):", bad]
+               if len(bad) else ["Every output is surface-valid."])
+    return Section("Concentration", blocks, note="Distribution of the outputs, not their correctness; every output counts in "
+                   "every denominator. Computed from the report text by rules (no labeler, no LLM).")
 
 # %% ../nbs/14_audit.ipynb #0a213657
+_LABEL_FLAG_COLUMNS = ["system", "label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term", "verdict"]
+_LABEL_EXCLUSION_COLUMNS = ["labeler", "scope", "value_a", "value_b", "difference", "ci_low", "ci_high", "sign_flip"]
+
+
+
 def labels_stage(ctx: AuditContext) -> Section:
-    "Label alignment against references (and ground truth, when given) and the label-trigger audit."
-    blocks = labels_report_blocks(ctx.studies, ctx.generations, ctx.extra.get("findings"),
-                                  reps=int(ctx.params.get("label_reps", 200)), seed=int(ctx.params.get("bootstrap_seed", 2026)))
+    "Label alignment against references (and the ground truth, when given) and the label-trigger audit."
+    reps, seed = ctx.reps(200), ctx.seed
+    audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, contrast="naive")
+    al, naive = audit.alignment, audit.contrast
+    matched = int((al.matching.status == "matched").sum())
+    blocks = [f"CheXpert-14 labels from the offline rule-based labeler (`cxr_audit.labels`, labels `{audit.labeler}`; no LLM) for "
+              f"**{len(al.reference_ids)}** reference reports (findings and impression) and **{len(al.matching)}** generated reports "
+              f"of **{len(al.systems)}** run(s). Only raw state 1 counts as positive. Case matching: {matched} matched, "
+              f"{len(al.matching) - matched} not matched. Intervals: {reps} bootstrap resamples of cases (seed {seed}).",
+              audit.headline(), audit.summary(),
+              audit.plot("counts", title="Per-label TP, FP and FN against reference-report labels"),
+              "**Traceability.** A deliberately naive labeler that reads any cardiac phrase as a cardiomegaly mention (the weakness "
+              f"the cross-domain audit found in the official labeler; labels `{naive.labeler}`) is traced on the same outputs: "
+              "labels whose positives come mostly from one sentence, or from normal wording, are flagged.",
+              naive.trace.summary()[_LABEL_FLAG_COLUMNS] if len(naive.trace.flagged()) else "The naive labeler shows no flagged label on these outputs.",
+              naive.plot("triggers", top=4, title="Naive labeler: evidence behind Cardiomegaly = 1")]
+    if audit.pair is None: blocks.append("Exclusion sensitivity needs two runs; only one was given.")
+    else: blocks += [f"**Exclusion sensitivity** of `{audit.pair[0]}` − `{audit.pair[1]}` (micro-F1, all labels, then without "
+                     f"{', '.join(audit.exclude)}), under each labeler (a descriptive check, outside any Holm family):",
+                     audit.exclusion[_LABEL_EXCLUSION_COLUMNS]]
     return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting a label-based score.")
 
 # %% ../nbs/14_audit.ipynb #7c6bfc62
@@ -218,68 +279,174 @@ def policy_stage(ctx: AuditContext) -> Section:
                    note="A distinct share near 1 means every study got its own report; a high top share means template collapse.")
 
 # %% ../nbs/14_audit.ipynb #4ac76bc1
-def _paired_units(ctx: AuditContext):
-    "Configurations (system+policy, first seed) and the studies all of them cover, with patient clusters."
-    g = ctx.generations.sort_values("seed", kind="stable").drop_duplicates(["system", "policy", "study_id"])
-    g = g.assign(config=g["system"] + "+" + g["policy"])
-    common = set.intersection(*(set(d["study_id"]) for _, d in g.groupby("config"))) if len(g) else set()
-    units = [s for s in ctx.studies["study_id"] if s in common]
-    pid = ctx.studies.set_index("study_id")["patient_id"]
-    clusters = [pid[u] if isinstance(pid[u], str) else u for u in units]
-    by = {c: d.set_index("study_id").loc[units] for c, d in g.groupby("config", sort=True)}
-    return by, units, clusters
-
 def uncertainty_stage(ctx: AuditContext) -> Section:
     "Paired, cluster-bootstrapped comparisons of the configurations on reference-free statistics."
-    by, units, clusters = _paired_units(ctx)
-    if len(by) < 2 or len(units) < 2:
-        return Section("Uncertainty", ["Needs at least two system+policy configurations that cover two or more common studies."])
-    reps, seed = int(ctx.params.get("reps", 5000)), int(ctx.params.get("bootstrap_seed", 2026))
-    metrics = {"unique_report_ratio": ({c: distinct_stats(incidence([[h] for h in d["hypothesis"]])[0]) for c, d in by.items()}, "ratio"),
-               "words_per_report": ({c: mean_stats(n_words(d["hypothesis"]).astype(float)) for c, d in by.items()}, "mean"),
-               "truncated_share": ({c: proportion_stats(d["truncated"].to_numpy(dtype=float)) for c, d in by.items()}, "proportion")}
-    res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=clusters,
-                            higher_is_better={"unique_report_ratio": True, "words_per_report": True, "truncated_share": False})
-    family = holm_family(res)
-    own = pd.concat([r.systems_frame().assign(metric=m) for m, r in res.items()], ignore_index=True)
-    lead = (f"{len(units)} studies in {len(set(clusters))} patient clusters; {len(by)} configurations; "
-            f"{reps} paired resamples (seed {seed}); {len(family)} comparisons, Holm-adjusted over the family.")
-    return Section("Uncertainty", [lead, own[["metric", "system", "estimate", "ci_low", "ci_high"]],
-                                   plot_forest(family.query("metric == 'unique_report_ratio'"), title="Unique-report ratio: paired differences"),
-                                   family[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]],
-                                   "Rank of each configuration by unique-report ratio, with its bootstrap interval:",
-                                   rank_ci(res["unique_report_ratio"]), plot_win_probability(res["unique_report_ratio"])],
-                   note="Reference-free statistics only; significance means the 95% interval of the difference excludes 0.")
+    try: cc = compare_configurations(ctx.generations, ctx.studies, "patient_id", reps=ctx.reps(5000), seed=ctx.seed)
+    except InputError as e: return Section("Uncertainty", [f"No comparison: {e}."])
+    fam = cc.to_frame()
+    lead = (f"{cc.n_units} studies in {cc.n_clusters} patient clusters; {len(cc.results['unique_report_ratio'].systems)} "
+            f"configurations; {cc.reps:,} paired resamples (seed {ctx.seed}); {len(fam)} comparisons, Holm-adjusted over the "
+            f"family: {int(fam.significant.sum())} significant (p_holm < {1 - cc.size:g}). Intervals are unadjusted.")
+    return Section("Uncertainty", [lead, cc.summary()[["metric", "system", "estimate", "ci_low", "ci_high"]], cc.plot("forest"),
+                                   fam[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]],
+                                   cc.note(), "Rank of each configuration by unique-report ratio, with its bootstrap interval:",
+                                   cc.ranks(), cc.plot("win")],
+                   note="Reference-free statistics computed from the report text (no reference, labeler or LLM).")
 
 # %% ../nbs/14_audit.ipynb #c5f766c1
+_REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")   # the audit report's metrics section
+
 def metrics_stage(ctx: AuditContext) -> Section:
-    "Reference-based metrics per configuration with intervals, and paired differences (forest plot)."
-    blocks = metrics_report_blocks(ctx.studies, ctx.generations, n_boot=int(ctx.params.get("reps", 2000)),
-                                   seed=int(ctx.params.get("bootstrap_seed", 2026)))
+    "Reference-based metrics per configuration (first seed of each) with intervals, and paired differences against the first."
+    reps, seed = ctx.reps(2000), ctx.seed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = score_systems(ctx.generations, ctx.studies, _REPORT_METRICS, reps=reps, seed=seed, baseline=0,
+                            by=("system", "policy"), first_seed=True, skip_unavailable=True)
+    c, base = res.counts, res.configs[0]
+    cl = f" in {c['clusters']} patient clusters (whole patients are resampled)" if c["clusters"] else ""
+    empty = {k: n for k, n in c["empty_hypothesis"].items() if n}
+    lead = (f"**{c['units']} studies**{cl}, references from their `findings`; **{len(res.configs)} configurations** "
+            f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are percentile "
+            f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` on the "
+            f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
+            f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses cxr_audit's rule-based CheXpert labeler; "
+            f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else ""))
+    blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + "."]
+    if res.comparisons is not None:
+        cols = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "significant"]
+        blocks += [res.plot("forest", title=f"Paired differences ({base} − other)"), res.compare()[cols], res.note()]
+        blocks += [f"**Warning:** {w.message}" for w in caught if issubclass(w.category, UserWarning)]
+    blocks += [x for x in res.caveats() if x not in res.notes]
     return Section("Reference-based metrics", blocks,
                    note="CIDEr-D keeps the IDF of the full reference set in every resample; the other metrics are exact on each resample.")
 
 # %% ../nbs/14_audit.ipynb #64a797f3
+_REREF_TITLE = "Reference sensitivity (ReRef)"
+_REREF_NOTE = "Rule-based rewrites: deterministic and offline; an LLM back end (cxr-audit reref --backend openai) covers more variations."
+
+
+
 def reref_stage(ctx: AuditContext) -> Section:
     "Rule-based alternative references, metric shifts and ranking reversals of the audited systems."
-    blocks = reref_report_blocks(ctx.studies, ctx.generations, seed=int(ctx.params.get("bootstrap_seed", 2026)))
-    return Section("Reference sensitivity (ReRef)", blocks,
-                   note="Rule-based rewrites: deterministic and offline; an LLM back end (cxr-audit reref --backend openai) covers more variations.")
+    clusters = "patient_id" if "patient_id" in ctx.studies.columns else None
+    try:
+        res = reference_sensitivity(ctx.studies, ctx.generations, "experiment", reps=ctx.reps(1000),
+                                    seed=ctx.seed, clusters=clusters,
+                                    max_studies=ctx.params.get("reref_max_studies", 80))
+    except InputError as e:
+        return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE)
+    blocks = [_reref_intro(res), res.run.feasibility().round(3), _reref_label_check(res),
+              "**Score shifts** in units of each metric's standard deviation across (system, dataset) pairs under the original "
+              "references; mean and largest IQR over variations (paper 000, Figure 4):",
+              res.iqr.round(3), res.plot("shifts"), res.plot("systems")]
+    if not res.gaps:
+        return Section(_REREF_TITLE, blocks + [res.headline()], note=_REREF_NOTE)
+    top = res.most_reversed()
+    comparison = res.compare(top["metric"], top["dataset"])
+    blocks += [res.headline(),
+               f"**Ranking reversals** (Figure 7b): every pair of systems within a dataset, compared under the original references "
+               f"and under each variation ({res.params['reps']:,} {'patient-clustered ' if clusters else ''}paired bootstrap "
+               "resamples); `comparisons` counts pairs × variations × datasets, and a significant flip is one whose verdict "
+               "(significant after Holm over the pairs of one variant, or a tie) changes too:",
+               res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("reversals"),
+               f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: `{top['first']}` − "
+               f"`{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} flip(s); Figure 7a):",
+               res.plot("gaps"),
+               comparison.to_frame()[["first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
+               res.note()]
+    return Section(_REREF_TITLE, blocks, note=_REREF_NOTE)
+
+
+def _reref_intro(res) -> str:
+    p = res.params
+    return (f"Alternative references from the **{p['backend']}** of ReRef (`cxr_audit.reref_rules`; clinical content checked "
+            f"with the CheXpert-14 rule labeler of `cxr_audit.labels`) for **{p['studies']}** studies and **{len(p['variants'])}** "
+            f"variations of the reporting-practice taxonomy, scored on the **{p['section']}** section with "
+            + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the rules cannot apply, or that would need "
+            "invented content, is infeasible for that study, which keeps its original-reference score (as in paper 000).")
+
+
+def _reref_label_check(res) -> str:
+    row = res.agreement_summary().iloc[0]
+    return (f"Label check of the **{int(row.rewrites)}** rewrites that differ from their original: all present and uncertain "
+            f"findings are kept in **{row.present:.1%}**, and all raw states (absent included) in **{row.strict:.1%}** "
+            "(dropping or rewording normal statements by design turns some 'absent' into 'not mentioned').")
 
 # %% ../nbs/14_audit.ipynb #265ba86c
+_LONGITUDINAL_TITLE = "Longitudinal progression"
+_LONGITUDINAL_NOTE = "An unmentioned progression counts as wrong; support devices are excluded from the progression scores."
+_SECTION_METRICS = ("bleu_4", "rouge_l", "meteor")
+_TABLE_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
+                  "bleu_4", "rouge_l", "meteor")
+
+
+
+def _intro(ev) -> str:
+    "The first paragraph: who annotated, what was evaluated, how it was resampled."
+    c, who = ev.coverage(), ev.annotators["references"]
+    backend = "the offline rule-based annotator" if who == "rules" else f"the LLM annotator `{who}`"
+    return (f"Each reference report's findings and each generated report were split into sentences and annotated by {backend} "
+            f"(`cxr_audit.longitudinal`): **{c['longitudinal_reference_sentences']}** of {c['reference_sentences']} reference sentences "
+            f"are longitudinal, and **{c['studies']}** studies have longitudinal reference content and a report from every system; "
+            f"they are the evaluated set (paper 003's L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples of "
+            + (f"patients (`{ev.clusters}`)." if ev.clusters else "studies."))
+
+
+def _truth_blocks(ev) -> list:
+    "The annotation checked against the known true changes (the demo corpus), when given."
+    if ev.truth is None: return []
+    text = (f"**Annotation against the known truth.** {ev.truth.headline()} Support devices are left out. The rule lexicon was "
+            "written with the synthetic phrase bank in view, so this checks the pipeline more than the rules (see the "
+            "gold-sentence results in the `longitudinal` documentation):")
+    return [text, ev.truth.summary()]
+
+
+def _system_blocks(ev) -> list:
+    "Per system: the table of estimates, the best against the runner-up (Holm), the charts and the notes."
+    lead = ("**Progression and wording of change by system.** Progression F1 counts a reference change as captured when the "
+            "generated report describes the same finding with the same progression; language measures compare the "
+            "longitudinal sentences only. " + ev.headline())
+    blocks = [lead, ev.table([m for m in _TABLE_METRICS if m in ev.results]).reset_index(), ev.plot("f1")]
+    if len(ev.systems) > 1:
+        bv = ev.best_vs_runner_up()[["metric", "best", "runner_up", "difference", "ci_low", "ci_high", "p", "p_holm", "significant"]]
+        blocks += ["**Best against runner-up**, per measure (`significant` is p_holm < 0.05, Holm over that measure's pairs of systems):",
+                   bv, ev.note("progression_micro_f1"), ev.plot("wins")]
+    return blocks + ([" ".join(ev.notes)] if ev.notes else [])
+
+
 def longitudinal_stage(ctx: AuditContext) -> Section:
     "Progression-aware evaluation: annotator vs known truth (demo), progression F1 and win probabilities per system."
-    blocks = longitudinal_report_blocks(ctx.studies, ctx.generations, progression=ctx.extra.get("progression"),
-                                        reps=int(ctx.params.get("reps", 1000)), seed=int(ctx.params.get("bootstrap_seed", 2026)))
-    return Section("Longitudinal progression", blocks,
-                   note="An unmentioned progression counts as wrong; support devices are excluded from the progression scores.")
+    st = ctx.studies
+    clusters = "patient_id" if "patient_id" in st.columns and st["patient_id"].notna().all() else None
+    try:
+        ev = progression_evaluation(st, ctx.generations, progression=ctx.extra.get("progression"),
+                                    reps=ctx.reps(1000), seed=ctx.seed,
+                                    clusters=clusters, metrics=_SECTION_METRICS, splitter="regex")
+    except InputError as e:
+        return Section(_LONGITUDINAL_TITLE, [f"No longitudinal evaluation was possible: {e}."], note=_LONGITUDINAL_NOTE)
+    return Section(_LONGITUDINAL_TITLE, [_intro(ev)] + _truth_blocks(ev) + _system_blocks(ev), note=_LONGITUDINAL_NOTE)
 
 # %% ../nbs/14_audit.ipynb #92e861cd
 def review_stage(ctx: AuditContext) -> Section:
-    "A simulated blinded review on the audited tables: agreement and consensus summaries (clearly labelled)."
-    blocks = review_report_blocks(ctx.studies, ctx.generations, seed=int(ctx.params.get("bootstrap_seed", 2026)))
-    return Section("Human review (SIMULATED ratings)", blocks, note="Simulated ratings, not a human review: the layout and statistics of a real one.")
+    "A simulated blinded review of the audited tables: agreement, consensus and summaries, clearly labelled."
+    title, note = "Human review (SIMULATED ratings)", "Simulated ratings, not a human review: the layout and statistics of a real one."
+    reps, seed = ctx.reps(500), ctx.seed
+    try: sim = simulate_review(ctx.studies, ctx.generations, reps=reps, seed=seed)
+    except InputError as e: return Section(title, [f"No review can be simulated: {e}."], note=note)
+    a = sim.agreement
+    return Section(title, [
+        sim.headline() + f" The blinded-review kit ran on the corpus to show what it produces (sampling and packet seed {seed}): "
+        "random and targeted cases, every configuration's report under a random ID, two simulated reviewers (`simulate_ratings`) "
+        "in their own random orders, simulated consensus decisions. Replace them with real returned sheets "
+        "(`cxr-audit review analyse`) for a real review.",
+        sim.case_counts(),
+        f"Agreement before consensus, phase 1 primary end points (simulated reviewers; intervals from {reps} resamples or exact):",
+        a[(a.phase == 1) & (a.role == "primary")].drop(columns=["phase", "role"]).reset_index(drop=True),
+        "Summary of the random panel, phase 1 (simulated; descriptive only, no hypothesis tests):", sim.summary(1),
+        sim.plot("summary", title="SIMULATED review, phase 1: shares with exact 95% intervals")], note=note)
 
+# %% ../nbs/14_audit.ipynb #91df8d9c
 STAGES: dict[str, Callable[[AuditContext], Section]] = {"corpus": corpus_stage, "cohort": cohort_stage,
                                                         "policies": policy_stage, "concentration": concentration_stage,
                                                         "uncertainty": uncertainty_stage, "metrics": metrics_stage, "reref": reref_stage,
@@ -298,15 +465,21 @@ def check_pair(studies, generations, what: tuple[str, str] = ("studies", "genera
                          f"{g['study_id'].iloc[i]!r} is not in {what[0]} ({int(unknown.sum())} row(s) affected)")
     return s, g
 
-def run_audit(studies, generations, out_dir, stages: Sequence[str] | None = None, extra: dict | None = None,
-              params: dict | None = None, title: str = "cxr_audit report",
-              what: tuple[str, str] = ("studies", "generations")) -> Path:
+def run_audit(studies,                              # a `studies` table
+              generations,                          # a `generations` table on those studies
+              out_dir,                              # folder of report.html
+              stages: Sequence[str] | None = None,  # names in `STAGES` (default: all, in order)
+              extra: dict | None = None,            # extra tables, e.g. the demo's ground truth
+              params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root
+              title: str = "cxr_audit report",      # page title
+              what: tuple[str, str] = ("studies", "generations") # names of the two tables in errors
+             ) -> Path:
     "Run the audit stages and write `out_dir/report.html`; return its path."
     s, g = check_pair(studies, generations, what)
     ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
     names = list(stages or STAGES)
     bad = [n for n in names if n not in STAGES]
-    if bad: raise ValueError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
+    if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
     sections = [STAGES[n](ctx) for n in names]
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
@@ -314,13 +487,17 @@ def run_audit(studies, generations, out_dir, stages: Sequence[str] | None = None
     return path
 
 # %% ../nbs/14_audit.ipynb #650547d3
-def run_demo(out_dir, n_patients: int = 60, seed: int = 0) -> dict[str, Path]:
+def run_demo(out_dir,                    # output folder
+             n_patients: int = 60,       # synthetic patients
+             seed: int = DEFAULT_SEED,   # seed of the corpus and of every resample
+             reps: int | None = None     # resamples in every stage (None: each stage's default)
+            ) -> dict[str, Path]:
     "Build the synthetic demo corpus, write its tables, manifest and `report.html` into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     corpus = make_demo_corpus(n_patients=n_patients, seed=seed)
     tables = corpus.tables()
     paths = {name: write_table(df, out / f"{name}.parquet") for name, df in tables.items()}
-    params = {"n_patients": n_patients, "seed": seed, "cohort_recipe": "003_lmimic"}
+    params = {"n_patients": n_patients, "seed": seed, "cohort_recipe": "003_lmimic", **({"reps": reps} if reps else {})}
     extra = {k: v for k, v in tables.items() if k not in ("studies", "generations")}
     paths["report"] = run_audit(tables["studies"], tables["generations"], out, extra=extra, params=params,
                                 title="cxr_audit demo report (synthetic data)")
@@ -328,183 +505,3 @@ def run_demo(out_dir, n_patients: int = 60, seed: int = 0) -> dict[str, Path]:
                    command="cxr-audit demo", synthetic=True)
     paths["manifest"] = out / "manifest.json"
     return paths
-
-# %% ../nbs/14_audit.ipynb #2a507c40
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cxr-audit", description="Audit chest X-ray report generation evaluation (offline).")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    d = sub.add_parser("demo", help="build the synthetic demo corpus and write the full audit report")
-    d.add_argument("--out", default="demo_out", help="output folder (default: demo_out)")
-    d.add_argument("--n-patients", type=int, default=60, help="number of synthetic patients (default: 60)")
-    d.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    a = sub.add_parser("audit", help="run the audit on your studies and generations tables (CSV or parquet)")
-    a.add_argument("--studies", required=True, help="studies table (.csv/.parquet)")
-    a.add_argument("--generations", required=True, help="generations table (.csv/.parquet)")
-    a.add_argument("--out", required=True, help="output folder")
-    a.add_argument("--stages", nargs="*", default=None, help=f"stages to run (default: all of {list(STAGES)})")
-    a.add_argument("--cohort-recipe", default="000_test", choices=list(RECIPES), help="cohort recipe shown in the report")
-    c = sub.add_parser("cohort", help="build a cohort with a recipe; write cohort, flow, excluded rows and manifest")
-    c.add_argument("--recipe", required=True, choices=list(RECIPES), help="the cohort recipe")
-    c.add_argument("--studies", required=True, help="studies table (.csv/.parquet)")
-    c.add_argument("--out", required=True, help="output folder")
-    c.add_argument("--image-root", default=None, help="folder the image paths are relative to (checks files exist)")
-    c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="recipe parameter (JSON value), repeatable")
-    gp = sub.add_parser("generate", help="run a local Hugging Face model over a studies table under decoding policies")
-    gp.add_argument("--model", required=True, help="local folder of a saved model (nothing is downloaded)")
-    gp.add_argument("--policies", default="B4", help="comma-separated presets (B4,G1,K50,...) or a .yaml/.json policy file")
-    gp.add_argument("--studies", required=True, help="studies table (.csv/.parquet)")
-    gp.add_argument("--out", required=True, help="generations table to write (.parquet/.csv)")
-    gp.add_argument("--seeds", default="0", help="comma-separated run seeds (default: 0)")
-    gp.add_argument("--system", default=None, help="system name in the table (default: the model folder name)")
-    gp.add_argument("--prompt", default=None, help="prompt for chat-template models")
-    gp.add_argument("--batch-size", type=int, default=8)
-    gp.add_argument("--device", default="cpu")
-    gp.add_argument("--use-indication", action="store_true", help="pass each study's indication to the generator")
-    gp.add_argument("--image-root", default=None, help="folder the image paths are relative to")
-    gp.add_argument("--checkpoint", default=None, help="JSON-lines checkpoint file for resuming a long run")
-    cc = sub.add_parser("concentration", help="validity, recurrence, concentration, prefix rate and Distinct-n of generated reports")
-    cc.add_argument("generations", help="generations table (.csv/.parquet)")
-    cc.add_argument("--by", default="system,policy", help="comma-separated grouping columns")
-    cc.add_argument("--out", required=True)
-    cc.add_argument("--prefix", dest="prefixes", action="append", default=None, help="a report opening to count (repeatable)")
-    cc.add_argument("--top-k", type=int, default=5); cc.add_argument("--reps", type=int, default=5000)
-    cc.add_argument("--seed", type=int, default=2026); cc.add_argument("--clusters", default=None, help="column of cluster labels")
-    cc.add_argument("--unit", default="study_id"); cc.add_argument("--baseline", default=None)
-    cc.add_argument("--scheme", choices=["shares", "recount"], default="shares")
-    cc.add_argument("--max-new-tokens", type=int, default=None)
-    lb = sub.add_parser("labels", help="label references and generated reports; per-label alignment with CIs")
-    lb.add_argument("--references", required=True, help="studies-like table with study_id and report text")
-    lb.add_argument("--predictions", required=True, help="generations table")
-    lb.add_argument("--out", required=True); lb.add_argument("--labels", default="14", choices=["14", "5"])
-    lb.add_argument("--uncertain-positive", action="store_true", help="count uncertain (-1) as positive")
-    lb.add_argument("--reps", type=int, default=1000); lb.add_argument("--seed", type=int, default=2026)
-    tr = sub.add_parser("trace", help="trace which phrases drive each label of a labeler's output (e.g. the official CheXpert CSV)")
-    tr.add_argument("--chexpert-csv", required=True, help="labeled CSV: Reports column + 14 label columns")
-    tr.add_argument("--texts", required=True, help="the texts that were labeled (table with an ID and the text)")
-    tr.add_argument("--out", default=None); tr.add_argument("--id-column", default=None)
-    tr.add_argument("--dominance", type=float, default=0.5, help="flag a label when one phrase gives more than this share of positives")
-    tr.add_argument("--min-positives", type=int, default=10)
-    rv = sub.add_parser("review", help="blinded human review: prepare packets, or analyse returned ratings")
-    rsub = rv.add_subparsers(dest="review_command", metavar="STEP", required=True)
-    rp = rsub.add_parser("prepare", help="sample cases and write blinded phase-1/phase-2 sheets, a codebook and a private key")
-    rp.add_argument("--studies", required=True); rp.add_argument("--generations", required=True)
-    rp.add_argument("--out", required=True); rp.add_argument("--n", type=int, required=True, help="cases per stratum")
-    rp.add_argument("--seed", type=int, default=2026); rp.add_argument("--strata", default=None, help="comma-separated stratum columns")
-    rp.add_argument("--targeted", default=None, help="comma-separated study IDs of a targeted panel")
-    rp.add_argument("--exclude", default=None, help="comma-separated study IDs to leave out (e.g. calibration cases)")
-    rp.add_argument("--reviewers", default="R1,R2"); rp.add_argument("--configs", default=None, help="system+policy configurations to include")
-    rp.add_argument("--codebook", default=None); rp.add_argument("--simulate", action="store_true", help="also write SIMULATED ratings")
-    ra = rsub.add_parser("analyse", help="validate returned sheets; agreement, consensus queue or consensus summary")
-    ra.add_argument("--key", required=True, help="the private key file written by prepare")
-    ra.add_argument("--ratings", required=True, nargs="+", help="returned sheets (.csv/.xlsx)")
-    ra.add_argument("--out", required=True); ra.add_argument("--decisions", default=None, help="consensus decisions sheet")
-    ra.add_argument("--rules", default=None, help="consensus trigger rules as JSON"); ra.add_argument("--panel", default="random", choices=["random", "all"])
-    ra.add_argument("--reps", type=int, default=2000); ra.add_argument("--seed", type=int, default=2026); ra.add_argument("--codebook", default=None)
-    sc = sub.add_parser("score", help="score generations against references: metrics per configuration with CIs, paired differences")
-    sc.add_argument("generations", help="table with reference and hypothesis columns, or a generations table with --studies")
-    sc.add_argument("--out", required=True, help="output folder")
-    sc.add_argument("--metrics", default=None, help="comma-separated metric names (default: bleu_4,rouge_l,meteor,chexpert_f1_5)")
-    sc.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: estimates only; default 1000)")
-    sc.add_argument("--seed", type=int, default=0, help="seed of the resamples (default 0)")
-    sc.add_argument("--studies", default=None, help="studies table giving the references (and patient clusters)")
-    sc.add_argument("--ref-section", default="findings", choices=["findings", "impression", "both", "full"], help="reference section")
-    sc.add_argument("--baseline", default=None, help="configuration every other one is compared with (default: all pairs)")
-    sc.add_argument("--by", default=None, help="comma-separated columns defining a configuration (default: system, policy, seed)")
-    rr = sub.add_parser("reref", help="rewrite references along the ReRef taxonomy; with --generations, the metric-sensitivity analysis")
-    rr.add_argument("--studies", required=True, help="studies table (.csv/.parquet) whose references are rewritten")
-    rr.add_argument("--variations", default="all", help="'all', 'experiment', a comma list of axis:variation, axes, or a+b compounds")
-    rr.add_argument("--backend", choices=["rules", "openai"], default="rules", help="rule-based (offline, deterministic) or an OpenAI-compatible server")
-    rr.add_argument("--model", help="generator model (openai back end)"); rr.add_argument("--verifier-model", help="verifier model (default: --model)")
-    rr.add_argument("--base-url", help="OpenAI-compatible server URL"); rr.add_argument("--structured", default="auto", help="structured-output mode")
-    rr.add_argument("--max-rounds", type=int, default=5); rr.add_argument("--seed", type=int, default=0)
-    rr.add_argument("--max-concurrency", type=int, default=8); rr.add_argument("--cache", help="LLM response cache file")
-    rr.add_argument("--allow-remote-restricted", action="store_true", help="allow restricted studies to go to a non-local server")
-    rr.add_argument("--generations", help="generations table: also score every system under each variant")
-    rr.add_argument("--metrics", default="bleu_4,rouge_l,chexpert_f1_5", help="comma-separated metrics for the analysis")
-    rr.add_argument("--reps", type=int, default=1000, help="paired bootstrap resamples for the gaps")
-    rr.add_argument("--section", default="findings", choices=["findings", "impression", "both"], help="reference section scored")
-    rr.add_argument("--out", required=True, help="output folder")
-    lg = sub.add_parser("longitudinal", help="longitudinal annotation and progression-aware evaluation of generated reports")
-    lg.add_argument("--studies", required=True, help="studies table (references)"); lg.add_argument("--generations", required=True, help="generations table")
-    lg.add_argument("--out", required=True, help="output folder")
-    lg.add_argument("--annotator", default="rules", choices=["rules", "openai"], help="rule-based (offline) or an OpenAI-compatible server")
-    lg.add_argument("--model", help="model name (openai annotator)"); lg.add_argument("--base-url", help="OpenAI-compatible server URL")
-    lg.add_argument("--cache", help="LLM response cache file")
-    lg.add_argument("--decoding", default="greedy", choices=["greedy", "sampling"], help="greedy, or the paper's sampling settings")
-    lg.add_argument("--llm-seed", type=int, help="seed of sampled LLM answers")
-    lg.add_argument("--max-concurrency", type=int, default=4); lg.add_argument("--allow-remote-restricted", action="store_true")
-    lg.add_argument("--n-task-examples", type=int, default=3, choices=[0, 3, 5])
-    lg.add_argument("--n-change-indicators", type=int, default=8, choices=[0, 4, 8, 12])
-    lg.add_argument("--n-progression-examples", type=int, default=2, choices=[0, 2, 4])
-    lg.add_argument("--metrics", default="bleu_1,bleu_2,bleu_3,bleu_4,rouge_l,meteor", help="language metrics on longitudinal sentences")
-    lg.add_argument("--reps", type=int, default=1000, help="paired bootstrap resamples"); lg.add_argument("--seed", type=int, default=0)
-    lg.add_argument("--cluster", help="cluster column for the bootstrap (e.g. patient_id)")
-    lg.add_argument("--families", action="store_true", help="also score progression by disease family")
-    lg.add_argument("--section", default="findings", help="reference section")
-    l = sub.add_parser("llm-cache", help="show (or clear) the statistics of an LLM response cache")
-    l.add_argument("path", nargs="?", default=None, help="cache file (default: $CXR_AUDIT_CACHE or ~/.cache/cxr_audit)")
-    l.add_argument("--clear", action="store_true", help="delete every cached response")
-    v = sub.add_parser("validate", help="check studies and/or generations tables and print a summary")
-    v.add_argument("--studies", help="studies table (.csv/.parquet)")
-    v.add_argument("--generations", help="generations table (.csv/.parquet)")
-    return p
-
-# %% ../nbs/14_audit.ipynb #0906656c
-def _cmd_demo(args) -> str:
-    paths = run_demo(args.out, n_patients=args.n_patients, seed=args.seed)
-    return f"Wrote the demo audit (synthetic data) to {paths['report']}"
-
-def _cmd_audit(args) -> str:
-    s, g = read_table(args.studies), read_table(args.generations)
-    params = {"studies": Path(args.studies).name, "generations": Path(args.generations).name, "cohort_recipe": args.cohort_recipe}
-    path = run_audit(s, g, args.out, stages=args.stages, params=params, what=(args.studies, args.generations))
-    return f"Wrote the audit report to {path}"
-
-def _cmd_validate(args) -> str:
-    if not (args.studies or args.generations): raise InputError("validate: give --studies and/or --generations")
-    lines = []
-    if args.studies:
-        s = to_studies(read_table(args.studies), args.studies)
-        lines.append(f"{args.studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets {sorted(s['dataset'].unique())}")
-    if args.generations:
-        g = to_generations(read_table(args.generations), args.generations)
-        lines.append(f"{args.generations}: {len(g)} generations, systems {sorted(g['system'].unique())}")
-    if args.studies and args.generations: check_pair(s, g, (args.studies, args.generations))
-    return "\n".join(lines + ["ok"])
-
-def _cmd_cohort(args) -> str:
-    bad = [p for p in args.param if "=" not in p]
-    if bad: raise InputError(f"cohort: --param must be KEY=VALUE, got {bad[0]!r}")
-    params = dict(p.split("=", 1) for p in args.param)
-    return cli_cohort({"recipe": args.recipe, "studies": args.studies, "out": args.out, "image_root": args.image_root, "params": params})
-
-def _cmd_generate(args) -> str:
-    try: seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
-    except ValueError: raise InputError(f"generate: --seeds must be comma-separated integers, got {args.seeds!r}") from None
-    return cli_generate(args.model, args.policies, args.studies, args.out, seeds=seeds, system=args.system,
-                        prompt=args.prompt, batch_size=args.batch_size, device=args.device, use_indication=args.use_indication,
-                        image_root=args.image_root, checkpoint=args.checkpoint)
-
-def _passthrough(cli: Callable[[dict], str]) -> Callable:
-    "A command that hands its parsed arguments (as a dict) to a module's `cli_*` function."
-    return lambda args: cli({k: v for k, v in vars(args).items() if k != "command"})
-
-def _cmd_review(args) -> str:
-    d = {k: v for k, v in vars(args).items() if k not in ("command", "review_command")}
-    return (cli_review_prepare if args.review_command == "prepare" else cli_review_analyse)(d)
-
-def _cmd_llm_cache(args) -> str: return cli_llm_cache({"path": args.path, "clear": args.clear})
-
-_COMMANDS = {"demo": _cmd_demo, "audit": _cmd_audit, "validate": _cmd_validate, "cohort": _cmd_cohort, "generate": _cmd_generate,
-             "concentration": _passthrough(cli_concentration), "labels": _passthrough(cli_labels), "trace": _passthrough(cli_trace),
-             "score": _passthrough(cli_score), "reref": _passthrough(cli_reref),
-             "longitudinal": _passthrough(cli_longitudinal), "review": _cmd_review, "llm-cache": _cmd_llm_cache}
-
-def main(argv: Sequence[str] | None = None) -> int:
-    "Entry point of the `cxr-audit` command; returns the exit code."
-    args = _parser().parse_args(argv)
-    try: print(_COMMANDS[args.command](args))
-    except (InputError, FileNotFoundError, ImportError) as e:   # ImportError: a missing optional extra, named in `e`
-        print(f"cxr-audit {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import inspect
-import itertools
 import json
 import os
 import textwrap
@@ -20,16 +19,15 @@ import polars as pl
 from fastcore.basics import patch
 
 import cxr_audit
-from .core import (InputError, as_pandas, enable_theme, is_missing, package_versions, read_table,
-                            require_columns, rng, save_chart, sha256_frame, sha256_text, write_manifest, write_table)
-from .corpus import normalize_view, to_studies
+from .core import (InputError, as_pandas, enable_theme, is_missing, package_versions, require_columns,
+                            rng, save_chart, sha256_frame, sha256_text, write_manifest, write_table)
+from .corpus import normalize_view
 from .reports import clean_report_iu, clean_report_mimic, parse_sections
 
 # %% auto #0
 __all__ = ['FLOW_COLUMNS', 'CLEANERS', 'IMAGE_LISTS', 'FRONTAL_VIEWS', 'PROBLEM_COLUMNS', 'MIMIC_004_VIEWS', 'IU_004_FRACTIONS',
            'RECIPES', 'Step', 'Cohort', 'check_fractions', 'allocate', 'plot_flow', 'recipe_004_mimic', 'recipe_004_iu',
-           'recipe_000_test', 'recipe_003_lmimic', 'run_recipe', 'write_cohort', 'cli_cohort', 'cohort_summary',
-           'cohort_report_blocks']
+           'recipe_000_test', 'recipe_003_lmimic', 'run_recipe', 'write_cohort']
 
 # %% ../nbs/03_cohort.ipynb #eaedb877
 @dataclass(frozen=True)
@@ -281,7 +279,7 @@ def _blank(values) -> np.ndarray:
 
 @patch
 def require_section(self: Cohort, section: str | Sequence[str] = "findings", # section column(s) that must hold text
-                    name: str | None = None,   # the step's name (default "has <section>")
+                    name: str | None = None,   # the step's name (default: "has " and the section name)
                     parse: bool = False        # read the section(s) out of `text` instead of the columns
                    ) -> Cohort:
     "Keep the rows whose section(s) are non-blank."
@@ -514,9 +512,6 @@ def follow_up(self: Cohort, patient: str = "patient_id", # column grouping studi
     return self._next("follow_up", name, rule, {"patient": patient, "time": time, "min_visit": min_visit},
                       out[keep], out[~keep], note)
 
-# %% ../nbs/03_cohort.ipynb #33b89991
-#| export
-
 # %% ../nbs/03_cohort.ipynb #eb040ad7
 @patch
 def cap(self: Cohort, n: int,                             # how many rows to keep
@@ -536,10 +531,11 @@ def cap(self: Cohort, n: int,                             # how many rows to kee
     note = f"only {len(df)} rows: all kept" if len(df) <= n else ""
     return self._next("cap", name, rule, {"n": n, "order_by": by, "descending": descending}, df[keep], df[~keep], note)
 
+# %% ../nbs/03_cohort.ipynb #2f85d961
 @patch
 def sample(self: Cohort, n: int, # how many rows to draw
            seed: int,            # random seed (an integer, recorded in the manifest)
-           name: str | None = None
+           name: str | None = None # the step's name (default "random <n>")
           ) -> Cohort:
     "Keep `n` rows drawn at random without replacement (kept in their current order)."
     n, seed = _count(n, "sample"), _seed(seed, "sample")
@@ -554,7 +550,7 @@ def sample(self: Cohort, n: int, # how many rows to draw
 @patch
 def dedupe(self: Cohort, by: str | Sequence[str] = "study_id", # column(s) that define a duplicate
            keep: Literal["first", "last"] = "first",            # which row of each group stays
-           name: str | None = None
+           name: str | None = None # the step's name (default "one row per <by>")
           ) -> Cohort:
     "Keep one row per value of `by` (rows with a missing `by` value are all kept)."
     if keep not in ("first", "last"): raise InputError(f"dedupe: keep must be 'first' or 'last', not {keep!r}")
@@ -571,7 +567,9 @@ def dedupe(self: Cohort, by: str | Sequence[str] = "study_id", # column(s) that 
                       df[keep_m], df[~keep_m], note)
 
 # %% ../nbs/03_cohort.ipynb #247bce68
-def check_fractions(fractions: Mapping[str, float], what: str = "split") -> dict[str, float]:
+def check_fractions(fractions: Mapping[str, float], # partition name -> share
+                    what: str = "split"              # named in error messages
+                   ) -> dict[str, float]:
     "`fractions` checked: partition names to shares in (0, 1] adding up to 1."
     if not isinstance(fractions, Mapping) or not fractions:
         raise InputError(f"{what}: fractions must be a non-empty dict of partition name -> share, not {fractions!r}")
@@ -585,7 +583,10 @@ def check_fractions(fractions: Mapping[str, float], what: str = "split") -> dict
     if abs(total - 1) > 1e-9: raise InputError(f"{what}: fractions must add up to 1; they add up to {total:g}")
     return out
 
-def allocate(n_ids: int, fractions: Mapping[str, float]) -> dict[str, int]:
+# %% ../nbs/03_cohort.ipynb #cf33862f
+def allocate(n_ids: int,                        # distinct IDs to share out
+             fractions: Mapping[str, float]  # partition name -> share (checked by `check_fractions`)
+            ) -> dict[str, int]:
     "IDs per partition: largest-remainder rounding of `fractions * n_ids`, at least one each."
     names, share = list(fractions), np.array(list(fractions.values())) * n_ids
     counts = np.floor(share).astype(int)
@@ -599,7 +600,7 @@ def split(self: Cohort, by: str,                  # the ID column partitions are
           fractions: Mapping[str, float],          # partition name -> share, adding up to 1
           seed: int,                               # random seed (an integer)
           column: str = "split",                   # where the partition goes
-          name: str | None = None
+          name: str | None = None                 # the step's name (default "split by <by>")
          ) -> Cohort:
     "Assign each row to a partition at the level of `by` (no ID in two partitions); removes nothing."
     fr, seed = check_fractions(fractions), _seed(seed, "split")
@@ -770,6 +771,15 @@ def plot_flow(cohort: Cohort, # the cohort to draw
     name = title or (f"Cohort flow: {cohort.recipe['name']}" if cohort.recipe else "Cohort flow")
     return alt.layer(*layers, *text).properties(width=width, height=int(56 * (bottom - top)), title=name)
 
+# %% ../nbs/03_cohort.ipynb #82ff0f41
+@patch
+def plot(self: Cohort,
+         title: str | None = None, # chart title (default: the recipe's name, or "Cohort flow")
+         width: int = 640          # chart width in pixels
+        ):
+    "The cohort's CONSORT-style flow chart (`plot_flow`)."
+    return plot_flow(self, title, width)
+
 # %% ../nbs/03_cohort.ipynb #5c0117cc
 @patch
 def _repr_markdown_(self: Cohort) -> str:
@@ -778,6 +788,22 @@ def _repr_markdown_(self: Cohort) -> str:
     if not self.steps: return head + "No steps yet."
     rows = "\n".join(f"| {s.name} | {s.rule.replace('|', '/')} | {s.n_in:,} | {s.n_out:,} | {s.n_excluded:,} | {s.note} |" for s in self.steps)
     return head + "| step | rule | n_in | n_out | n_excluded | note |\n|---|---|---|---|---|---|\n" + rows
+
+# %% ../nbs/03_cohort.ipynb #947ca344
+@patch
+def summary(self: Cohort) -> pd.DataFrame:
+    "The flow table without its bookkeeping columns: `step, rule, n_in, n_out, n_excluded, note`."
+    return self.flow[["step", "rule", "n_in", "n_out", "n_excluded", "note"]]
+
+# %% ../nbs/03_cohort.ipynb #845510e3
+@patch
+def headline(self: Cohort) -> str:
+    "One markdown sentence: what the cohort holds and where it came from."
+    gone = sum(s.n_excluded for s in self.steps)
+    rec = f" by recipe `{self.recipe['name']}`" if self.recipe else ""
+    return (f"**{_count_text(len(self), self.unit, self._df.index.nunique())}** selected{rec} from "
+            f"{len(self.input):,} {self.what} rows in {len(self.steps)} steps; {gone:,} rows were excluded, "
+            f"each recorded with the step that excluded it.")
 
 # %% ../nbs/03_cohort.ipynb #98f1a7df
 MIMIC_004_VIEWS = ("PA", "AP", "AP SUPINE")
@@ -798,7 +824,7 @@ def recipe_004_mimic(studies,                          # a MIMIC-CXR `studies` t
                      min_text: int = 32,               # minimum cleaned impression+findings length
                      views: Sequence[str] = MIMIC_004_VIEWS, # allowed views
                      test_split: str = "test",         # the official test split's name
-                     what: str = "studies"
+                     what: str = "studies"            # the table's name in messages and the manifest
                     ) -> Cohort:
     "Paper 004's MIMIC-CXR cohort: official test images in metadata order, frontal views, enough text, the first `n`."
     df = _needs(studies, ["study_id", "split", "image_paths", "findings", "impression"], "004_mimic", what)
@@ -817,7 +843,7 @@ def recipe_004_iu(studies,                                        # an IU X-ray 
                   seed: int = 42,                                 # split seed (paper 004: 42)
                   partition: str = "test",                        # the partition that forms the cohort
                   views: Sequence[str] = FRONTAL_VIEWS,           # views tried first
-                  what: str = "studies"
+                  what: str = "studies"                           # the table's name in messages and the manifest
                  ) -> Cohort:
     "Paper 004's IU X-ray cohort: eligible studies, split by IU ID with seed 42, test partition, frontal first."
     df = _needs(studies, ["study_id", "image_paths", "findings", "impression"], "004_iu", what)
@@ -835,7 +861,7 @@ def recipe_004_iu(studies,                                        # an IU X-ray 
 def recipe_000_test(studies,                       # a `studies` table of one dataset
                     split: str | None = "test",    # the partition to keep; None: the whole table
                     section: str = "findings",     # the section that must be present
-                    what: str = "studies"
+                    what: str = "studies"          # the table's name in messages and the manifest
                    ) -> Cohort:
     "Paper 000's test set: one partition, studies without a Findings section dropped."
     df = _needs(studies, ["study_id", section] + (["split"] if split is not None else []), "000_test", what)
@@ -846,9 +872,9 @@ def recipe_000_test(studies,                       # a `studies` table of one da
 # %% ../nbs/03_cohort.ipynb #03b0d847
 def recipe_003_lmimic(studies,                     # a MIMIC-CXR `studies` table, all splits
                       min_visit: int = 2,          # second or later visit
-                      patient: str = "patient_id",
-                      time: str = "study_time",
-                      what: str = "studies"
+                      patient: str = "patient_id", # column grouping studies by patient
+                      time: str = "study_time",    # column ordering a patient's studies
+                      what: str = "studies"        # the table's name in messages and the manifest
                      ) -> Cohort:
     "Paper 003's follow-up reports: second or later visit of a patient, with a Findings section."
     df = _needs(studies, ["study_id", patient, time, "findings"], "003_lmimic", what)
@@ -889,35 +915,13 @@ def write_cohort(cohort: Cohort,                    # the cohort to write
     write_manifest(out / "manifest.json", outputs=paths, params=dict(params or {}), cohort=cohort.manifest())
     return {**paths, "manifest": out / "manifest.json"}
 
-def _param(v):
-    "A recipe parameter from the command line: JSON when the text parses as JSON (`7`, `{\"train\": 0.8}`), else the text."
-    if not isinstance(v, str): return v
-    try: return json.loads(v)
-    except json.JSONDecodeError: return v
-
-def cli_cohort(args: Mapping) -> str:
-    "`cxr-audit cohort`: run recipe `args['recipe']` on the table `args['studies']` and write it to `args['out']`."
-    studies = to_studies(read_table(args["studies"]), what=str(args["studies"]))
-    params = {k: _param(v) for k, v in dict(args.get("params") or {}).items()}
-    c = run_recipe(args["recipe"], studies, **params)
-    paths = write_cohort(c, args["out"], image_root=args.get("image_root"),
-                         params={"recipe": args["recipe"], "studies": str(args["studies"]), **params})
-    n_prob = len(pd.read_csv(paths["problems"]))
-    return (f"cohort {args['recipe']}: {_count_text(len(c), c.unit, c._df.index.nunique())} "
-            f"({len(c.steps)} steps, {sum(s.n_excluded for s in c.steps):,} rows excluded, {n_prob} problem(s)); wrote {paths['cohort'].parent}")
-
-# %% ../nbs/03_cohort.ipynb #a60b58d0
-def cohort_summary(cohort: Cohort) -> str:
-    "One sentence: what the cohort holds and where it came from."
-    gone = sum(s.n_excluded for s in cohort.steps)
-    rec = f" by recipe `{cohort.recipe['name']}`" if cohort.recipe else ""
-    return (f"**{_count_text(len(cohort), cohort.unit, cohort._df.index.nunique())}** selected{rec} from "
-            f"{len(cohort.input):,} {cohort.what} rows in {len(cohort.steps)} steps; {gone:,} rows were excluded, "
-            f"each recorded with the step that excluded it.")
-
-def cohort_report_blocks(cohort: Cohort, image_root: str | os.PathLike | None = None) -> list:
-    "Blocks of the audit report's cohort section: summary, flow table, flow chart, integrity problems."
-    problems = cohort.check(image_root=image_root)
-    verdict = "No integrity problems found." if problems.empty else f"**{len(problems)} integrity problem(s)**:"
-    blocks = [cohort_summary(cohort), cohort.flow[["step", "rule", "n_in", "n_out", "n_excluded", "note"]], plot_flow(cohort), verdict]
-    return blocks + ([problems] if len(problems) else [])
+# %% ../nbs/03_cohort.ipynb #872b869f
+@patch
+def save(self: Cohort,
+         out_dir: str | os.PathLike,                  # folder (created when missing)
+         image_root: str | os.PathLike | None = None, # passed to `.check()`
+         chart: bool = True,                          # also write flow.svg
+         params: Mapping | None = None                # extra run parameters for the manifest (e.g. the command line)
+        ) -> dict[str, Path]:
+    "Write the cohort, flow table, excluded rows, problems, flow chart and manifest into `out_dir` (`write_cohort`)."
+    return write_cohort(self, out_dir, image_root, chart, params)

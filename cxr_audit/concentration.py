@@ -5,13 +5,12 @@
 # %% ../nbs/05_concentration.ipynb #f68bda67
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,17 +19,21 @@ import pyarrow as pa
 from fastcore.basics import patch
 from scipy import sparse
 
-from .core import (InputError, as_pandas, enable_theme, is_missing, md_table, read_table, require_columns, rng,
-                            save_chart, write_manifest, write_table)
+from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
+                            require_columns, rng, save_chart, write_manifest, write_table)
 from .reports import SPECIAL_TOKENS
-from .stats import (BootstrapResult, chunk_rows, weight_chunks, bootstrap, bootstrap_distinct,
-                             bootstrap_metrics, cluster_codes, distinct_stats, holm_family, plot_forest, proportion_stats)
+from .stats import (BootstrapResult, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps, chunk_rows,
+                             incidence, mean_stats, plot_win_probability, rank_ci,
+                             cluster_codes, distinct_stats, holm_family, p_value_note, plot_forest, proportion_stats,
+                             resolve_clusters, weight_chunks)
+
+Scheme = Literal["shares", "recount"]
 
 # %% auto #0
-__all__ = ['TOKEN_PATTERN', 'REASONS', 'VALIDITY_RULES', 'DEFAULT_PREFIXES', 'Scheme', 'tokenize', 'normalize_for_matching',
-           'surface_validity', 'distinct_n', 'has_repeated_ngram', 'audit_concentration', 'ConcentrationAudit',
-           'plot_top_k_share', 'plot_concentration_profile', 'plot_distinct_n', 'write_concentration',
-           'cli_concentration', 'concentration_report_blocks']
+__all__ = ['Scheme', 'TOKEN_PATTERN', 'REASONS', 'VALIDITY_RULES', 'DEFAULT_PREFIXES', 'PlotKind', 'tokenize',
+           'normalize_for_matching', 'surface_validity', 'distinct_n', 'has_repeated_ngram', 'ConcentrationAudit',
+           'audit_concentration', 'configuration_units', 'ConfigurationComparison', 'compare_configurations',
+           'plot_top_k_share', 'plot_concentration_profile', 'plot_distinct_n']
 
 # %% ../nbs/05_concentration.ipynb #b6019675
 TOKEN_PATTERN = r"[^\W_]+"   # a token: a maximal run of Unicode letters and digits
@@ -159,7 +162,7 @@ class _Corpus:
     def repeats(self, n: int) -> np.ndarray:
         "Per distinct text: how many of its n-grams repeat an earlier n-gram of the same text."
         if ("repeats", n) not in self._cache:
-            owner, ntok, U = self.tokens[1], self.tokens[2], len(self.uniq)
+            owner, U = self.tokens[1], len(self.uniq)
             ok = self.inside(n); m = len(ok); h = n // 2
             a, K = self.starts(h) if n % 2 == 0 else (None, 0)
             b = max(int(K - 1).bit_length(), 1)
@@ -357,22 +360,25 @@ def _columns(cols) -> tuple[str, ...]:
     if isinstance(cols, str): return tuple(c.strip() for c in cols.split(",") if c.strip())
     return tuple(cols)
 
-def _group_codes(df: pd.DataFrame, group_by: tuple) -> tuple[np.ndarray, pd.DataFrame]:
+def _group_codes(df: pd.DataFrame, by: tuple) -> tuple[np.ndarray, pd.DataFrame]:
     "Per row its group number, and the groups' key values in that order (sorted when the values sort)."
-    if not group_by: return np.zeros(len(df), np.int64), pd.DataFrame(index=range(1))
+    if not by: return np.zeros(len(df), np.int64), pd.DataFrame(index=range(1))
     try:
-        g = df.groupby(list(group_by), sort=True, dropna=False, observed=True)
+        g = df.groupby(list(by), sort=True, dropna=False, observed=True)
         codes = g.ngroup().to_numpy()
     except TypeError:                                        # values that do not sort: first-appearance order
-        g = df.groupby(list(group_by), sort=False, dropna=False, observed=True)
+        g = df.groupby(list(by), sort=False, dropna=False, observed=True)
         codes = g.ngroup().to_numpy()
-    keys = g.size().reset_index()[list(group_by)]
+    keys = g.size().reset_index()[list(by)]
     return codes.astype(np.int64), keys
 
 def _labels(keys: pd.DataFrame) -> list[str]:
-    "One label per group: its key values joined by '+' ('all' without keys)."
+    "One label per group: `core.config_label` of system and policy, then any other key values, joined by '+' ('all' without keys)."
     if not len(keys.columns): return ["all"] * len(keys)
-    return ["+".join("<missing>" if is_missing(v) else str(v) for v in row) for row in keys.itertuples(index=False)]
+    text = [["<missing>" if is_missing(v) else str(v) for v in row] for row in keys.itertuples(index=False)]
+    if list(keys.columns[:2]) == ["system", "policy"]:     # a configuration: its one label (a missing policy drops out)
+        text = [[config_label(t[0], None if is_missing(p) else t[1]), *t[2:]] for t, p in zip(text, keys["policy"])]
+    return [CONFIG_SEP.join(t) for t in text]
 
 # %% ../nbs/05_concentration.ipynb #c74533bd
 def _normalization(opts: Mapping | None) -> dict:
@@ -388,72 +394,57 @@ def _prefixes(prefixes, norm: dict) -> list[str]:
         raise ValueError(f"prefixes must be non-empty strings, got {ps!r}")
     return out
 
-# %% ../nbs/05_concentration.ipynb #4eb0fbd9
-def audit_concentration(generations,                      # a `generations` table (pandas or polars); reports in `text`
-                        group_by=("system", "policy"),    # columns defining a group; a tuple or "system,policy"
-                        prefixes=DEFAULT_PREFIXES,        # openings counted by `prefix_rate` (normalized; text may follow)
-                        top_k: int = 5,                   # k of the top-k share
-                        distinct: Sequence[int] = (1, 2), # the n of the Distinct-n columns
-                        repeat_n: int = 4,                # n of the repeated-n-gram flag and rate
-                        max_new_tokens: int | None = None, # generation token cap, for the token-limit check
-                        rules: Mapping | None = None,     # changes to `VALIDITY_RULES`
-                        normalization: Mapping | None = None, # options of `normalize_for_matching`
-                        text: str = "hypothesis"          # the column holding the reports
-                       ) -> "ConcentrationAudit":
-    "Validity, recurrence, concentration, prefix, repeated n-gram, Distinct-n and length measures per group."
-    group_by = _columns(group_by)
-    df = require_columns(generations, [text, *group_by], "generations").reset_index(drop=True)
-    if not len(df): raise InputError("generations: no rows to audit")
-    top_k, repeat_n = _positive_int(top_k, "top_k"), _positive_int(repeat_n, "repeat_n")
-    distinct = tuple(_positive_int(n, "distinct n") for n in distinct)
-    r, norm = _rules(rules), _normalization(normalization)
-    corpus, gid, keys = _Corpus.of(df[text]), *_group_codes(df, group_by)
-    rows = _row_measures(df, corpus, r, norm, prefixes, repeat_n, max_new_tokens)
-    counts = _report_counts(gid, rows["nid"])
-    rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
-    rows["duplicate"] = rows["size"] >= 2
-    params = {"prefixes": [prefixes] if isinstance(prefixes, str) else list(prefixes), "max_new_tokens": max_new_tokens,
-              "rules": r, "normalization": norm, "text": text}
-    audit = ConcentrationAudit(group_by, top_k, distinct, repeat_n, params, df, corpus, gid, keys, rows, counts)
-    audit.summary, audit.flags                                # computed now, cached on the object
-    corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
-    return audit
-
-def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, norm: dict, prefixes, repeat_n: int, max_new_tokens) -> dict:
-    "Per row: validity bits and flag, words, normalized-text id, prefix hit, repeated n-gram, length."
-    bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
-    normed = _normalize(corpus.uniq, **norm)
-    hit = np.zeros(len(normed), bool)
-    for p in _prefixes(prefixes, norm): hit |= normed.str.starts_with(p).to_numpy()
-    hard = sum(b for c, b in _BIT.items() if c not in r["flag_only"])
-    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid],
-            "nid": _index_of(normed, normed.unique(maintain_order=True))[corpus.uid],
-            "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.tokens[2][corpus.uid]}
-
 # %% ../nbs/05_concentration.ipynb #bf9c7b29
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class ConcentrationAudit:
-    group_by: tuple             # the grouping columns
-    top_k: int
-    distinct: tuple             # n of the Distinct-n columns
-    repeat_n: int
-    params: dict                # prefixes, token cap, validity rules, normalization, text column
-    _source: pd.DataFrame = field(repr=False)
-    _corpus: _Corpus = field(repr=False)
-    _gid: np.ndarray = field(repr=False)
-    _keys: pd.DataFrame = field(repr=False)
-    _rows: dict = field(repr=False)
-    _counts: dict = field(repr=False)
+    "The concentration audit of a `generations` table: measures per group, flags per report, intervals and comparisons."
+    by: tuple                                 # the grouping columns
+    top_k: int                                # k of the top-k share
+    distinct: tuple                           # n of the Distinct-n columns
+    repeat_n: int                             # n of the repeated-n-gram rate
+    params: dict                              # prefixes, token cap, validity rules, normalization, text column, clusters given
+    reps: int = 5000                          # resamples of the intervals and comparisons
+    seed: int | np.random.Generator | None = DEFAULT_SEED # their seed
+    clusters: np.ndarray | None = field(default=None, repr=False) # one cluster label per report (None: reports are resampled)
+    unit: str = "study_id"                    # the paired unit of the comparisons
+    scheme: str = "shares"                    # how distinct counts and report groups are resampled
+    size: float = 0.95                        # interval coverage
+    method: str = "percentile"                # interval method
+    compare_metrics: tuple = ("validity_rate", "prefix_rate") # the metrics of `comparisons`
+    baseline: str | None = None               # the group compared with each other one (None: all pairs)
+    _source: pd.DataFrame = field(default=None, repr=False)
+    _corpus: _Corpus = field(default=None, repr=False)
+    _gid: np.ndarray = field(default=None, repr=False)
+    _keys: pd.DataFrame = field(default=None, repr=False)
+    _rows: dict = field(default=None, repr=False)
+    _counts: dict = field(default=None, repr=False)
 
     @cached_property
+    def _summary_table(self) -> pd.DataFrame: return self._summary()
+
     def summary(self) -> pd.DataFrame:
-        "One row per group: the group columns and every measure."
-        return self._summary()
+        "One row per group: the group columns, `n` and every metric."
+        return self._summary_table.copy()
 
     @cached_property
     def flags(self) -> pd.DataFrame:
         "One row per report, in table order."
         return self._flags()
+
+    @cached_property
+    def intervals(self) -> pd.DataFrame:
+        "Estimate and interval of every metric of every group, with the audit's settings (see `bootstrap`)."
+        return self.bootstrap(None, self.reps, self.seed, self.clusters, self.scheme, self.size, self.method, self.unit)
+
+    def to_frame(self) -> pd.DataFrame:
+        "The tidy long table: one row per group and metric, `estimate, ci_low, ci_high, se, n, n_clusters, ...`."
+        return self.intervals.copy()
+
+    @cached_property
+    def comparisons(self) -> dict[str, PairedResult]:
+        "Paired comparisons of `compare_metrics` between the groups on shared units, one `PairedResult` per metric ({} for one group)."
+        if len(self.labels) < 2 or not self.compare_metrics: return {}
+        return self._paired(self.compare_metrics, self.baseline)
 
     @property
     def top_column(self) -> str: return f"top_{self.top_k}_share"
@@ -462,24 +453,21 @@ class ConcentrationAudit:
     def repeat_column(self) -> str: return f"repeated_{self.repeat_n}gram_rate"
 
     @property
-    def measures(self) -> list[str]:
-        "The measure columns of `summary`, in order."
+    def metrics(self) -> list[str]:
+        "The metric columns of `summary()`, in order."
         return (["validity_rate", "unique_report_ratio", "duplicate_rate", self.top_column, "prefix_rate", self.repeat_column]
                 + [f"distinct_{n}" for n in self.distinct] + ["length_median", "length_iqr"])
 
     @cached_property
     def labels(self) -> list[str]:
-        "One label per group (key values joined by '+'), in `summary` order."
+        "One label per group (`system+policy`, ...), in `summary()` order."
         return _labels(self._keys)
 
-    def to_frame(self) -> pd.DataFrame:
-        "The per-group summary."
-        return self.summary.copy()
-
     def __repr__(self):
-        return f"ConcentrationAudit({len(self.flags)} reports in {len(self.summary)} group(s) by {list(self.group_by)})"
+        return (f"ConcentrationAudit({len(self.flags)} reports in {len(self.labels)} group(s) by {list(self.by)}; "
+                f"reps={self.reps}, seed={self.seed!r})")
 
-    def _repr_markdown_(self): return md_table(self.summary)
+    def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
 
 # %% ../nbs/05_concentration.ipynb #e27d7a62
 @patch
@@ -506,12 +494,107 @@ def _summary(self: ConcentrationAudit) -> pd.DataFrame:
 def _flags(self: ConcentrationAudit) -> pd.DataFrame:
     "The per-report table."
     R, src = self._rows, self._source
-    ids = [c for c in ("sample_id", "study_id") if c in src.columns and c not in self.group_by]
-    out = src[ids + list(self.group_by)]
+    ids = [c for c in ("sample_id", "study_id") if c in src.columns and c not in self.by]
+    out = src[ids + list(self.by)]
     return out.assign(valid=R["valid"], reasons=_reason_text(R["bits"]), words=R["words"].astype(np.int64),
                       duplicate_group=R["nid"], duplicate_group_size=R["size"],
                       **{f"in_top_{self.top_k}": R["top"], "prefix_hit": R["prefix"], f"repeated_{self.repeat_n}gram": R["repeat"]},
                       length=R["length"].astype(np.int64))
+
+@patch
+def _metric_names(self: ConcentrationAudit, metrics) -> list[str]:
+    "`metrics` (a name, a list, or None for all) as a list of known metric names."
+    ms = self.metrics if metrics is None else [metrics] if isinstance(metrics, str) else list(metrics)
+    bad = [m for m in ms if m not in self.metrics]
+    if bad: raise ValueError(f"unknown metric(s) {bad}; metrics are {self.metrics}")
+    return ms
+
+@patch(as_prop=True)
+def _decomposable(self: ConcentrationAudit) -> list[str]:
+    "The metrics that add up over reports, so that groups can be compared on them unit by unit."
+    return [m for m in self.metrics if not m.startswith("length_")]
+
+@patch
+def _check_settings(self: ConcentrationAudit):
+    "Refuse, at once, settings that would only fail when the intervals or comparisons are computed."
+    if self.scheme not in ("shares", "recount"): raise InputError(f"scheme must be 'shares' or 'recount', got {self.scheme!r}")
+    if self.method not in ("percentile", "bca"): raise InputError(f"method must be 'percentile' or 'bca', got {self.method!r}")
+    if not 0 < self.size < 1: raise InputError(f"size must be a coverage between 0 and 1 (e.g. 0.95), got {self.size!r}")
+    bad = [m for m in self._metric_names(self.compare_metrics) if m not in self._decomposable]
+    if bad: raise InputError(f"compare_metrics: {bad} do(es) not decompose over reports; use some of {self._decomposable}")
+    if self.baseline is not None and self.baseline not in self.labels:
+        raise InputError(f"baseline {self.baseline!r} is not a group; groups are {self.labels}")
+
+# %% ../nbs/05_concentration.ipynb #4eb0fbd9
+def audit_concentration(generations,                      # a `generations` table (pandas or polars); reports in `text`
+                        by=("system", "policy"),          # columns defining a group; a tuple or "system,policy"
+                        prefixes=DEFAULT_PREFIXES,        # openings counted by `prefix_rate` (normalized; text may follow)
+                        top_k: int = 5,                   # k of the top-k share
+                        distinct: Sequence[int] = (1, 2), # the n of the Distinct-n columns
+                        repeat_n: int = 4,                # n of the repeated-n-gram flag and rate
+                        max_new_tokens: int | None = None, # generation token cap, for the token-limit check
+                        rules: Mapping | None = None,     # changes to `VALIDITY_RULES`
+                        normalization: Mapping | None = None, # options of `normalize_for_matching`
+                        text: str = "hypothesis",         # the column holding the reports
+                        reps: int = 5000,                 # bootstrap resamples of the intervals and comparisons
+                        seed: int | np.random.Generator | None = DEFAULT_SEED, # seed of every resample
+                        clusters=None,                    # column name, one label per row, or mapping `unit` value -> cluster
+                        unit: str = "study_id",           # the paired unit of comparisons and the key of a cluster mapping
+                        scheme: Scheme = "shares",        # how distinct counts and report groups are resampled
+                        size: float = 0.95,               # interval coverage
+                        method: Literal["percentile", "bca"] = "percentile", # interval method
+                        compare_metrics: Sequence[str] = ("validity_rate", "prefix_rate"), # metrics compared between groups
+                        baseline: str | None = None       # compare this group with each other one (None: all pairs)
+                       ) -> ConcentrationAudit:
+    "Validity, recurrence, concentration, prefix, repeated n-gram, Distinct-n and length per group, with intervals and comparisons."
+    by = _columns(by)
+    df = require_columns(generations, [text, *by], "generations").reset_index(drop=True)
+    if not len(df): raise InputError("generations: no rows to audit")
+    top_k, repeat_n = _positive_int(top_k, "top_k"), _positive_int(repeat_n, "repeat_n")
+    distinct = tuple(_positive_int(n, "distinct n") for n in distinct)
+    r, norm = _rules(rules), _normalization(normalization)
+    corpus, gid, keys = _Corpus.of(df[text]), *_group_codes(df, by)
+    rows = _row_measures(df, corpus, r, norm, prefixes, repeat_n, max_new_tokens)
+    counts = _report_counts(gid, rows["nid"])
+    rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
+    rows["duplicate"] = rows["size"] >= 2
+    params = {"prefixes": [prefixes] if isinstance(prefixes, str) else list(prefixes), "max_new_tokens": max_new_tokens,
+              "rules": r, "normalization": norm, "text": text, "clusters": _clusters_given(clusters)}
+    audit = ConcentrationAudit(by=by, top_k=top_k, distinct=distinct, repeat_n=repeat_n, params=params,
+                               reps=_positive_int(reps, "reps"), seed=seed, clusters=_resolved_clusters(df, clusters, unit),
+                               unit=unit, scheme=scheme, size=size, method=method, compare_metrics=tuple(compare_metrics),
+                               baseline=baseline, _source=df, _corpus=corpus, _gid=gid, _keys=keys, _rows=rows, _counts=counts)
+    audit._check_settings()
+    audit._summary_table, audit.flags                        # computed now, cached on the object
+    corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
+    return audit
+
+def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, norm: dict, prefixes, repeat_n: int, max_new_tokens) -> dict:
+    "Per row: validity bits and flag, words, normalized-text id, prefix hit, repeated n-gram, length."
+    bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
+    normed = _normalize(corpus.uniq, **norm)
+    hit = np.zeros(len(normed), bool)
+    for p in _prefixes(prefixes, norm): hit |= normed.str.starts_with(p).to_numpy()
+    hard = sum(b for c, b in _BIT.items() if c not in r["flag_only"])
+    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid],
+            "nid": _index_of(normed, normed.unique(maintain_order=True))[corpus.uid],
+            "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.tokens[2][corpus.uid]}
+
+def _clusters_given(clusters) -> str | None:
+    "How the clusters were given, for the manifest."
+    if clusters is None or isinstance(clusters, str): return clusters
+    return "a mapping" if isinstance(clusters, (Mapping, pd.Series)) else "one label per report"
+
+def _resolved_clusters(df: pd.DataFrame, clusters, unit: str) -> np.ndarray | None:
+    "One cluster label per row (`stats.resolve_clusters`; a mapping is keyed by `unit`); every row must get one."
+    labels = resolve_clusters(clusters, df, key=unit, what="clusters")
+    if labels is None: return None
+    miss = pd.isna(pd.Series(labels, dtype=object)).to_numpy()
+    if miss.any():
+        i = int(np.flatnonzero(miss)[0])
+        at = f"{unit} {df[unit].iloc[i]!r} " if unit in df.columns else ""
+        raise InputError(f"clusters: row {i}: {at}has no cluster label ({int(miss.sum())} row(s) affected)")
+    return labels
 
 # %% ../nbs/05_concentration.ipynb #182f706b
 def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
@@ -536,6 +619,24 @@ def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
         who, ids = np.concatenate([who, np.repeat(pg, cnt)[keep].astype(who.dtype)]), np.concatenate([ids, ids[idx][keep]])
     return _distinct_per(who, ids, K, G + 1)[:G]
 
+# %% ../nbs/05_concentration.ipynb #ec20c94a
+@patch
+def headline(self: ConcentrationAudit) -> str:
+    "One markdown sentence on the most concentrated group (largest top-k share; then the lowest unique-report ratio)."
+    s = self.summary().assign(group=self.labels).sort_values([self.top_column, "unique_report_ratio"], ascending=[False, True])
+    r = s.iloc[0]
+    return (f"**{r.group}**{' is the most concentrated' if len(s) > 1 else ''}: its {self.top_k} most frequent reports cover "
+            f"**{r[self.top_column]:.1%}** of its {r.n:,} outputs, only {r.unique_report_ratio:.1%} of its outputs are distinct, "
+            f"and {r.duplicate_rate:.1%} repeat another output word for word.")
+
+# %% ../nbs/05_concentration.ipynb #95905806
+@patch
+def invalid_counts(self: ConcentrationAudit) -> pd.DataFrame:
+    "The outputs that are not surface-valid, counted by group and reason codes: `group, reasons, outputs`."
+    bad = ~self._rows["valid"]
+    df = pd.DataFrame({"group": np.array(self.labels, dtype=object)[self._gid[bad]], "reasons": _reason_text(self._rows["bits"][bad])})
+    return df.groupby(["group", "reasons"], sort=False).size().rename("outputs").reset_index()
+
 # %% ../nbs/05_concentration.ipynb #9bf20a86
 @patch
 def profile(self: ConcentrationAudit,
@@ -554,8 +655,6 @@ def profile(self: ConcentrationAudit,
                                           "cumulative_share": cum[keep] / n[g[keep]]})], axis=1)
 
 # %% ../nbs/05_concentration.ipynb #30c9560a
-Scheme = Literal["shares", "recount"]
-
 def _duplicate_rate(C: np.ndarray) -> np.ndarray:
     "Share of the (weighted) outputs in groups whose weighted count is at least 2."
     with np.errstate(divide="ignore", invalid="ignore"): return (C * (C >= 2)).sum(1) / C.sum(1)
@@ -621,23 +720,16 @@ def _ngram_incidence(self: ConcentrationAudit, rows: np.ndarray, n: int) -> tupl
     X = X[:, np.flatnonzero(X.getnnz(0))]
     return X, np.maximum(self._rows["length"][rows] - n + 1, 0).astype(float)
 
-@patch
-def _measure_names(self: ConcentrationAudit, measures) -> list[str]:
-    ms = self.measures if measures is None else [measures] if isinstance(measures, str) else list(measures)
-    bad = [m for m in ms if m not in self.measures]
-    if bad: raise ValueError(f"unknown measure(s) {bad}; measures are {self.measures}")
-    return ms
-
 # %% ../nbs/05_concentration.ipynb #2fb0a98b
 @patch
-def _bootstrap_rows(self: ConcentrationAudit, rows: np.ndarray, measures: list, reps: int, seed, clusters,
+def _bootstrap_rows(self: ConcentrationAudit, rows: np.ndarray, metrics: list, reps: int, seed, clusters,
                     scheme: str, size: float, method: str) -> dict[str, BootstrapResult]:
-    "Bootstrap results of `measures` on the given rows (one group), all on the same resamples."
+    "Bootstrap results of `metrics` on the given rows (one group), all on the same resamples."
     R, kw = self._rows, dict(reps=reps, seed=seed, clusters=clusters, size=size, method=method)
     flags = {"validity_rate": R["valid"], "prefix_rate": R["prefix"], self.repeat_column: R["repeat"]}
     if scheme == "shares": flags.update({"duplicate_rate": R["duplicate"], self.top_column: R["top"]})
     summed, out = {}, {}                                      # statistics that add up over reports: one shared bootstrap
-    for m in measures:
+    for m in metrics:
         if m in flags: summed[m] = ({"g": proportion_stats(flags[m][rows].astype(float))}, "proportion")
         elif m == "unique_report_ratio" or m.startswith("distinct_"):
             X, tot = (_onehot(R["nid"][rows]), None) if m == "unique_report_ratio" else self._ngram_incidence(rows, int(m.split("_")[1]))
@@ -649,82 +741,68 @@ def _bootstrap_rows(self: ConcentrationAudit, rows: np.ndarray, measures: list, 
         out.update({m: r.result("g") for m, r in res.items()})
     specs = []                                                # statistics of weighted counts: one pass over the resamples
     recount = {m: f for m, f in (("duplicate_rate", _duplicate_rate), (self.top_column, _top_share(self.top_k)))
-               if scheme == "recount" and m in measures}
+               if scheme == "recount" and m in metrics}
     if recount:                                               # report groups, those of one report numbered last
         u, codes, cnt = np.unique(R["nid"][rows], return_inverse=True, return_counts=True)
         rank = np.empty(len(u), np.int64); rank[np.argsort(cnt == 1, kind="stable")] = np.arange(len(u))
         if self.top_column in recount: recount[self.top_column] = _top_share(self.top_k, int((cnt == 1).sum()))
         specs.append((rank[codes.ravel()], len(u), recount))
-    lengths = [m for m in ("length_median", "length_iqr") if m in measures]
+    lengths = [m for m in ("length_median", "length_iqr") if m in metrics]
     if lengths:
         vals, codes = np.unique(R["length"][rows], return_inverse=True)
         fns = {"length_median": lambda C: _weighted_quantile(vals, 0.5, C),
                "length_iqr": lambda C: _weighted_quantile(vals, 0.75, C) - _weighted_quantile(vals, 0.25, C)}
         specs.append((codes.ravel(), len(vals), {m: fns[m] for m in lengths}))
     if specs: out.update(_count_bootstrap(specs, **kw))
-    return {m: out[m] for m in measures if m in out}
+    return {m: out[m] for m in metrics if m in out}
 
 # %% ../nbs/05_concentration.ipynb #3f672517
-def _row_clusters(df: pd.DataFrame, clusters, unit: str = "study_id") -> np.ndarray | None:
-    "One cluster label per row from a column name, a unit -> cluster mapping, or a per-row sequence."
-    if clusters is None: return None
-    if isinstance(clusters, str):
-        require_columns(df, [clusters], "generations (clusters)")
-        return df[clusters].to_numpy(dtype=object)
-    keyed = isinstance(clusters, Mapping) or (isinstance(clusters, pd.Series) and unit in df.columns
-                                              and df[unit].isin(clusters.index).all())
-    if keyed:
-        require_columns(df, [unit], "generations (unit of the cluster mapping)")
-        m = pd.Series(clusters) if isinstance(clusters, Mapping) else clusters
-        out = df[unit].map(m)
-        if out.isna().any():
-            i = int(np.flatnonzero(out.isna().to_numpy())[0])
-            raise InputError(f"clusters: row {i}: {unit} {df[unit].iloc[i]!r} has no cluster label")
-        return out.to_numpy(dtype=object)
-    a = np.asarray(list(clusters), dtype=object)
-    if len(a) != len(df): raise InputError(f"clusters: expected one label per report ({len(df)}), got {len(a)}")
-    return a
-
 @patch
 def bootstrap_results(self: ConcentrationAudit,
                       group: int | str = 0,          # a group label (see `.labels`) or its position
-                      measures=None, reps: int = 5000, seed: int | np.random.Generator | None = 2026, clusters=None,
-                      scheme: Scheme = "shares", size: float = 0.95, method: Literal["percentile", "bca"] = "percentile",
-                      unit: str = "study_id") -> dict[str, BootstrapResult]:
-    "The `stats.BootstrapResult` (replicates, jackknife, `conf_int`) of each measure of one group."
+                      metrics=None,                  # names from `.metrics` (default: all)
+                      reps: int = 5000,              # resamples
+                      seed: int | np.random.Generator | None = DEFAULT_SEED, # random seed
+                      clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster
+                      scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
+                      size: float = 0.95,            # interval coverage
+                      method: Literal["percentile", "bca"] = "percentile", # interval method
+                      unit: str = "study_id"         # the column a cluster mapping is keyed by
+                     ) -> dict[str, BootstrapResult]:
+    "The `stats.BootstrapResult` (replicates, jackknife, `conf_int`) of each metric of one group."
     if scheme not in ("shares", "recount"): raise ValueError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
     if isinstance(group, str):
         if group not in self.labels: raise InputError(f"unknown group {group!r}; groups are {self.labels}")
         group = self.labels.index(group)
     rows = np.flatnonzero(self._gid == group)
-    cl = _row_clusters(self._source, clusters, unit)
-    if not isinstance(seed, (int, np.integer)): seed = int(rng(seed).integers(1 << 62))   # one seed: every measure on the same resamples
-    return self._bootstrap_rows(rows, self._measure_names(measures), reps, seed, None if cl is None else cl[rows],
+    cl = _resolved_clusters(self._source, clusters, unit)
+    if not isinstance(seed, (int, np.integer)): seed = int(rng(seed).integers(1 << 62))   # one seed: every metric on the same resamples
+    return self._bootstrap_rows(rows, self._metric_names(metrics), reps, seed, None if cl is None else cl[rows],
                                 scheme, size, method)
 
 @patch
 def bootstrap(self: ConcentrationAudit,
-              measures=None,                 # names from `.measures` (default: all)
+              metrics=None,                  # names from `.metrics` (default: all)
               reps: int = 5000,              # resamples per group
-              seed: int | np.random.Generator | None = 2026,
-              clusters=None,                 # column, unit -> cluster mapping, or per-row labels; None: resample reports
+              seed: int | np.random.Generator | None = DEFAULT_SEED, # random seed
+              clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster; None: reports
               scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
               size: float = 0.95,            # interval coverage
-              method: Literal["percentile", "bca"] = "percentile",
+              method: Literal["percentile", "bca"] = "percentile", # interval method
               unit: str = "study_id"         # the column a cluster mapping is keyed by
              ) -> pd.DataFrame:
-    "Bootstrap estimates and intervals of the summary measures, group by group."
-    ms = self._measure_names(measures)
+    "Bootstrap estimates and intervals of the metrics, group by group: one row per group and metric."
+    ms = self._metric_names(metrics)
+    cl = _resolved_clusters(self._source, clusters, unit)            # once, for every group
     scheme_free = {"validity_rate", "prefix_rate", self.repeat_column, "length_median", "length_iqr"}
     out = []
     for g, label in enumerate(self.labels):
-        rows = np.flatnonzero(self._gid == g)
-        res = self.bootstrap_results(g, ms, reps, seed, clusters, scheme, size, method, unit)
+        res = self.bootstrap_results(g, ms, reps, seed, cl, scheme, size, method, unit)
         for m in ms:
-            row = (res[m].to_frame().drop(columns="statistic").iloc[0].to_dict() if m in res else
-                   {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "se": np.nan, "n": len(rows),
-                    "n_clusters": None, "reps": reps, "method": method, "size": size})
-            out.append({**self._keys.iloc[g].to_dict(), "group": label, "measure": m, **row,
+            row = (res[m].to_frame().drop(columns="metric").iloc[0].to_dict() if m in res else
+                   {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "se": np.nan, "n": int((self._gid == g).sum()),
+                    "n_clusters": None, "reps": reps, "n_valid_reps": 0, "method": method, "size": size})
+            out.append({**self._keys.iloc[g].to_dict(), "group": label, "metric": m, **row,
                         "scheme": "" if m in scheme_free else scheme})
     return pd.DataFrame(out)
 
@@ -742,59 +820,172 @@ def _unit_rows(self: ConcentrationAudit, unit: str) -> tuple[list, dict]:
         dup = s.index.duplicated()
         if dup.any():
             raise InputError(f"compare: group {label!r} has {unit} {s.index[dup][0]!r} more than once; "
-                             f"add the distinguishing column (e.g. seed) to group_by, or pick another unit")
+                             f"add the distinguishing column (e.g. seed) to `by`, or pick another unit")
         pos[label] = s
     common = [u for u in pd.unique(units) if all(u in s.index for s in pos.values())]
     if not common: raise InputError(f"compare: no {unit} is covered by every group")
     return common, {label: s.loc[common].to_numpy() for label, s in pos.items()}
 
 @patch
-def _unit_stats(self: ConcentrationAudit, measure: str, rows: np.ndarray) -> tuple[np.ndarray, str]:
-    "Per-unit sufficient statistics of a decomposable measure and its value function."
+def _unit_stats(self: ConcentrationAudit, metric: str, rows: np.ndarray) -> tuple[np.ndarray, str]:
+    "Per-unit sufficient statistics of a decomposable metric and its value function."
     R = self._rows
     flags = {"validity_rate": R["valid"], "prefix_rate": R["prefix"], self.repeat_column: R["repeat"],
              "duplicate_rate": R["duplicate"], self.top_column: R["top"]}
-    if measure in flags: return proportion_stats(flags[measure][rows].astype(float)), "proportion"
-    if measure == "unique_report_ratio": return distinct_stats(_onehot(R["nid"][rows])), "ratio"
-    if measure.startswith("distinct_"): return distinct_stats(*self._ngram_incidence(rows, int(measure.split("_")[1]))), "ratio"
-    raise ValueError(f"compare: {measure!r} does not decompose over reports; use one of {sorted(flags) + ['unique_report_ratio']} or distinct_n")
+    if metric in flags: return proportion_stats(flags[metric][rows].astype(float)), "proportion"
+    if metric == "unique_report_ratio": return distinct_stats(_onehot(R["nid"][rows])), "ratio"
+    if metric.startswith("distinct_"): return distinct_stats(*self._ngram_incidence(rows, int(metric.split("_")[1]))), "ratio"
+    raise ValueError(f"compare: {metric!r} does not decompose over reports; use one of {self._decomposable}")
 
 @patch
-def compare(self: ConcentrationAudit,
-            measures=("validity_rate", "prefix_rate"), # decomposable measures (see above)
-            baseline: str | None = None,      # compare this group with each other one
-            pairs: Sequence | None = None,    # explicit (first, second) label pairs
-            unit: str = "study_id",           # the paired unit
-            clusters=None,                    # column, unit -> cluster mapping, or one label per row
-            reps: int = 5000,
-            seed: int | np.random.Generator | None = 2026,
-            size: float = 0.95,
-            method: Literal["percentile", "bca"] = "percentile"
-           ) -> pd.DataFrame:
-    "Paired, Holm-adjusted comparisons of the groups on shared units."
-    ms = self._measure_names(measures)
-    common, aligned = self._unit_rows(unit)
-    cl = _row_clusters(self._source, clusters, unit)
-    if cl is not None: cl = cl[next(iter(aligned.values()))]
-    metrics = {}
-    for m in ms:
-        stats = {label: self._unit_stats(m, rows) for label, rows in aligned.items()}
-        metrics[m] = ({label: s for label, (s, _) in stats.items()}, next(iter(stats.values()))[1])
-    res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=cl, baseline=baseline, pairs=pairs, size=size, method=method)
-    return holm_family(res).assign(n_units=len(common))
+def _paired(self: ConcentrationAudit, metrics, baseline=None, pairs=None) -> dict[str, PairedResult]:
+    "Paired bootstraps of `metrics` between the groups on the units they share, all on one set of resamples."
+    common, aligned = self._unit_rows(self.unit)
+    cl = None if self.clusters is None else self.clusters[next(iter(aligned.values()))]
+    stats = {}
+    for m in self._metric_names(metrics):
+        per_group = {label: self._unit_stats(m, rows) for label, rows in aligned.items()}
+        stats[m] = ({label: s for label, (s, _) in per_group.items()}, next(iter(per_group.values()))[1])
+    return bootstrap_metrics(stats, reps=self.reps, seed=self.seed, clusters=cl, baseline=baseline, pairs=pairs,
+                             size=self.size, method=self.method)
 
-# %% ../nbs/05_concentration.ipynb #5ffbdd08
+# %% ../nbs/05_concentration.ipynb #079c1296
+_COMPARISON_COLUMNS = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]
+
+@patch
+def comparison_table(self: ConcentrationAudit) -> pd.DataFrame:
+    "Every comparison of `comparisons` in one table, Holm-adjusted as one family (`stats.holm_family`), with `n_units`."
+    res = self.comparisons
+    if not res: return pd.DataFrame(columns=_COMPARISON_COLUMNS + ["n_units"])
+    return holm_family(res, key="metric").assign(n_units=next(iter(res.values())).n)
+
+@patch
+def note(self: ConcentrationAudit) -> str:
+    "The p-value convention of `comparison_table()`: its floor for `reps` and the Holm floor over the family."
+    m = sum(len(r.pairs) for r in self.comparisons.values())
+    return p_value_note(self.reps, max(m, 1), 1 - self.size)
+
+# %% ../nbs/05_concentration.ipynb #a3cfa59f
+@patch
+def compare(self: ConcentrationAudit,
+            metric: str = "prefix_rate",   # a metric that adds up over reports (see above)
+            baseline: str | None = None,   # compare this group with each other one (default: the audit's `baseline`)
+            pairs: Sequence | None = None  # explicit (first, second) group pairs instead
+           ) -> PairedResult:
+    "Paired comparisons of the groups on one metric, with the audit's resamples (Holm within this metric)."
+    res = self._paired([metric], baseline if baseline is not None else self.baseline, pairs)[metric]
+    check_reps(self.reps, len(res.pairs), 1 - self.size, f"compare({metric!r})")
+    return res
+
+# %% ../nbs/05_concentration.ipynb #cbf4aa1a
+_CONFIG_STATS = {"unique_report_ratio": ("ratio", True), "words_per_report": ("mean", True), "truncated_share": ("proportion", False)}
+
+def _config_stats(name: str, frame: pd.DataFrame) -> np.ndarray:
+    "Per-study sufficient statistics of one reference-free statistic for one configuration."
+    if name == "unique_report_ratio": return distinct_stats(incidence([[h] for h in frame["hypothesis"]])[0])
+    if name == "words_per_report": return mean_stats(np.array([len(str(h).split()) for h in frame["hypothesis"]], dtype=float))
+    return proportion_stats(frame["truncated"].to_numpy(dtype=float))
+
+def configuration_units(generations,               # a `generations` table
+                        studies=None,              # a `studies` table: gives the order of the units and their clusters
+                        clusters=None,             # None, a column of `studies` (else of `generations`), or a mapping unit -> cluster
+                        unit: str = "study_id"     # the paired unit
+                       ) -> tuple[dict[str, pd.DataFrame], list, np.ndarray | None]:
+    "Per configuration (first seed) its rows on the units every configuration covers, the units, and their clusters."
+    g = as_pandas(generations, "generations")
+    g = g.sort_values("seed", kind="stable").drop_duplicates(["system", "policy", unit]) if "seed" in g else g
+    g = g.assign(config=config_label(g["system"], g["policy"]).to_numpy())
+    common = set.intersection(*(set(d[unit]) for _, d in g.groupby("config"))) if len(g) else set()
+    source = g if studies is None else as_pandas(studies, "studies")
+    units = [u for u in dict.fromkeys(source[unit]) if u in common]
+    by = {c: d.set_index(unit).loc[units] for c, d in g.groupby("config", sort=True)}
+    if clusters is None: return by, units, None
+    if isinstance(clusters, str):
+        table = source.drop_duplicates(unit).set_index(unit).loc[units].reset_index()
+        labels = resolve_clusters(clusters, table)
+        return by, units, np.where(pd.isna(labels), np.asarray(units, dtype=object), labels)  # no cluster: its own
+    return by, units, resolve_clusters(clusters, pd.DataFrame({unit: units}), key=unit)
+
+# %% ../nbs/05_concentration.ipynb #d4343db4
+@dataclass(frozen=True, eq=False)
+class ConfigurationComparison:
+    "Paired comparisons of configurations on reference-free statistics, one shared set of resamples."
+    results: dict                # statistic -> stats.PairedResult (all configurations, all pairs)
+    n_units: int                 # studies every configuration covers
+    n_clusters: int | None       # resampling clusters (None: studies were resampled)
+    reps: int                    # resamples
+    seed: int | None             # random seed
+    size: float = 0.95           # interval coverage; significant means p_holm < 1 - size
+
+    def to_frame(self) -> pd.DataFrame:
+        "Every comparison, Holm-adjusted over the whole family: `metric, first, second, estimate, ci_low, ci_high, p, p_holm, significant, ...`."
+        return holm_family(self.results, size=self.size)
+
+    def summary(self) -> pd.DataFrame:
+        "Each configuration's own estimate and interval of each statistic."
+        frames = [r.systems_frame(size=self.size).drop(columns="metric").assign(metric=m) for m, r in self.results.items()]
+        return pd.concat(frames, ignore_index=True)[["metric", "system", "estimate", "ci_low", "ci_high", "n", "n_clusters", "reps"]]
+
+    def compare(self, metric: str = "unique_report_ratio") -> PairedResult:
+        "One statistic's `PairedResult` (Holm within that statistic only)."
+        if metric not in self.results: raise InputError(f"unknown statistic {metric!r}; one of {list(self.results)}")
+        return self.results[metric]
+
+    def ranks(self, metric: str = "unique_report_ratio") -> pd.DataFrame:
+        "Rank of each configuration on one statistic, with its bootstrap interval (`stats.rank_ci`)."
+        return rank_ci(self.compare(metric), self.size)
+
+    def note(self) -> str:
+        "The p-value convention and floors of the family."
+        return p_value_note(self.reps, sum(len(r.pairs) for r in self.results.values()), 1 - self.size)
+
+    def plot(self,
+             kind: Literal["forest", "win"] = "forest", # paired differences, or the win-probability matrix
+             metric: str = "unique_report_ratio"        # which statistic
+            ):
+        "The paired differences (Holm over the family) or the win-probability matrix of one statistic."
+        if kind == "win": return plot_win_probability(self.compare(metric))
+        if kind != "forest": raise ValueError(f"kind must be 'forest' or 'win', got {kind!r}")
+        t = self.to_frame()
+        return plot_forest(t[t["metric"] == metric], title=f"{metric}: paired differences (Holm over the family)")
+
+    def _repr_markdown_(self): return md_table(self.to_frame()) + f"\n\n{self.note()}"
+
+# %% ../nbs/05_concentration.ipynb #fade4e38
+def compare_configurations(generations,            # a `generations` table (system, policy, seed, study_id, hypothesis, truncated)
+                           studies=None,           # its `studies` table (unit order and patient clusters)
+                           clusters=None,          # None, a column of `studies` (e.g. "patient_id"), or a mapping study_id -> cluster
+                           reps: int = 5000,       # paired resamples
+                           seed: int | np.random.Generator | None = DEFAULT_SEED, # random seed
+                           size: float = 0.95,     # interval coverage (and 1 - alpha)
+                           unit: str = "study_id"  # the paired unit
+                          ) -> ConfigurationComparison:
+    "Paired, clustered comparisons of every configuration on unique-report ratio, words per report and truncated share."
+    by, units, labels = configuration_units(generations, studies, clusters, unit)
+    if len(by) < 2 or len(units) < 2:
+        raise InputError(f"compare_configurations: needs two or more configurations covering two or more common {unit} values "
+                         f"(got {len(by)} configuration(s), {len(units)} common)")
+    metrics = {m: ({c: _config_stats(m, d) for c, d in by.items()}, value) for m, (value, _) in _CONFIG_STATS.items()}
+    res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=labels, size=size,
+                            higher_is_better={m: better for m, (_, better) in _CONFIG_STATS.items()})
+    n_pairs = sum(len(r.pairs) for r in res.values())
+    check_reps(reps, n_pairs, 1 - size, "compare_configurations")
+    return ConfigurationComparison(res, len(units), None if labels is None else len(set(labels)), reps,
+                                   seed if isinstance(seed, (int, type(None))) else None, size)
+
+# %% ../nbs/05_concentration.ipynb #c8afd3cb
 def _with_labels(x) -> pd.DataFrame:
     "The summary with a `group` label column, from an audit or a summary table (group columns come before `n`)."
-    if isinstance(x, ConcentrationAudit): return x.summary.assign(group=x.labels)
+    if isinstance(x, ConcentrationAudit): return x.summary().assign(group=x.labels)
     df = as_pandas(x, "summary")
     if "group" in df.columns: return df
     keys = list(df.columns[:list(df.columns).index("n")])
     return df.assign(group=_labels(df[keys]))
 
-def plot_top_k_share(audit,                    # ConcentrationAudit or its summary
-                     intervals=None,           # a `bootstrap` table holding the top-k measure
-                     title: str | None = None):
+def plot_top_k_share(audit,                    # ConcentrationAudit or its `summary()`
+                     intervals=None,           # a `bootstrap` table holding the top-k metric (e.g. `audit.to_frame()`)
+                     title: str | None = None  # chart title (default "Top-k report share")
+                    ):
     "Bar chart of the share of outputs covered by each group's k most frequent reports."
     alt = enable_theme(svg=False)
     df = _with_labels(audit); col = next(c for c in df.columns if re.fullmatch(r"top_\d+_share", str(c)))
@@ -804,12 +995,14 @@ def plot_top_k_share(audit,                    # ConcentrationAudit or its summa
                                                    scale=alt.Scale(domain=[0, 1])), y=y, tooltip=["group", alt.Tooltip(f"{col}:Q", format=".3f"), "n"])
     chart = bars
     if intervals is not None:
-        iv = as_pandas(intervals, "intervals"); iv = iv[iv.measure == col][["group", "ci_low", "ci_high"]]
+        iv = as_pandas(intervals, "intervals"); iv = iv[iv.metric == col][["group", "ci_low", "ci_high"]]
         chart = bars + alt.Chart(iv).mark_rule(color="#000", strokeWidth=1.5).encode(x="ci_low:Q", x2="ci_high:Q", y=y)
     return chart.properties(width=420, height=alt.Step(24), title=title or f"Top-{k} report share")
 
-def plot_concentration_profile(profile,          # `ConcentrationAudit.profile()` table, or the audit itself
-                               title: str | None = None):
+# %% ../nbs/05_concentration.ipynb #4640fdf2
+def plot_concentration_profile(profile,                   # `ConcentrationAudit.profile()` table, or the audit itself
+                               title: str | None = None   # chart title (default "Concentration profile")
+                              ):
     "Cumulative share of outputs covered by the m most frequent reports, one line per group."
     alt = enable_theme(svg=False)
     df = profile.profile() if isinstance(profile, ConcentrationAudit) else as_pandas(profile, "profile")
@@ -819,102 +1012,66 @@ def plot_concentration_profile(profile,          # `ConcentrationAudit.profile()
         color=alt.Color("group:N", title=None), tooltip=["group", "m", "count", alt.Tooltip("cumulative_share:Q", format=".3f")]
     ).properties(width=420, height=240, title=title or "Concentration profile")
 
-def plot_distinct_n(audit, title: str | None = None):
+# %% ../nbs/05_concentration.ipynb #1d7e9dd8
+def plot_distinct_n(audit,                    # ConcentrationAudit or its `summary()`
+                    title: str | None = None  # chart title (default "Lexical diversity (Distinct-n)")
+                   ):
     "Distinct-n of each group, one bar per n."
     alt = enable_theme(svg=False)
     df = _with_labels(audit); cols = [c for c in df.columns if re.fullmatch(r"distinct_\d+", str(c))]
-    long = df.melt(id_vars=["group"], value_vars=cols, var_name="measure", value_name="value")
-    long["measure"] = long.measure.str.replace("distinct_", "Distinct-")
+    long = df.melt(id_vars=["group"], value_vars=cols, var_name="metric", value_name="value")
+    long["metric"] = long.metric.str.replace("distinct_", "Distinct-")
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("value:Q", title="distinct n-grams ÷ all n-grams"), y=alt.Y("group:N", title=None),
-        yOffset="measure:N", color=alt.Color("measure:N", title=None), tooltip=["group", "measure", alt.Tooltip("value:Q", format=".4f")]
+        yOffset="metric:N", color=alt.Color("metric:N", title=None), tooltip=["group", "metric", alt.Tooltip("value:Q", format=".4f")]
     ).properties(width=420, height=alt.Step(14), title=title or "Lexical diversity (Distinct-n)")
 
+# %% ../nbs/05_concentration.ipynb #717e2c15
+PlotKind = Literal["top_k", "profile", "distinct_n", "forest"]
+
+@patch
+def plot(self: ConcentrationAudit,
+         kind: PlotKind = "top_k",    # top_k (with intervals), profile, distinct_n, or forest (the comparisons)
+         title: str | None = None,    # chart title (default: the figure's own)
+         max_reports: int = 15,       # profile: the largest m shown
+         intervals: bool = True       # top_k: draw the audit's intervals
+        ):
+    "One figure of the audit (an Altair chart)."
+    if kind == "top_k": return plot_top_k_share(self, self.intervals if intervals else None, title)
+    if kind == "profile": return plot_concentration_profile(self.profile(max_reports), title)
+    if kind == "distinct_n": return plot_distinct_n(self, title)
+    if kind != "forest": raise ValueError(f"kind must be one of 'top_k', 'profile', 'distinct_n', 'forest', got {kind!r}")
+    if not self.comparisons: raise InputError("plot('forest'): no comparisons (one group, or no `compare_metrics`)")
+    return plot_forest(self.comparison_table(), title=title or "Paired differences (first − second), Holm over the family")
+
 # %% ../nbs/05_concentration.ipynb #31f08975
-def write_concentration(audit: ConcentrationAudit, out_dir: str | os.PathLike, intervals: pd.DataFrame | None = None,
-                        comparisons: pd.DataFrame | None = None, params: Mapping | None = None,
-                        inputs: Mapping | None = None) -> dict[str, Path]:
+@patch
+def _manifest_params(self: ConcentrationAudit) -> dict:
+    "The audit's settings, JSON-ready."
+    seed = int(self.seed) if isinstance(self.seed, (int, np.integer)) else None if self.seed is None else repr(self.seed)
+    return {**self.params, "by": list(self.by), "top_k": self.top_k, "distinct": list(self.distinct), "repeat_n": self.repeat_n,
+            "reps": self.reps, "seed": seed, "unit": self.unit, "scheme": self.scheme, "size": self.size, "method": self.method,
+            "compare_metrics": list(self.compare_metrics), "baseline": self.baseline}
+
+@patch
+def save(self: ConcentrationAudit,
+         out_dir: str | os.PathLike,    # folder to write into (created when missing)
+         inputs: Mapping | None = None, # input files to fingerprint in the manifest, e.g. {"generations": path}
+         params: Mapping | None = None  # extra run parameters for the manifest (e.g. the command)
+        ) -> dict[str, Path]:
     "Write the summary, flags, profile, intervals, comparisons, charts and a manifest into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": write_table(audit.summary, out / "summary.csv"), "flags": write_table(audit.flags, out / "flags.parquet"),
-             "profile": write_table(audit.profile(), out / "profile.csv")}
-    if intervals is not None: paths["intervals"] = write_table(intervals, out / "intervals.csv")
-    if comparisons is not None: paths["comparisons"] = write_table(comparisons, out / "comparisons.csv")
-    charts = {"top_k_share.svg": plot_top_k_share(audit, intervals), "concentration_profile.svg": plot_concentration_profile(audit),
-              "distinct_n.svg": plot_distinct_n(audit)}
-    if comparisons is not None: charts["comparisons.svg"] = plot_forest(comparisons, title="Paired differences (first − second)")
+    paths = {"summary": write_table(self.summary(), out / "summary.csv"), "flags": write_table(self.flags, out / "flags.parquet"),
+             "profile": write_table(self.profile(), out / "profile.csv"), "intervals": write_table(self.to_frame(), out / "intervals.csv")}
+    charts = {"top_k_share.svg": self.plot("top_k"), "concentration_profile.svg": self.plot("profile", max_reports=20),
+              "distinct_n.svg": self.plot("distinct_n")}
+    extra = {}
+    try:
+        if self.comparisons:
+            paths["comparisons"] = write_table(self.comparison_table(), out / "comparisons.csv")
+            charts["comparisons.svg"] = self.plot("forest", title="Paired differences (first − second)")
+    except InputError as e: extra["comparisons"] = f"none: {e}"
     for name, ch in charts.items(): paths[name] = save_chart(ch, out / name)
     write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
-                   params={**audit.params, "group_by": list(audit.group_by), "top_k": audit.top_k, **dict(params or {})})
+                   params={**self._manifest_params(), **extra, **dict(params or {})})
     return {**paths, "manifest": out / "manifest.json"}
-
-# %% ../nbs/05_concentration.ipynb #df7c8407
-def _most_concentrated(audit: ConcentrationAudit) -> str:
-    "One sentence on the group with the largest top-k share."
-    s = audit.summary.assign(group=audit.labels).sort_values([audit.top_column, "unique_report_ratio"], ascending=[False, True])
-    r = s.iloc[0]
-    return (f"**{r.group}** is the most concentrated: its {audit.top_k} most frequent reports cover **{r[audit.top_column]:.1%}** "
-            f"of its {r.n:,} outputs, only {r.unique_report_ratio:.1%} of its outputs are distinct, and {r.duplicate_rate:.1%} "
-            f"repeat another output word for word.")
-
-def cli_concentration(args: Mapping) -> str:
-    "`cxr-audit concentration`: audit `args['generations']` and write the results into `args['out']`."
-    path = Path(args["generations"]); gens = read_table(path)
-    by = _columns(args.get("by") or ("system", "policy"))
-    prefixes = args.get("prefixes") or DEFAULT_PREFIXES
-    audit = audit_concentration(gens, group_by=by, prefixes=prefixes, top_k=int(args.get("top_k") or 5),
-                                max_new_tokens=None if args.get("max_new_tokens") is None else int(args["max_new_tokens"]))
-    reps, seed = int(args.get("reps") or 5000), int(args.get("seed") if args.get("seed") is not None else 2026)
-    unit, clusters, scheme = args.get("unit") or "study_id", args.get("clusters"), args.get("scheme") or "shares"
-    intervals = audit.bootstrap(reps=reps, seed=seed, clusters=clusters, scheme=scheme, unit=unit)
-    comparisons, note = None, ""
-    if len(audit.labels) > 1 and unit in audit._source.columns:
-        try: comparisons = audit.compare(baseline=args.get("baseline"), unit=unit, clusters=clusters, reps=reps, seed=seed)
-        except InputError as e: note = f"; no comparisons ({e})"
-    paths = write_concentration(audit, args["out"], intervals, comparisons, inputs={"generations": path},
-                                params={"reps": reps, "seed": seed, "clusters": clusters, "unit": unit, "scheme": scheme,
-                                        "baseline": args.get("baseline"), "command": "cxr-audit concentration"})
-    invalid = int((~audit.flags.valid).sum())
-    return (f"concentration: {len(audit.flags):,} reports in {len(audit.labels)} group(s), {invalid:,} not surface-valid; "
-            + _most_concentrated(audit).replace("**", "") + f" Wrote {paths['summary'].parent}{note}")
-
-# %% ../nbs/05_concentration.ipynb #82f70b9e
-def _interval_table(iv: pd.DataFrame, measures: Sequence[str]) -> pd.DataFrame:
-    "One row per group, one column per measure, cells `estimate [ci_low, ci_high]`."
-    cell = iv.assign(text=[f"{e:.3f} [{lo:.3f}, {hi:.3f}]" for e, lo, hi in zip(iv.estimate, iv.ci_low, iv.ci_high)])
-    wide = cell.pivot(index="group", columns="measure", values="text")
-    return wide.reindex(index=list(dict.fromkeys(iv.group)), columns=list(measures)).rename_axis(columns=None).reset_index()
-
-def concentration_report_blocks(generations,                     # a `generations` table
-                                clusters=None,                   # column, study -> cluster mapping, or per-row labels
-                                reps: int = 2000,
-                                seed: int | np.random.Generator | None = 2026,
-                                group_by=("system", "policy"),
-                                prefixes=DEFAULT_PREFIXES,
-                                top_k: int = 5,
-                                unit: str = "study_id") -> list:
-    "Blocks (text, tables, charts) of the audit report's concentration section."
-    audit = audit_concentration(generations, group_by=group_by, prefixes=prefixes, top_k=top_k)
-    main = ["validity_rate", "unique_report_ratio", "duplicate_rate", audit.top_column, "prefix_rate", "distinct_2"]
-    iv = audit.bootstrap(main, reps=reps, seed=seed, clusters=clusters, unit=unit)
-    summ = audit.summary.assign(**{c: audit.summary[c].round(4) for c in audit.measures})
-    how = (f"{reps:,} resamples of {'clusters' if clusters is not None else 'reports'} per configuration (seed {seed}); "
-           "shares scheme for the distinct and group counts (see the `concentration` module)")
-    blocks = [_most_concentrated(audit) + " The prefix rate alone can miss this: it only looks at how a report opens.",
-              summ, plot_top_k_share(audit, iv), plot_concentration_profile(audit.profile(15)), plot_distinct_n(audit),
-              f"**Estimates with 95% intervals** ({how}):", _interval_table(iv, main)]
-    if len(audit.labels) > 1 and unit in audit._source.columns:
-        try:
-            cmp = audit.compare(unit=unit, clusters=clusters, reps=reps, seed=seed)
-            blocks += [f"**Paired comparisons** on the {cmp.n_units.iloc[0]:,} {unit} values every configuration covers, "
-                       f"first − second, Holm-adjusted over all {len(cmp)} tests:",
-                       cmp[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
-                       plot_forest(cmp, title="Validity and prefix hit: paired differences")]
-        except InputError as e: blocks.append(f"No paired comparisons: {e}.")
-    bad = audit.flags[~audit.flags.valid]
-    if len(bad):
-        reasons = (bad.assign(group=np.array(audit.labels, dtype=object)[audit._gid[~audit.flags.valid.to_numpy()]])
-                      .groupby(["group", "reasons"]).size().rename("outputs").reset_index())
-        blocks += [f"**{len(bad):,} output(s) are not surface-valid**, by reason (kept in every denominator):", reasons]
-    else: blocks.append("Every output is surface-valid.")
-    return blocks

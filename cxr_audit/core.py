@@ -23,15 +23,16 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['PALETTE', 'CxrAuditError', 'InputError', 'rng', 'as_pandas', 'is_missing', 'require_columns', 'sha256_bytes',
-           'sha256_text', 'sha256_file', 'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import',
-           'cache_dir', 'resource_text', 'read_json', 'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme',
-           'save_chart', 'chart_svg']
+__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'rng', 'as_pandas', 'is_missing',
+           'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file', 'sha256_frame', 'md_table',
+           'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text', 'read_json',
+           'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
     "Base class for errors raised on purpose by `cxr_audit`."
 
+# %% ../nbs/00_core.ipynb #41e8036c
 class InputError(CxrAuditError, ValueError):
     "Bad user input: a missing file or column, or a row that cannot be used; the message names it."
 
@@ -44,8 +45,12 @@ def rng(seed: int | np.random.Generator | None = None # an int, a Generator (ret
         raise TypeError(f"seed must be an int, a numpy Generator or None, not {type(seed).__name__}")
     return np.random.default_rng(seed)
 
+# %% ../nbs/00_core.ipynb #c51acc9e
+DEFAULT_SEED: int = 0   # the one default of every `seed` argument in the package
+
 # %% ../nbs/00_core.ipynb #29ba692a
-def as_pandas(df, what: str = "table" # named in the error message
+def as_pandas(df,                     # pandas, polars (eager or lazy), pyarrow table, or a list of row dicts
+              what: str = "table"     # named in the error message
              ) -> pd.DataFrame:
     "`df` as a pandas DataFrame (pandas, polars, pyarrow or a list of row dicts in)."
     if isinstance(df, pd.DataFrame): return df
@@ -58,14 +63,30 @@ def as_pandas(df, what: str = "table" # named in the error message
     raise TypeError(f"{what}: expected a pandas or polars DataFrame, got {type(df).__name__}")
 
 # %% ../nbs/00_core.ipynb #7ecaf0e0
-def is_missing(v) -> bool:
+def is_missing(value # one cell value of any type
+              ) -> bool:
     "Whether a cell value is missing: None, NaN, `pd.NA` or `NaT`."
-    if v is None or v is pd.NA or v is pd.NaT: return True
-    return isinstance(v, (float, np.floating)) and math.isnan(v)
+    if value is None or value is pd.NA or value is pd.NaT: return True
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
+
+# %% ../nbs/00_core.ipynb #62f3fdc3
+CONFIG_SEP = "+"   # between system and policy in a configuration label
+
+def config_label(system,        # a system name, or a column/sequence of them
+                 policy=None    # its decoding policy (same shape), or None
+                ):
+    "The `system+policy` label of a configuration (element-wise for columns)."
+    if isinstance(system, (str, np.str_)) or system is None:
+        return str(system) if is_missing(policy) or policy == "" else f"{system}{CONFIG_SEP}{policy}"
+    s = pd.Series(system, dtype=object).astype(str).reset_index(drop=True)
+    if policy is None: return s
+    p = pd.Series(policy, dtype=object).reset_index(drop=True)
+    return pd.Series([config_label(a, b) for a, b in zip(s, p)], dtype=object)
 
 # %% ../nbs/00_core.ipynb #dce9d61f
-def require_columns(df, columns: Iterable[str], # columns that must be present
-                    what: str = "table"          # what the table is, for the message (e.g. a file name)
+def require_columns(df,                           # the table (pandas or polars)
+                    columns: Iterable[str],       # columns that must be present
+                    what: str = "table"           # what the table is, for the message (e.g. a file name)
                    ) -> pd.DataFrame:
     "`df` as pandas, or an `InputError` listing every missing column."
     df = as_pandas(df, what)
@@ -76,15 +97,21 @@ def require_columns(df, columns: Iterable[str], # columns that must be present
     return df
 
 # %% ../nbs/00_core.ipynb #5bd3a20f
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes # the bytes to hash
+                ) -> str:
     "Hex sha256 of `data`."
     return hashlib.sha256(data).hexdigest()
 
-def sha256_text(text: str) -> str:
+# %% ../nbs/00_core.ipynb #ddffebb9
+def sha256_text(text: str # the text to hash (encoded as UTF-8)
+               ) -> str:
     "Hex sha256 of `text` encoded as UTF-8."
     return sha256_bytes(text.encode("utf-8"))
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+# %% ../nbs/00_core.ipynb #13f98af4
+def sha256_file(path: str | os.PathLike, # the file to hash
+                chunk: int = 1 << 20     # bytes read at a time
+               ) -> str:
     "Hex sha256 of a file's bytes, read in chunks."
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -116,7 +143,8 @@ def _kind(s: pd.Series) -> str:
     if pd.api.types.is_datetime64_any_dtype(s): return "datetime"
     return "object"
 
-def sha256_frame(df) -> str:
+def sha256_frame(df # the table (pandas or polars)
+                ) -> str:
     "Hex sha256 of a table's column names, column kinds and values (pandas or polars)."
     df = as_pandas(df)
     h = hashlib.sha256()
@@ -134,7 +162,8 @@ def _canonical_column(s: pd.Series) -> list:
     return [_canonical(v) for v in vals]
 
 # %% ../nbs/00_core.ipynb #7f3df0d8
-def md_table(df, digits: int = 4 # significant digits of floats
+def md_table(df,             # a small table (pandas or polars)
+             digits: int = 4 # significant digits of floats
             ) -> str:
     "A small table as a markdown table."
     df = as_pandas(df)
@@ -146,25 +175,36 @@ def md_table(df, digits: int = 4 # significant digits of floats
     return "\n".join(head + ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)])
 
 # %% ../nbs/00_core.ipynb #a974f3c5
+_TABLE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz", ".tsv", ".tsv.gz")
+
 def _suffix(path: Path) -> str:
     s = "".join(path.suffixes[-2:]).lower()
     return s if s in (".csv.gz", ".tsv.gz") else path.suffix.lower()
 
-def read_table(path: str | os.PathLike, # .parquet, .csv, .csv.gz or .tsv
-               what: str | None = None  # name used in error messages (default: the file name)
+def _read_csv(path: Path, sep: str, text: bool, encoding: str) -> pd.DataFrame:
+    return pd.read_csv(path, sep=sep, dtype=str if text else None, keep_default_na=False, na_values=[""], encoding=encoding)
+
+def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv or .tsv.gz
+               what: str | None = None,      # name used in error messages (default: the path)
+               *, text: bool = False,        # keep every CSV cell as text (IDs keep leading zeros)
+               encoding: str = "utf-8-sig"   # CSV text encoding; the default also drops a UTF-8 byte-order mark
               ) -> pd.DataFrame:
-    "Read a parquet or CSV file into pandas; a clear `InputError` when it is missing or unreadable."
-    path = Path(path); what = what or str(path)
+    "Read a parquet or CSV file into pandas; a clear `InputError` naming the file when it is missing or unreadable."
+    path = Path(path).expanduser(); what = what or str(path)
     if not path.is_file(): raise InputError(f"{what}: file not found")
     sfx = _suffix(path)
+    if sfx not in _TABLE_SUFFIXES:
+        raise InputError(f"{what}: unsupported file type {sfx!r}; use {', '.join(_TABLE_SUFFIXES)}")
     try:
-        if sfx == ".parquet": return pd.read_parquet(path)
-        if sfx in (".csv", ".csv.gz"): return pd.read_csv(path, keep_default_na=False, na_values=[""])
-        if sfx in (".tsv", ".tsv.gz"): return pd.read_csv(path, sep="\t", keep_default_na=False, na_values=[""])
+        if sfx in (".parquet", ".pq"): return pd.read_parquet(path)
+        return _read_csv(path, "\t" if sfx.startswith(".tsv") else ",", text, encoding)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what}: not {encoding} text ({e.reason} at byte {e.start}); pass encoding= (e.g. 'latin-1')") from None
     except Exception as e: raise InputError(f"{what}: could not be read as {sfx[1:]} ({type(e).__name__}: {e})") from e
-    raise InputError(f"{what}: unsupported file type {sfx!r}; use .parquet, .csv, .csv.gz or .tsv")
 
-def write_table(df, path: str | os.PathLike # .parquet or .csv
+# %% ../nbs/00_core.ipynb #d3b4e1c6
+def write_table(df,                       # the table (pandas or polars)
+                path: str | os.PathLike   # .parquet or .csv
                ) -> Path:
     "Write a table to parquet or CSV (chosen by suffix), deterministically; return the path."
     df, path = as_pandas(df), Path(path)
@@ -199,14 +239,17 @@ def resource_text(name: str # a file name in cxr_audit/resources/
     "The text of a data file packaged in `cxr_audit/resources/`."
     return (importlib.resources.files("cxr_audit") / "resources" / name).read_text("utf-8")
 
-def read_json(source,             # a mapping (copied) or a path to a JSON file
-              what: str = "JSON"  # what the file holds, for messages ("phrase", "taxonomy", ...)
+# %% ../nbs/00_core.ipynb #14558ef9
+def read_json(source,                     # a mapping (copied) or a path to a JSON file
+              what: str = "JSON",         # what the file holds, for messages ("phrase", "taxonomy", ...)
+              encoding: str = "utf-8-sig" # text encoding; the default also drops a UTF-8 byte-order mark
              ) -> Any:
     "A user's JSON data: a deep copy of a mapping, or the parsed file; `InputError` naming the file otherwise."
     if isinstance(source, Mapping): return copy.deepcopy(dict(source))
-    p = Path(source)
+    p = Path(source).expanduser()
     if not p.is_file(): raise InputError(f"{p}: {what} file not found")
-    try: return json.loads(p.read_text("utf-8"))
+    try: return json.loads(p.read_text(encoding))
+    except UnicodeDecodeError as e: raise InputError(f"{p}: not {encoding} text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e: raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 # %% ../nbs/00_core.ipynb #827af161
@@ -220,7 +263,8 @@ def _redact(params: Any) -> Any:
     if isinstance(params, (str, int, float, bool)) or params is None: return params
     return str(params)
 
-def package_versions(names: Iterable[str] = _VERSIONED) -> dict:
+def package_versions(names: Iterable[str] = _VERSIONED # distribution names to look up
+                    ) -> dict:
     "Installed versions of `names` (None when missing), plus Python's."
     out = {"python": platform.python_version()}
     for n in names:
@@ -269,6 +313,7 @@ def cxr_theme() -> dict:
         "mark": {"color": PALETTE[0]}, "bar": {"color": PALETTE[0]},
         "background": "white"}}
 
+# %% ../nbs/00_core.ipynb #8687833b
 def enable_theme(svg: bool = True # also render charts as static SVG in notebooks (docs work offline)
                 ):
     "Register and enable the `cxr_audit` Altair theme; return `altair`."
@@ -283,8 +328,9 @@ def enable_theme(svg: bool = True # also render charts as static SVG in notebook
 # %% ../nbs/00_core.ipynb #677f8e6a
 _FORMATS = {".png": "png", ".svg": "svg", ".html": "html", ".json": "json"}
 
-def save_chart(chart, path: str | os.PathLike, # .png, .svg, .html (self-contained) or .json
-               scale: float = 2.0               # pixel scale for PNG
+def save_chart(chart,                          # an Altair chart
+               path: str | os.PathLike,        # .png, .svg, .html (self-contained) or .json
+               scale: float = 2.0              # pixel scale for PNG
               ) -> Path:
     "Write an Altair chart to `path` offline; the format follows the suffix."
     path = Path(path)
@@ -295,7 +341,9 @@ def save_chart(chart, path: str | os.PathLike, # .png, .svg, .html (self-contain
     chart.save(str(path), format=fmt, **kw)
     return path
 
-def chart_svg(chart) -> str:
+# %% ../nbs/00_core.ipynb #ca73da41
+def chart_svg(chart # an Altair chart
+             ) -> str:
     "The chart rendered to an SVG string (offline; no scripts)."
     import vl_convert as vlc
     return vlc.vegalite_to_svg(chart.to_dict())

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -16,12 +15,12 @@ from typing import Iterable, Literal, Mapping
 import numpy as np
 import pandas as pd
 
-from .core import InputError, as_pandas, is_missing, require_columns
+from .core import InputError, as_pandas, is_missing, read_json, read_table, require_columns
 
 # %% auto #0
 __all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES',
            'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS', 'CHEXPERT_PLUS_SECTIONS',
-           'REXGRADIENT_COLUMNS', 'to_studies', 'validate_studies', 'to_generations', 'normalize_view', 'load_table',
+           'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies', 'to_generations', 'normalize_view', 'load_table',
            'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient',
            'load_generations']
 
@@ -38,13 +37,30 @@ def _bad_row(df: pd.DataFrame, mask, what: str, problem: str):
         sid = df["study_id"].iloc[i] if "study_id" in df.columns else None
         raise InputError(f"{what}: row {i} (study_id={sid!r}): {problem} ({int(mask.sum())} row(s) affected)")
 
+# %% ../nbs/02_corpus.ipynb #f6874e3e
+def validate_studies(df,                   # a table in the canonical `studies` shape
+                     what: str = "studies" # named in error messages (e.g. a file name)
+                    ) -> pd.DataFrame:
+    "Check a `studies` table (columns, unique non-null IDs, types); return it as pandas."
+    df = require_columns(df, STUDIES_COLUMNS, what)
+    ids = df["study_id"]
+    _bad_row(df, ids.isna() | ids.astype(str).str.strip().eq(""), what, "empty study_id")
+    _bad_row(df, ids.duplicated(), what, f"duplicate study_id {ids[ids.duplicated()].iloc[0] if ids.duplicated().any() else ''!r}")
+    _bad_row(df, df["dataset"].isna() | df["dataset"].astype(str).str.strip().eq(""), what, "empty dataset")
+    _bad_row(df, ~df["image_paths"].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what, "image_paths is not a list")
+    _bad_row(df, ~df["restricted"].map(lambda v: isinstance(v, (bool, np.bool_))), what, "restricted is not a boolean")
+    for c in SECTION_COLUMNS + ("text",):
+        _bad_row(df, ~df[c].map(lambda v: isinstance(v, str)), what, f"{c} is not a string")
+    return df
+
 # %% ../nbs/02_corpus.ipynb #14e8d3dd
 def _as_path_list(v) -> list[str]:
     if is_missing(v): return []
     if isinstance(v, str): return [p for p in v.split(";") if p] if v else []
     return [str(p) for p in v]
 
-def to_studies(df, what: str = "studies", # named in error messages
+def to_studies(df,                        # a table with at least `study_id`, `dataset` and some report text
+               what: str = "studies",     # named in error messages
                **defaults                 # values for absent columns, e.g. dataset="iu-xray", restricted=False
               ) -> pd.DataFrame:
     "A table in the canonical `studies` shape: optional columns filled, types set, validated."
@@ -72,24 +88,13 @@ def _join_sections(r: Mapping) -> str:
     parts = [f"{k.upper()}: {r[k].strip()}" for k in SECTION_COLUMNS if str(r.get(k) or "").strip()]
     return "\n".join(parts)
 
-# %% ../nbs/02_corpus.ipynb #f6874e3e
-def validate_studies(df, what: str = "studies") -> pd.DataFrame:
-    "Check a `studies` table (columns, unique non-null IDs, types); return it as pandas."
-    df = require_columns(df, STUDIES_COLUMNS, what)
-    ids = df["study_id"]
-    _bad_row(df, ids.isna() | ids.astype(str).str.strip().eq(""), what, "empty study_id")
-    _bad_row(df, ids.duplicated(), what, f"duplicate study_id {ids[ids.duplicated()].iloc[0] if ids.duplicated().any() else ''!r}")
-    _bad_row(df, df["dataset"].isna() | df["dataset"].astype(str).str.strip().eq(""), what, "empty dataset")
-    _bad_row(df, ~df["image_paths"].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what, "image_paths is not a list")
-    _bad_row(df, ~df["restricted"].map(lambda v: isinstance(v, (bool, np.bool_))), what, "restricted is not a boolean")
-    for c in SECTION_COLUMNS + ("text",):
-        _bad_row(df, ~df[c].map(lambda v: isinstance(v, str)), what, f"{c} is not a string")
-    return df
-
 # %% ../nbs/02_corpus.ipynb #3d54a29b
 GENERATIONS_COLUMNS = ("sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated")
 
-def to_generations(df, what: str = "generations", **defaults) -> pd.DataFrame:
+def to_generations(df,                        # a table with at least `study_id`, `system` and `hypothesis`
+                   what: str = "generations", # named in error messages (e.g. a file name)
+                   **defaults                 # values for absent columns, e.g. policy="B4"
+                  ) -> pd.DataFrame:
     "A table in the canonical `generations` shape (`sample_id` defaults to `system/policy/seed/study_id`)."
     df = as_pandas(df, what).copy()
     for k, v in {"policy": "default", "seed": 0, "n_tokens": None, "truncated": False, **defaults}.items():
@@ -115,21 +120,6 @@ def _path(path: str | os.PathLike, what: str = "file") -> Path:
     p = Path(path).expanduser()
     if not p.exists(): raise InputError(f"{path}: {what} not found")
     return p
-
-def _read_table(path: str | os.PathLike) -> pd.DataFrame:
-    "A CSV (plain or gzipped; cells as text, only empty cells missing) or parquet file as a DataFrame."
-    p = _path(path)
-    name = p.name.lower()
-    if name.endswith((".parquet", ".pq")): return pd.read_parquet(p)
-    if name.endswith((".csv", ".csv.gz")):
-        return pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig")
-    raise InputError(f"{path}: unsupported file type; expected .csv, .csv.gz or .parquet")
-
-def _read_json(path: str | os.PathLike):
-    "The parsed content of a JSON file (bare `NaN` allowed, as in the ReXrank files)."
-    p = _path(path)
-    try: return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e: raise InputError(f"{path}: not valid JSON ({e})") from None
 
 # %% ../nbs/02_corpus.ipynb #6cff6f96
 def _text(v) -> str:
@@ -178,7 +168,7 @@ def _parse_times(values: Iterable, where: str, col: str) -> pd.Series:
     text = txt.where(~stamps, None)
     given = text.map(lambda v: bool(v))
     for n, fmt in ((8, "%Y%m%d"), (14, "%Y%m%d%H%M%S")):
-        m = given & text.map(lambda v: bool(v) and len(v) == n and v.isdigit())
+        m = given & text.map(lambda v, k=n: bool(v) and len(v) == k and v.isdigit())
         if m.any(): out[m] = pd.to_datetime(text[m], format=fmt, errors="coerce")
     for fmt in ("ISO8601", "mixed"):       # fast ISO first; per-value parsing only for what is left
         m = given & out.isna()
@@ -192,10 +182,11 @@ _VIEW_SYNONYMS = {"POSTERO-ANTERIOR": "PA", "POSTERO_ANTERIOR": "PA", "POSTEROAN
                   "ANTERO-POSTERIOR": "AP", "ANTERO_POSTERIOR": "AP", "ANTEROPOSTERIOR": "AP", "ANTERIOR-POSTERIOR": "AP",
                   "LEFT LATERAL": "LL", "RIGHT LATERAL": "RL", "LAT": "LATERAL"}
 
-def normalize_view(v) -> str | None:
+def normalize_view(view # a view label as the source writes it (ViewPosition, "Frontal", "postero-anterior", ...)
+                  ) -> str | None:
     "A view label in the common upper-case vocabulary (`PA`, `AP`, `LATERAL`, `LL`, `FRONTAL`, ...); None when missing."
-    if is_missing(v) or not str(v).strip(): return None
-    s = " ".join(str(v).strip().upper().split())
+    if is_missing(view) or not str(view).strip(): return None
+    s = " ".join(str(view).strip().upper().split())
     return _VIEW_SYNONYMS.get(s, s)
 
 # %% ../nbs/02_corpus.ipynb #09567e57
@@ -265,7 +256,7 @@ def load_table(path: str | os.PathLike,            # .csv, .csv.gz or .parquet
               ) -> pd.DataFrame:
     "The `studies` table from any CSV or parquet file, with a column mapping."
     what = str(path)
-    df = _per_image_lists(_rename(_read_table(path), columns, what), what)
+    df = _per_image_lists(_rename(read_table(path, text=True), columns, what), what)
     if "dataset" not in df.columns and dataset is None:
         raise InputError(f"{what}: no 'dataset' column; pass dataset='name' (or map a column to it)")
     df = require_columns(df, ["study_id"], what)
@@ -323,7 +314,7 @@ def _mimic_file(root, given, names: tuple, what: str) -> Path | None:
 def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.DataFrame:
     "One row per image of the metadata file, in file order, with IDs, split, time, path and view."
     where = str(meta_p)
-    meta = require_columns(_read_table(meta_p), ["dicom_id", "subject_id", "study_id", "ViewPosition"], where)
+    meta = require_columns(read_table(meta_p, text=True), ["dicom_id", "subject_id", "study_id", "ViewPosition"], where)
     pid = _convert(meta["subject_id"], lambda v: _mimic_id(v, "p"), where, "subject_id")
     sid = _convert(meta["study_id"], lambda v: _mimic_id(v, "s"), where, "study_id")
     dicom = _convert(meta["dicom_id"], _required_text, where, "dicom_id")
@@ -331,7 +322,7 @@ def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.Dat
     times = _mimic_times(meta.get("StudyDate", none), meta.get("StudyTime", none), where).to_numpy()
     split = none
     if split_p is not None:
-        sp = require_columns(_read_table(split_p), ["dicom_id", "split"], str(split_p))
+        sp = require_columns(read_table(split_p, text=True), ["dicom_id", "split"], str(split_p))
         by_dicom = dict(zip(sp["dicom_id"], sp["split"]))
         split = [by_dicom.get(d) for d in dicom]
     return pd.DataFrame({"study_id": sid, "patient_id": pid, "split": split, "study_time": times,
@@ -359,7 +350,7 @@ def _mimic_report(text: str) -> dict:
 def _mimic_reports_csv(path, columns: Mapping[str, str] | None) -> dict[str, dict]:
     "Study ID -> sections, from a per-study report CSV such as `mimic_cxr_sectioned.csv`."
     where, columns = str(path), dict(columns or {})
-    df = _read_table(path)
+    df = read_table(path, text=True)
     mapping = {**MIMIC_SECTIONED_COLUMNS, **columns}
     df = _rename(df, {k: v for k, v in mapping.items() if k == "study_id" or k in columns or v in df.columns}, where)
     cols = [c for c in SECTION_COLUMNS + ("text",) if c in df.columns]
@@ -446,12 +437,12 @@ def _iu_format(p: Path) -> str | None:
         name = p.name.lower()
         if name.endswith(".csv"): return "csv"
         if name.endswith(".xml"): return "openi"
-        return _json_kind(_read_json(p)) if name.endswith(".json") else None
+        return _json_kind(read_json(p)) if name.endswith(".json") else None
     if (p / "indiana_reports.csv").exists(): return "csv"
     if any(p.glob("*.xml")) or any((p / "ecgen-radiology").glob("*.xml")): return "openi"
     if (p / "annotation.json").exists(): return "r2gen"
     jsons = sorted(p.glob("*.json"))
-    return _json_kind(_read_json(jsons[0])) if len(jsons) == 1 else None
+    return _json_kind(read_json(jsons[0])) if len(jsons) == 1 else None
 
 _IU_LOOKED_FOR = ("indiana_reports.csv + indiana_projections.csv; Open-i *.xml reports (also under ecgen-radiology/); "
                   "an R2Gen annotation.json ({'train': [...], 'val': [...], 'test': [...]}); "
@@ -463,8 +454,8 @@ def _iu_csv(src: Path, image_root=None) -> pd.DataFrame:
     folder = src if src.is_dir() else src.parent
     rep_p = src if src.is_file() and "projection" not in src.name.lower() else folder / "indiana_reports.csv"
     proj_p = folder / "indiana_projections.csv"
-    rep = require_columns(_read_table(rep_p), ["uid", "findings", "impression"], str(rep_p))
-    proj = require_columns(_read_table(proj_p), ["uid", "filename", "projection"], str(proj_p))
+    rep = require_columns(read_table(rep_p, text=True), ["uid", "findings", "impression"], str(rep_p))
+    proj = require_columns(read_table(proj_p, text=True), ["uid", "filename", "projection"], str(proj_p))
     rep["study_id"] = _convert(rep["uid"], _iu_uid, str(rep_p), "uid")
     proj["study_id"] = _convert(proj["uid"], _iu_uid, str(proj_p), "uid")
     proj["image_paths"] = [[_join_root(image_root, f)] for f in proj["filename"]]
@@ -500,7 +491,7 @@ def _iu_openi(src: Path, image_root=None) -> pd.DataFrame:
 def _iu_r2gen(src: Path, image_root=None) -> pd.DataFrame:
     "Studies from an R2Gen `annotation.json` (its `report` is the findings section)."
     path = src / "annotation.json" if src.is_dir() else src
-    obj = _read_json(path)
+    obj = read_json(path)
     if _json_kind(obj) != "r2gen": raise InputError(f"{path}: not an R2Gen annotation file (expected {{'train': [...], ...}})")
     rows = []
     for part, entries in obj.items():
@@ -576,7 +567,7 @@ def load_rexrank(path: str | os.PathLike,           # a ReXrank JSON file, or a 
         jsons = sorted(p.glob("*.json"))
         if len(jsons) != 1: raise InputError(f"{path}: expected one ReXrank .json file in the folder, found {len(jsons)}")
         p = jsons[0]
-    obj = _read_json(p)
+    obj = read_json(p)
     if _json_kind(obj) != "rexrank": raise InputError(f"{p}: not a ReXrank file (expected {{study: {{'image_path': [...], ...}}}})")
     rows = [_rexrank_row(k, e, dataset, str(p), image_root) for k, e in obj.items()]
     restricted = dataset in RESTRICTED_DATASETS if restricted is None else restricted
@@ -626,7 +617,7 @@ def load_chexpert_plus(csv_path: str | os.PathLike,   # df_chexpert_plus_240401.
                       ) -> pd.DataFrame:
     "The `studies` table from the CheXpert Plus per-image table, grouped by study folder."
     where = str(csv_path)
-    df = require_columns(_read_table(csv_path), ["path_to_image", "frontal_lateral", "report"], where)
+    df = require_columns(read_table(csv_path, text=True), ["path_to_image", "frontal_lateral", "report"], where)
     ids = _convert(df["path_to_image"], _chexpert_ids, where, "path_to_image")
     ap_pa = df["ap_pa"] if "ap_pa" in df.columns else [None] * len(df)
     frame = pd.DataFrame({"study_id": [f"{p}_{s}" for p, s in ids], "patient_id": [p for p, _ in ids],
@@ -663,12 +654,12 @@ def _rexgradient_files(p: Path) -> list[Path]:
 def _rexgradient_frame(f: Path) -> pd.DataFrame:
     "One metadata file as a table (JSON keys become `id`), with the split taken from the file name."
     if f.name.lower().endswith(".json"):
-        obj = _read_json(f)
+        obj = read_json(f)
         if isinstance(obj, list) and all(isinstance(v, dict) for v in obj): df = pd.DataFrame(obj)
         elif isinstance(obj, dict) and all(isinstance(v, dict) for v in obj.values()):
             df = pd.DataFrame([{"id": k, **v} for k, v in obj.items()])
         else: raise InputError(f"{f}: expected a JSON object of studies keyed by id, or a list of study objects")
-    else: df = _read_table(f)
+    else: df = read_table(f, text=True)
     m = re.match(r"^(train|valid|test)_", f.name)
     if m and "split" not in df.columns: df["split"] = m.group(1)
     return df
@@ -705,7 +696,7 @@ def load_generations(path: str | os.PathLike,            # .csv, .csv.gz or .par
                     ) -> pd.DataFrame:
     "The `generations` table from a CSV or parquet file, with a column mapping."
     what = str(path)
-    df = _rename(_read_table(path), columns, what)
+    df = _rename(read_table(path, text=True), columns, what)
     if "truncated" in df.columns: df["truncated"] = _convert(df["truncated"], _as_bool, what, "truncated")
     for c in ("seed", "n_tokens"):
         if c in df.columns: df[c] = _convert(df[c], lambda v: None if is_missing(v) else int(float(v)), what, c)

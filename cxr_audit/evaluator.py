@@ -16,19 +16,20 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (InputError, as_pandas, is_missing, md_table, read_table, require_columns, save_chart,
-                            write_manifest, write_table)
+from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
+                            require_columns, save_chart, write_manifest, write_table)
 from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
 from .corpus import SECTION_COLUMNS
-from .stats import bootstrap_metrics, holm_family, plot_forest
+from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
+                             plot_forest, plot_win_probability, resolve_clusters)
 from .generate import accepts_indications, call_report_generator
 from .metrics import LIGHT_METRICS, RADEVAL_METRICS, REGISTRY, bundle_metrics, get_metric
 
 # %% auto #0
-__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'STATUSES', 'ID_COLUMNS', 'DEFAULT_SCORE_METRICS', 'REPORT_METRICS', 'generator_function',
-           'generator_arity', 'read_report', 'study_section', 'iter_samples', 'resolve_metrics', 'metric_leaves',
-           'ReportGenerationEvaluator', 'results_frame', 'score_pairs', 'results_summary', 'SystemScores', 'pairwise',
-           'score_systems', 'write_scores', 'cli_score', 'metrics_report_blocks']
+__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'STATUSES', 'ID_COLUMNS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE', 'DEFAULT_SCORE_METRICS',
+           'generator_function', 'generator_arity', 'read_report', 'study_section', 'iter_samples', 'resolve_metrics',
+           'metric_leaves', 'ReportGenerationEvaluator', 'results_frame', 'score_pairs', 'results_summary',
+           'SystemScores', 'pairwise', 'score_systems']
 
 # %% ../nbs/12_evaluator.ipynb #36b44d88
 def generator_function(report_generator # a callable, or an object with a `generate` method
@@ -39,7 +40,8 @@ def generator_function(report_generator # a callable, or an object with a `gener
     if callable(report_generator): return report_generator
     raise TypeError(f"report_generator must be callable or have a generate method, got {type(report_generator).__name__}")
 
-def generator_arity(report_generator) -> int:
+def generator_arity(report_generator # a callable, or an object with a `generate` method
+                   ) -> int:
     "1 for a legacy `generator(imgs)`, 2 for `generator(imgs, indications)`."
     return 2 if accepts_indications(generator_function(report_generator)) else 1
 
@@ -173,7 +175,8 @@ def resolve_metrics(metrics # registry names, RadEval names, Metric objects, or 
     if dup: raise InputError(f"metric {dup!r} is given twice")
     return ms
 
-def metric_leaves(metric) -> list[tuple[str, Callable]]:
+def metric_leaves(metric # a Metric object
+                 ) -> list[tuple[str, Callable]]:
     "`(column name, value function)` for each value a metric reports."
     leaves = getattr(metric, "leaves", None)
     if not leaves: return [(metric.name, metric.value)]
@@ -209,7 +212,7 @@ class ReportGenerationEvaluator:
                  num_workers: int = 4,             # threads reading dataset[i]
                  max_samples: int | None = None,   # cap on generated (hence scored) pairs
                  n_bootstrap: int = 0,             # bootstrap resamples of the pairs
-                 bootstrap_seed: int = 0,          # seed of the resamples
+                 bootstrap_seed: int = DEFAULT_SEED, # seed of the resamples (paper 001: 0)
                  output_dir: str | os.PathLike | None = None, # folder for save_results
                  clusters: str | None = None       # key/column whose groups are resampled together (None: pairs)
                 ):
@@ -248,30 +251,6 @@ def _call_batch(fn, batch: list[dict], arity: int, what: str) -> list[tuple[str,
 
 STATUSES = ("scored", "empty_reference", "empty_hypothesis", "failed")
 
-# %% ../nbs/12_evaluator.ipynb #ed3d1d91
-@patch
-def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
-    "Run the generator over the dataset once: one row per sample read, with `status` (see `STATUSES`)."
-    if self.dataset is None: raise InputError("ReportGenerationEvaluator: no dataset given")
-    fn, what = generator_function(self.report_generator), _name(self.report_generator)
-    rows, todo, n_ref = [], [], 0
-    for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters, self.num_workers):
-        rows.append(rec)
-        if not rec["reference"]:
-            rec.pop("img"); rec.update(hypothesis=None, error=None, status="empty_reference"); continue
-        todo.append(rec); n_ref += 1
-        if len(todo) == self.batch_size or n_ref == self.max_samples: self._finish(fn, todo, what); todo = []
-        if n_ref == self.max_samples: break
-    if todo: self._finish(fn, todo, what)
-    return self._keep(rows)
-
-@patch
-def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str):
-    "Generate for a batch of records, in place."
-    for rec, (hyp, err) in zip(batch, _call_batch(fn, batch, self.arity, what)):
-        rec.pop("img")
-        rec.update(hypothesis=hyp, error=err, status="failed" if err else "empty_hypothesis" if not hyp.strip() else "scored")
-
 # %% ../nbs/12_evaluator.ipynb #ae7ff7a6
 @patch
 def _keep(self: ReportGenerationEvaluator, rows: list[dict]) -> pd.DataFrame:
@@ -296,6 +275,30 @@ def _pairs(self: ReportGenerationEvaluator) -> pd.DataFrame:
     if not hasattr(self, "pairs_"): self.generate()
     return self.pairs_
 
+# %% ../nbs/12_evaluator.ipynb #ed3d1d91
+@patch
+def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
+    "Run the generator over the dataset once: one row per sample read, with `status` (see `STATUSES`)."
+    if self.dataset is None: raise InputError("ReportGenerationEvaluator: no dataset given")
+    fn, what = generator_function(self.report_generator), _name(self.report_generator)
+    rows, todo, n_ref = [], [], 0
+    for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters, self.num_workers):
+        rows.append(rec)
+        if not rec["reference"]:
+            rec.pop("img"); rec.update(hypothesis=None, error=None, status="empty_reference"); continue
+        todo.append(rec); n_ref += 1
+        if len(todo) == self.batch_size or n_ref == self.max_samples: self._finish(fn, todo, what); todo = []
+        if n_ref == self.max_samples: break
+    if todo: self._finish(fn, todo, what)
+    return self._keep(rows)
+
+@patch
+def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str):
+    "Generate for a batch of records, in place."
+    for rec, (hyp, err) in zip(batch, _call_batch(fn, batch, self.arity, what)):
+        rec.pop("img")
+        rec.update(hypothesis=hyp, error=err, status="failed" if err else "empty_hypothesis" if not hyp.strip() else "scored")
+
 # %% ../nbs/12_evaluator.ipynb #bbfec795
 def _leaf_stats(metrics, references: Sequence[str], hypotheses: Sequence[str]) -> dict[str, tuple[np.ndarray, Callable]]:
     "leaf -> (per-pair statistics, value function), each metric's statistics computed once."
@@ -315,25 +318,26 @@ def results_frame(estimates: Mapping[str, float],         # leaf -> point estima
     return df
 
 # %% ../nbs/12_evaluator.ipynb #de700a7d
-def _score(leaves: Mapping, n_bootstrap: int, seed, clusters=None) -> tuple[pd.DataFrame, dict]:
+def _score(leaves: Mapping, reps: int, seed, clusters=None) -> tuple[pd.DataFrame, dict]:
     "Results table and the `stats` results (empty without bootstrap) for precomputed leaf statistics."
-    if not n_bootstrap:
+    if not reps:
         return results_frame({k: np.asarray(f(S.sum(0)[None]))[0] for k, (S, f) in leaves.items()}), {}   # 2-D, as the bootstrap does
-    res = bootstrap_metrics({k: ({"report": S}, f) for k, (S, f) in leaves.items()}, reps=n_bootstrap, seed=seed, clusters=clusters)
+    res = bootstrap_metrics({k: ({"report": S}, f) for k, (S, f) in leaves.items()}, reps=reps, seed=seed, clusters=clusters)
     return results_frame({k: r.estimates[0] for k, r in res.items()}, {k: r.replicates[0] for k, r in res.items()}), res
 
 def score_pairs(references: Sequence[str],   # reference texts
                 hypotheses: Sequence[str],   # generated texts, aligned with the references
                 metrics=LIGHT_METRICS,       # metric names or Metric objects
-                n_bootstrap: int = 0,        # resamples of the pairs
-                seed: int = 0,               # seed of the resamples
+                reps: int = 0,               # resamples of the pairs
+                seed: int = DEFAULT_SEED,    # seed of the resamples
                 clusters: Sequence | None = None # one cluster label per pair, or None
                ) -> pd.DataFrame:
     "The evaluator's results table for given (reference, hypothesis) pairs."
     refs, hyps = list(references), list(hypotheses)
     if len(refs) != len(hyps): raise InputError(f"score_pairs: {len(refs)} references but {len(hyps)} hypotheses")
     if not refs: raise InputError("score_pairs: no pairs")
-    return _score(_leaf_stats(resolve_metrics(metrics), refs, hyps), n_bootstrap, seed, clusters)[0]
+    cl = resolve_clusters(clusters, pd.DataFrame(index=range(len(refs))), what="score_pairs: clusters")
+    return _score(_leaf_stats(resolve_metrics(metrics), refs, hyps), int(reps), seed, cl)[0]
 
 # %% ../nbs/12_evaluator.ipynb #16cbf547
 @patch
@@ -341,7 +345,7 @@ def evaluate(self: ReportGenerationEvaluator) -> pd.DataFrame:
     "Generate (once), score the pairs, bootstrap by weights: the documented results table."
     p = self._pairs()
     self.stats_ = _leaf_stats(self.metrics, p.reference, p.hypothesis)
-    cl = p["cluster"].tolist() if self.clusters is not None else None
+    cl = resolve_clusters("cluster" if self.clusters is not None else None, p)
     self.results_, self.bootstrap_ = _score(self.stats_, self.n_bootstrap, self.bootstrap_seed, cl)
     return self.results_
 
@@ -398,12 +402,16 @@ def generate_only(self: ReportGenerationEvaluator, out_parquet: str | os.PathLik
     path = Path(out_parquet) if out_parquet is not None else self._out(None) / "pairs.parquet"
     return write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], path)
 
-# %% ../nbs/12_evaluator.ipynb #05020ddc
+# %% ../nbs/12_evaluator.ipynb #e4b18948
 def _labels(g: pd.DataFrame, by: Sequence[str]) -> pd.Series:
-    "Configuration label per row: the `by` values that vary across the table, joined with `+`."
-    vary = [c for c in by if g[c].astype(str).nunique() > 1]
-    if not vary: return pd.Series([str(g[by[0]].iloc[0]) if by else "report"] * len(g), index=g.index)
-    return g[vary].astype(str).agg("+".join, axis=1)
+    "Configuration label per row: `core.config_label(system, policy)`, then ` name=value` for any other `by` column that varies."
+    if not by: return pd.Series(["report"] * len(g), index=g.index, dtype=object)
+    if "system" in by: lab = config_label(g["system"], g["policy"] if "policy" in by else None)
+    else: lab = pd.Series([""] * len(g), dtype=object)
+    lab.index = g.index
+    for c in (c for c in by if c != "system" and (c != "policy" or "system" not in by) and g[c].astype(str).nunique() > 1):
+        lab = lab + np.where(lab == "", "", " ") + f"{c}=" + g[c].astype(str)
+    return lab.where(lab != "", "report")
 
 def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> pd.Series:
     "The reference of each generations row: its `reference` column, or its study's section."
@@ -420,7 +428,9 @@ def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str
         raise InputError(f"{what[0]}: row {i}: study_id {sid.iloc[i]!r} is not in {what[1]} ({int(unknown.sum())} row(s) affected)")
     return sid.map(refs)
 
-# %% ../nbs/12_evaluator.ipynb #d0859908
+# %% ../nbs/12_evaluator.ipynb #79ac4576
+DEFAULT_CLUSTERS = "patient_id"   # resample whole patients when a table has this column
+
 def _units(g: pd.DataFrame, unit: str | None, single: bool, what: str) -> pd.Series:
     "The pairing unit of each row."
     if unit is None: unit = "study_id" if "study_id" in g.columns else "sample_id" if "sample_id" in g.columns and single else None
@@ -429,50 +439,99 @@ def _units(g: pd.DataFrame, unit: str | None, single: bool, what: str) -> pd.Ser
         return pd.Series([str(i) for i in range(len(g))], index=g.index)
     return require_columns(g, [unit], what)[unit].astype(str)
 
-def _cluster_map(g: pd.DataFrame, studies, clusters) -> dict | None:
-    "unit -> cluster label (`clusters='auto'`: patient_id from the studies, else from the generations)."
+def _row_clusters(g: pd.DataFrame, studies, clusters, what: tuple[str, str]) -> np.ndarray | None:
+    "One cluster label per generations row, by `stats.resolve_clusters`; a column the generations lack is read from the studies."
     if clusters is None: return None
-    col = "patient_id" if clusters == "auto" else clusters
-    for t, key in ((studies, "study_id"), (g, "_unit")):
-        if t is not None and col in t.columns and key in t.columns:
-            return {str(u): c for u, c in zip(t[key], t[col]) if not is_missing(c)}
-    if clusters == "auto": return None
-    raise InputError(f"clusters: no column {col!r} in the studies or generations table")
+    if isinstance(clusters, str) and clusters not in g.columns:
+        s = None if studies is None else as_pandas(studies, what[1])
+        if s is not None and clusters in s.columns and "study_id" in s.columns and "study_id" in g.columns:
+            by_study = {str(k): v for k, v in zip(s["study_id"], s[clusters]) if not is_missing(v)}
+            return resolve_clusters(by_study, g.assign(_sid=g["study_id"].astype(str)), key="_sid", what="clusters")
+        if clusters == DEFAULT_CLUSTERS: return None
+        raise InputError(f"clusters: {clusters!r} is not a column of {what[0]}" + (f" or {what[1]}" if studies is not None else ""))
+    return resolve_clusters(clusters, g, key="_unit", what="clusters")
 
-# %% ../nbs/12_evaluator.ipynb #3dce569b
-@dataclass(frozen=True)
+# %% ../nbs/12_evaluator.ipynb #f8a8d6a4
+def _fmt_ci(est: float, lo: float, hi: float, digits: int) -> str:
+    return f"{est:.{digits}f}" + ("" if np.isnan(lo) else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
+
+def _plot_estimates(df: pd.DataFrame, title: str):
+    "Each configuration's estimate (point) and interval (rule), one panel per metric."
+    alt = enable_theme(svg=False)
+    base = alt.Chart().encode(y=alt.Y("config:N", sort=None, title=None))
+    tip = [alt.Tooltip(c) for c in ("config", "estimate", "ci_low", "ci_high")]
+    layers = alt.layer(base.mark_rule(strokeWidth=2, color="#0072B2").encode(x=alt.X("ci_low:Q", title="value", scale=alt.Scale(zero=False)), x2="ci_high:Q"),
+                       base.mark_point(filled=True, size=60, color="#0072B2").encode(x="estimate:Q", tooltip=tip))
+    return (layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row("metric:N", title=None), data=df, title=title)
+            .resolve_scale(x="independent"))
+
+CIDER_NOTE = ("CIDEr-D weighs n-grams by an IDF computed once from the references of the scored studies; the resamples hold it "
+              "fixed (the usual choice). Re-running CIDEr-D on each resample would recompute the IDF from the resampled references, "
+              "which shifts the replicates slightly.")
+
+# %% ../nbs/12_evaluator.ipynb #1edd414d
+@dataclass(frozen=True, eq=False)
 class SystemScores:
-    "Metric values per configuration with intervals, and paired comparisons, from one set of resamples."
-    systems: pd.DataFrame               # metric, system, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size
-    comparisons: pd.DataFrame | None    # metric, first, second, estimate, ci_low, ci_high, p, p_holm, win_prob, significant, ...
-    results: dict                       # metric leaf -> stats.PairedResult (empty without resamples)
-    scores: pd.DataFrame                # per unit, system and metric leaf: stat_* and the unit's own value
-    counts: dict                        # units scored, dropped, empty generations per system
-    notes: tuple = ()                   # metrics left out, and why
+    "Each configuration's metrics with intervals, and the Holm family of paired comparisons, from one set of resamples."
+    estimates: pd.DataFrame           # metric, config, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size
+    comparisons: pd.DataFrame | None  # the Holm family (None: one configuration, or no resamples)
+    results: dict                     # metric leaf -> stats.PairedResult (empty without resamples)
+    scores: pd.DataFrame              # per unit, configuration and metric leaf: stat_* and the unit's own value
+    counts: dict                      # units scored and dropped, clusters, empty generations per configuration
+    notes: tuple = ()                 # metrics left out, and why
+    reps: int = 0                     # resamples
+    seed: int = DEFAULT_SEED          # seed of the resamples
+    size: float = 0.95                # interval coverage; `significant` means p_holm < 1 - size
 
-    def table(self, digits: int = 3) -> pd.DataFrame:
-        "One row per system, one column per metric: `estimate [ci_low, ci_high]`."
-        t = self.systems.assign(text=[f"{e:.{digits}f}" + ("" if np.isnan(lo) else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
-                                      for e, lo, hi in zip(self.systems.estimate, self.systems.ci_low, self.systems.ci_high)])
-        wide = t.pivot(index="system", columns="metric", values="text")
-        return wide.reindex(index=list(dict.fromkeys(t.system)), columns=list(dict.fromkeys(t.metric))).rename_axis(columns=None).reset_index()
+    @property
+    def configs(self) -> list: return list(dict.fromkeys(self.estimates["config"]))
+    @property
+    def metrics(self) -> list: return list(dict.fromkeys(self.estimates["metric"]))
 
-    def _repr_markdown_(self) -> str: return md_table(self.table())
+    def to_frame(self) -> pd.DataFrame:
+        "One row per metric and configuration: `metric, config, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+        return self.estimates.copy()
 
-# %% ../nbs/12_evaluator.ipynb #8ed9cf5e
-def pairwise(metric) -> bool:
+    def summary(self, digits: int = 3 # decimals shown
+               ) -> pd.DataFrame:
+        "One row per configuration, one column per metric: `estimate [ci_low, ci_high]`."
+        e = self.estimates
+        wide = e.assign(text=[_fmt_ci(*v, digits) for v in zip(e.estimate, e.ci_low, e.ci_high)]).pivot(index="config", columns="metric", values="text")
+        return wide.reindex(index=self.configs, columns=self.metrics).rename_axis(columns=None).reset_index()
+
+    def note(self) -> str:
+        "The p-value convention and its floors for `reps` resamples over the family (`stats.p_value_note`)."
+        m = 1 if self.comparisons is None else max(1, int(self.comparisons["p"].notna().sum()))
+        return p_value_note(self.reps, m, 1 - self.size)
+
+    def n_significant(self) -> int:
+        "Comparisons significant after Holm over the family."
+        return 0 if self.comparisons is None else int(self.comparisons["significant"].sum())
+
+@patch
+def _repr_markdown_(self: SystemScores) -> str:
+    c = self.counts
+    cl = f" in {c['clusters']} clusters" if c["clusters"] else ""
+    out = f"**{len(self.configs)} configuration(s)** on {c['units']} units{cl}; {self.reps:,} resamples (seed {self.seed})\n\n" + md_table(self.summary())
+    if self.comparisons is not None:
+        out += f"\n\n{self.n_significant()} of {len(self.comparisons)} comparisons significant after Holm. {self.note()}"
+    return out
+
+# %% ../nbs/12_evaluator.ipynb #15bce1eb
+def pairwise(metric # a Metric object
+            ) -> bool:
     "Whether a pair's statistics do not depend on the other pairs: the metric's `pairwise` flag (unknown: no)."
     return bool(getattr(metric, "pairwise", False))
 
 def _stats_per_system(m, refs: dict, hyps: dict) -> dict:
-    "{system: stats}: one call over all systems' pairs for a pairwise metric (one METEOR JVM), else one call per system."
+    "{config: stats}: one call over all configurations' pairs for a pairwise metric (one METEOR JVM), else one call per configuration."
     if not pairwise(m): return {s: np.asarray(m.stats(refs[s], hyps[s]), dtype=float) for s in hyps}
     S = np.asarray(m.stats([r for s in hyps for r in refs[s]], [h for s in hyps for h in hyps[s]]), dtype=float)
     edges = np.cumsum([0] + [len(hyps[s]) for s in hyps])
     return {s: S[a:b] for s, a, b in zip(hyps, edges[:-1], edges[1:])}
 
 def _system_stats(metrics, refs: dict, hyps: dict, skip: bool) -> tuple[dict, list, list]:
-    "leaf -> {system: stats}, value functions and directions; notes on metrics left out."
+    "leaf -> {config: stats}, value functions and directions; notes on metrics left out."
     out, notes, meta = {}, [], []
     for m in metrics:
         try: per = _stats_per_system(m, refs, hyps)
@@ -484,46 +543,18 @@ def _system_stats(metrics, refs: dict, hyps: dict, skip: bool) -> tuple[dict, li
     return out, meta, notes
 
 def _scores_table(stats: dict, meta: list, units: list) -> pd.DataFrame:
-    "The long `scores` table: sample_id (the unit), system, metric, stat_*, value."
+    "The long `scores` table: sample_id (the unit), config, metric, stat_*, value."
     parts = []
     for leaf, f, _ in meta:
         for s, S in stats[leaf].items():
-            parts.append(pd.DataFrame({"sample_id": units, "system": s, "metric": leaf,
+            parts.append(pd.DataFrame({"sample_id": units, "config": s, "metric": leaf,
                                        **{f"stat_{j}": S[:, j] for j in range(S.shape[1])}, "value": np.asarray(f(S), dtype=float)}))
     df = pd.concat(parts, ignore_index=True)
     stat = sorted((c for c in df.columns if c.startswith("stat_")), key=lambda c: int(c[5:]))
-    return df[["sample_id", "system", "metric", *stat, "value"]]
+    return df[["sample_id", "config", "metric", *stat, "value"]]
 
-# %% ../nbs/12_evaluator.ipynb #44e90dca
-def score_systems(generations,                   # generations table: hypothesis (+ system, policy, seed, study_id / reference)
-                  studies=None,                  # studies table to take references (and patient clusters) from
-                  metrics=LIGHT_METRICS,         # metric names or Metric objects
-                  reps: int = 1000,              # paired resamples (0: estimates only)
-                  seed: int = 0,                 # seed of the resamples
-                  baseline: str | None = None,   # compare every configuration with this one (None: all pairs)
-                  ref_section: str = "findings", # section of the studies used as the reference
-                  by: Sequence[str] | str | None = None, # columns defining configurations (default: system, policy, seed)
-                  unit: str | None = None,       # pairing column (default: study_id, else sample_id)
-                  clusters: str | None = "auto", # cluster column ("auto": patient_id when known; None: units)
-                  skip_unavailable: bool = False, # leave out metrics that fail to compute (noted) instead of raising
-                  what: tuple[str, str] = ("generations", "studies") # names used in error messages
-                 ) -> SystemScores:
-    "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
-    g = require_columns(generations, ["hypothesis"], what[0]).reset_index(drop=True)
-    by = [c.strip() for c in by.split(",")] if isinstance(by, str) else list(by) if by is not None else [c for c in ("system", "policy", "seed") if c in g.columns]
-    require_columns(g, by, what[0])
-    g = g.assign(_ref=_references(g, studies, ref_section, what).to_numpy(), _cfg=_labels(g, by).to_numpy(),
-                 _hyp=[h if isinstance(h, str) else "" for h in g["hypothesis"]])
-    g["_unit"] = _units(g, unit, g["_cfg"].nunique() == 1, what[0]).to_numpy()
-    dup = g.duplicated(["_cfg", "_unit"])
-    if dup.any():
-        i = int(np.flatnonzero(dup.to_numpy())[0])
-        raise InputError(f"{what[0]}: row {i}: configuration {g['_cfg'].iloc[i]!r} has unit {g['_unit'].iloc[i]!r} twice; "
-                         f"group by more columns (by=...) or keep one run per configuration")
-    return _score_configs(g, studies, resolve_metrics(metrics), int(reps), seed, baseline, clusters, skip_unavailable)
-
-# %% ../nbs/12_evaluator.ipynb #05d08abe
-def _score_configs(g, studies, metrics, reps, seed, baseline, clusters, skip) -> SystemScores:
+# %% ../nbs/12_evaluator.ipynb #6cd71caa
+def _score_configs(g, metrics, reps, seed, baseline, skip, size, method) -> SystemScores:
     "The scoring part of `score_systems` on a prepared table."
     cfgs = list(dict.fromkeys(g["_cfg"]))
     by_cfg = {c: d.set_index("_unit") for c, d in g.groupby("_cfg", sort=False)}
@@ -535,104 +566,140 @@ def _score_configs(g, studies, metrics, reps, seed, baseline, clusters, skip) ->
     hyps = {c: by_cfg[c].loc[units, "_hyp"].tolist() for c in cfgs}
     stats, meta, notes = _system_stats(metrics, refs, hyps, skip)
     if not meta: raise InputError("no metric could be computed: " + "; ".join(notes))
-    cmap = _cluster_map(g, studies, clusters)
-    cl = None if cmap is None else [cmap.get(u, u) for u in units]
+    cl = None if "_cluster" not in g else [u if is_missing(c) else c for u, c in zip(units, by_cfg[cfgs[0]].loc[units, "_cluster"])]
     counts = {"units": len(units), "clusters": len(set(cl)) if cl else None, "not_common": len(set(g["_unit"])) - len(common),
               "empty_reference": len(order) - len(units), "empty_hypothesis": {c: sum(not h.strip() for h in hyps[c]) for c in cfgs}}
-    return _bootstrap_configs(stats, meta, units, cl, reps, seed, baseline, counts, notes)
+    if isinstance(baseline, (int, np.integer)) and not isinstance(baseline, bool):
+        if not -len(cfgs) <= baseline < len(cfgs): raise InputError(f"baseline: position {baseline} but {len(cfgs)} configuration(s)")
+        baseline = cfgs[baseline]
+    run = dict(reps=reps, seed=seed, size=size)
+    return _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run)
 
-def _bootstrap_configs(stats, meta, units, cl, reps, seed, baseline, counts, notes) -> SystemScores:
-    "Estimates (and with `reps > 0` intervals and comparisons) of every leaf and configuration."
+def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, run: dict) -> SystemScores:
+    "Estimates (and with `reps > 0` intervals and the Holm family of comparisons) of every leaf and configuration."
     scores = _scores_table(stats, meta, units)
-    if not reps:
-        rows = [{"metric": leaf, "system": s, "estimate": float(np.asarray(f(S.sum(0)[None]))[0]), "ci_low": np.nan, "ci_high": np.nan,
+    if not run["reps"]:
+        rows = [{"metric": leaf, "config": s, "estimate": float(np.asarray(f(S.sum(0)[None]))[0]), "ci_low": np.nan, "ci_high": np.nan,
                  "se": np.nan, "n": len(units), "n_clusters": counts["clusters"], "reps": 0} for leaf, f, _ in meta for s, S in stats[leaf].items()]
-        return SystemScores(pd.DataFrame(rows), None, {}, scores, counts, tuple(notes))
-    res = bootstrap_metrics({leaf: (stats[leaf], f) for leaf, f, _ in meta}, reps=reps, seed=seed, clusters=cl, baseline=baseline,
-                            higher_is_better={leaf: hib for leaf, _, hib in meta})
-    systems = pd.concat([r.systems_frame().assign(metric=k) for k, r in res.items()], ignore_index=True)
-    systems = systems[["metric"] + [c for c in systems.columns if c not in ("metric", "statistic")]]
-    comparisons = holm_family(res) if len(next(iter(stats.values()))) > 1 else None
-    return SystemScores(systems, comparisons, res, scores, counts, tuple(notes))
+        return SystemScores(pd.DataFrame(rows), None, {}, scores, counts, notes, **run)
+    res = bootstrap_metrics({leaf: (stats[leaf], f) for leaf, f, _ in meta}, reps=run["reps"], seed=run["seed"], clusters=cl,
+                            baseline=baseline, size=run["size"], method=method, higher_is_better={leaf: hib for leaf, _, hib in meta})
+    est = pd.concat([r.systems_frame().rename(columns={"system": "config"}).assign(metric=k) for k, r in res.items()], ignore_index=True)
+    est = est[["metric"] + [c for c in est.columns if c != "metric"]]
+    return SystemScores(est, _family(res, run["size"]) if len(next(iter(stats.values()))) > 1 else None, res, scores, counts, notes, **run)
 
-# %% ../nbs/12_evaluator.ipynb #22a425d3
+def _family(res: dict, size: float) -> pd.DataFrame:
+    "The Holm family of all comparisons; warns (`UnderpoweredWarning`) when `reps` is too small for any to be significant."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnderpoweredWarning)
+        fam = holm_family(res)
+    check_reps(int(fam["reps"].min()) if len(fam) else 0, int(fam["p"].notna().sum()), 1 - size, "score_systems")
+    return fam
+
+# %% ../nbs/12_evaluator.ipynb #f247752c
 DEFAULT_SCORE_METRICS = ("bleu_4", "rouge_l", "meteor", "chexpert_f1_5")
 
-def write_scores(sc: SystemScores, out_dir: str | os.PathLike, params: Mapping | None = None, inputs: Mapping | None = None) -> dict[str, Path]:
-    "Write `systems.csv`, `comparisons.csv`/`.svg` (when there are comparisons), `scores.parquet` and `manifest.json`."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    paths = {"systems": write_table(sc.systems, out / "systems.csv"), "scores": write_table(sc.scores, out / "scores.parquet")}
-    if sc.comparisons is not None:
-        paths["comparisons"] = write_table(sc.comparisons, out / "comparisons.csv")
-        paths["comparisons.svg"] = save_chart(plot_forest(sc.comparisons, title="Paired differences (first − second)"), out / "comparisons.svg")
-    write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
-                   params={**dict(params or {}), "counts": sc.counts, "notes": list(sc.notes)})
-    return {**paths, "manifest": out / "manifest.json"}
+def score_systems(generations,                    # generations table: hypothesis (+ system, policy, seed, study_id / reference)
+                  studies=None,                   # studies table to take references (and patient clusters) from
+                  metrics=DEFAULT_SCORE_METRICS,  # metric names or Metric objects
+                  reps: int = 1000,               # paired resamples (0: estimates only)
+                  seed: int = DEFAULT_SEED,       # seed of the resamples
+                  baseline: str | int | None = None, # compare every configuration with this one (a label, or a position: 0 = the first); None: all pairs
+                  ref_section: str = "findings",  # section of the studies used as the reference
+                  by: Sequence[str] | str | None = None, # columns defining configurations (default: system, policy, seed)
+                  unit: str | None = None,        # pairing column (default: study_id, else sample_id)
+                  clusters=DEFAULT_CLUSTERS,      # a column (generations, else studies), one label per row, or unit -> label; None: units
+                  first_seed: bool = False,       # keep each configuration's lowest seed only
+                  skip_unavailable: bool = False, # leave out metrics that fail to compute (noted) instead of raising
+                  size: float = 0.95,             # interval coverage; significant means p_holm < 1 - size
+                  method: str = "percentile",     # interval method (see `stats`)
+                  what: tuple[str, str] = ("generations", "studies") # names used in error messages
+                 ) -> SystemScores:
+    "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
+    g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
+    return _score_configs(g, resolve_metrics(metrics), int(reps), seed, baseline, skip_unavailable, size, method)
 
-# %% ../nbs/12_evaluator.ipynb #403cc9de
-def _summary_line(sc: SystemScores) -> str:
-    "One sentence per metric: the best configuration, and how many comparisons are significant."
+def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
+    "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."
+    g = require_columns(generations, ["hypothesis"], what[0]).reset_index(drop=True)
+    by = [c.strip() for c in by.split(",")] if isinstance(by, str) else list(by) if by is not None else [c for c in ("system", "policy", "seed") if c in g.columns]
+    require_columns(g, by, what[0])
+    g = g.assign(_ref=_references(g, studies, ref_section, what).to_numpy(), _cfg=_labels(g, by).to_numpy(),
+                 _hyp=[h if isinstance(h, str) else "" for h in g["hypothesis"]])
+    g["_unit"] = _units(g, unit, g["_cfg"].nunique() == 1, what[0]).to_numpy()
+    cl = _row_clusters(g, studies, clusters, what)
+    if cl is not None: g["_cluster"] = cl
+    if first_seed and "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates(["_cfg", "_unit"]).sort_index()
+    dup = g.duplicated(["_cfg", "_unit"])
+    if dup.any():
+        i = int(np.flatnonzero(dup.to_numpy())[0])
+        raise InputError(f"{what[0]}: row {g.index[i]}: configuration {g['_cfg'].iloc[i]!r} has unit {g['_unit'].iloc[i]!r} twice; "
+                         f"group by more columns (by=...), or keep one run per configuration (first_seed=True)")
+    return g
+
+# %% ../nbs/12_evaluator.ipynb #3dcedec2
+@patch
+def compare(self: SystemScores, metric: str | None = None # one metric's comparisons (default: the whole family)
+           ) -> pd.DataFrame:
+    "The paired differences (first − second), Holm-adjusted over the whole family: `significant` is `p_holm < 1 − size`."
+    if self.comparisons is None: raise InputError("no comparisons: they need two or more configurations and reps > 0")
+    if metric is None: return self.comparisons.copy()
+    if metric not in self.results: raise InputError(f"unknown metric {metric!r}; scored: {self.metrics}")
+    return self.comparisons[self.comparisons["metric"] == metric].reset_index(drop=True)
+
+@patch
+def paired(self: SystemScores, metric: str # a scored metric leaf
+          ) -> PairedResult:
+    "The `stats.PairedResult` of one metric (ranks, win probabilities; its own `p_holm` adjusts within the metric only)."
+    if metric not in self.results: raise InputError(f"no paired result for {metric!r}; have: {list(self.results)}")
+    return self.results[metric]
+
+# %% ../nbs/12_evaluator.ipynb #2797ce60
+@patch
+def headline(self: SystemScores) -> str:
+    "One clause per metric (the best configuration) and how many comparisons are significant after Holm."
     parts = []
-    for m, d in sc.systems.groupby("metric", sort=False):
-        hib = sc.results[m].higher_is_better if m in sc.results else True
+    for m, d in self.estimates.groupby("metric", sort=False):
+        hib = self.results[m].higher_is_better if m in self.results else True
+        if d.estimate.isna().all(): parts.append(f"{m}: undefined for every configuration"); continue
         b = d.loc[d.estimate.idxmax() if hib else d.estimate.idxmin()]
-        ci = "" if np.isnan(b.ci_low) else f" [{b.ci_low:.3f}, {b.ci_high:.3f}]"
-        parts.append(f"{m}: best {b.system} {b.estimate:.3f}{ci}")
-    sig = "" if sc.comparisons is None else f"; {int((sc.comparisons.p_holm < 0.05).sum())} of {len(sc.comparisons)} comparisons significant after Holm"
-    return "; ".join(parts) + sig
+        parts.append(f"{m}: best {b.config} {_fmt_ci(b.estimate, b.ci_low, b.ci_high, 3)}")
+    c = self.comparisons
+    return "; ".join(parts) + ("" if c is None else f"; {self.n_significant()} of {len(c)} comparisons significant after Holm")
 
-def cli_score(args: Mapping) -> str:
-    "`cxr-audit score`: score a generations table (per configuration, with intervals and comparisons) into `args['out']`."
-    path = Path(args["generations"]); g = read_table(path)
-    spath = Path(args["studies"]) if args.get("studies") else None
-    studies = read_table(spath) if spath else None
-    reps, seed = int(args.get("bootstrap") if args.get("bootstrap") is not None else 1000), int(args.get("seed") or 0)
-    params = {"metrics": args.get("metrics") or ",".join(DEFAULT_SCORE_METRICS), "bootstrap": reps, "seed": seed,
-              "ref_section": args.get("ref_section") or "findings", "baseline": args.get("baseline"), "by": args.get("by")}
-    sc = score_systems(g, studies, params["metrics"], reps, seed, params["baseline"], params["ref_section"], params["by"],
-                       what=(path.name, spath.name if spath else "studies"))
-    paths = write_scores(sc, args["out"], {**params, "command": "cxr-audit score"}, {"generations": path, **({"studies": spath} if spath else {})})
-    n_sys = sc.systems.system.nunique()
-    cl = f" in {sc.counts['clusters']} patient clusters" if sc.counts["clusters"] else ""
-    return (f"score: {n_sys} configuration(s) x {sc.systems.metric.nunique()} metric(s) on {sc.counts['units']:,} studies{cl}, "
-            f"{reps} resamples; {_summary_line(sc)}. Wrote {paths['systems'].parent}")
+@patch
+def caveats(self: SystemScores) -> list[str]:
+    "Sentences a reader needs beside the numbers: metrics not computed, and how CIDEr-D is resampled."
+    return list(self.notes) + ([CIDER_NOTE] if any(str(m).startswith("cider") for m in self.metrics) else [])
 
-# %% ../nbs/12_evaluator.ipynb #bed98529
-REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")
-_CIDER_NOTE = ("CIDEr-D weighs n-grams by an IDF computed once from the references of the scored studies; the resamples hold it "
-               "fixed (the usual choice). Re-running CIDEr-D on each resample would recompute the IDF from the resampled references, "
-               "which shifts the replicates slightly.")
+# %% ../nbs/12_evaluator.ipynb #790082a8
+@patch
+def plot(self: SystemScores, kind: str = "forest", # "forest": paired differences; "estimates": each configuration; "win": win probabilities
+         metric: str | None = None,                # one metric (default: every metric; "win": the first)
+         title: str | None = None                  # chart title (default: one per kind)
+        ):
+    "An Altair chart of the result."
+    if kind == "forest": return plot_forest(self.compare(metric), title=title or "Paired differences (first − second)")
+    if kind == "estimates":
+        df = self.estimates if metric is None else self.estimates[self.estimates.metric == metric]
+        return _plot_estimates(df, title or "Estimates with intervals")
+    if kind == "win": return plot_win_probability(self.paired(metric or self.metrics[0]), title=title)
+    raise InputError(f"SystemScores.plot: kind must be 'forest', 'estimates' or 'win', got {kind!r}")
 
-def metrics_report_blocks(studies,                       # studies table (references, patient clusters)
-                          generations,                   # generations table (system, policy, seed, study_id, hypothesis)
-                          metrics=REPORT_METRICS,        # metric names or Metric objects
-                          n_boot: int = 1000,            # paired resamples
-                          seed: int = 0,                 # seed of the resamples
-                          baseline: str | None = None,   # configuration compared with the others (default: the first)
-                          ref_section: str = "findings"  # section of the studies used as the reference
-                         ) -> list:
-    "The audit report's metrics section: metric table with intervals per configuration and a forest plot of paired differences."
-    g = as_pandas(generations, "generations")
-    if "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates(["system", "policy", "study_id"]).sort_index()
-    by = [c for c in ("system", "policy") if c in g.columns]
-    first = _labels(g, by).iloc[0] if len(g) else None
-    sc = score_systems(g, studies, metrics, n_boot, seed, baseline or first, ref_section, by, skip_unavailable=True)
-    return _report_blocks(sc, baseline or first, n_boot, seed, ref_section)
-
-# %% ../nbs/12_evaluator.ipynb #11cdaf7d
-def _report_blocks(sc: SystemScores, baseline, n_boot: int, seed: int, ref_section: str) -> list:
-    c = sc.counts
-    cl = f" in {c['clusters']} patient clusters (whole patients are resampled)" if c["clusters"] else ""
-    empty = {s: n for s, n in c["empty_hypothesis"].items() if n}
-    lead = (f"**{c['units']} studies**{cl}, references from their `{ref_section}`; **{sc.systems.system.nunique()} configurations** "
-            f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in dict.fromkeys(sc.systems.metric))}. Intervals are "
-            f"percentile 95% intervals from {n_boot} paired resamples (seed {seed}); every configuration is compared with "
-            f"`{baseline}` on the same resamples; `significant` means the 95% interval of the difference excludes 0, and `p_holm` "
-            f"adjusts the p-values over all comparisons (Holm)."
-            + (f" Empty outputs are scored as empty reports: {', '.join(f'{s} {n}' for s, n in empty.items())}." if empty else ""))
-    blocks = [lead] + [f"**Not computed:** {n}" for n in sc.notes] + [sc.table()]
-    if sc.comparisons is not None:
-        blocks += [plot_forest(sc.comparisons, title=f"Paired differences ({baseline} − other)"),
-                   sc.comparisons[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "significant"]]]
-    if any(str(m).startswith("cider") for m in sc.systems.metric): blocks.append(_CIDER_NOTE)
-    return blocks
+# %% ../nbs/12_evaluator.ipynb #0421561b
+@patch
+def save(self: SystemScores, out_dir: str | os.PathLike, # folder to write into
+         params: Mapping | None = None,                  # run parameters for the manifest
+         inputs: Mapping | None = None                   # name -> input file, hashed into the manifest
+        ) -> dict[str, Path]:
+    "Write `systems.csv`, `comparisons.csv` and `.svg` (with comparisons), `scores.parquet` and `manifest.json`."
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    paths = {"systems": write_table(self.estimates, out / "systems.csv"), "scores": write_table(self.scores, out / "scores.parquet")}
+    if self.comparisons is not None:
+        paths["comparisons"] = write_table(self.comparisons, out / "comparisons.csv")
+        paths["comparisons.svg"] = save_chart(self.plot("forest"), out / "comparisons.svg")
+    meta = {"reps": self.reps, "seed": self.seed, "size": self.size, "counts": self.counts, "notes": list(self.notes),
+            "p_values": self.note() if self.comparisons is not None else None}
+    write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
+                   params={**dict(params or {}), **meta})
+    return {**paths, "manifest": out / "manifest.json"}

@@ -16,14 +16,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (InputError, read_json, resource_text, enable_theme, is_missing, optional_import, read_table, require_columns, rng,
-                            sha256_text, write_manifest, write_table)
+from .core import (DEFAULT_SEED, InputError, enable_theme, is_missing, optional_import, read_json, require_columns,
+                            resource_text, rng, sha256_text)
 from .corpus import to_generations
 from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, load_phrases, mentions_of
 
@@ -33,9 +33,8 @@ __all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'KIN
            'template_phrases', 'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression', 'EOSReweight',
            'processor_to_dict', 'build_logits_processors', 'sample_seed', 'ReportGenerator', 'Generation',
            'accepts_indications', 'call_report_generator', 'with_indication', 'load_image', 'SeededSampler',
-           'sampling_processors', 'infer_kind', 'HFReportGenerator', 'tiny_tokenizer', 'tiny_model',
-           'simulated_response', 'SimulatedGenerator', 'generate_table', 'policy_summary', 'plot_policy_summary',
-           'cli_generate']
+           'sampling_processors', 'tiny_tokenizer', 'TinyModel', 'tiny_model', 'infer_kind', 'HFReportGenerator',
+           'simulated_response', 'SimulatedGenerator', 'generate_table', 'policy_summary', 'plot_policy_summary']
 
 # %% ../nbs/11_generate.ipynb #3ca8fa93
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -60,6 +59,18 @@ def _check_policy(p) -> None:
     if not p.do_sample and any(v is not None for v in (p.top_k, p.top_p, p.temperature)):
         bad("top_k, top_p and temperature apply only with do_sample=True")
     if p.do_sample and p.num_beams > 1: bad("sampling with several beams is not supported; use num_beams=1 with do_sample=True")
+
+# %% ../nbs/11_generate.ipynb #ccd84b1a
+def _hf_kwargs(p: DecodingPolicy) -> dict:
+    "The plain (processor-free) `generate` arguments of a policy."
+    kw = {"num_beams": p.num_beams, "do_sample": bool(p.do_sample), "repetition_penalty": float(p.repetition_penalty),
+          "no_repeat_ngram_size": p.no_repeat_ngram_size, "max_new_tokens": p.max_new_tokens,
+          "min_new_tokens": p.min_new_tokens, "num_return_sequences": 1}
+    if p.num_beams > 1: kw["length_penalty"] = float(p.length_penalty)
+    if p.do_sample:
+        kw.update(top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p),
+                  temperature=1.0 if p.temperature is None else float(p.temperature))
+    return kw
 
 # %% ../nbs/11_generate.ipynb #60417c6a
 @dataclass(frozen=True)
@@ -99,9 +110,10 @@ class DecodingPolicy:
         d = {k: v for k, v in self.to_dict().items() if k not in ("name", "seed")}
         return sha256_text(json.dumps(d, sort_keys=True, default=str))[:16]
 
-    def to_generate_kwargs(self, tokenizer=None, # needed for text phrases and the end token of processors
-                           prompt_length: int = 0, # tokens before the generated part (decoder-only models: the prompt)
-                           eos_token_id=None) -> dict:
+    def to_generate_kwargs(self, tokenizer=None,         # needed for text phrases and the end token of processors
+                                 prompt_length: int = 0, # tokens before the generated part (decoder-only models: the prompt)
+                                 eos_token_id=None       # end token id(s), when the tokenizer has none
+                          ) -> dict:
         "Keyword arguments for Hugging Face `model.generate` (with a `logits_processor` list when the policy has processors)."
         kw = _hf_kwargs(self)
         if self.processors:
@@ -121,18 +133,6 @@ class DecodingPolicy:
         return "; ".join(parts)
 
     def _repr_markdown_(self) -> str: return f"**Decoding policy `{self.name}`**: {self.describe()}"
-
-# %% ../nbs/11_generate.ipynb #ccd84b1a
-def _hf_kwargs(p: DecodingPolicy) -> dict:
-    "The plain (processor-free) `generate` arguments of a policy."
-    kw = {"num_beams": p.num_beams, "do_sample": bool(p.do_sample), "repetition_penalty": float(p.repetition_penalty),
-          "no_repeat_ngram_size": p.no_repeat_ngram_size, "max_new_tokens": p.max_new_tokens,
-          "min_new_tokens": p.min_new_tokens, "num_return_sequences": 1}
-    if p.num_beams > 1: kw["length_penalty"] = float(p.length_penalty)
-    if p.do_sample:
-        kw.update(top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p),
-                  temperature=1.0 if p.temperature is None else float(p.temperature))
-    return kw
 
 # %% ../nbs/11_generate.ipynb #7d175b0d
 POLICIES = MappingProxyType({p.name: p for p in (
@@ -184,7 +184,8 @@ def get_policy(p,                         # a DecodingPolicy, a name, or a dict 
         return hit
     raise InputError(f"not a decoding policy: {p!r}")
 
-def parse_policies(spec) -> list[DecodingPolicy]:
+def parse_policies(spec # "B4,G1,K50", a .yaml/.json file, or a list of names, dicts and policies
+                  ) -> list[DecodingPolicy]:
     "Policies from `'B4,G1,K50'`, a YAML/JSON file, or a list of names, dicts and policies (names must be unique)."
     if isinstance(spec, (str, os.PathLike)) and Path(spec).suffix.lower() in (".yaml", ".yml", ".json"):
         out = list(load_policies(spec).values())
@@ -282,12 +283,16 @@ class TemplatePhrasePenalty:
         object.__setattr__(self, "phrases", tuple(p if isinstance(p, str) else tuple(int(t) for t in p) for p in ph))
         _check_nonneg(self, penalty=self.penalty, min_match=self.min_match)
 
-    def bind(self, tokenizer=None, prompt_length: int = 0, eos_token_id=None) -> TemplatePhrasePenalty:
+    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                   prompt_length: int = 0, # tokens before the generated part
+                   eos_token_id=None       # end token id(s), when the tokenizer has none
+            ) -> TemplatePhrasePenalty:
         "A copy with text phrases as token ids and the prompt length set."
         ids = [s for p in (self.phrases or template_phrases()) for s in ([p] if not isinstance(p, str) else _phrase_token_ids(p, tokenizer))]
         return replace(self, phrases=tuple(dict.fromkeys(ids)), prompt_length=int(prompt_length))
 
-    def continuations(self, generated: Sequence[int]) -> set[int]:
+    def continuations(self, generated: Sequence[int] # token ids generated so far (after the prompt)
+                     ) -> set[int]:
         "Token ids that would continue a phrase, given the tokens generated so far."
         if not self.phrases or any(isinstance(p, str) for p in self.phrases):
             raise ValueError("TemplatePhrasePenalty: call bind(tokenizer) first (phrases must be token ids)")
@@ -315,7 +320,10 @@ class RecurrencePenalty:
 
     def __post_init__(self): _check_nonneg(self, lag1=self.lag1, lag2=self.lag2)
 
-    def bind(self, tokenizer=None, prompt_length: int = 0, eos_token_id=None) -> RecurrencePenalty:
+    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                   prompt_length: int = 0, # tokens before the generated part
+                   eos_token_id=None       # end token id(s), when the tokenizer has none
+            ) -> RecurrencePenalty:
         "A copy with the prompt length set."
         return replace(self, prompt_length=int(prompt_length))
 
@@ -341,7 +349,10 @@ class EarlyEOSSuppression:
         object.__setattr__(self, "eos_token_id", _eos_ids(self.eos_token_id))
         _check_nonneg(self, min_tokens=self.min_tokens, penalty=self.penalty)
 
-    def bind(self, tokenizer=None, prompt_length: int = 0, eos_token_id=None) -> EarlyEOSSuppression:
+    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                   prompt_length: int = 0, # tokens before the generated part
+                   eos_token_id=None       # end token id(s), when the tokenizer has none
+            ) -> EarlyEOSSuppression:
         "A copy with the end token and the prompt length set."
         return replace(self, eos_token_id=_bind_eos(self, tokenizer, eos_token_id), prompt_length=int(prompt_length))
 
@@ -362,7 +373,10 @@ class EOSReweight:
         object.__setattr__(self, "eos_token_id", _eos_ids(self.eos_token_id))
         if not _is_num(self.weight) or self.weight <= 0: raise InputError(f"EOSReweight: weight must be > 0, got {self.weight!r}")
 
-    def bind(self, tokenizer=None, prompt_length: int = 0, eos_token_id=None) -> EOSReweight:
+    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                   prompt_length: int = 0, # tokens before the generated part
+                   eos_token_id=None       # end token id(s), when the tokenizer has none
+            ) -> EOSReweight:
         "A copy with the end token set."
         return replace(self, eos_token_id=_bind_eos(self, tokenizer, eos_token_id))
 
@@ -386,14 +400,16 @@ def _as_processor(x):
     if isinstance(d.get("phrases"), (str, os.PathLike)): d["phrases"] = template_phrases(d["phrases"])
     return PROCESSORS[kind](**d)
 
-def processor_to_dict(p) -> dict:
+def processor_to_dict(p # a logits processor of this module
+                     ) -> dict:
     "A processor as plain data (`type` and its settings)."
     d = {"type": p.kind, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "prompt_length"}}
     return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v for k, v in d.items()}
 
-def build_logits_processors(policy, tokenizer=None, # the model's tokenizer (text phrases, end token)
-                            prompt_length: int = 0,  # tokens before the generated part
-                            eos_token_id=None        # end token id(s), when the tokenizer has none
+def build_logits_processors(policy,                 # a DecodingPolicy, a preset name, or a dict of settings
+                            tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                            prompt_length: int = 0, # tokens before the generated part
+                            eos_token_id=None       # end token id(s), when the tokenizer has none
                            ) -> list:
     "A policy's processors, bound to a tokenizer and prompt length, ready for `generate(logits_processor=...)`."
     return [x.bind(tokenizer, prompt_length, eos_token_id) for x in get_policy(policy).processors]
@@ -411,7 +427,8 @@ class ReportGenerator(Protocol):
     "Anything that writes one report per image: `generator(imgs, indications=None) -> list[str]`."
     def __call__(self, imgs: Sequence, indications: Sequence[str | None] | None = None) -> list[str]: ...
 
-class Generation(NamedTuple):
+@dataclass(frozen=True)
+class Generation:
     "One generated report: its text, its length in tokens and whether it hit the token cap."
     text: str
     n_tokens: int | None = None   # tokens generated before the end token (None: unknown)
@@ -429,7 +446,8 @@ def _positional(fn) -> tuple[int, bool, bool]:
     kw = any(p.kind == p.VAR_KEYWORD for p in ps) or any(p.name == "indications" and p.kind != p.POSITIONAL_ONLY for p in ps)
     return npos, star, kw
 
-def accepts_indications(fn) -> bool:
+def accepts_indications(fn # a report generator (callable)
+                       ) -> bool:
     "Whether a report generator takes indications (a second positional argument, an `indications` keyword, or *args)."
     npos, star, kw = _positional(fn)
     return npos >= 2 or star or kw
@@ -446,9 +464,10 @@ def _check_reports(out, n: int, what: str) -> list[str]:
     if bad is not None: raise InputError(f"{what}: report {bad} is a {type(out[bad]).__name__}, not a string")
     return out
 
-def call_report_generator(fn, imgs: Sequence, # one entry per sample
+def call_report_generator(fn,                                  # a report generator (callable)
+                          imgs: Sequence,                      # one entry per sample
                           indications: Sequence | None = None, # per-sample indications (None entries: none)
-                          what: str | None = None  # named in error messages
+                          what: str | None = None              # named in error messages
                          ) -> list[str]:
     "Call a report generator with or without indications (legacy one-argument form) and check its output."
     imgs, what = list(imgs), what or getattr(fn, "__name__", type(fn).__name__)
@@ -518,11 +537,14 @@ def load_image(src,                                      # a path, a Pillow imag
     except (OSError, ValueError) as e: raise InputError(f"{p}: cannot be read as an image ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/11_generate.ipynb #0be43bcf
+KINDS = ("encoder-decoder", "chat", "text")   # the kinds of Hugging Face model `HFReportGenerator` wraps
+
 def _torch(caller: str): return optional_import("torch", "generate", caller)
 
 class SeededSampler:
     "Logits processor: draw each row's next token from that row's own seeded generator (the last step of sampling)."
-    def __init__(self, seeds: Sequence[int]): self.seeds, self._gens = [int(s) for s in seeds], None
+    def __init__(self, seeds: Sequence[int] # one seed per row of the batch
+                ): self.seeds, self._gens = [int(s) for s in seeds], None
 
     def __call__(self, input_ids, scores):
         torch = _torch("SeededSampler")
@@ -534,7 +556,9 @@ class SeededSampler:
         out[torch.arange(len(picks), device=scores.device), picks.to(scores.device)] = 0.0
         return out
 
-def sampling_processors(policy, seeds: Sequence[int]) -> list:
+def sampling_processors(policy,              # a sampling policy (name, dict or DecodingPolicy)
+                        seeds: Sequence[int] # one seed per row of the batch
+                       ) -> list:
     "Hugging Face's temperature, top-k and top-p warpers for a sampling policy, then a `SeededSampler`."
     p, tf = get_policy(policy), optional_import("transformers", "generate", "sampling_processors")
     w = [tf.TemperatureLogitsWarper(float(p.temperature))] if p.temperature not in (None, 1.0) else []
@@ -542,10 +566,85 @@ def sampling_processors(policy, seeds: Sequence[int]) -> list:
     if p.top_p is not None and p.top_p < 1.0: w.append(tf.TopPLogitsWarper(top_p=float(p.top_p), min_tokens_to_keep=1))
     return w + [SeededSampler(seeds)]
 
-# %% ../nbs/11_generate.ipynb #4aec7a12
-KINDS = ("encoder-decoder", "chat", "text")
+# %% ../nbs/11_generate.ipynb #283c53b0
+TINY_VOCAB = ("[PAD] [UNK] [BOS] [EOS] <image> . , : no acute cardiopulmonary process abnormality the heart size is within normal "
+              "limits lungs are clear there pleural effusion or pneumothorax cardiomediastinal silhouette focal airspace disease "
+              "consolidation left right bilateral small moderate large mild severe opacity edema atelectasis stable unchanged "
+              "increased decreased new tube line in place indication cough fever shortness of breath chest pain write findings "
+              "section radiology report for this radiograph user assistant and with at base lobe upper lower mediastinal contours "
+              "osseous structures intact seen").split()
 
-def infer_kind(model) -> str:
+def tiny_tokenizer():
+    "A word-level tokenizer over `TINY_VOCAB` (lowercasing, whitespace and punctuation split), built offline."
+    tokenizers, tf = optional_import("tokenizers", "generate", "tiny_tokenizer"), optional_import("transformers", "generate", "tiny_tokenizer")
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(TINY_VOCAB)}, unk_token="[UNK]"))
+    tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+                                      eos_token="[EOS]", extra_special_tokens={"image_token": "<image>"})
+
+_TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                       "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
+                       "{% endfor %}{% endif %} . {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
+
+# %% ../nbs/11_generate.ipynb #c85ece8d
+def _tiny_configs(tf, n_vocab: int, init: float) -> dict:
+    ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, initializer_range=init)
+    return {"vit": tf.ViTConfig(image_size=32, patch_size=8, num_channels=3, **small),
+            "gpt2": tf.GPT2Config(vocab_size=n_vocab, n_layer=2, n_embd=32, n_head=2, n_positions=256, initializer_range=init, **ids),
+            "clip": tf.CLIPVisionConfig(image_size=32, patch_size=8, projection_dim=32, **small),
+            "llama": tf.LlamaConfig(vocab_size=n_vocab, num_key_value_heads=2, max_position_embeddings=256, **small, **ids)}
+
+def _tiny_build(tf, kind: str, c: dict, init: float):
+    "The randomly initialised model of one kind (call under a seeded torch state)."
+    if kind == "text": return tf.GPT2LMHeadModel(c["gpt2"])
+    if kind == "chat":
+        cfg = tf.LlavaConfig(vision_config=c["clip"], text_config=c["llama"], image_token_id=4, initializer_range=init,
+                             vision_feature_layer=-1, vision_feature_select_strategy="default")
+        return tf.LlavaForConditionalGeneration(cfg)
+    dec = c["gpt2"]; dec.add_cross_attention, dec.is_decoder = True, True
+    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(c["vit"], dec)
+    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = 2, 0, 3
+    return tf.VisionEncoderDecoderModel(config=cfg)
+
+# %% ../nbs/11_generate.ipynb #c4b3b649
+@dataclass(frozen=True, eq=False)
+class TinyModel:
+    "A tiny random model with its processor (a tokenizer for `text` models), and the kind of model it is."
+    model: Any       # the transformers model
+    processor: Any   # its processor, or tokenizer for kind "text"
+    kind: str        # "encoder-decoder", "chat" or "text"
+
+    def generator(self, **kwargs # HFReportGenerator settings (policy, prompt, batch_size, ...)
+                 ) -> HFReportGenerator:
+        "An `HFReportGenerator` over this model."
+        return HFReportGenerator(self.model, self.processor, kind=self.kind, **kwargs)
+
+def tiny_model(kind: str = "encoder-decoder", # "encoder-decoder" (ViT + GPT-2), "chat" (LLaVA-style) or "text" (GPT-2)
+               seed: int = DEFAULT_SEED,      # initialisation seed
+               init: float = 0.5              # weight scale; large enough that outputs depend on the image
+              ) -> TinyModel:
+    "A tiny randomly initialised model and its processor, built offline from configs (for examples and tests)."
+    if kind not in KINDS: raise InputError(f"tiny_model: kind must be one of {KINDS}, got {kind!r}")
+    torch, tf = _torch("tiny_model"), optional_import("transformers", "generate", "tiny_model")
+    tok = tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = _tiny_build(tf, kind, _tiny_configs(tf, len(TINY_VOCAB), init), init).eval()
+    for k, v in dict(decoder_start_token_id=2 if kind == "encoder-decoder" else None, bos_token_id=2, eos_token_id=3, pad_token_id=0,
+                     suppress_tokens=[0, 1, 2, 4]).items():      # never write padding, unknown, start or image tokens
+        if v is not None: setattr(model.generation_config, k, v)
+    pil = lambda name: getattr(tf, name + "Pil", None) or getattr(tf, name)
+    if kind == "text": return TinyModel(model, tok, kind)
+    if kind == "chat":
+        ip = pil("CLIPImageProcessor")(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        return TinyModel(model, tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
+                                                  num_additional_image_tokens=1, chat_template=_TINY_CHAT_TEMPLATE), kind)
+    return TinyModel(model, tf.TrOCRProcessor(image_processor=pil("ViTImageProcessor")(size={"height": 32, "width": 32}), tokenizer=tok), kind)
+
+# %% ../nbs/11_generate.ipynb #4aec7a12
+def infer_kind(model # a transformers model
+              ) -> str:
     "The wrapper kind of a model from its configuration: encoder-decoder, chat (has a vision tower) or text."
     cfg = model.config
     if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "model_type", "") == "vision-encoder-decoder": return "encoder-decoder"
@@ -572,7 +671,7 @@ class HFReportGenerator:
                  device: str = "cpu",        # where the model runs ("cuda", "cuda:1", ...)
                  *, kind: str | None = None, # "encoder-decoder", "chat" or "text"; None: from the model
                  system: str | None = None,  # name in the `system` column; None: the model's name
-                 seed: int = 0,              # run seed of direct calls under sampling policies
+                 seed: int = DEFAULT_SEED,   # run seed of direct calls under sampling policies
                  indication_format: str = INDICATION_FORMAT, # how an indication prefix is written
                  max_images: int | None = None # chat models: images per sample at most (None: all given)
                 ):
@@ -591,26 +690,6 @@ class HFReportGenerator:
 
     def __repr__(self) -> str:
         return f"HFReportGenerator({self.system!r}, kind={self.kind!r}, policy={self.policy.name!r}, device={self.device!r})"
-
-# %% ../nbs/11_generate.ipynb #da267946
-def _default_seeds(imgs: Sequence, seed: int) -> list[int]:
-    return [sample_seed(seed, str(x) if isinstance(x, (str, os.PathLike)) else f"#{i}") for i, x in enumerate(imgs)]
-
-@patch
-def generate_batch(self: HFReportGenerator, imgs: Sequence, indications: Sequence | None = None, *,
-                   policy=None,                       # a policy (default: the generator's)
-                   seeds: Sequence[int] | None = None # one seed per sample (sampling policies)
-                  ) -> list[Generation]:
-    "One `Generation` per image, run in batches of `batch_size`."
-    imgs, policy = list(imgs), get_policy(policy or self.policy)
-    inds = [None] * len(imgs) if indications is None else list(indications)
-    seeds = _default_seeds(imgs, self.seed) if seeds is None else [int(s) for s in seeds]
-    if not len(inds) == len(seeds) == len(imgs): raise InputError(f"{self.system}: imgs, indications and seeds differ in length")
-    out = []
-    for k in range(0, len(imgs), self.batch_size):
-        sl = slice(k, k + self.batch_size)
-        out += self._batch(imgs[sl], inds[sl], policy, seeds[sl])
-    return out
 
 # %% ../nbs/11_generate.ipynb #6a314381
 @patch
@@ -721,6 +800,28 @@ def _decode(self: HFReportGenerator, ids: list[int], eos: tuple, max_new_tokens:
     n = len(ids) if cut is None else cut
     return Generation(self.tokenizer.decode(ids[:n], skip_special_tokens=True).strip(), n, cut is None and n >= max_new_tokens)
 
+# %% ../nbs/11_generate.ipynb #da267946
+def _default_seeds(imgs: Sequence, seed: int) -> list[int]:
+    return [sample_seed(seed, str(x) if isinstance(x, (str, os.PathLike)) else f"#{i}") for i, x in enumerate(imgs)]
+
+@patch
+def generate_batch(self: HFReportGenerator, imgs: Sequence,                      # images: paths, Pillow images or arrays
+                                            indications: Sequence | None = None, # per-sample indications (None entries: none)
+                                            *,
+                                            policy=None,                         # a policy (default: the generator's)
+                                            seeds: Sequence[int] | None = None   # one seed per sample (sampling policies)
+                  ) -> list[Generation]:
+    "One `Generation` per image, run in batches of `batch_size`."
+    imgs, policy = list(imgs), get_policy(policy or self.policy)
+    inds = [None] * len(imgs) if indications is None else list(indications)
+    seeds = _default_seeds(imgs, self.seed) if seeds is None else [int(s) for s in seeds]
+    if not len(inds) == len(seeds) == len(imgs): raise InputError(f"{self.system}: imgs, indications and seeds differ in length")
+    out = []
+    for k in range(0, len(imgs), self.batch_size):
+        sl = slice(k, k + self.batch_size)
+        out += self._batch(imgs[sl], inds[sl], policy, seeds[sl])
+    return out
+
 # %% ../nbs/11_generate.ipynb #30bb473b
 def _check_model_dir(path) -> Path:
     "The model folder, or an `InputError` explaining that models load only from a local folder."
@@ -748,74 +849,11 @@ def from_pretrained(cls: HFReportGenerator, path: str | os.PathLike, # a local f
     kwargs.setdefault("system", p.name)
     return cls(model, proc, kind=kind, **kwargs)
 
-# %% ../nbs/11_generate.ipynb #283c53b0
-TINY_VOCAB = ("[PAD] [UNK] [BOS] [EOS] <image> . , : no acute cardiopulmonary process abnormality the heart size is within normal "
-              "limits lungs are clear there pleural effusion or pneumothorax cardiomediastinal silhouette focal airspace disease "
-              "consolidation left right bilateral small moderate large mild severe opacity edema atelectasis stable unchanged "
-              "increased decreased new tube line in place indication cough fever shortness of breath chest pain write findings "
-              "section radiology report for this radiograph user assistant and with at base lobe upper lower mediastinal contours "
-              "osseous structures intact seen").split()
-
-def tiny_tokenizer():
-    "A word-level tokenizer over `TINY_VOCAB` (lowercasing, whitespace and punctuation split), built offline."
-    tokenizers, tf = optional_import("tokenizers", "generate", "tiny_tokenizer"), optional_import("transformers", "generate", "tiny_tokenizer")
-    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(TINY_VOCAB)}, unk_token="[UNK]"))
-    tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                      eos_token="[EOS]", extra_special_tokens={"image_token": "<image>"})
-
-_TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                       "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
-                       "{% endfor %}{% endif %} . {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
-
-# %% ../nbs/11_generate.ipynb #c85ece8d
-def _tiny_configs(tf, n_vocab: int, init: float) -> dict:
-    ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0)
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, initializer_range=init)
-    return {"vit": tf.ViTConfig(image_size=32, patch_size=8, num_channels=3, **small),
-            "gpt2": tf.GPT2Config(vocab_size=n_vocab, n_layer=2, n_embd=32, n_head=2, n_positions=256, initializer_range=init, **ids),
-            "clip": tf.CLIPVisionConfig(image_size=32, patch_size=8, projection_dim=32, **small),
-            "llama": tf.LlamaConfig(vocab_size=n_vocab, num_key_value_heads=2, max_position_embeddings=256, **small, **ids)}
-
-def _tiny_build(tf, kind: str, c: dict, init: float):
-    "The randomly initialised model of one kind (call under a seeded torch state)."
-    if kind == "text": return tf.GPT2LMHeadModel(c["gpt2"])
-    if kind == "chat":
-        cfg = tf.LlavaConfig(vision_config=c["clip"], text_config=c["llama"], image_token_id=4, initializer_range=init,
-                             vision_feature_layer=-1, vision_feature_select_strategy="default")
-        return tf.LlavaForConditionalGeneration(cfg)
-    dec = c["gpt2"]; dec.add_cross_attention, dec.is_decoder = True, True
-    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(c["vit"], dec)
-    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = 2, 0, 3
-    return tf.VisionEncoderDecoderModel(config=cfg)
-
-# %% ../nbs/11_generate.ipynb #c4b3b649
-def tiny_model(kind: str = "encoder-decoder", # "encoder-decoder" (ViT + GPT-2), "chat" (LLaVA-style) or "text" (GPT-2)
-               seed: int = 0,                 # initialisation seed
-               init: float = 0.5              # weight scale; large enough that outputs depend on the image
-              ) -> tuple:
-    "A tiny randomly initialised model and its processor, built offline from configs (for examples and tests)."
-    if kind not in KINDS: raise InputError(f"tiny_model: kind must be one of {KINDS}, got {kind!r}")
-    torch, tf = _torch("tiny_model"), optional_import("transformers", "generate", "tiny_model")
-    tok = tiny_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = _tiny_build(tf, kind, _tiny_configs(tf, len(TINY_VOCAB), init), init).eval()
-    for k, v in dict(decoder_start_token_id=2 if kind == "encoder-decoder" else None, bos_token_id=2, eos_token_id=3, pad_token_id=0,
-                     suppress_tokens=[0, 1, 2, 4]).items():      # never write padding, unknown, start or image tokens
-        if v is not None: setattr(model.generation_config, k, v)
-    pil = lambda name: getattr(tf, name + "Pil", None) or getattr(tf, name)
-    if kind == "text": return model, tok
-    if kind == "chat":
-        ip = pil("CLIPImageProcessor")(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-        return model, tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
-                                        num_additional_image_tokens=1, chat_template=_TINY_CHAT_TEMPLATE)
-    return model, tf.TrOCRProcessor(image_processor=pil("ViTImageProcessor")(size={"height": 32, "width": 32}), tokenizer=tok)
-
 # %% ../nbs/11_generate.ipynb #2425315a
 SIM_SYSTEMS = tuple(dict.fromkeys(s for s, _ in GENERATORS))
 
-def simulated_response(policy) -> dict:
+def simulated_response(policy # a decoding policy (name, dict or DecodingPolicy)
+                      ) -> dict:
     "How `sim-template` reacts to a decoding policy: the collapse probability and the invalid-output rates."
     p, r = get_policy(policy), SYSTEM_RATES["sim-template"]
     kinds = {type(x) for x in p.processors}
@@ -856,9 +894,10 @@ class SimulatedGenerator:
     def __init__(self, system: str,          # one of SIM_SYSTEMS
                  corpus,                     # a DemoCorpus (studies, findings, progression)
                  policy=POLICIES["B4"],      # decoding policy of direct calls
-                 seed: int = 0,              # run seed of direct calls under sampling policies
+                 seed: int = DEFAULT_SEED,   # run seed of direct calls under sampling policies
                  phrases=None,               # phrase bank override (see `synth.load_phrases`)
-                 batch_size: int = 64):
+                 batch_size: int = 64        # samples per call in `generate_table`
+                ):
         if system not in SIM_SYSTEMS: raise InputError(f"SimulatedGenerator: system must be one of {SIM_SYSTEMS}, got {system!r}")
         self.system, self.corpus, self.policy, self.seed, self.batch_size = system, corpus, get_policy(policy), int(seed), batch_size
         self.phrases, self._mentions = load_phrases(phrases), _corpus_mentions(corpus)
@@ -868,6 +907,17 @@ class SimulatedGenerator:
     def __call__(self, imgs: Sequence, indications: Sequence | None = None) -> list[str]:
         "One synthetic report per image path (or study ID), under the generator's own policy."
         return [g.text for g in self.generate_batch(imgs, indications)]
+
+    def generate_batch(self, imgs: Sequence,                  # image paths or study IDs of the demo corpus
+                       indications: Sequence | None = None,   # accepted and not used
+                       *,
+                       policy=None,                           # a policy (default: the generator's)
+                       seeds: Sequence[int] | None = None     # one seed per sample (sampling policies)
+                      ) -> list[Generation]:
+        "One synthetic `Generation` per image path or study ID (indications are accepted and not used)."
+        imgs, policy = list(imgs), get_policy(policy or self.policy)
+        seeds = _default_seeds(imgs, self.seed) if seeds is None else list(seeds)
+        return [self._one(x, policy, s) for x, s in zip(imgs, seeds)]
 
     def __repr__(self) -> str: return f"SimulatedGenerator({self.system!r}, policy={self.policy.name!r}; synthetic)"
 
@@ -895,14 +945,6 @@ def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Ge
     run = (self.system, "B4") if self.system != "sim-template" else ("sim-template", "B4" if g.random() < resp["collapse"] else "K50")
     text, omitted, halluc, altered = GENERATORS[run](ms, g, P)
     return Generation(*_cap_words(text, policy.max_new_tokens), {"omitted": omitted, "hallucinated": halluc, "altered": altered})
-
-@patch
-def generate_batch(self: SimulatedGenerator, imgs: Sequence, indications: Sequence | None = None, *,
-                   policy=None, seeds: Sequence[int] | None = None) -> list[Generation]:
-    "One synthetic `Generation` per image path or study ID (indications are accepted and not used)."
-    imgs, policy = list(imgs), get_policy(policy or self.policy)
-    seeds = _default_seeds(imgs, self.seed) if seeds is None else list(seeds)
-    return [self._one(x, policy, s) for x, s in zip(imgs, seeds)]
 
 # %% ../nbs/11_generate.ipynb #56a55c53
 class _Progress:
@@ -964,7 +1006,7 @@ def _plan(generator, policies, seeds, repeat_deterministic: bool) -> list[tuple]
         seeds = [seeds] if _is_int(seeds) else list(seeds)
         if not seeds or not all(_is_int(s) and s >= 0 for s in seeds) or len(set(seeds)) < len(seeds):
             raise InputError(f"generate_table: seeds must be distinct non-negative integers, got {seeds!r}")
-    run = lambda p: seeds if seeds is not None else [(p.seed or 0) if p is not None else 0]
+    run = lambda p: seeds if seeds is not None else [DEFAULT_SEED if p is None or p.seed is None else p.seed]
     return [(p, int(s)) for p in pols for k, s in enumerate(run(p)) if k == 0 or repeat_deterministic or p is None or not p.deterministic]
 
 # %% ../nbs/11_generate.ipynb #f5096b88
@@ -1011,7 +1053,7 @@ def _run_chunk(generator, chunk, policy, seed, system, ckpt) -> list[dict]:
 def generate_table(generator,                 # HFReportGenerator, SimulatedGenerator, or any callable(imgs, indications=None)
                    studies,                   # a studies table: study_id, image_paths (and indication)
                    policies=None,             # names, policies, dicts, "B4,G1" or a policy file; None: the generator's own
-                   seeds=(0,),                # run seeds (None: each policy's own seed, or 0)
+                   seeds=(DEFAULT_SEED,),     # run seeds (None: each policy's own seed, else DEFAULT_SEED)
                    *, system: str | None = None, # `system` column; default: the generator's `system` or name
                    use_indication: bool = False, # pass each study's indication to the generator
                    batch_size: int | None = None, # samples per call; default: the generator's batch_size, else 8
@@ -1043,7 +1085,8 @@ def _generations_frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 # %% ../nbs/11_generate.ipynb #576806c6
-def policy_summary(generations) -> pd.DataFrame:
+def policy_summary(generations # a generations table (with `error` when generate_table wrote it)
+                  ) -> pd.DataFrame:
     "Per system and policy: outputs, failures, empty and truncated shares, mean tokens, distinct-report and top-report shares."
     g = to_generations(generations)
     failed = g["error"].notna() if "error" in g.columns else pd.Series(False, index=g.index)
@@ -1057,36 +1100,12 @@ def policy_summary(generations) -> pd.DataFrame:
                      "top_share": top})
     return pd.DataFrame(rows, columns=["system", "policy", "seeds", "n", "failed", "empty", "truncated", "mean_tokens", "distinct", "top_share"])
 
-def plot_policy_summary(summary: pd.DataFrame, y: str = "distinct", # a column of `policy_summary`
-                        title: str | None = None):
+def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
+                        y: str = 'distinct',     # a column of `policy_summary`
+                        title: str | None = None # chart title (default: from `y`)
+                       ):
     "Bar chart of one `policy_summary` column by policy, one colour per system."
     alt = enable_theme()
     return alt.Chart(summary, title=title or f"{y} by decoding policy").mark_bar().encode(
         x=alt.X("policy:N", sort=list(dict.fromkeys(summary.policy)), title="policy", axis=alt.Axis(labelAngle=0)), xOffset="system:N",
         y=alt.Y(f"{y}:Q", title=y.replace("_", " ")), color="system:N", tooltip=list(summary.columns))
-
-# %% ../nbs/11_generate.ipynb #3b40c9de
-def cli_generate(model_path: str | os.PathLike,     # local folder of a saved Hugging Face model
-                 policies="B4",                      # "B4,G1,K50", a policy file, or a list
-                 studies_path: str | os.PathLike = "studies.parquet", # studies table (.parquet/.csv)
-                 out_path: str | os.PathLike = "generations.parquet", # generations table to write (.parquet/.csv)
-                 *, seeds=(0,), system: str | None = None, prompt: str | None = None, batch_size: int = 8,
-                 device: str = "cpu", use_indication: bool = False, max_images: int | None = 1,
-                 image_root: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
-                 progress: bool = True) -> str:
-    "Run a local model over a studies table and write the generations table and its manifest; return a summary line."
-    mdir, pols = _check_model_dir(model_path), parse_policies(policies)
-    studies = read_table(studies_path)
-    gen = HFReportGenerator.from_pretrained(mdir, prompt=prompt, batch_size=batch_size, device=device,
-                                            **({"system": system} if system else {}))
-    table = generate_table(gen, studies, pols, seeds, use_indication=use_indication, max_images=max_images,
-                           image_root=image_root, checkpoint=checkpoint, progress=progress)
-    out = write_table(table, out_path)
-    cfgs = {f.stem: f for f in (mdir / "config.json", mdir / "generation_config.json") if f.is_file()}
-    write_manifest(out.with_name(out.with_suffix("").name + ".manifest.json"), inputs={"studies": studies_path, **cfgs},
-                   outputs={"generations": out}, command="cxr-audit generate",
-                   params={"model": mdir.name, "system": gen.system, "kind": gen.kind, "prompt": gen.prompt,
-                           "policies": [p.to_dict() for p in pols], "seeds": list(seeds) if seeds is not None else None,
-                           "use_indication": use_indication, "max_images": max_images, "batch_size": batch_size, "device": device})
-    n_err, n_trunc = int(table["error"].notna().sum()), int(table["truncated"].sum())
-    return f"Wrote {len(table)} generations ({n_err} failed, {n_trunc} truncated) to {out}"

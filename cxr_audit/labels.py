@@ -6,35 +6,36 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fastcore.basics import patch
 
-from .core import (InputError, read_json, resource_text, as_pandas, enable_theme, is_missing, md_table, read_table, require_columns, save_chart,
-                            sha256_text, write_manifest, write_table)
-from .reports import ABBREVIATIONS, SPECIAL_TOKENS, split_sentences
-from .corpus import to_generations, to_studies
-from .stats import (PairedResult, bootstrap_metrics, macro_stats, micro_stats, paired_bootstrap)
+from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
+                            read_table, require_columns, resource_text, save_chart, sha256_text, write_manifest, write_table)
+from .reports import SPECIAL_TOKENS, regex_splitter, split_sentences
+from .corpus import to_generations
+from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, macro_stats, micro_stats,
+                             paired_bootstrap, resolve_clusters)
 
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING',
            'TRIGGER_DIRECTIONS', 'CHEXBERT_CLASSES', 'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS', 'CARDIAC_PHRASES',
-           'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'regex_splitter',
-           'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
-           'read_chexpert_csv', 'read_chexbert_csv', 'to_binary', 'macro_precision', 'macro_recall', 'LabelAlignment',
-           'align_labels', 'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance',
-           'load_probes', 'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity',
-           'plot_label_counts', 'plot_trigger_phrases', 'reference_texts', 'run_names', 'label_generations',
-           'findings_to_labels', 'cli_labels', 'cli_trace', 'labels_report_blocks']
+           'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'input_flag',
+           'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
+           'read_chexpert_csv', 'read_chexbert_csv', 'to_binary', 'LabelAlignment', 'align_labels',
+           'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes',
+           'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
+           'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'run_names', 'label_generations',
+           'findings_to_labels', 'LabelAudit', 'label_audit']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -46,9 +47,6 @@ STATES = (1.0, 0.0, -1.0)
 LABELS_COLUMNS = ("text_id", "source", "label", "state", "evidence", "start", "end")
 
 # %% ../nbs/06_labels.ipynb #046aed1e
-PHRASE_KINDS = ("exclude", "normal", "uncertain", "mention")
-OTHER_FINDING = "Other Finding"   # internal name of `other_findings`; never an output label
-
 def _resource(name: str) -> dict: return json.loads(resource_text(name))
 
 def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool) -> dict:
@@ -63,6 +61,9 @@ def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool)
     return base
 
 # %% ../nbs/06_labels.ipynb #8cf405fe
+PHRASE_KINDS = ("exclude", "normal", "uncertain", "mention")
+OTHER_FINDING = "Other Finding"   # internal name of `other_findings`; never an output label
+
 def _expand(pattern: str, macros: Mapping) -> str:
     "`pattern` with every `<NAME>` replaced by `macros[NAME]`."
     return re.sub(r"<([A-Z0-9_]+)>", lambda m: macros[m.group(1)] if m.group(1) in macros else m.group(0), pattern)
@@ -95,7 +96,7 @@ def load_label_phrases(phrases: str | os.PathLike | Mapping | None = None, # Non
 
 # %% ../nbs/06_labels.ipynb #85e0e656
 def phrase_table(phrases: str | os.PathLike | Mapping | None = None, # as for `load_label_phrases`
-                 kinds: Sequence[str] = PHRASE_KINDS
+                 kinds: Sequence[str] = PHRASE_KINDS # which kinds of pattern to list
                 ) -> pd.DataFrame:
     "One row per pattern: `observation, kind, pattern, regex` (the regex with macros expanded)."
     P = load_label_phrases(phrases)
@@ -160,11 +161,11 @@ class _Matcher:
             self._memo[text] = i
         return i
 
-    def tag(self, low: str, s: int, e: int):
-        "The tag of the first pattern that matches exactly `low[s:e]` where it stands."
-        i = self._first_plain(low[s:e])
+    def tag(self, low: str, start: int, end: int):
+        "The tag of the first pattern that matches exactly `low[start:end]` where it stands."
+        i = self._first_plain(low[start:end])
         for rx, tag, ctx in self._items[:i]:
-            if ctx and (m := rx.match(low, s)) and m.end() == e: return tag
+            if ctx and (m := rx.match(low, start)) and m.end() == end: return tag
         return self._items[i][1] if i < len(self._items) else None
 
     def find(self, low: str) -> list[tuple[int, int, object]]:
@@ -275,7 +276,8 @@ _STATE = {("mention", None): 1.0, ("mention", "negation"): 0.0, ("mention", "unc
           ("uncertain", None): -1.0, ("uncertain", "negation"): 0.0, ("uncertain", "uncertainty"): -1.0}
 
 @patch
-def sentence_mentions(self: Labeler, sentence: str) -> tuple[Mention, ...]:
+def sentence_mentions(self: Labeler, sentence: str # one sentence (no headers)
+                     ) -> tuple[Mention, ...]:
     "Every phrase of one sentence with its state and deciding trigger (cached)."
     hit = self._cache.get(sentence)
     if hit is not None: return hit
@@ -299,22 +301,7 @@ def sentence_mentions(self: Labeler, sentence: str) -> tuple[Mention, ...]:
         self._cache[sentence] = out
     return out
 
-# %% ../nbs/06_labels.ipynb #fd3727a7
-_SHIELD = "\ue001"
-_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
-_ABBREV = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(a) for a in sorted(ABBREVIATIONS, key=len, reverse=True)) + r")\.(?=\s+\S)", re.I)
-_SENT_END = re.compile(r"(?<=[.?!])\s+(?=\S)")
-
-def regex_splitter(text: str # one segment (from `split_sentences`' pre-split)
-                  ) -> list[str]:
-    "Split at `.`, `?` or `!` followed by white space; decimals and common abbreviations never end a sentence."
-    t = _ABBREV.sub(lambda m: m.group().replace(".", _SHIELD), _DECIMAL.sub(_SHIELD, text))
-    return [s.replace(_SHIELD, ".") for s in _SENT_END.split(t)]
-
 # %% ../nbs/06_labels.ipynb #ad3ec9d5
-def _splitter_fn(splitter) -> Callable | str:
-    return regex_splitter if splitter == "regex" else splitter
-
 def _locate(text: str, sentences: list[str]) -> list[tuple[str, int]]:
     "Each sentence as it stands in `text` (white space made single-character spaces) and its offset; -1 if not found."
     out, pos = [], 0
@@ -330,7 +317,8 @@ def _locate(text: str, sentences: list[str]) -> list[tuple[str, int]]:
 _SPECIAL = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
-def input_flag(text) -> str | None:
+def input_flag(text # anything given as a report
+              ) -> str | None:
     "Why `text` cannot be labeled (`missing`, `not text`, `empty`, `no words`), or None."
     if is_missing(text): return "missing"
     if not isinstance(text, str): return "not text"
@@ -346,11 +334,12 @@ class _Evidence(NamedTuple):
 @patch
 def _report_mentions(self: Labeler, text: str) -> list[tuple[Mention, int, str]]:
     "(mention, sentence offset in the text or -1, sentence) for every phrase of a report."
-    sents = split_sentences(text, splitter=_splitter_fn(self.splitter))
+    sents = split_sentences(text, splitter=self.splitter)
     return [(m, off, s) for s, off in _locate(text, sents) for m in self.sentence_mentions(s)]
 
 @patch
-def label_text(self: Labeler, text) -> tuple[dict[str, _Evidence], str | None]:
+def label_text(self: Labeler, text # one report (headers allowed)
+              ) -> tuple[dict[str, _Evidence], str | None]:
     "`({label: evidence}, flag)` for one report: the aggregated state of each observation and No Finding."
     flag = input_flag(text)
     if flag: return {}, flag
@@ -399,7 +388,7 @@ def __call__(self: Labeler, texts,            # report texts: a sequence, a pand
     cols["state"] = np.array(cols["state"], dtype="float64")
     return pd.DataFrame({c: cols[c] for c in LABELS_COLUMNS + ("trigger", "sentence", "flag", "text_sha256")})
 
-
+# %% ../nbs/06_labels.ipynb #722f43d7
 _DEFAULT: dict = {}
 
 def default_labeler() -> Labeler:
@@ -407,14 +396,18 @@ def default_labeler() -> Labeler:
     if "L" not in _DEFAULT: _DEFAULT["L"] = Labeler()
     return _DEFAULT["L"]
 
-def label_reports(texts, ids=None, labeler: Labeler | None = None) -> pd.DataFrame:
+# %% ../nbs/06_labels.ipynb #cd96356f
+def label_reports(texts,                  # report texts: a sequence, a pandas Series or {id: text}
+                  ids=None,               # one id per text (default: the Series index or positions)
+                  labeler: Labeler | None = None # default: the packaged `Labeler`
+                 ) -> pd.DataFrame:
     "The long `labels` table of `texts` by `labeler` (default: the packaged `Labeler`)."
     return (labeler or default_labeler())(texts, ids)
 
 # %% ../nbs/06_labels.ipynb #dad363e3
 def to_wide(labels,                        # a long labels table
             source: str | None = None,     # which source, when the table holds several
-            labels_order: Sequence[str] = CHEXPERT_14
+            labels_order: Sequence[str] = CHEXPERT_14 # the label columns, in this order
            ) -> pd.DataFrame:
     "One row per `text_id` (the index, in first-seen order) and one float column per label (1, 0, -1, NaN)."
     df = require_columns(labels, ["text_id", "label", "state"], "labels")
@@ -427,6 +420,7 @@ def to_wide(labels,                        # a long labels table
     w.columns.name = None
     return w
 
+# %% ../nbs/06_labels.ipynb #e2a4f83e
 def from_wide(wide,                        # one row per text, one column per observation
               source: str = "external",    # the `source` column of the result
               id_column: str | None = None # column holding the text ids (default: the index)
@@ -457,7 +451,7 @@ def _states(values, label: str) -> np.ndarray:
 # %% ../nbs/06_labels.ipynb #735d8543
 def parse_expected(values,                       # one "Label=state; Label=state" string per text
                    ids=None,                     # text ids (default: the index or positions)
-                   labels_order: Sequence[str] = CHEXPERT_14
+                   labels_order: Sequence[str] = CHEXPERT_14 # the label columns, in this order
                   ) -> pd.DataFrame:
     "Wide expected states (unlisted labels blank) from compact `Label=state` strings."
     vals, ids = _texts_and_ids(values, ids)
@@ -476,7 +470,7 @@ def parse_expected(values,                       # one "Label=state; Label=state
 # %% ../nbs/06_labels.ipynb #093e4bf0
 def state_accuracy(predicted,                   # wide predicted states (or a long labels table)
                    expected,                    # wide expected states, same index
-                   labels_order: Sequence[str] = CHEXPERT_14,
+                   labels_order: Sequence[str] = CHEXPERT_14, # the labels compared
                    blank_is_negative: bool = False # read blank as 0 on both sides (compare presence claims only)
                   ) -> pd.DataFrame:
     "Per label: how often the predicted raw state equals the expected one, where either is set."
@@ -498,8 +492,6 @@ def state_accuracy(predicted,                   # wide predicted states (or a lo
     return df
 
 # %% ../nbs/06_labels.ipynb #05b78347
-CHEXBERT_CLASSES = {0: np.nan, 1: 1.0, 2: 0.0, 3: -1.0}
-
 def _read_labeled_csv(path, text_columns: Sequence[str], source: str, ids=None, id_column=None, recode=None) -> pd.DataFrame:
     df = read_table(path)
     text_col = next((c for c in text_columns if c in df.columns), None)
@@ -521,12 +513,14 @@ def _read_labeled_csv(path, text_columns: Sequence[str], source: str, ids=None, 
 def read_chexpert_csv(path: str | os.PathLike, # the official labeler's output CSV
                       ids=None,                # one text id per row (default: row numbers)
                       id_column: str | None = None, # or a column of the CSV holding the ids
-                      source: str = "chexpert"
+                      source: str = "chexpert" # the `source` column of the result
                      ) -> pd.DataFrame:
     "The official CheXpert labeler's CSV as a long `labels` table (raw states kept, `text` added)."
     return _read_labeled_csv(path, ("Reports", "Report Impression"), source, ids, id_column)
 
 # %% ../nbs/06_labels.ipynb #3b3d9994
+CHEXBERT_CLASSES = {0: np.nan, 1: 1.0, 2: 0.0, 3: -1.0}   # CheXbert's class numbers -> CheXpert states
+
 def _chexbert_recode(df: pd.DataFrame, encoding: str) -> pd.DataFrame:
     cols = [c for c in CHEXPERT_14 if c in df.columns]
     vals = df[cols].apply(pd.to_numeric, errors="coerce")
@@ -542,7 +536,9 @@ def _chexbert_recode(df: pd.DataFrame, encoding: str) -> pd.DataFrame:
 
 def read_chexbert_csv(path: str | os.PathLike, # CheXbert output CSV
                       encoding: str = "auto",  # "chexpert" (1/0/-1/blank), "classes" (0-3) or "auto"
-                      ids=None, id_column: str | None = None, source: str = "chexbert"
+                      ids=None,                # one text id per row (default: row numbers)
+                      id_column: str | None = None, # or a column of the CSV holding the ids
+                      source: str = "chexbert" # the `source` column of the result
                      ) -> pd.DataFrame:
     "A CheXbert-style CSV as a long `labels` table (states in the CheXpert encoding, `text` added)."
     return _read_labeled_csv(path, ("Report Impression", "Reports", "report", "text"), source, ids, id_column,
@@ -557,8 +553,6 @@ def to_binary(states,                      # raw states: 1, 0, -1 or NaN (any ar
     return ((v == 1) | ((v == -1) & uncertain_positive)).astype(np.int8)
 
 # %% ../nbs/06_labels.ipynb #751dd92d
-MATCH_STATUSES = ("matched", "no reference", "not mapped", "duplicate reference", "duplicate prediction")
-
 def _wide_of(labels, what: str) -> tuple[pd.DataFrame, set]:
     "Wide raw states indexed by str ids, and the ids that occur more than once."
     df = as_pandas(labels, what)
@@ -606,25 +600,6 @@ def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | Non
         out.append((p, r, st))
     return out
 
-# %% ../nbs/06_labels.ipynb #bc1b4367
-def _macro(T, which: int):
-    T = np.asarray(T, dtype=float); X = T.reshape(T.shape[:-1] + (T.shape[-1] // 3, 3))
-    den = X[..., 0] + X[..., which]
-    v = np.where(den > 0, X[..., 0] / np.where(den > 0, den, 1), 0.0)
-    acc = v[..., 0]
-    for c in range(1, v.shape[-1]): acc = acc + v[..., c]
-    return acc / v.shape[-1]
-
-def macro_precision(T):
-    "Mean per-label precision of summed `[tp_c, fp_c, fn_c]` triples (0 for a label with no predicted positive)."
-    return _macro(T, 1)
-
-def macro_recall(T):
-    "Mean per-label recall of summed `[tp_c, fp_c, fn_c]` triples (0 for a label with no reference positive)."
-    return _macro(T, 2)
-
-SCORES = ("micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1")
-
 # %% ../nbs/06_labels.ipynb #867356b4
 @dataclass(frozen=True, eq=False)
 class LabelAlignment:
@@ -637,7 +612,8 @@ class LabelAlignment:
     @property
     def systems(self) -> tuple: return tuple(pd.unique(self.matching["system"]))
 
-    def per_label(self, labels: Sequence[str] | None = None) -> pd.DataFrame:
+    def per_label(self, labels: Sequence[str] | None = None # only these aligned labels (default: all)
+                 ) -> pd.DataFrame:
         "Per system and label: `tp, fp, fn, tn, ref_positive, pred_positive, precision, recall, f1`."
         c = self._counts(labels)
         g = c.groupby(["system", "label"], sort=False)[["tp", "fp", "fn", "tn"]].sum().reset_index()
@@ -647,6 +623,16 @@ class LabelAlignment:
             g["recall"] = g.tp / g.ref_positive.where(g.ref_positive > 0)
             g["f1"] = 2 * g.tp / (2 * g.tp + g.fp + g.fn).where(2 * g.tp + g.fp + g.fn > 0)
         return g
+
+    def to_frame(self) -> pd.DataFrame:
+        "The tidy per-label table (`per_label()`)."
+        return self.per_label()
+
+    def plot(self, title: str = "Per-label TP, FP and FN", # chart title
+             columns: int = 3                               # systems per row of panels
+            ):
+        "The per-label TP/FP/FN chart of this alignment (`plot_label_counts`, below)."
+        return plot_label_counts(self, title, columns)
 
     def _counts(self, labels) -> pd.DataFrame:
         labels = self.labels if labels is None else _check_labels(labels)
@@ -663,8 +649,12 @@ def _cases(self: LabelAlignment, systems: Sequence) -> list:
     return [r for r in self.reference_ids if r in common]
 
 @patch
-def case_stats(self: LabelAlignment, system, labels: Sequence[str] | None = None, cases: Sequence | None = None,
-               kind: str = "micro") -> np.ndarray:
+def case_stats(self: LabelAlignment,
+               system,                              # one of `systems`
+               labels: Sequence[str] | None = None, # only these aligned labels (default: all)
+               cases: Sequence | None = None,       # reference ids, in order (default: the system's matched cases)
+               kind: str = "micro"                  # "micro" (summed over labels) or "macro" (per label)
+              ) -> np.ndarray:
     "Per-case sufficient statistics of `system`: `micro_stats` (summed over labels) or `macro_stats` (per label)."
     c = self._counts(labels); c = c[c.system == str(system)]
     labs = list(self.labels if labels is None else labels)
@@ -676,58 +666,9 @@ def case_stats(self: LabelAlignment, system, labels: Sequence[str] | None = None
     if kind == "macro": return macro_stats(M["tp"], M["fp"], M["fn"])
     raise ValueError(f"kind must be 'micro' or 'macro', got {kind!r}")
 
-# %% ../nbs/06_labels.ipynb #1e53c18b
-_VALUE = {"macro_precision": macro_precision, "macro_recall": macro_recall}
-
-def _clusters_for(cases, clusters):
-    if clusters is None: return None
-    m = clusters if isinstance(clusters, Mapping) else dict(pd.Series(clusters).items())
-    m = {str(k): v for k, v in m.items()}
-    missing = [c for c in cases if c not in m]
-    if missing: raise InputError(f"clusters: no cluster for reference id {missing[0]!r}")
-    return [m[c] for c in cases]
-
-@patch
-def summary(self: LabelAlignment, reps: int = 1000, seed: int = 0, labels: Sequence[str] | None = None,
-            clusters=None, size: float = 0.95) -> pd.DataFrame:
-    "Per system: micro and macro precision, recall and F1 with bootstrap percentile intervals."
-    rows = []
-    for s in self.systems:
-        cases = self._cases([s])
-        if not cases: continue
-        Smi, Sma = self.case_stats(s, labels, cases, "micro"), self.case_stats(s, labels, cases, "macro")
-        spec = {m: ({s: Smi if m.startswith("micro") else Sma}, _VALUE.get(m, m)) for m in SCORES}
-        res = bootstrap_metrics(spec, reps, seed, _clusters_for(cases, clusters), size=size)
-        for m in SCORES:
-            f = res[m].systems_frame()
-            rows.append({"system": s, "metric": m, "estimate": f.estimate[0], "ci_low": f.ci_low[0], "ci_high": f.ci_high[0],
-                         "n_cases": len(cases), "n_labels": len(labels or self.labels), "reps": reps})
-    return pd.DataFrame(rows)
-
-@patch
-def compare(self: LabelAlignment, metric: str = "micro_f1", baseline=None, pairs: Sequence | None = None,
-            reps: int = 1000, seed: int = 0, labels: Sequence[str] | None = None, clusters=None,
-            systems: Sequence | None = None) -> PairedResult:
-    "Paired bootstrap of one score between systems, on the cases all of them have (effects are first − second)."
-    systems = list(systems or self.systems)
-    cases = self._cases(systems)
-    if not cases: raise InputError(f"alignment: systems {systems} share no matched case")
-    kind = "micro" if metric.startswith("micro") else "macro"
-    S = {s: self.case_stats(s, labels, cases, kind) for s in systems}
-    return paired_bootstrap(S, _VALUE.get(metric, metric), reps, seed, _clusters_for(cases, clusters), baseline, pairs)
-
-@patch
-def matching_summary(self: LabelAlignment) -> pd.DataFrame:
-    "Per system: predicted cases by matching status."
-    t = self.matching.groupby(["system", "status"], sort=False).size().unstack(fill_value=0)
-    return t.reindex(columns=[s for s in MATCH_STATUSES if s in t.columns or s == "matched"], fill_value=0).reset_index()
-
-@patch
-def _repr_markdown_(self: LabelAlignment) -> str:
-    return (f"**LabelAlignment**: {len(self.systems)} system(s), {len(self.labels)} labels, "
-            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted cases matched")
-
 # %% ../nbs/06_labels.ipynb #498bf095
+MATCH_STATUSES = ("matched", "no reference", "not mapped", "duplicate reference", "duplicate prediction")
+
 def _counts_rows(system: str, matched: list, ref: pd.DataFrame, pred: pd.DataFrame, labels, unc: bool) -> pd.DataFrame:
     pids = [p for p, _, _ in matched]; rids = [r for _, r, _ in matched]
     R = ref.loc[rids, list(labels)].to_numpy(float) if rids else np.empty((0, len(labels)))
@@ -767,8 +708,82 @@ def _check_labels(labels) -> tuple:
     if bad or not labels: raise InputError(f"labels: {', '.join(map(repr, bad)) or 'none given'}; use names of CHEXPERT_14")
     return labels
 
+# %% ../nbs/06_labels.ipynb #98e8ad66
+SCORES = ("micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1")
+
+@patch
+def _case_clusters(self: LabelAlignment, cases: Sequence, clusters) -> list | None:
+    "One cluster label per case, from a mapping reference id -> cluster or labels aligned with `reference_ids`."
+    if clusters is None: return None
+    if isinstance(clusters, Mapping): clusters = {str(k): v for k, v in clusters.items()}
+    elif isinstance(clusters, pd.Series): clusters = pd.Series(clusters.to_numpy(), index=clusters.index.map(str))
+    ids = pd.DataFrame({"reference_id": list(self.reference_ids)})
+    found = dict(zip(ids.reference_id, resolve_clusters(clusters, ids, key="reference_id")))
+    missing = [c for c in cases if is_missing(found.get(c))]
+    if missing: raise InputError(f"clusters: no cluster for reference id {missing[0]!r}")
+    return [found[c] for c in cases]
+
+@patch
+def summary(self: LabelAlignment,
+            reps: int = 1000,                     # bootstrap resamples
+            seed: int = DEFAULT_SEED,             # random seed of the resamples
+            labels: Sequence[str] | None = None,  # only these aligned labels (default: all)
+            clusters=None,                        # reference id -> cluster (mapping), or one label per `reference_ids`
+            size: float = 0.95                    # interval coverage
+           ) -> pd.DataFrame:
+    "Per system: micro and macro precision, recall and F1 (`SCORES`) with bootstrap percentile intervals."
+    rows = []
+    for s in self.systems:
+        cases = self._cases([s])
+        if not cases: continue
+        Smi, Sma = self.case_stats(s, labels, cases, "micro"), self.case_stats(s, labels, cases, "macro")
+        spec = {m: ({s: Smi if m.startswith("micro") else Sma}, m) for m in SCORES}
+        res = bootstrap_metrics(spec, reps, seed, self._case_clusters(cases, clusters), size=size)
+        for m in SCORES:
+            f = res[m].systems_frame()
+            rows.append({"system": s, "metric": m, "estimate": f.estimate[0], "ci_low": f.ci_low[0], "ci_high": f.ci_high[0],
+                         "n_cases": len(cases), "n_labels": len(labels or self.labels), "reps": reps})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/06_labels.ipynb #da0c9677
+@patch
+def compare(self: LabelAlignment,
+            metric: str = "micro_f1",             # one of `SCORES`
+            baseline=None,                        # compare every system with this one
+            pairs: Sequence | None = None,        # explicit (first, second) pairs instead
+            reps: int = 1000,                     # bootstrap resamples
+            seed: int = DEFAULT_SEED,             # random seed of the resamples
+            labels: Sequence[str] | None = None,  # only these aligned labels (default: all)
+            clusters=None,                        # as for `summary`
+            systems: Sequence | None = None,      # the systems compared (default: all)
+            size: float = 0.95                    # interval coverage (and 1 - alpha of `significant`)
+           ) -> PairedResult:
+    "Paired bootstrap of one score between systems, on the cases all of them have (effects are first − second; Holm within the result)."
+    if metric not in SCORES: raise ValueError(f"metric must be one of {SCORES}, got {metric!r}")
+    systems = list(systems or self.systems)
+    cases = self._cases(systems)
+    if not cases: raise InputError(f"alignment: systems {systems} share no matched case")
+    kind = "micro" if metric.startswith("micro") else "macro"
+    S = {s: self.case_stats(s, labels, cases, kind) for s in systems}
+    res = paired_bootstrap(S, metric, reps, seed, self._case_clusters(cases, clusters), baseline, pairs, size=size)
+    check_reps(reps, len(res.pairs), 1 - size, f"compare ({metric})")   # warns when no comparison can reach significance
+    return res
+
+# %% ../nbs/06_labels.ipynb #23afac00
+@patch
+def matching_summary(self: LabelAlignment) -> pd.DataFrame:
+    "Per system: predicted cases by matching status."
+    t = self.matching.groupby(["system", "status"], sort=False).size().unstack(fill_value=0)
+    return t.reindex(columns=[s for s in MATCH_STATUSES if s in t.columns or s == "matched"], fill_value=0).reset_index()
+
+@patch
+def _repr_markdown_(self: LabelAlignment) -> str:
+    return (f"**LabelAlignment**: {len(self.systems)} system(s), {len(self.labels)} labels, "
+            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted cases matched")
+
 # %% ../nbs/06_labels.ipynb #f8e55fed
-def normalize_evidence(text) -> str:
+def normalize_evidence(text # an evidence phrase or sentence
+                      ) -> str:
     "Evidence text for counting: lower case, `XXXX`/`___` to `xxxx`, digits to `#`, no punctuation, single spaces."
     if not isinstance(text, str): return ""
     t = re.sub(r"\bx{2,}\b|_{2,}", " xxxx ", text.lower())
@@ -792,7 +807,7 @@ def _texts_map(texts, labels: pd.DataFrame) -> dict:
 def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str | None]:
     "(sentence, phrase) where `text` most likely triggered `label`: a phrase of it, else a cue of it."
     if input_flag(text): return None, None
-    sents = split_sentences(text, splitter=regex_splitter)
+    sents = split_sentences(text, splitter=regex_splitter)   # the fast splitter of `reports`
     for s in sents:
         m = next((m for m in labeler.sentence_mentions(s) if m.label == label), None)
         if m: return s, m.phrase
@@ -839,31 +854,6 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
     df["row_sha256"] = [_row_hash(r) for r in df.to_dict("records")]
     return df
 
-# %% ../nbs/06_labels.ipynb #13ef4ca7
-@dataclass(frozen=True, eq=False)
-class LabelTrace:
-    rows: pd.DataFrame       # one row per labeled (text, label): evidence, normalized evidence, flags, hashes
-    phrases: pd.DataFrame    # evidence counts per group, label, state and evidence
-    flags: pd.DataFrame      # per group and label: positives, top evidence and share, dominated, normal wording, with_term
-    by: str                  # "sentence" or "phrase": what `phrases` counts
-    dominance: float
-    min_positives: int
-
-    def to_frame(self) -> pd.DataFrame: return self.flags
-
-    def flagged(self) -> pd.DataFrame:
-        "Only the labels with a flag."
-        return self.flags[self.flags["dominated"] | (self.flags["normal_wording_positives"] > 0)]
-
-    def _repr_markdown_(self):
-        f = self.flagged()
-        head = f"**LabelTrace**: {len(self.rows)} labeled rows, {len(f)} flagged label(s)"
-        return head + ("\n\n" + md_table(f[self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term"]])
-                       if len(f) else "")
-
-    @property
-    def _group(self) -> list: return [c for c in ("source", "system") if c in self.rows.columns]
-
 # %% ../nbs/06_labels.ipynb #b5aeaf18
 def _phrase_counts(rows: pd.DataFrame, group: list, key: str) -> pd.DataFrame:
     g = rows.groupby(group + ["label", "state", key], sort=False, dropna=False)
@@ -887,6 +877,44 @@ def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominanc
     f["verdict"] = [", ".join(v for v, on in (("dominated by one sentence", d), ("positives from normal wording", nw > 0)) if on) or "-"
                     for d, nw in zip(f["dominated"], f["normal_wording_positives"])]
     return f
+
+# %% ../nbs/06_labels.ipynb #13ef4ca7
+@dataclass(frozen=True, eq=False)
+class LabelTrace:
+    rows: pd.DataFrame       # one row per labeled (text, label): evidence, normalized evidence, flags, hashes
+    phrases: pd.DataFrame    # evidence counts per group, label, state and evidence
+    flags: pd.DataFrame      # per group and label: positives, top evidence and share, dominated, normal wording, with_term
+    by: str                  # "sentence" or "phrase": what `phrases` counts
+    dominance: float
+    min_positives: int
+
+    def to_frame(self) -> pd.DataFrame: return self.flags
+
+    def flagged(self) -> pd.DataFrame:
+        "Only the labels with a flag."
+        return self.flags[self.flags["dominated"] | (self.flags["normal_wording_positives"] > 0)]
+
+    def summary(self) -> pd.DataFrame:
+        "The flagged labels: group, label, positives, top evidence and share, normal-wording positives, `with_term`, verdict."
+        cols = self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term", "verdict"]
+        return self.flagged()[cols].reset_index(drop=True)
+
+    def plot(self, label: str = "Cardiomegaly",      # the label whose evidence is drawn
+             state: float = 1.0,                   # its state
+             top: int = 6,                         # evidence rows per group
+             title: str | None = None,             # chart title
+             systems: Sequence[str] | None = None  # only these systems (default: all)
+            ):
+        "The evidence chart of one label (`plot_trigger_phrases`, below)."
+        return plot_trigger_phrases(self, label, state, top, title, systems)
+
+    def _repr_markdown_(self):
+        f = self.summary()
+        head = f"**LabelTrace**: {len(self.rows)} labeled rows, {len(f)} flagged label(s)"
+        return head + ("\n\n" + md_table(f.drop(columns="verdict")) if len(f) else "")
+
+    @property
+    def _group(self) -> list: return [c for c in ("source", "system") if c in self.rows.columns]
 
 # %% ../nbs/06_labels.ipynb #3d3b3ca9
 def trace_label_triggers(labels,                    # a long labels table (any labeler; a `system` column is kept as a group)
@@ -965,7 +993,9 @@ def probe_labeler(labeler: Callable,          # texts -> labels (long or wide), 
     pr["trigger"] = (pr["expected"] == 0) & (pr["got"] == 1)
     return pr
 
-def probe_summary(probes: pd.DataFrame) -> pd.DataFrame:
+# %% ../nbs/06_labels.ipynb #f74df3a4
+def probe_summary(probes: pd.DataFrame # from `probe_labeler`
+                 ) -> pd.DataFrame:
     "Per label: probes, correct, and normal wordings read as positive (`triggers`)."
     g = probes.groupby("label", sort=False)
     return pd.DataFrame({"probes": g.size(), "correct": g["ok"].sum().astype(int), "triggers": g["trigger"].sum().astype(int)}).reset_index()
@@ -974,17 +1004,21 @@ def probe_summary(probes: pd.DataFrame) -> pd.DataFrame:
 CARDIAC_PHRASES = ("cardiomegaly", "cardiac enlargement", "enlarged heart", "heart size", "heart", "cardiac silhouette",
                    "cardiac size", "cardiac contour", "cardiac shadow")
 
-def naive_cardiac_labeler(source: str = "naive-mention") -> Labeler:
+def naive_cardiac_labeler(source: str = "naive-mention" # the `source` column of its labels
+                         ) -> Labeler:
     "Our labeler with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as positive."
     return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [], "normal": []}}},
                    source=source)
 
 # %% ../nbs/06_labels.ipynb #3b03122e
-def exclusion_sensitivity(alignment: LabelAlignment,
+def exclusion_sensitivity(alignment: LabelAlignment,                   # from `align_labels`
                           exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped in the second row
                           compare: Sequence | None = None,            # (system_a, system_b); default: the first two systems
-                          metric: str = "micro_f1",
-                          reps: int = 1000, seed: int = 0, clusters=None, size: float = 0.95
+                          metric: str = "micro_f1",                   # one of `SCORES`
+                          reps: int = 1000,                           # bootstrap resamples (0: no intervals)
+                          seed: int = DEFAULT_SEED,                   # random seed of the resamples
+                          clusters=None,                              # as for `LabelAlignment.summary`
+                          size: float = 0.95                          # interval coverage
                          ) -> pd.DataFrame:
     "The score of two systems and their difference, with all labels and without `exclude`; `sign_flip` on the second row."
     a, b = compare or alignment.systems[:2]
@@ -992,7 +1026,9 @@ def exclusion_sensitivity(alignment: LabelAlignment,
     if len(kept) == len(alignment.labels): raise InputError(f"exclusion_sensitivity: none of {list(exclude)} is among the aligned labels")
     rows = []
     for scope, labs in ((f"all {len(alignment.labels)} labels", list(alignment.labels)), ("without " + ", ".join(exclude), kept)):
-        r = alignment.compare(metric, pairs=[(a, b)], reps=max(int(reps), 1), seed=seed, labels=labs, clusters=clusters, systems=[a, b])
+        with warnings.catch_warnings():      # a descriptive check outside any Holm family: no warning about significance
+            warnings.simplefilter("ignore", UnderpoweredWarning)
+            r = alignment.compare(metric, pairs=[(a, b)], reps=max(int(reps), 1), seed=seed, labels=labs, clusters=clusters, systems=[a, b])
         f = r.to_frame(size=size).iloc[0]
         rows.append({"scope": scope, "n_labels": len(labs), "system_a": a, "system_b": b, "value_a": r.estimates[0],
                      "value_b": r.estimates[1], "difference": f.estimate, "ci_low": f.ci_low if reps else np.nan,
@@ -1005,7 +1041,7 @@ def exclusion_sensitivity(alignment: LabelAlignment,
 _COUNT_COLORS = {"TP": "#009E73", "FP": "#D55E00", "FN": "#0072B2"}
 
 def plot_label_counts(per_label,                 # `LabelAlignment` or its `per_label()` table
-                      title: str = "Per-label TP, FP and FN",
+                      title: str = "Per-label TP, FP and FN", # chart title
                       columns: int = 3           # systems per row of panels
                      ):
     "Horizontal bars of TP, FP and FN per label, one panel per system."
@@ -1020,19 +1056,23 @@ def plot_label_counts(per_label,                 # `LabelAlignment` or its `per_
         tooltip=["system", "label", "count", "n"]).properties(width=200, height=alt.Step(5)).facet(
         facet=alt.Facet("system:N", title=None, sort=list(pd.unique(d["system"]))), columns=columns, title=title)
 
+# %% ../nbs/06_labels.ipynb #560ff722
 def plot_trigger_phrases(trace: LabelTrace,      # from `trace_label_triggers`
-                         label: str = "Cardiomegaly",
-                         state: float = 1.0,
+                         label: str = "Cardiomegaly", # the label whose evidence is drawn
+                         state: float = 1.0,     # its state (1 positive, 0 negative, -1 uncertain)
                          top: int = 6,           # evidence rows per group
-                         title: str | None = None):
+                         title: str | None = None, # chart title (default: says which label and state)
+                         systems: Sequence[str] | None = None # only these systems (default: all)
+                        ):
     "Bars of the most frequent evidence behind one label's `state`, per source/system, normal wording highlighted."
     alt = enable_theme(svg=False)
     g = [c for c in ("source", "system") if c in trace.phrases.columns]
     p = trace.phrases[(trace.phrases["label"] == label) & (trace.phrases["state"] == state)].copy()
+    if systems is not None and "system" in p.columns: p = p[p["system"].isin(list(systems))]
     p = p.groupby(g, sort=False, group_keys=False).head(top)
     p["group"] = [" / ".join(map(str, r)) for r in p[g].itertuples(index=False)] if g else "all"
     p["wording"] = np.where(p["normal_wording"], "normal wording", "other")
-    p["evidence"] = p["evidence"].fillna("(none)").str.slice(0, 60)
+    p["evidence"] = p["evidence"].astype(object).fillna("(none)").astype(str).str.slice(0, 60)  # str even when empty
     return alt.Chart(p).mark_bar().encode(
         y=alt.Y("evidence:N", sort="-x", title=None, axis=alt.Axis(labelLimit=360)), x=alt.X("count:Q", title=f"{label} = {state:g}: reports"),
         color=alt.Color("wording:N", scale=alt.Scale(domain=["normal wording", "other"], range=["#D55E00", "#0072B2"]), title=None),
@@ -1040,8 +1080,82 @@ def plot_trigger_phrases(trace: LabelTrace,      # from `trace_label_triggers`
         row=alt.Row("group:N", title=None, header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start", labelFontWeight="bold")),
         title=title or f"Evidence behind {label} = {state:g}").resolve_scale(y="independent")
 
+# %% ../nbs/06_labels.ipynb #ff77fc44
+@dataclass(frozen=True, eq=False)
+class TraceAudit:
+    labels: pd.DataFrame       # the labeler's output, long (raw states; `text` as the labeler saw it)
+    provenance: pd.DataFrame   # per text id: both sha256 hashes and `identical`, `whitespace only`, `different` or `missing`
+    trace: LabelTrace          # which evidence drives each label (`trace_label_triggers`)
+
+    def to_frame(self) -> pd.DataFrame:
+        "Per group and label: positives, top evidence and share, flags (the trace's `flags`)."
+        return self.trace.flags
+
+    def summary(self) -> pd.DataFrame:
+        "The flagged labels (`LabelTrace.summary`)."
+        return self.trace.summary()
+
+    def _top_label(self) -> str | None:
+        f = self.trace.flagged().sort_values("positives", ascending=False, kind="stable")
+        return f.label.iloc[0] if len(f) else None
+
+    def plot(self, label: str | None = None, # the label drawn (default: the flagged label with most positives, else Cardiomegaly)
+             top: int = 6,                   # evidence rows per group
+             title: str | None = None        # chart title
+            ):
+        "The evidence behind one label's positives (`plot_trigger_phrases`)."
+        return plot_trigger_phrases(self.trace, label or self._top_label() or "Cardiomegaly", 1.0, top, title)
+
+    def headline(self) -> str:
+        "One sentence: texts, provenance counts and the flagged labels."
+        counts = self.provenance.status.value_counts()
+        flags = "; ".join(f"{r.label}: {r.verdict} ({r.normal_wording_positives} of {r.positives} positives from normal wording; "
+                          f"top: '{r.top_evidence}')" for r in self.trace.flagged().itertuples()) or "none"
+        return (f"{self.labels.text_id.nunique()} texts; provenance: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                + f"; flagged: {flags}")
+
+    def save(self, out_dir: str | os.PathLike,  # folder for the tables, the chart and manifest.json
+             inputs: Mapping | None = None      # name -> input file or table, recorded (hashed) in the manifest
+            ) -> dict[str, Path]:
+        "Write provenance, trace rows, flags and evidence counts, the evidence chart (when a label is flagged) and a manifest."
+        out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+        paths = {"provenance": write_table(self.provenance, out / "provenance.csv"),
+                 "trace_rows": write_table(self.trace.rows, out / "trace_rows.parquet"),
+                 "trace_flags": write_table(self.trace.flags, out / "trace_flags.csv"),
+                 "trace_phrases": write_table(self.trace.phrases, out / "trace_phrases.csv")}
+        if self._top_label(): paths["chart"] = save_chart(self.plot(), out / "trigger_phrases.svg")
+        write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="trace_audit",
+                       params={"dominance": self.trace.dominance, "min_positives": self.trace.min_positives, "by": self.trace.by})
+        return {**paths, "manifest": out / "manifest.json"}
+
+    def _repr_markdown_(self): return self.headline() + ("\n\n" + md_table(self.summary()) if len(self.summary()) else "")
+
+# %% ../nbs/06_labels.ipynb #50c597a8
+def _labels_from_csv(path, texts: dict, id_column: str | None) -> pd.DataFrame:
+    "The official labeler's CSV as labels: its rows are the texts in order, unless it has an id column."
+    if id_column: return read_chexpert_csv(path, id_column=id_column)
+    n = len(read_table(path))
+    if n != len(texts): raise InputError(f"{path}: {n} rows but {len(texts)} texts were given; pass id_column")
+    return read_chexpert_csv(path, ids=list(texts))
+
+def trace_audit(labels,                         # a long labels table with `text` (e.g. `read_chexpert_csv`), or the official labeler's CSV
+                texts,                          # the texts as the system wrote them: {id: text}, a Series, or a table with an id and a text column
+                id_column: str | None = None,   # with a CSV: its id column (default: its rows are the texts, in order)
+                dominance: float = 0.5,         # share of one evidence that makes a label "dominated"...
+                min_positives: int = 10,        # ...when it has at least this many positives
+                by: str = "sentence",           # count normalized evidence "sentence"s or matched "phrase"s
+                labeler: Labeler | None = None  # whose phrase bank finds evidence and normal wording (default: the packaged one)
+               ) -> TraceAudit:
+    "Check that a labeler saw the texts the system wrote, and trace which evidence drives each of its labels."
+    tmap = _texts_map(texts, pd.DataFrame())
+    if isinstance(labels, (str, os.PathLike)): lab = _labels_from_csv(labels, tmap, id_column)
+    else: lab = require_columns(labels, ["text_id", "label", "state"], "labels")
+    tr = trace_label_triggers(lab, dominance=dominance, min_positives=min_positives, by=by, labeler=labeler)
+    return TraceAudit(lab, check_text_provenance(lab, tmap), tr)
+
 # %% ../nbs/06_labels.ipynb #ddcfa49e
-def reference_texts(studies) -> pd.Series:
+def reference_texts(studies # a `studies` table: study_id and findings/impression or text
+                   ) -> pd.Series:
     "Per `study_id`: findings and impression joined, or the de-headered text when both are empty."
     s = require_columns(studies, ["study_id"], "studies")
     parts = [s[c].fillna("").astype(str) if c in s.columns else pd.Series("", index=s.index) for c in ("findings", "impression")]
@@ -1052,26 +1166,34 @@ def reference_texts(studies) -> pd.Series:
         joined[blank] = [extract_section(t, "both") if isinstance(t, str) else t for t in s.loc[blank, "text"]]
     return pd.Series(joined.values, index=s["study_id"].map(str).values, name="text")
 
-def run_names(generations) -> pd.Series:
-    "`system`, or `system/policy` for systems with several policies, per row."
+# %% ../nbs/06_labels.ipynb #8875f876
+def run_names(generations # a `generations` table (system, and policy when there is one)
+             ) -> pd.Series:
+    "Per row: the `system`, or its `system+policy` configuration label when the system has several policies."
     g = require_columns(generations, ["system"], "generations")
     pol = g["policy"].astype(str) if "policy" in g.columns else pd.Series("default", index=g.index)
-    multi = pol.groupby(g["system"]).transform("nunique") > 1
-    return pd.Series(np.where(multi, g["system"].astype(str) + "/" + pol, g["system"].astype(str)), index=g.index)
+    multi = (pol.groupby(g["system"]).transform("nunique") > 1).to_numpy()
+    names = config_label(g["system"].astype(str), pol.where(multi, None))
+    return pd.Series(names.to_numpy(), index=g.index)
 
-def label_generations(generations, labeler: Labeler | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "(labels with `system`, case map `sample_id -> study_id`) for a generations table."
+# %% ../nbs/06_labels.ipynb #751405a7
+def label_generations(generations,                  # a `generations` table
+                      labeler: Labeler | None = None # default: the packaged `Labeler`
+                     ) -> pd.DataFrame:
+    "The long labels table of the generated reports, with `system` (see `run_names`) and `study_id`."
     g = to_generations(generations)
     lab = label_reports(pd.Series(g["hypothesis"].values, index=g["sample_id"].values), labeler=labeler)
     lab["system"] = np.repeat(run_names(g).values, len(CHEXPERT_14))
-    return lab, g[["sample_id", "study_id"]]
+    lab["study_id"] = np.repeat(g["study_id"].astype(str).values, len(CHEXPERT_14))
+    return lab
 
 # %% ../nbs/06_labels.ipynb #c9494ff7
 _STATUS_STATE = {"present": 1.0, "uncertain": -1.0, "absent": 0.0}
 
 def findings_to_labels(findings,                 # study_id, observation (CheXpert names), status present/uncertain/absent
                        study_ids=None,           # studies to include (default: those in `findings`)
-                       source: str = "ground truth") -> pd.DataFrame:
+                       source: str = "ground truth" # the `source` column of the result
+                      ) -> pd.DataFrame:
     "Ground-truth findings as a long labels table (unlisted observations blank)."
     f = require_columns(findings, ["study_id", "observation", "status"], "findings")
     bad = ~f["status"].isin(list(_STATUS_STATE)) | ~f["observation"].isin(CHEXPERT_14)
@@ -1084,117 +1206,186 @@ def findings_to_labels(findings,                 # study_id, observation (CheXpe
         if sid in w.index: w.at[sid, obs] = _STATUS_STATE[st]
     return from_wide(w, source=source)
 
-# %% ../nbs/06_labels.ipynb #9de12402
-def _labels_arg(v) -> tuple:
-    if v in (None, "14", 14, "CHEXPERT_14"): return CHEXPERT_14
-    if v in ("5", 5, "CHEXPERT_5"): return CHEXPERT_5
-    return _check_labels(v.split(",") if isinstance(v, str) else v)
+# %% ../nbs/06_labels.ipynb #158cb253
+_AGAINST = {"reference": "reference-report labels", "truth": "ground truth"}
+_PLOTS = ("counts", "triggers")
+_EXCLUSION_COLUMNS = ["scope", "n_labels", "system_a", "system_b", "value_a", "value_b", "difference", "ci_low", "ci_high", "p",
+                      "sign_flip", "metric", "labeler"]
 
-def _f1_text(summary: pd.DataFrame) -> str:
-    s = summary[summary.metric == "micro_f1"]
-    return "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in s.itertuples())
+@dataclass(frozen=True, eq=False)
+class LabelAudit:
+    reference_labels: pd.DataFrame      # labels of the reference texts (long, with evidence)
+    generated_labels: pd.DataFrame      # labels of the generated reports (long; `system` is the run, `study_id` the case)
+    alignment: LabelAlignment           # generated labels against the reference-report labels
+    truth: LabelAlignment | None        # generated labels against the ground truth (None without `findings`)
+    trace: LabelTrace                   # which evidence drives each label of the generated reports
+    probes: pd.DataFrame                # the labeler on the controlled probe sentences (`probe_labeler`)
+    pair: tuple | None                  # the two runs of the exclusion sensitivity (None: fewer than two runs)
+    exclude: tuple                      # labels dropped by the exclusion sensitivity
+    reps: int                           # bootstrap resamples of every interval
+    seed: int                           # random seed of the resamples
+    size: float = 0.95                  # interval coverage
+    clusters: dict | None = None        # study id -> cluster, used by every interval (None: cases are resampled)
+    labeler: str = "cxr_audit"          # the `source` of the labeler that produced the labels
+    contrast: LabelAudit | None = None  # the same audit under a contrast labeler (e.g. the naive one)
 
-def cli_labels(args: Mapping) -> str:
-    "`cxr-audit labels`: label references and predictions, align on study_id, trace, and write the tables to `args['out']`."
-    refs = to_studies(read_table(args["references"]), what=str(args["references"]), dataset="references")
-    gens = to_generations(read_table(args["predictions"]), what=str(args["predictions"]))
-    labels, reps, seed = _labels_arg(args.get("labels")), int(args.get("reps", 1000)), int(args.get("seed", 0))
-    ref_lab = label_reports(reference_texts(refs))
-    gen_lab, cmap = label_generations(gens)
-    al = align_labels(ref_lab, gen_lab, labels, bool(args.get("uncertain_positive", False)), case_map=cmap)
-    tr, sm = trace_label_triggers(gen_lab, texts=dict(zip(gens.sample_id, gens.hypothesis))), al.summary(reps=reps, seed=seed)
-    out = Path(args["out"]); out.mkdir(parents=True, exist_ok=True)
-    paths = {"reference_labels": write_table(ref_lab, out / "reference_labels.parquet"),
-             "prediction_labels": write_table(gen_lab, out / "prediction_labels.parquet"),
-             "alignment_counts": write_table(al.counts, out / "alignment_counts.parquet"),
-             "matching": write_table(al.matching, out / "matching.csv"), "per_label": write_table(al.per_label(), out / "per_label.csv"),
-             "summary": write_table(sm, out / "summary.csv"), "trace_flags": write_table(tr.flags, out / "trace_flags.csv"),
-             "trace_phrases": write_table(tr.phrases, out / "trace_phrases.csv"), "chart": save_chart(plot_label_counts(al), out / "per_label.svg")}
-    write_manifest(out / "manifest.json", inputs={"references": args["references"], "predictions": args["predictions"]}, outputs=paths,
-                   params={"labels": len(labels), "uncertain_positive": al.uncertain_positive, "reps": reps, "seed": seed})
-    ok = int((al.matching.status == "matched").sum())
-    return (f"labels: {len(refs)} references, {len(gens)} predictions of {len(al.systems)} system(s), {ok}/{len(al.matching)} matched; "
-            f"micro-F1 ({len(labels)} labels): {_f1_text(sm)}; {len(tr.flagged())} flagged label(s); wrote {out}")
+    def _against(self, against: str) -> LabelAlignment:
+        if against not in _AGAINST: raise ValueError(f"against must be one of {list(_AGAINST)}, got {against!r}")
+        if against == "truth" and self.truth is None: raise InputError("label audit: no ground truth (pass findings to label_audit)")
+        return self.alignment if against == "reference" else self.truth
 
-# %% ../nbs/06_labels.ipynb #f4ec4ae3
-def cli_trace(args: Mapping) -> str:
-    "`cxr-audit trace`: provenance check and traceability audit of an official CheXpert labeler CSV."
-    texts = read_table(args["texts"])
-    tmap = _texts_map(texts, pd.DataFrame())
-    idc = args.get("id_column")
-    lab = read_chexpert_csv(args["chexpert_csv"], id_column=idc) if idc else None
-    if lab is None:
-        n = len(read_table(args["chexpert_csv"]))
-        if n != len(tmap): raise InputError(f"{args['chexpert_csv']}: {n} rows but {args['texts']} has {len(tmap)} texts; pass id_column")
-        lab = read_chexpert_csv(args["chexpert_csv"], ids=list(tmap))
-    prov = check_text_provenance(lab, tmap)
-    tr = trace_label_triggers(lab, dominance=float(args.get("dominance", 0.5)), min_positives=int(args.get("min_positives", 10)))
-    if args.get("out"):
-        out = Path(args["out"]); out.mkdir(parents=True, exist_ok=True)
-        paths = {"provenance": write_table(prov, out / "provenance.csv"), "trace_rows": write_table(tr.rows, out / "trace_rows.parquet"),
-                 "trace_flags": write_table(tr.flags, out / "trace_flags.csv"), "trace_phrases": write_table(tr.phrases, out / "trace_phrases.csv")}
-        top = tr.flagged().sort_values("positives", ascending=False)
-        if len(top): paths["chart"] = save_chart(plot_trigger_phrases(tr, label=top.label.iloc[0]), out / "trigger_phrases.svg")
-        write_manifest(out / "manifest.json", inputs={"chexpert_csv": args["chexpert_csv"], "texts": args["texts"]}, outputs=paths,
-                       params={"dominance": tr.dominance, "min_positives": tr.min_positives})
-    counts = prov.status.value_counts()
-    flags = "; ".join(f"{r.label}: {r.verdict} ({r.normal_wording_positives} of {r.positives} positives from normal wording; top: '{r.top_evidence}')"
-                      for r in tr.flagged().itertuples()) or "none"
-    return (f"trace: {lab.text_id.nunique()} texts; provenance: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-            + f"; flagged: {flags}" + (f"; wrote {args['out']}" if args.get("out") else ""))
+    @property
+    def label_sets(self) -> dict:
+        "The label sets scored: all aligned labels, and the CheXbert five when they are a proper subset."
+        labs = tuple(self.alignment.labels)
+        return {str(len(labs)): labs, **({"5": CHEXPERT_5} if set(CHEXPERT_5) < set(labs) else {})}
 
-# %% ../nbs/06_labels.ipynb #82b38ec4
-def _pair(systems: Sequence) -> tuple:
-    "Two runs of one system (two policies) when there are any, else the first two systems."
-    for a in systems:
-        same = [b for b in systems if b != a and "/" in a and b.split("/")[0] == a.split("/")[0]]
+    @cached_property
+    def scores(self) -> pd.DataFrame:
+        "Every score of `SCORES` per reference, label set and system, with intervals (computed on first access)."
+        parts = []
+        for against in [a for a in _AGAINST if a == "reference" or self.truth is not None]:
+            al = self._against(against)
+            for name, labs in self.label_sets.items():
+                sm = al.summary(self.reps, self.seed, None if len(labs) == len(al.labels) else labs, self.clusters, self.size)
+                parts.append(sm.assign(reference=_AGAINST[against], labels=name))
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps"]
+        return pd.concat(parts, ignore_index=True)[cols]
+
+    @cached_property
+    def exclusion(self) -> pd.DataFrame:
+        "Exclusion sensitivity of `pair`: under the contrast labeler first (when there is one), then under this one."
+        if self.pair is None: return pd.DataFrame(columns=_EXCLUSION_COLUMNS)
+        runs = ([self.contrast] if self.contrast is not None else []) + [self]
+        return pd.concat([exclusion_sensitivity(a.alignment, self.exclude, self.pair, reps=self.reps, seed=self.seed,
+                                                clusters=self.clusters, size=self.size).assign(labeler=a.labeler) for a in runs],
+                         ignore_index=True)
+
+    def to_frame(self) -> pd.DataFrame:
+        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps`."
+        return self.scores
+
+    def summary(self, metric: str = "micro_f1" # the score shown (one of `SCORES`)
+               ) -> pd.DataFrame:
+        "The short table: one score per reference, label set and system, with its interval."
+        s = self.scores[self.scores.metric == metric]
+        return s[["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases"]].reset_index(drop=True)
+
+    def compare(self,
+                metric: str = "micro_f1",             # one of `SCORES`
+                against: str = "reference",           # "reference" (report labels) or "truth"
+                baseline=None,                        # compare every run with this one
+                pairs: Sequence | None = None,        # explicit (first, second) pairs instead
+                labels: Sequence[str] | None = None,  # only these labels (default: all aligned)
+                systems: Sequence | None = None       # the runs compared (default: all)
+               ) -> PairedResult:
+        "Paired bootstrap of one score between runs, with the audit's `reps`, `seed`, `clusters` and `size` (Holm within the result)."
+        return self._against(against).compare(metric, baseline, pairs, self.reps, self.seed, labels, self.clusters, systems, self.size)
+
+    def plot(self,
+             kind: str = "counts",                 # "counts": per-label TP/FP/FN; "triggers": the evidence behind one label
+             against: str = "reference",           # counts: against the "reference" labels or the "truth"
+             label: str = "Cardiomegaly",          # triggers: the label whose positives are traced
+             top: int = 6,                         # triggers: evidence rows per run
+             systems: Sequence[str] | None = None, # triggers: only these runs
+             title: str | None = None              # chart title (default: says what is drawn)
+            ):
+        "A figure of the audit: per-label counts, or the evidence behind one label's positives."
+        if kind == "counts":
+            return plot_label_counts(self._against(against), title or f"Per-label TP, FP and FN against {_AGAINST[against]} ({self.labeler} labels)")
+        if kind == "triggers":
+            return plot_trigger_phrases(self.trace, label, 1.0, top, title or f"{self.labeler} labeler: evidence behind {label} = 1", systems)
+        raise ValueError(f"kind must be one of {_PLOTS}, got {kind!r}")
+
+    def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
+
+# %% ../nbs/06_labels.ipynb #977d972e
+def _run_pair(g: pd.DataFrame, names: pd.Series) -> tuple | None:
+    "Two runs of one system (two policies) when there are any, else the first two runs."
+    runs, system = list(pd.unique(names)), dict(zip(names, g["system"].astype(str)))
+    for a in runs:
+        same = [b for b in runs if b != a and system[b] == system[a]]
         if same: return a, same[0]
-    return tuple(systems[:2])
+    return tuple(runs[:2]) if len(runs) >= 2 else None
 
-def _f1_table(al: LabelAlignment, reps: int, seed: int, reference: str) -> pd.DataFrame:
-    parts = [al.summary(reps, seed, labels=labs).query("metric == 'micro_f1'").assign(labels=name)
-             for name, labs in (("14", None), ("5", CHEXPERT_5))]
-    t = pd.concat(parts)
-    return t.assign(reference=reference)[["reference", "labels", "system", "estimate", "ci_low", "ci_high", "n_cases"]]
+def _contrast_labeler(contrast) -> Labeler | None:
+    if contrast is None or isinstance(contrast, Labeler): return contrast
+    if contrast == "naive": return naive_cardiac_labeler()
+    raise ValueError(f"contrast must be None, 'naive' or a Labeler, got {contrast!r}")
 
-def labels_report_blocks(studies, generations, findings=None, reps: int = 200, seed: int = 0,
-                         labeler: Labeler | None = None) -> list:
-    "Blocks of the audit report's label-alignment and traceability section."
-    refs = reference_texts(studies)
-    ref_lab = label_reports(refs, labeler=labeler)
-    gen_lab, cmap = label_generations(generations, labeler)
-    al = align_labels(ref_lab, gen_lab, case_map=cmap)
-    tables = [_f1_table(al, reps, seed, "reference-report labels")]
-    if findings is not None:
-        tables.append(_f1_table(align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab, case_map=cmap), reps, seed, "ground truth"))
-    naive = naive_cardiac_labeler()
-    naive_gen, _ = label_generations(generations, naive)
-    g = to_generations(generations)
-    gtexts = dict(zip(g.sample_id, g.hypothesis))
-    tr_n, tr_o = trace_label_triggers(naive_gen, texts=gtexts), trace_label_triggers(gen_lab, texts=gtexts)
-    pair = _pair(al.systems) if len(al.systems) >= 2 else None   # exclusion sensitivity compares two systems
-    es = None if pair is None else pd.concat([
-        exclusion_sensitivity(align_labels(naive(refs), naive_gen, case_map=cmap), compare=pair, reps=reps, seed=seed).assign(labeler="naive mention"),
-        exclusion_sensitivity(al, compare=pair, reps=reps, seed=seed).assign(labeler="cxr_audit")])
-    bad = int((al.matching.status != "matched").sum())
-    same = (" Scored against the ground truth, every system gets the same counts as against the report labels: the reference "
-            "labels agree with the ground truth on every positive." if len(tables) == 2 and
-            tables[0].drop(columns="reference").reset_index(drop=True).equals(tables[1].drop(columns="reference").reset_index(drop=True)) else "")
-    flag_cols = ["system", "label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term", "verdict"]
-    blocks = [f"CheXpert-14 labels from the offline rule-based labeler (`cxr_audit.labels`) for **{len(refs)}** reference reports "
-              f"(findings and impression) and **{len(gen_lab) // len(CHEXPERT_14)}** generated reports of **{len(al.systems)}** system(s). "
-              f"Only raw state 1 counts as positive. Case matching: {len(al.matching) - bad} matched, {bad} not matched." + same,
-              pd.concat(tables, ignore_index=True), plot_label_counts(al, title="Per-label TP, FP and FN against reference-report labels"),
-              "**Traceability.** A deliberately naive labeler that reads any cardiac phrase as a cardiomegaly mention (the weakness the "
-              "cross-domain audit found in the official labeler) is traced on the same outputs: labels whose positives come mostly from "
-              "one sentence, or from normal wording, are flagged.",
-              tr_n.flagged()[flag_cols] if len(tr_n.flagged()) else "The naive labeler shows no flagged label on these outputs.",
-              f"With the `cxr_audit` labeler, **{int(tr_o.flags.normal_wording_positives.sum())}** positive label(s) come from normal "
-              f"wording and **{len(tr_o.flagged())}** label(s) are flagged.",
-              plot_trigger_phrases(tr_n, top=4, title="Naive labeler: evidence behind Cardiomegaly = 1")
-              if ((tr_n.phrases["label"] == "Cardiomegaly") & (tr_n.phrases["state"] == 1)).any()
-              else "The naive labeler gives no Cardiomegaly positive on these outputs."]
-    if es is None: return blocks + ["Exclusion sensitivity needs two systems; only one was given."]
-    return blocks + [f"**Exclusion sensitivity** of `{pair[0]}` − `{pair[1]}` (micro-F1, 14 labels, then without Cardiomegaly), "
-                     "under each labeler:",
-                     es[["labeler", "scope", "value_a", "value_b", "difference", "ci_low", "ci_high", "sign_flip"]].reset_index(drop=True)]
+def _study_clusters(clusters, studies) -> dict | None:
+    "study id -> cluster, from a column of `studies`, labels aligned with its rows, or a mapping study_id -> cluster."
+    if clusters is None: return None
+    s = require_columns(studies, ["study_id"], "studies")
+    return dict(zip(s["study_id"].map(str), resolve_clusters(clusters, s, key="study_id")))
+
+# %% ../nbs/06_labels.ipynb #66258eff
+def label_audit(studies,                                # `studies`: study_id and findings/impression (or text)
+                generations,                            # `generations`: sample_id, study_id, system, policy, hypothesis
+                findings=None,                          # ground truth (study_id, observation, status), e.g. the demo's
+                reps: int = 1000,                       # bootstrap resamples of every interval
+                seed: int = DEFAULT_SEED,               # random seed of the resamples
+                clusters=None,                          # column of `studies`, labels aligned with its rows, or study_id -> cluster
+                labels: Sequence[str] = CHEXPERT_14,    # the observations aligned and scored
+                uncertain_positive: bool = False,       # count uncertain (-1) as positive
+                labeler: Labeler | None = None,         # the labeler (default: the packaged one)
+                contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": `naive_cardiac_labeler`)
+                pair: Sequence[str] | None = None,      # the two runs of the exclusion sensitivity (default: two policies of one system)
+                exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped by the exclusion sensitivity
+                size: float = 0.95                      # interval coverage
+               ) -> LabelAudit:
+    "Label references and generated reports, align them (and with the ground truth), trace and probe the labeler."
+    lab, g, refs = labeler or default_labeler(), to_generations(generations), reference_texts(studies)
+    ref_lab, gen_lab, cmap = label_reports(refs, labeler=lab), label_generations(g, lab), g[["sample_id", "study_id"]]
+    al = align_labels(ref_lab, gen_lab, labels, uncertain_positive, case_map=cmap)
+    truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab, labels,
+                                                       uncertain_positive, case_map=cmap)
+    if pair is not None and not set(pair) <= set(al.systems): raise InputError(f"pair: {list(pair)} are not both runs of {list(al.systems)}")
+    pair = tuple(pair) if pair is not None else _run_pair(g, run_names(g))
+    other = _contrast_labeler(contrast)
+    kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair, exclude=exclude, size=size)
+    return LabelAudit(ref_lab, gen_lab, al, truth, trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))),
+                      probe_labeler(lab), pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
+                      None if other is None else label_audit(studies, g, labeler=other, **kw))
+
+# %% ../nbs/06_labels.ipynb #60cb87d9
+@patch
+def _exclusion_text(self: LabelAudit) -> str:
+    if self.pair is None or not len(self.exclusion): return ""
+    flips, (a, b), what = [r.labeler for r in self.exclusion.itertuples() if r.sign_flip], self.pair, ", ".join(self.exclude)
+    if not flips: return f"; without {what}, `{a}` − `{b}` keeps its sign under every labeler"
+    return f"; without {what}, `{a}` − `{b}` changes sign under the `{'`, `'.join(flips)}` labels"
+
+@patch
+def headline(self: LabelAudit) -> str:
+    "One markdown sentence: the micro-F1 range, what the trace found, and whether the exclusion flips a sign."
+    s = self.summary().query("reference == 'reference-report labels'")
+    s = s[s["labels"] == next(iter(self.label_sets))]
+    lo, hi, t = s.loc[s.estimate.idxmin()], s.loc[s.estimate.idxmax()], self.trace
+    out = (f"With `{self.labeler}` labels, micro-F1 over {lo['labels']} labels against the reference-report labels runs from "
+           f"{lo.estimate:.3f} (`{lo.system}`) to {hi.estimate:.3f} (`{hi.system}`); the trace finds "
+           f"{int(t.flags.normal_wording_positives.sum())} positive label(s) from normal wording and flags {len(t.flagged())} label(s)")
+    if self.contrast is not None:
+        c = self.contrast.trace
+        out += f" (`{self.contrast.labeler}` labels: {int(c.flags.normal_wording_positives.sum())} and {len(c.flagged())})"
+    return out + self._exclusion_text() + "."
+
+# %% ../nbs/06_labels.ipynb #a31bec61
+@patch
+def save(self: LabelAudit,
+         out_dir: str | os.PathLike,    # folder for the tables, the chart and manifest.json
+         inputs: Mapping | None = None  # name -> input file or table, recorded (hashed) in the manifest
+        ) -> dict[str, Path]:
+    "Write labels, counts, matching, scores, trace, probes (and exclusion) tables, the per-label chart and a manifest."
+    out, al = Path(out_dir), self.alignment
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {"reference_labels.parquet": self.reference_labels, "prediction_labels.parquet": self.generated_labels,
+              "alignment_counts.parquet": al.counts, "matching.csv": al.matching, "per_label.csv": al.per_label(),
+              "summary.csv": self.to_frame(), "trace_flags.csv": self.trace.flags, "trace_phrases.csv": self.trace.phrases,
+              "probes.csv": self.probes, **({"exclusion.csv": self.exclusion} if len(self.exclusion) else {})}
+    paths = {name.split(".")[0]: write_table(t, out / name) for name, t in tables.items()}
+    paths["chart"] = save_chart(self.plot("counts"), out / "per_label.svg")
+    write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="label_audit",
+                   params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "reps": self.reps, "seed": self.seed,
+                           "size": self.size, "clustered": self.clusters is not None, "labeler": self.labeler})
+    return {**paths, "manifest": out / "manifest.json"}

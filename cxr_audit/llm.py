@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import CxrAuditError, InputError, as_pandas, cache_dir, is_missing, optional_import, rng, sha256_text
+from .core import DEFAULT_SEED, CxrAuditError, InputError, as_pandas, cache_dir, is_missing, md_table, optional_import, rng, sha256_text
 
 # %% auto #0
 __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_params', 'as_messages', 'ChatResult', 'LLMError',
@@ -40,8 +40,8 @@ __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_
            'is_retryable', 'schema_json', 'schema_name', 'extract_json', 'parse_structured', 'schema_instructions',
            'with_schema_instructions', 'canonical_json', 'backend_identity', 'request_key', 'is_loopback_url',
            'safe_url', 'check_restricted', 'RuleChat', 'ChatCache', 'cached_chat', 'backoff_delay', 'describe_error',
-           'price_per_1m', 'cost_usd', 'batch_summary', 'format_summary', 'run_batch', 'OpenAIChat', 'LocalEndpoint',
-           'TransformersChat', 'LocalServer', 'local_llama_server', 'cli_llm_cache']
+           'price_per_1m', 'cost_usd', 'batch_summary', 'format_summary', 'BatchRun', 'run_batch', 'OpenAIChat',
+           'LocalEndpoint', 'TransformersChat', 'LocalServer', 'local_llama_server']
 
 # %% ../nbs/08_llm.ipynb #bfa1df1c
 _log = logging.getLogger("cxr_audit.llm")  # request IDs and error types only, never message contents
@@ -116,7 +116,10 @@ class LLMConnectionError(LLMError):
 
 class LLMHTTPError(LLMError):
     "The server answered with an HTTP error status; 408, 409, 429 and 5xx are worth retrying."
-    def __init__(self, status: int, message: str = "", retry_after: float | None = None):
+    def __init__(self, status: int,                     # HTTP status code
+                       message: str = '',               # the server's error text
+                       retry_after: float | None = None # seconds the server asked to wait (Retry-After)
+                ):
         super().__init__(f"HTTP {status}" + (f": {message}" if message else ""))
         self.status, self.retry_after = int(status), retry_after
     @property
@@ -125,14 +128,18 @@ class LLMHTTPError(LLMError):
 class StructuredOutputError(LLMError):
     "The reply could not be parsed into the requested schema; `text` and `usage` keep what came back."
     retryable = True
-    def __init__(self, message: str, text: str | None = None, usage: dict | None = None):
+    def __init__(self, message: str,             # what went wrong
+                       text: str | None = None,  # the reply that did not validate
+                       usage: dict | None = None # token usage of that reply
+                ):
         super().__init__(message)
         self.text, self.usage = text, usage or {}
 
 class RestrictedDataError(CxrAuditError, PermissionError):
     "Restricted data would have been sent to a back end that is not on this machine."
 
-def is_retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException # an exception raised by a back end
+                ) -> bool:
     "Whether a failed call is worth trying again (timeouts, connection errors, 408/409/429/5xx, bad structured output)."
     if isinstance(exc, LLMError): return bool(exc.retryable)
     if isinstance(exc, (TimeoutError, ConnectionError)): return True
@@ -153,14 +160,16 @@ def _model_schema_text(schema) -> str:
     "The JSON schema of a pydantic class as text, computed once per class (batches repeat it thousands of times)."
     return json.dumps(schema.model_json_schema())
 
-def schema_name(schema) -> str:
+def schema_name(schema # a pydantic model class or a JSON-schema dict
+               ) -> str:
     "A short name for `schema` (its class name or JSON-schema title)."
     name = getattr(schema, "__name__", None) or (schema.get("title") if isinstance(schema, Mapping) else None)
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(name or "response"))[:64]
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
 
-def extract_json(text: str) -> str:
+def extract_json(text: str # a model's reply
+                ) -> str:
     "The JSON object inside a reply: the whole text, a fenced block, or the outermost `{...}`."
     t = (text or "").strip()
     m = _FENCE.search(t)
@@ -201,12 +210,15 @@ def parse_structured(text: str, # the reply
         raise
 
 # %% ../nbs/08_llm.ipynb #eab80969
-def schema_instructions(schema) -> str:
+def schema_instructions(schema # a pydantic model class or a JSON-schema dict
+                       ) -> str:
     "The instruction that asks for one JSON object following `schema`."
     return ("Answer with a single JSON object and nothing else. The object must follow this JSON schema:\n"
             + json.dumps(schema_json(schema), ensure_ascii=False))
 
-def with_schema_instructions(messages, schema) -> list[dict]:
+def with_schema_instructions(messages, # a text, or a list of {role, content} messages
+                             schema    # a pydantic model class or a JSON-schema dict
+                            ) -> list[dict]:
     "`messages` with the schema instruction appended to the last user message (or added as one)."
     msgs = [dict(m) for m in as_messages(messages)]
     if msgs[-1]["role"] == "user": msgs[-1]["content"] += "\n\n" + schema_instructions(schema)
@@ -214,18 +226,22 @@ def with_schema_instructions(messages, schema) -> list[dict]:
     return msgs
 
 # %% ../nbs/08_llm.ipynb #b2146085
-def canonical_json(obj) -> str:
+def canonical_json(obj # any JSON-serialisable value
+                  ) -> str:
     "JSON with sorted keys and no whitespace: one text per value."
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
-def backend_identity(backend) -> dict:
+def backend_identity(backend # any back end
+                    ) -> dict:
     "What identifies a back end's answers in the cache (kind, model, ...); never credentials."
     ident = backend.identity() if hasattr(backend, "identity") else {"kind": type(backend).__name__, "model": getattr(backend, "model", "")}
     return {str(k): v for k, v in ident.items()}
 
-def request_key(backend, messages, schema=None, # pydantic model class, JSON-schema dict or None
-                params: Mapping | None = None,  # decoding parameters (see `decoding_params`)
-                sample: int = 0                 # which sample of the same request this is
+def request_key(backend,                       # any back end (its identity, never credentials)
+                messages,                      # a text, or a list of {role, content} messages
+                schema=None,                   # pydantic model class, JSON-schema dict or None
+                params: Mapping | None = None, # decoding parameters (see `decoding_params`)
+                sample: int = 0                # which sample of the same request this is
                ) -> str:
     "sha256 of the canonical JSON of (back end, messages, schema, decoding parameters, sample index)."
     payload = {"backend": backend_identity(backend), "messages": as_messages(messages), "schema": schema_json(schema),
@@ -245,7 +261,8 @@ def is_loopback_url(url: str | None # a base URL; None means "in this process"
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
 
-def safe_url(url: str | None) -> str:
+def safe_url(url: str | None # a server URL (None: none)
+            ) -> str:
     "`url` without user name, password, query or fragment (for messages)."
     if url is None: return "<in-process>"
     p = urlsplit(url if "://" in url else "//" + url)
@@ -303,8 +320,17 @@ class RuleChat:
     def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "version": self.version}
     def __repr__(self): return f"RuleChat({self.model!r}, version={self.version!r})"
 
-    def chat(self, messages, schema=None, temperature=0.0, seed=None, max_tokens=1024, top_p=None, top_k=None,
-             timeout_s=None, restricted=False, allow_remote_restricted=False) -> ChatResult:
+    def chat(self, messages,                     # a text, or a list of {role, content} messages
+                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
+                   temperature=0.0,              # 0: greedy
+                   seed=None,                    # sampling seed (None: none sent)
+                   max_tokens=1024,              # cap on the reply's tokens
+                   top_p=None,                   # nucleus sampling mass (None: not set)
+                   top_k=None,                   # top-k sampling (None: not set)
+                   timeout_s=None,               # time limit of one attempt (HTTP back ends)
+                   restricted=False,             # the request is built from restricted data
+                   allow_remote_restricted=False # opt in to sending restricted data off this machine
+            ) -> ChatResult:
         "Apply the rules to `messages`; validate into `schema` when given."
         msgs, t0 = as_messages(messages), time.perf_counter()
         params = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
@@ -365,7 +391,10 @@ class ChatCache:
 
 # %% ../nbs/08_llm.ipynb #136bf4da
 @patch
-def put(self: ChatCache, key: str, backend, result: ChatResult) -> None:
+def put(self: ChatCache, key: str,          # the request key (`request_key`)
+                         backend,           # the back end that answered
+                         result: ChatResult # its answer
+       ) -> None:
     "Store one answer (the first answer stored under a key is kept)."
     ident = backend_identity(backend)
     row = (key, ident.get("kind", ""), str(ident.get("model", "")), result.text, _parsed_json(result.parsed),
@@ -385,8 +414,9 @@ def _row_result(row: tuple, schema=None) -> ChatResult | None:
     return ChatResult(d["text"], parsed, usage, d["latency_s"] or 0.0, d["model"] or "", d["finish_reason"], cached=True)
 
 @patch
-def get_many(self: ChatCache, keys: Iterable[str], schemas: Mapping | None = None # key -> schema to validate with
-                   ) -> dict[str, ChatResult]:
+def get_many(self: ChatCache, keys: Iterable[str],           # request keys
+                              schemas: Mapping | None = None # key -> schema to validate with
+            ) -> dict[str, ChatResult]:
     "Stored answers for `keys` (missing keys are absent from the result)."
     keys, schemas, out = list(dict.fromkeys(keys)), schemas or {}, {}
     for i in range(0, len(keys), 500):
@@ -399,7 +429,9 @@ def get_many(self: ChatCache, keys: Iterable[str], schemas: Mapping | None = Non
     return out
 
 @patch
-def get(self: ChatCache, key: str, schema=None) -> ChatResult | None:
+def get(self: ChatCache, key: str,   # a request key
+                         schema=None # validate the stored answer into this (None: text only)
+       ) -> ChatResult | None:
     "The stored answer for `key`, or None."
     return self.get_many([key], {key: schema}).get(key)
 
@@ -450,12 +482,15 @@ def _open_cache(cache):
     finally:
         if c is not None and c is not cache: c.close()
 
-def cached_chat(backend, messages, cache=None, # a ChatCache or path; None: the default cache; False: no cache
-                schema=None, sample: int = 0,   # pydantic model class / JSON-schema dict; sample index
-                restricted: bool = False,       # the request is built from restricted data
+def cached_chat(backend,                               # any back end
+                messages,                              # a text, or a list of {role, content} messages
+                cache=None,                            # a ChatCache or path; None: the default cache; False: no cache
+                schema=None,                           # a pydantic model (or JSON schema) the reply must follow
+                sample: int = 0,                       # which sample of the same request this is
+                restricted: bool = False,              # the request is built from restricted data
                 allow_remote_restricted: bool = False, # opt in to sending restricted data off this machine
-                timeout_s: float | None = None, # per-call time limit (HTTP back ends)
-                **decoding                      # temperature, seed, max_tokens, top_p, top_k
+                timeout_s: float | None = None,        # per-call time limit (HTTP back ends)
+                **decoding                             # temperature, seed, max_tokens, top_p, top_k
                ) -> ChatResult:
     "One chat call through the cache: the stored answer when there is one, else a call whose answer is stored."
     check_restricted(backend, int(bool(restricted)), allow_remote_restricted)
@@ -512,7 +547,9 @@ def backoff_delay(attempt: int,                   # the attempt that just failed
 # %% ../nbs/08_llm.ipynb #ad60b9a2
 _OWN_WORDS = (StructuredOutputError, LLMTimeoutError, LLMConnectionError)  # messages written here, never quoting a request
 
-def describe_error(exc: BaseException, restricted: bool = False) -> str:
+def describe_error(exc: BaseException,      # the failure
+                   restricted: bool = False # leave out any text a server could have copied from the request
+                  ) -> str:
     "A one-line description of a failure; for restricted requests, no text that a server or library could have copied from the request."
     if restricted and not isinstance(exc, _OWN_WORDS):
         status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
@@ -549,7 +586,9 @@ def _ok_row(res: ChatResult, attempts: int = 0, tin: int = 0, tout: int = 0) -> 
             "latency_s": res.latency_s, "model": res.model, "finish_reason": res.finish_reason}
 
 # %% ../nbs/08_llm.ipynb #5ff27e75
-def price_per_1m(model: str, prices) -> tuple[float, float] | None:
+def price_per_1m(model: str, # the model's name
+                 prices      # {model: (input, output)}, one (input, output) pair, or a table; None: no prices
+                ) -> tuple[float, float] | None:
     "USD per million (input, output) tokens for `model` from a price table (None without a table)."
     if prices is None: return None
     if isinstance(prices, (tuple, list)) and len(prices) == 2 and all(isinstance(p, (int, float)) for p in prices):
@@ -562,12 +601,16 @@ def price_per_1m(model: str, prices) -> tuple[float, float] | None:
     if isinstance(p, Mapping): p = (p.get("input_per_1m", p.get("input")), p.get("output_per_1m", p.get("output")))
     return float(p[0]), float(p[1])
 
-def cost_usd(tokens_in: int, tokens_out: int, price: tuple[float, float] | None) -> float:
+def cost_usd(tokens_in: int,                   # prompt tokens
+             tokens_out: int,                  # completion tokens
+             price: tuple[float, float] | None # USD per million (input, output) tokens, or None
+            ) -> float:
     "Cost in USD of the tokens at `price` (USD per million input and output tokens); NaN without a price."
     return float("nan") if price is None else (tokens_in * price[0] + tokens_out * price[1]) / 1e6
 
 # %% ../nbs/08_llm.ipynb #5da4fd5b
-def batch_summary(df: pd.DataFrame) -> dict:
+def batch_summary(df: pd.DataFrame # the per-request table of a batch (`BatchRun.to_frame()`)
+                 ) -> dict:
     "Counts, tokens and cost of a `run_batch` result (totals, and for the calls made in this run)."
     called = ~df["cached"].astype(bool)
     cost = pd.to_numeric(df["cost"], errors="coerce")
@@ -577,12 +620,45 @@ def batch_summary(df: pd.DataFrame) -> dict:
             "tokens_in_called": int(df.loc[called, "tokens_in"].sum()), "tokens_out_called": int(df.loc[called, "tokens_out"].sum()),
             "cost_usd": float(cost.sum(min_count=1)), "cost_called_usd": float(cost[called].sum(min_count=1)) if called.any() else 0.0}
 
-def format_summary(s: Mapping) -> str:
+def format_summary(s: Mapping # a batch summary (`batch_summary`, optionally with `wall_s`)
+                  ) -> str:
     "One line of text for a batch summary."
     cost = "" if pd.isna(s.get("cost_usd")) else f"; cost ${s['cost_usd']:.4f} (this run ${s['cost_called_usd']:.4f})"
-    wall = f" in {s['wall_s']:.1f} s" if "wall_s" in s else ""
+    wall = f" in {s['wall_s']:.1f} s" if pd.notna(s.get("wall_s", float("nan"))) else ""
     return (f"{s['requests']} requests{wall}: {s['ok']} ok, {s['failed']} failed, {s['cached']} from cache; "
             f"tokens {s['tokens_in']} in / {s['tokens_out']} out (this run {s['tokens_in_called']} / {s['tokens_out_called']}){cost}")
+
+# %% ../nbs/08_llm.ipynb #c0ac14ad
+@dataclass(frozen=True, eq=False)
+class BatchRun:
+    "What `run_batch` returns: one row per request (`to_frame()`) and the batch's totals (`summary()`)."
+    rows: pd.DataFrame             # one row per request, in input order, columns `RESULT_COLUMNS`
+    wall_s: float = float("nan")   # seconds the batch took
+
+    def __len__(self) -> int: return len(self.rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        "One row per request, in input order: `request_id, status, attempts, error, text, parsed, tokens_in, ...`."
+        return self.rows.copy()
+
+    def summary(self) -> pd.DataFrame:
+        "One row: requests, ok, failed, cached, called, attempts, tokens and cost (all, and this run's), wall time."
+        return pd.DataFrame([self._totals()])
+
+    def _totals(self) -> dict: return {**batch_summary(self.rows), "wall_s": float(self.wall_s)}
+
+    def failed(self) -> pd.DataFrame:
+        "The requests that failed after their retries (their row numbers kept), with the error."
+        return self.rows[self.rows["status"] == "failed"].copy()
+
+    def headline(self) -> str:
+        "The one-line summary printed at the end of a batch."
+        return format_summary(self._totals())
+
+    def _repr_markdown_(self) -> str:
+        cols = ["request_id", "status", "attempts", "error", "tokens_in", "tokens_out", "cached", "cost"]
+        more = f"\n\nFirst 10 of {len(self)} requests." if len(self) > 10 else ""
+        return f"**llm batch**: {self.headline()}\n\n" + md_table(self.rows[cols].head(10)) + more
 
 # %% ../nbs/08_llm.ipynb #67567fe5
 class _Progress:
@@ -622,36 +698,6 @@ class _Progress:
         if self.bar is not None: self.bar.close()
         self.show(final=True)
         if summary and (self.on or self.bar is not None): print(f"{self.label}: {summary}", file=self.stream, flush=True)
-
-# %% ../nbs/08_llm.ipynb #62ae45a5
-def run_batch(requests,                      # list of dicts or a table: request_id, messages [, schema, temperature, seed, top_p, top_k, max_tokens, sample, restricted]
-              backend,                       # any back end (OpenAIChat, TransformersChat, RuleChat, ...)
-              cache=None,                    # ChatCache or path; None: the default cache; False: no cache
-              max_concurrency: int = 8,      # requests in flight at once
-              retries: int = 4,              # retries after the first attempt, for retryable failures
-              timeout_s: float | None = 120, # per-attempt time limit (HTTP back ends)
-              progress=True,                 # progress line on stderr; "tqdm" for a tqdm bar; False for silence
-              *,
-              temperature: float = 0.0, max_tokens: int = 1024, seed: int | None = None, # defaults for requests
-              top_p: float | None = None, top_k: int | None = None,
-              prices=None,                   # price table for the cost column (see `price_per_1m`)
-              allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
-              backoff_s: float = 1.0, max_backoff_s: float = 60.0, jitter_seed: int = 0
-             ) -> pd.DataFrame:
-    "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
-    t0 = time.perf_counter()
-    defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
-    rows = _batch_rows(requests, backend, defaults)
-    restricted = [r for r in rows if r["restricted"]]
-    check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
-    price = price_per_1m(getattr(backend, "model", ""), prices)
-    with _open_cache(cache) as c:
-        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, retries, timeout_s, backoff_s,
-                                    max_backoff_s, jitter_seed, allow_remote_restricted)
-    df = _result_frame(rows, results, price)
-    df.attrs["summary"] = {**batch_summary(df), "wall_s": time.perf_counter() - t0}
-    bar.close(format_summary(df.attrs["summary"]))
-    return df
 
 # %% ../nbs/08_llm.ipynb #7b9710c6
 def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, *args) -> tuple[dict, _Progress]:
@@ -697,6 +743,40 @@ def _result_frame(rows: list, results: dict, price) -> pd.DataFrame:
     df["attempts"] = df["attempts"].astype(int); df["tokens_in"] = df["tokens_in"].astype(int)
     df["tokens_out"] = df["tokens_out"].astype(int); df["cached"] = df["cached"].astype(bool)
     return df
+
+# %% ../nbs/08_llm.ipynb #62ae45a5
+def run_batch(requests,                              # list of dicts or a table: request_id, messages [, schema, temperature, seed, top_p, top_k, max_tokens, sample, restricted]
+              backend,                               # any back end (OpenAIChat, TransformersChat, RuleChat, ...)
+              cache=None,                            # ChatCache or path; None: the default cache; False: no cache
+              max_concurrency: int = 8,              # requests in flight at once
+              retries: int = 4,                      # retries after the first attempt, for retryable failures
+              timeout_s: float | None = 120,         # per-attempt time limit (HTTP back ends)
+              progress=True,                         # progress line on stderr; "tqdm" for a tqdm bar; False for silence
+              *,
+              temperature: float = 0.0,              # default temperature of the requests
+              max_tokens: int = 1024,                # default reply cap
+              seed: int | None = None,               # default sampling seed (None: none sent)
+              top_p: float | None = None,            # default nucleus mass (None: not set)
+              top_k: int | None = None,              # default top-k (None: not set)
+              prices=None,                           # price table for the cost column (see `price_per_1m`)
+              allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
+              backoff_s: float = 1.0,                # wait after the first failure, before jitter
+              max_backoff_s: float = 60.0,           # longest wait between attempts
+              jitter_seed: int = DEFAULT_SEED        # seed of the retry jitter
+             ) -> BatchRun:
+    "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
+    t0 = time.perf_counter()
+    defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
+    rows = _batch_rows(requests, backend, defaults)
+    restricted = [r for r in rows if r["restricted"]]
+    check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
+    price = price_per_1m(getattr(backend, "model", ""), prices)
+    with _open_cache(cache) as c:
+        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, retries, timeout_s, backoff_s,
+                                    max_backoff_s, jitter_seed, allow_remote_restricted)
+    run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
+    bar.close(run.headline())
+    return run
 
 # %% ../nbs/08_llm.ipynb #63dcab23
 STRUCTURED_MODES = ("auto", "json_schema", "json_object_schema", "prompt")
@@ -755,8 +835,12 @@ class OpenAIChat:
     def __repr__(self): return f"OpenAIChat({self.model!r}, endpoint={safe_url(self.endpoint)!r}, structured={self.structured!r})"
 
     @classmethod
-    def azure(cls, deployment: str, endpoint: str | None = None, api_key: str | None = None,
-                         api_version: str | None = None, **kw) -> "OpenAIChat":
+    def azure(cls, deployment: str,                # the Azure deployment name
+                   endpoint: str | None = None,    # else $AZURE_OPENAI_ENDPOINT
+                   api_key: str | None = None,     # else $AZURE_OPENAI_API_KEY
+                   api_version: str | None = None, # else $OPENAI_API_VERSION
+                   **kw                            # further `OpenAIChat` settings
+             ) -> 'OpenAIChat':
         "An Azure OpenAI back end for `deployment` (endpoint, key and version default to the AZURE_/OPENAI_ variables)."
         return cls(deployment, api_key=api_key, azure=True, azure_endpoint=endpoint, api_version=api_version, **kw)
 
@@ -824,8 +908,17 @@ def _send(self: OpenAIChat, kw: dict) -> ChatResult:
 
 # %% ../nbs/08_llm.ipynb #e2ee9323
 @patch
-def chat(self: OpenAIChat, messages, schema=None, temperature=0.0, seed=None, max_tokens=1024, top_p=None, top_k=None,
-          timeout_s=None, restricted=False, allow_remote_restricted=False) -> ChatResult:
+def chat(self: OpenAIChat, messages,                     # a text, or a list of {role, content} messages
+                           schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
+                           temperature=0.0,              # 0: greedy
+                           seed=None,                    # sampling seed (None: none sent)
+                           max_tokens=1024,              # cap on the reply's tokens
+                           top_p=None,                   # nucleus sampling mass (None: not set)
+                           top_k=None,                   # top-k sampling (None: not set)
+                           timeout_s=None,               # time limit of one attempt (HTTP back ends)
+                           restricted=False,             # the request is built from restricted data
+                           allow_remote_restricted=False # opt in to sending restricted data off this machine
+        ) -> ChatResult:
     "One chat completion; with `schema`, the reply validated into it (`parsed`)."
     check_restricted(self, int(bool(restricted)), allow_remote_restricted)
     msgs, dec = as_messages(messages), (temperature, seed, max_tokens, top_p, top_k, timeout_s)
@@ -905,7 +998,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 # %% ../nbs/08_llm.ipynb #8d2c8fac
 class LocalEndpoint:
     "Serve a back end over the OpenAI chat-completions API on loopback (a development and test tool)."
-    def __init__(self, backend, host: str = "127.0.0.1", port: int = 0): # port 0: a free port
+    def __init__(self, backend,                 # any back end
+                       host: str = '127.0.0.1', # a loopback address
+                       port: int = 0            # 0: a free port
+                ):
         if not is_loopback_url(f"http://{host}"): raise InputError(f"LocalEndpoint: binds loopback addresses only, not {host!r}")
         self.backend, self.n_requests, self._lock = backend, 0, threading.Lock()
         self._server = http.server.ThreadingHTTPServer((host, port), _Handler)
@@ -930,7 +1026,8 @@ class TransformersChat:
     def __init__(self, model_or_path: str | os.PathLike, # model folder, Hub ID, or a .gguf file
                  gguf_file: str | None = None,          # GGUF file name inside `model_or_path`
                  name: str | None = None,               # model name for results and cache keys
-                 device: str = "cpu", dtype: str | None = None, # e.g. "cuda", "bfloat16"
+                 device: str = "cpu",                   # where the model runs, e.g. "cuda"
+                 dtype: str | None = None,              # torch dtype name, e.g. "bfloat16" (default: float32)
                  local_files_only: bool = True          # never download
                 ):
         p = Path(model_or_path)
@@ -939,6 +1036,33 @@ class TransformersChat:
         self.model = name or gguf_file or Path(self.model_or_path).name
         self.local_files_only, self.tokenizer_, self.model_ = local_files_only, None, None
         self._lock = threading.Lock()
+
+    def chat(self, messages,                     # a text, or a list of {role, content} messages
+                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
+                   temperature=0.0,              # 0: greedy
+                   seed=None,                    # sampling seed (None: none sent)
+                   max_tokens=1024,              # cap on the reply's tokens
+                   top_p=None,                   # nucleus sampling mass (None: not set)
+                   top_k=None,                   # top-k sampling (None: not set)
+                   timeout_s=None,               # time limit of one attempt (HTTP back ends)
+                   restricted=False,             # the request is built from restricted data
+                   allow_remote_restricted=False # opt in to sending restricted data off this machine
+            ) -> ChatResult:
+        "Generate a reply in process; with `schema`, validated into it (prompt mode)."
+        msgs = as_messages(messages)
+        if schema is not None: msgs = with_schema_instructions(msgs, schema)
+        self.load(); t0 = time.perf_counter()
+        ids_in, ids_out = self._generate(msgs, temperature, seed, max_tokens, top_p, top_k)
+        eos = self.tokenizer_.eos_token_id
+        ended = len(ids_out) > 0 and (int(ids_out[-1]) in (eos if isinstance(eos, list) else [eos]))
+        text = self.tokenizer_.decode(ids_out, skip_special_tokens=True)
+        usage = {"prompt_tokens": int(len(ids_in)), "completion_tokens": int(len(ids_out))}
+        finish = "stop" if ended or len(ids_out) < max_tokens else "length"
+        parsed = None
+        if schema is not None:
+            try: parsed = parse_structured(text, schema)
+            except StructuredOutputError as e: e.usage = usage; raise
+        return ChatResult(text, parsed, usage, time.perf_counter() - t0, self.model, finish)
 
     def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "gguf_file": self.gguf_file}
     def __repr__(self): return f"TransformersChat({self.model!r}, device={self.device!r})"
@@ -977,25 +1101,6 @@ def _generate(self: TransformersChat, msgs: list, temperature: float, seed, max_
     n_in = enc["input_ids"].shape[1]
     return out[0, :n_in], out[0, n_in:]
 
-@patch
-def chat(self: TransformersChat, messages, schema=None, temperature=0.0, seed=None, max_tokens=1024, top_p=None, top_k=None,
-             timeout_s=None, restricted=False, allow_remote_restricted=False) -> ChatResult:
-    "Generate a reply in process; with `schema`, validated into it (prompt mode)."
-    msgs = as_messages(messages)
-    if schema is not None: msgs = with_schema_instructions(msgs, schema)
-    self.load(); t0 = time.perf_counter()
-    ids_in, ids_out = self._generate(msgs, temperature, seed, max_tokens, top_p, top_k)
-    eos = self.tokenizer_.eos_token_id
-    ended = len(ids_out) > 0 and (int(ids_out[-1]) in (eos if isinstance(eos, list) else [eos]))
-    text = self.tokenizer_.decode(ids_out, skip_special_tokens=True)
-    usage = {"prompt_tokens": int(len(ids_in)), "completion_tokens": int(len(ids_out))}
-    finish = "stop" if ended or len(ids_out) < max_tokens else "length"
-    parsed = None
-    if schema is not None:
-        try: parsed = parse_structured(text, schema)
-        except StructuredOutputError as e: e.usage = usage; raise
-    return ChatResult(text, parsed, usage, time.perf_counter() - t0, self.model, finish)
-
 # %% ../nbs/08_llm.ipynb #bdc18a61
 @dataclass
 class LocalServer:
@@ -1021,12 +1126,12 @@ def _wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float, log_path:
 
 # %% ../nbs/08_llm.ipynb #c0b109ea
 @contextlib.contextmanager
-def local_llama_server(model_path: str | os.PathLike,  # a .gguf file
-                       port: int | None = None,         # default: a free port
-                       host: str = "127.0.0.1",         # loopback only
-                       n_ctx: int = 2048,               # context length
-                       extra_args: Iterable[str] = (),  # more llama_cpp.server options, e.g. ("--n_threads", "2")
-                       startup_timeout_s: float = 180,
+def local_llama_server(model_path: str | os.PathLike,            # a .gguf file
+                       port: int | None = None,                  # default: a free port
+                       host: str = '127.0.0.1',                  # loopback only
+                       n_ctx: int = 2048,                        # context length
+                       extra_args: Iterable[str] = (),           # more llama_cpp.server options, e.g. ("--n_threads", "2")
+                       startup_timeout_s: float = 180,           # seconds to wait for the server to answer
                        log_path: str | os.PathLike | None = None # server output (default: a temporary file)
                       ):
     "Run llama.cpp's OpenAI-compatible server for a GGUF file on loopback; yield a `LocalServer`; stop it afterwards."
@@ -1050,11 +1155,3 @@ def local_llama_server(model_path: str | os.PathLike,  # a .gguf file
             try: proc.wait(timeout=10)
             except subprocess.TimeoutExpired: proc.kill(); proc.wait()
         if tmp is not None: tmp.cleanup()
-
-# %% ../nbs/08_llm.ipynb #e574da14
-def cli_llm_cache(args: Mapping) -> str:
-    "`{'path': file or None, 'clear': bool}` -> the cache statistics as JSON text."
-    c = ChatCache(args.get("path"))
-    if args.get("clear"): c.clear()
-    out = json.dumps(c.stats(), indent=2); c.close()
-    return out

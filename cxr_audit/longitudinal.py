@@ -19,16 +19,16 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (InputError, read_json, resource_text, as_pandas, enable_theme, is_missing, md_table, read_table, require_columns,
-                            rng, save_chart, sha256_text, write_manifest, write_table)
+from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
+                            read_table, require_columns, resource_text, rng, save_chart, sha256_text, write_manifest, write_table)
 from .reports import split_sentences
-from .corpus import to_generations, to_studies
+from .corpus import to_generations
 from .cohort import Cohort, recipe_003_lmimic
-from .stats import (bootstrap_metrics, binomial_cis, holm_family, kendall_tau, kendalls_w, macro_stats,
-                             mean_spearman, micro_stats, plot_win_probability, spearman)
-from .labels import regex_splitter, run_names
+from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, holm_family, kendall_tau, kendalls_w,
+                             macro_stats, mean_spearman, micro_stats, p_value_note, plot_win_probability, rank_ci,
+                             resolve_clusters, spearman)
 from .metrics import get_metric, sample_stats
-from .llm import DECODING, OpenAIChat, RuleChat, batch_summary, run_batch
+from .llm import DECODING, RuleChat, batch_summary, run_batch
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
@@ -36,11 +36,11 @@ __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENT
            'keyword_families', 'load_lexicon', 'Cue', 'RuleAnnotator', 'report_sentences', 'annotate_reports',
            'load_prompts', 'longitudinal_prompt', 'keyword_prompt', 'progression_prompt', 'parse_choice',
            'parse_binary', 'parse_progression', 'parse_keyword', 'LLMAnnotator', 'rule_chat', 'read_gold',
-           'annotation_counts', 'evaluate_annotators', 'AnnotationQuality', 'report_progression',
-           'progression_instances', 'progression_counts', 'evaluate_longitudinal', 'LongitudinalEvaluation',
-           'plot_progression_f1', 'plot_progression_wins', 'runs_summary', 'ranking_stability', 'ranking_agreement',
-           'LMimic', 'build_lmimic', 'plot_class_distribution', 'truth_agreement', 'cli_longitudinal',
-           'longitudinal_report_blocks']
+           'annotation_counts', 'AnnotationQuality', 'evaluate_annotators', 'report_progression',
+           'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement', 'ProgressionEvaluation',
+           'progression_evaluation', 'plot_progression_f1', 'plot_progression_wins', 'ranking_stability',
+           'runs_summary', 'ranking_agreement', 'LMimic', 'build_lmimic', 'plot_class_distribution',
+           'plot_lmimic_reports']
 
 # %% ../nbs/10_longitudinal.ipynb #36f216b2
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
@@ -62,11 +62,6 @@ def _load(override, name: str, required: Sequence[str]) -> dict:
     return data
 
 # %% ../nbs/10_longitudinal.ipynb #299168e8
-def load_keywords(keywords: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
-                 ) -> dict:
-    "The keyword list with patterns, categories, polarity and families; every pattern checked to compile."
-    return copy.deepcopy(_packaged_keywords()) if keywords is None else _checked_keywords(_load(keywords, "longitudinal_keywords.json", ["terms"]))
-
 @functools.lru_cache(maxsize=1)
 def _packaged_keywords() -> dict: return _checked_keywords(_load(None, "longitudinal_keywords.json", ["terms"]))
 
@@ -81,11 +76,20 @@ def _checked_keywords(kw: dict) -> dict:
 
 def _terms_of(keywords) -> list: return (_packaged_keywords() if keywords is None else load_keywords(keywords))["terms"]
 
-def keyword_terms(keywords=None) -> list[str]:
+def load_keywords(keywords: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
+                 ) -> dict:
+    "The keyword list with patterns, categories, polarity and families; every pattern checked to compile."
+    return copy.deepcopy(_packaged_keywords()) if keywords is None else _checked_keywords(_load(keywords, "longitudinal_keywords.json", ["terms"]))
+
+# %% ../nbs/10_longitudinal.ipynb #9096ed04
+def keyword_terms(keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
+                 ) -> list[str]:
     "The terms of the keyword list, in order."
     return [t["term"] for t in _terms_of(keywords)]
 
-def keyword_families(keywords=None) -> dict[str, str]:
+# %% ../nbs/10_longitudinal.ipynb #7f467b26
+def keyword_families(keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
+                    ) -> dict[str, str]:
     "term -> family (the term itself unless the list groups it)."
     return {t["term"]: t.get("family") or t["term"] for t in _terms_of(keywords)}
 
@@ -108,11 +112,11 @@ def _word_regex(patterns: Iterable[str]) -> re.Pattern:
 @dataclass(frozen=True)
 class Cue:
     "One change cue found in a sentence."
-    start: int
-    end: int
+    start: int      # offset of the cue in the sentence
+    end: int        # offset just after it
     kind: str       # same, better, worse, more, less or reference
-    negated: bool
-    text: str
+    negated: bool   # a negation stands among the few words before it, in its clause
+    text: str       # the words matched
 
 @dataclass(frozen=True)
 class _Reading:
@@ -144,7 +148,8 @@ class RuleAnnotator:
 
 # %% ../nbs/10_longitudinal.ipynb #f0b6ef93
 @patch
-def find_terms(self: RuleAnnotator, sentence: str) -> list[tuple[int, int, str]]:
+def find_terms(self: RuleAnnotator, sentence: str # one sentence
+               ) -> list[tuple[int, int, str]]:
     "`(start, end, term)` of every finding named in `sentence`: earliest first, then longest, then list order."
     rx, out = self._rx, []
     for term, r, _ in rx["terms"]: out += [(m.start(), m.end(), term) for m in r.finditer(sentence)]
@@ -177,7 +182,8 @@ def _negated(self: RuleAnnotator, work: str, pos: int, breaks: tuple) -> bool:
     return any(self._rx["negation"].fullmatch(w) for w in words)
 
 @patch
-def find_cues(self: RuleAnnotator, sentence: str) -> list[Cue]:
+def find_cues(self: RuleAnnotator, sentence: str # one sentence
+              ) -> list[Cue]:
     "The change cues of `sentence`, by position."
     return list(self._read(sentence).cues)
 
@@ -207,7 +213,8 @@ def _direction(self: RuleAnnotator, r: _Reading, term: str | None, pos: int | No
 
 # %% ../nbs/10_longitudinal.ipynb #b1455096
 @patch
-def annotate_sentence(self: RuleAnnotator, sentence: str) -> tuple[bool, str | None, str | None]:
+def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
+                     ) -> tuple[bool, str | None, str | None]:
     "`(is_longitudinal, keyword, progression)` of one sentence (keyword and progression None when not longitudinal)."
     r = self._read(sentence)
     if not r.cues: return False, None, None
@@ -215,7 +222,9 @@ def annotate_sentence(self: RuleAnnotator, sentence: str) -> tuple[bool, str | N
     return True, term, self._direction(r, term, pos)
 
 @patch
-def progression(self: RuleAnnotator, sentence: str, keyword: str | None) -> str:
+def progression(self: RuleAnnotator, sentence: str, # one sentence
+                keyword: str | None # a term of the keyword list; None: any finding
+               ) -> str:
     "Progression of `keyword` in `sentence`; `unmentioned` when the sentence does not name it or describes no course."
     r = self._read(sentence)
     if keyword is None: return self._direction(r, None, None) or "unmentioned"
@@ -224,7 +233,8 @@ def progression(self: RuleAnnotator, sentence: str, keyword: str | None) -> str:
 
 # %% ../nbs/10_longitudinal.ipynb #832861db
 @patch
-def explain(self: RuleAnnotator, sentence: str) -> pd.DataFrame:
+def explain(self: RuleAnnotator, sentence: str # one sentence
+            ) -> pd.DataFrame:
     "Findings and cues of a sentence: `kind, text, start, end, clause, negated`."
     r = self._read(sentence)
     rows = [{"kind": "finding: " + t, "text": sentence[a:b], "start": a, "end": b, "negated": False} for a, b, t in r.terms]
@@ -243,14 +253,18 @@ def _annotation_frame(sentences: Sequence[str], rows: Sequence[tuple]) -> pd.Dat
     return df
 
 @patch
-def annotate(self: RuleAnnotator, sentences: Sequence[str], restricted=False) -> pd.DataFrame:
+def annotate(self: RuleAnnotator, sentences: Sequence[str], # the sentences to annotate
+             restricted: bool | Sequence[bool] = False # ignored: nothing leaves the process
+            ) -> pd.DataFrame:
     "One row per sentence: `sentence, is_longitudinal, keyword, progression` (`restricted` is ignored: nothing leaves the process)."
     sentences = [str(s) for s in sentences]
     cache = {s: self.annotate_sentence(s) for s in dict.fromkeys(sentences)}
     return _annotation_frame(sentences, [cache[s] for s in sentences])
 
 @patch
-def progression_of(self: RuleAnnotator, pairs: Sequence[tuple[str, str | None]], restricted=False) -> list[str]:
+def progression_of(self: RuleAnnotator, pairs: Sequence[tuple[str, str | None]], # `(sentence, keyword)` pairs
+                   restricted: bool | Sequence[bool] = False # ignored: nothing leaves the process
+                  ) -> list[str]:
     "Progression label of each `(sentence, keyword)` pair."
     return [self.progression(s, k) for s, k in pairs]
 
@@ -273,19 +287,24 @@ def _report_texts(reports, id_col: str = "report_id", text_col: str = "text") ->
     return df
 
 # %% ../nbs/10_longitudinal.ipynb #9eaabc14
-def report_sentences(reports, splitter: str | Callable = "default", id_col: str = "report_id", text_col: str = "text"
+def report_sentences(reports,                             # Series/dict report_id -> text, list of texts, or a table
+                     splitter: str | Callable = "default", # see `cxr_audit.reports.split_sentences` ("default", "regex", "stanza" or a callable)
+                     id_col: str = "report_id",           # column of a table holding the report ID
+                     text_col: str = "text"               # column of a table holding the report text
                     ) -> pd.DataFrame:
     "`report_id, sent_idx, sentence, restricted`: the sentences of every report (each distinct text split once)."
-    df, splitter = _report_texts(reports, id_col, text_col), regex_splitter if splitter == "regex" else splitter
+    df = _report_texts(reports, id_col, text_col)
     split = {t: split_sentences(t, splitter=splitter) for t in dict.fromkeys(x for x in df["text"] if isinstance(x, str))}
     rows = [(rid, i, s, r) for rid, t, r in zip(df["report_id"], df["text"], df["restricted"])
             for i, s in enumerate(split.get(t, []) if isinstance(t, str) else [])]
     return pd.DataFrame(rows, columns=["report_id", "sent_idx", "sentence", "restricted"])
 
+# %% ../nbs/10_longitudinal.ipynb #403ce8b0
 def annotate_reports(reports,                      # Series/dict report_id -> text, list of texts, or a table
                      annotator=None,               # RuleAnnotator (default) or LLMAnnotator
-                     splitter: str | Callable = "default", # see `cxr_audit.reports.split_sentences`; "regex": `cxr_audit.labels.regex_splitter`
-                     id_col: str = "report_id", text_col: str = "text"
+                     splitter: str | Callable = "default", # see `cxr_audit.reports.split_sentences`
+                     id_col: str = "report_id",    # column of a table holding the report ID
+                     text_col: str = "text"        # column of a table holding the report text
                     ) -> pd.DataFrame:
     "The `sentences` table: every sentence of every report with its longitudinal annotation."
     annotator = annotator if annotator is not None else RuleAnnotator()
@@ -315,8 +334,12 @@ def _examples(p: Mapping, items: list) -> str:
     return (p["examples_header"] + "".join(p["example"].format(**e) for e in items)) if items else ""
 
 # %% ../nbs/10_longitudinal.ipynb #83cc08e6
-def longitudinal_prompt(sentence: str, n_task_examples: int = 3, n_change_indicators: int = 8,
-                        prompts=None, retry: bool = False) -> str:
+def longitudinal_prompt(sentence: str,                 # the sentence asked about
+                        n_task_examples: int = 3,      # worked examples shown (paper: 0, 3, 5)
+                        n_change_indicators: int = 8,  # signal words shown (paper: 0, 4, 8, 12)
+                        prompts: str | os.PathLike | Mapping | None = None, # prompt override (see `load_prompts`)
+                        retry: bool = False            # add the line restating the answer format
+                       ) -> str:
     "Step 1: is `sentence` longitudinal? (answer `<1>` or `<0>`)."
     p = load_prompts(prompts)["longitudinal"]
     ind = _first(p["change_indicators"], n_change_indicators, "n_change_indicators")
@@ -325,13 +348,24 @@ def longitudinal_prompt(sentence: str, n_task_examples: int = 3, n_change_indica
                                 indicators=p["indicators"].format(items=", ".join(ind)) if ind else "")
     return text + (p.get("retry", "") if retry else "")
 
-def keyword_prompt(sentence: str, keywords=None, prompts=None, retry: bool = False) -> str:
+# %% ../nbs/10_longitudinal.ipynb #a2681d52
+def keyword_prompt(sentence: str,                 # the (longitudinal) sentence asked about
+                   keywords: str | os.PathLike | Mapping | None = None, # the keyword list (see `load_keywords`)
+                   prompts: str | os.PathLike | Mapping | None = None,  # prompt override (see `load_prompts`)
+                   retry: bool = False            # add the line restating the answer format
+                  ) -> str:
     "Step 2: which term of the keyword list is the sentence about? (answer `<term>`)."
     p = load_prompts(prompts)["keyword"]
     text = p["template"].format(sentence=sentence, terms=", ".join(keyword_terms(keywords)))
     return text + (p.get("retry", "") if retry else "")
 
-def progression_prompt(sentence: str, keyword: str, n_progression_examples: int = 2, prompts=None, retry: bool = False) -> str:
+# %% ../nbs/10_longitudinal.ipynb #319e26e0
+def progression_prompt(sentence: str,                  # the sentence asked about
+                       keyword: str,                   # the finding whose course is asked
+                       n_progression_examples: int = 2, # worked examples shown (paper: 0, 2, 4)
+                       prompts: str | os.PathLike | Mapping | None = None, # prompt override (see `load_prompts`)
+                       retry: bool = False             # add the line restating the answer format
+                      ) -> str:
     "Step 3: how has `keyword` progressed according to `sentence`? (answer a bracketed label)."
     p = load_prompts(prompts)["progression"]
     ex = _first(p["task_examples"], n_progression_examples, "n_progression_examples")
@@ -345,7 +379,8 @@ def _norm(text: str) -> str:
     t = re.sub(r"[-_]+", " ", str(text).lower())
     return re.sub(r"\s+", " ", t.strip(" \t\r\n\"'`.,;:!*()[]")).strip()
 
-def parse_choice(text: str | None, aliases: Mapping[str, str] # normalized answer -> label
+def parse_choice(text: str | None,             # a model's reply (None: no reply)
+                 aliases: Mapping[str, str]    # normalized answer -> label
                 ) -> str | None:
     "The one label in a reply (bracketed answers first, else the whole reply); None if none or several differ."
     if text is None: return None
@@ -355,32 +390,39 @@ def parse_choice(text: str | None, aliases: Mapping[str, str] # normalized answe
 
 # %% ../nbs/10_longitudinal.ipynb #9cabf734
 _BINARY = {"1": 1, "0": 0, "yes": 1, "no": 0}
-_PROGRESSION_ALIASES = {**{l: l for l in PROGRESSION_LABELS}, "nochange": "no change", "unchanged": "no change", "stable": "no change",
-                        "improvement": "improved", "improving": "improved", "better": "improved",
+_PROGRESSION_ALIASES = {**{label: label for label in PROGRESSION_LABELS}, "nochange": "no change", "unchanged": "no change",
+                        "stable": "no change", "improvement": "improved", "improving": "improved", "better": "improved",
                         "worse": "worsened", "worsening": "worsened", "not mentioned": "unmentioned"}
 
-def parse_binary(text: str | None) -> int | None:
+def parse_binary(text: str | None # a model's reply to the longitudinal question
+                ) -> int | None:
     "`1`, `0`, or None for an invalid reply."
     return parse_choice(text, _BINARY)
 
-def parse_progression(text: str | None) -> str | None:
+# %% ../nbs/10_longitudinal.ipynb #287932a7
+def parse_progression(text: str | None # a model's reply to the progression question
+                     ) -> str | None:
     "A progression label (`no change`, `improved`, `worsened`, `unmentioned`), or None."
     return parse_choice(text, _PROGRESSION_ALIASES)
+
+# %% ../nbs/10_longitudinal.ipynb #89a13720
+def _add_spelling(out: dict, spelling: str, term: str):
+    "Add a spelling and its singular or plural form, unless already taken."
+    for v in {spelling, spelling[:-1] if spelling.endswith("s") else spelling + "s"}: out.setdefault(v, term)
 
 @functools.lru_cache(maxsize=16)
 def _keyword_aliases(terms: tuple) -> dict:
     "normalized spelling -> term: each term, its parts around '/', and singular/plural forms (exact terms win)."
-    out = {}
-    def add(a, t):
-        for v in {a, a[:-1] if a.endswith("s") else a + "s"}: out.setdefault(v, t)
-    for t in terms: out[_norm(t)] = t
+    out = {_norm(t): t for t in terms}
     for t in terms:
         base = _norm(re.sub(r"\(.*?\)", "", t))
-        add(base, t)
-        for part in base.split("/"): add(part.strip(), t)
+        _add_spelling(out, base, t)
+        for part in base.split("/"): _add_spelling(out, part.strip(), t)
     return out
 
-def parse_keyword(text: str | None, keywords=None) -> str | None:
+def parse_keyword(text: str | None,  # a model's reply to the keyword question
+                  keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
+                 ) -> str | None:
     "A term of the keyword list named in the reply, or None."
     return parse_choice(text, _keyword_aliases(tuple(keyword_terms(keywords))))
 
@@ -396,10 +438,13 @@ class LLMAnnotator:
                  max_tokens: int = 64,              # cap on each reply
                  invalid_retries: int = 2,          # extra asks for an answer that could not be parsed
                  cache=None,                        # ChatCache or path; None: the default cache; False: none
-                 max_concurrency: int = 4, retries: int = 4, timeout_s: float | None = 120,
+                 max_concurrency: int = 4,          # requests in flight
+                 retries: int = 4,                  # retries of a failed request (transient errors)
+                 timeout_s: float | None = 120,     # time limit of one request
                  prices=None,                       # price table for the cost column (see `cxr_audit.llm.price_per_1m`)
                  allow_remote_restricted: bool = False, # opt in to sending restricted sentences off this machine
-                 keywords=None, prompts=None,       # keyword list and prompt overrides
+                 keywords=None,                     # keyword list override (see `load_keywords`)
+                 prompts=None,                      # prompt override (see `load_prompts`)
                  progress: bool = False,            # progress line of each batch on stderr
                  name: str | None = None):          # written to the `annotator` column (default "llm:<model>")
         self.backend, self.n_task_examples, self.n_change_indicators = backend, n_task_examples, n_change_indicators
@@ -415,7 +460,11 @@ class LLMAnnotator:
 
 # %% ../nbs/10_longitudinal.ipynb #6f9866b8
 @patch
-def prompt(self: LLMAnnotator, step: str, sentence: str, keyword: str | None = None, retry: bool = False) -> str:
+def prompt(self: LLMAnnotator, step: str, # `longitudinal`, `keyword` or `progression`
+           sentence: str,                 # the sentence asked about
+           keyword: str | None = None,    # the finding (step `progression` only)
+           retry: bool = False            # add the line restating the answer format
+          ) -> str:
     "The prompt of `step` (`longitudinal`, `keyword` or `progression`) for one sentence."
     if step == "longitudinal": return longitudinal_prompt(sentence, self.n_task_examples, self.n_change_indicators, self.prompts, retry)
     if step == "keyword": return keyword_prompt(sentence, self.keywords, self.prompts, retry)
@@ -445,7 +494,7 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
                  "messages": [{"role": "user", "content": self.prompt(step, *items[i], retry=attempt > 0)}]} for i in pending]
         df = run_batch(reqs, self.backend, cache=self.cache, max_concurrency=self.max_concurrency, retries=self.retries,
                        timeout_s=self.timeout_s, progress=self.progress, prices=self.prices,
-                       allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params())
+                       allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params()).to_frame()
         parsed = [self._parse(step, t) if s == "ok" else None for s, t in zip(df["status"], df["text"])]
         for i, a in zip(pending, parsed): answers[i] = a
         self.log_.append(df.assign(step=step, item=pending, attempt=attempt, answer=[None if a is None else str(a) for a in parsed],
@@ -454,27 +503,37 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
     return answers
 
 # %% ../nbs/10_longitudinal.ipynb #9020dfcb
+def _flags(sentences: list[str], restricted) -> dict:
+    "sentence -> restricted; a sentence shared by a restricted report is restricted."
+    flags = dict.fromkeys(sentences, False)
+    for s, r in zip(sentences, [restricted] * len(sentences) if isinstance(restricted, (bool, np.bool_)) else restricted):
+        flags[s] = flags[s] or bool(r)
+    return flags
+
 @patch
-def annotate(self: LLMAnnotator, sentences: Sequence[str], restricted=False) -> pd.DataFrame:
+def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
+             sentences: Sequence[str],      # the sentences to annotate
+             restricted: bool | Sequence[bool] = False     # one flag, or one per sentence (the LLM layer's guard applies)
+            ) -> pd.DataFrame:
     "One row per sentence: `sentence, is_longitudinal, keyword, progression`; the calls are in `log_` and their totals in `summary_`."
     sentences = [str(s) for s in sentences]
     uniq = list(dict.fromkeys(sentences))
-    flags = dict.fromkeys(uniq, False)
-    for s, r in zip(sentences, [restricted] * len(sentences) if isinstance(restricted, (bool, np.bool_)) else restricted):
-        flags[s] = flags[s] or bool(r)   # a sentence shared by a restricted report is restricted
-    flag = lambda ss: [flags[s] for s in ss]
+    flags = _flags(sentences, restricted)
     self.log_ = []
-    is_long = dict(zip(uniq, self._ask("longitudinal", [(s,) for s in uniq], flag(uniq))))
+    is_long = dict(zip(uniq, self._ask("longitudinal", [(s,) for s in uniq], [flags[s] for s in uniq])))
     longs = [s for s in uniq if is_long[s] == 1]
-    kw = dict(zip(longs, self._ask("keyword", [(s,) for s in longs], flag(longs))))
+    kw = dict(zip(longs, self._ask("keyword", [(s,) for s in longs], [flags[s] for s in longs])))
     named = [s for s in longs if kw[s] is not None]
-    prog = dict(zip(named, self._ask("progression", [(s, kw[s]) for s in named], flag(named))))
+    prog = dict(zip(named, self._ask("progression", [(s, kw[s]) for s in named], [flags[s] for s in named])))
     self._finish_log()
     rows = {s: (None if is_long[s] is None else bool(is_long[s]), kw.get(s), prog.get(s)) for s in uniq}
     return _annotation_frame(sentences, [rows[s] for s in sentences])
 
 @patch
-def progression_of(self: LLMAnnotator, pairs: Sequence[tuple[str, str]], restricted=False) -> list[str | None]:
+def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
+                   pairs: Sequence[tuple[str, str]], # `(sentence, keyword)` pairs
+                   restricted: bool | Sequence[bool] = False # one flag, or one per pair
+                  ) -> list[str | None]:
     "Step 3 alone for given `(sentence, keyword)` pairs (None where the answer stayed invalid)."
     pairs = [(str(s), str(k)) for s, k in pairs]
     self.log_ = []
@@ -496,7 +555,8 @@ def _prompt_field(text: str, name: str) -> str | None:
 
 def rule_chat(annotator: RuleAnnotator | None = None, # the rules that answer (default: RuleAnnotator())
               noise: float = 0.0,                     # with temperature > 0: chance of replacing an answer (SIMULATED sampling)
-              name: str = "rule-chat") -> RuleChat:
+              name: str = "rule-chat"                 # the back end's model name (the annotator is "llm:<name>")
+             ) -> RuleChat:
     "An offline back end answering the packaged longitudinal prompts by rules (not a model)."
     ann, terms = annotator or RuleAnnotator(), keyword_terms()
     def answer(messages, schema, temperature=0.0, seed=None):
@@ -523,7 +583,8 @@ def _as_flag(v, where: str) -> bool:
     raise InputError(f"{where}: is_longitudinal must be 0/1 or true/false, got {v!r}")
 
 def read_gold(gold,                # a table or a CSV/parquet path: sentence, is_longitudinal [, keyword, progression, report_id]
-              keywords=None) -> pd.DataFrame:
+              keywords: str | os.PathLike | Mapping | None = None # the keyword list the gold keywords come from
+             ) -> pd.DataFrame:
     "Gold sentence labels, checked: `report_id, sentence, is_longitudinal, keyword, progression` (+ other columns kept)."
     what = str(gold) if isinstance(gold, (str, os.PathLike)) else "gold"
     df = (read_table(gold) if isinstance(gold, (str, os.PathLike)) else as_pandas(gold, what)).reset_index(drop=True)
@@ -548,8 +609,10 @@ SCOPES = ("end_to_end", "isolated")
 def _klass(is_long, progression) -> str | None:
     return progression if bool(is_long) and progression in PROGRESSION_CLASSES else None
 
-def annotation_counts(gold, predicted,   # gold table (see `read_gold`); predictions aligned to its rows
-                      scope: str = "end_to_end") -> pd.DataFrame:
+def annotation_counts(gold,               # gold table (see `read_gold`)
+                      predicted,          # predictions aligned to its rows (`is_longitudinal, keyword, progression`)
+                      scope: str = "end_to_end" # "end_to_end" or "isolated" (see `SCOPES`)
+                     ) -> pd.DataFrame:
     "Per gold sentence: longitudinal `l_tp, l_fp, l_fn, l_tn`, progression `tp_*, fp_*, fn_*, tn_*` per class, and `evaluated`."
     g, p = read_gold(gold), as_pandas(predicted, "predictions").reset_index(drop=True)
     if len(p) != len(g): raise InputError(f"predictions: {len(p)} rows for {len(g)} gold sentences")
@@ -586,39 +649,6 @@ def _annotation_stats(C: pd.DataFrame, scope: str) -> dict:
     for j, c in enumerate(PROGRESSION_CLASSES): out[f"progression_f1_{c.replace(' ', '_')}"] = (micro_stats(tp[:, j], fp[:, j], fn[:, j]), "micro_f1")
     return out
 
-# %% ../nbs/10_longitudinal.ipynb #2eb48068
-def _predict(annotator, g: pd.DataFrame, scope: str) -> pd.DataFrame:
-    "An annotator's predictions on the gold rows (a table of predictions is taken as is)."
-    if isinstance(annotator, pd.DataFrame) or not hasattr(annotator, "annotate"):
-        return as_pandas(annotator, "predictions").reset_index(drop=True)
-    if scope == "end_to_end": return annotator.annotate(list(g["sentence"])).reset_index(drop=True)
-    ask = [i for i, (l, k, p) in enumerate(zip(g.is_longitudinal, g.keyword, g.progression))
-           if l and k not in (None, SUPPORT_DEVICES) and p in PROGRESSION_CLASSES]   # only the sentences the scope scores
-    prog = [None] * len(g)
-    for i, v in zip(ask, annotator.progression_of([(g.sentence[i], g.keyword[i]) for i in ask])): prog[i] = v
-    return pd.DataFrame({"is_longitudinal": True, "keyword": g["keyword"], "progression": pd.Series(prog, dtype=object)})
-
-def evaluate_annotators(gold,                       # gold table or path (see `read_gold`)
-                        annotators,                 # {name: annotator or predictions table}, or a list of annotators
-                        baseline: str | None = None, # compare every annotator with this one
-                        scope: str = "end_to_end",  # or "isolated" (progression step alone, on gold keywords)
-                        reps: int = 1000, seed: int = 0,
-                        cluster: bool = True,       # resample whole reports (gold `report_id`)
-                        size: float = 0.95) -> "AnnotationQuality":
-    "Bootstrap annotation quality of one or more annotators on gold sentence labels."
-    g = read_gold(gold)
-    if not isinstance(annotators, Mapping):
-        names = [a.name for a in annotators]
-        if len(set(names)) < len(names): raise InputError(f"annotators: names must differ, got {names}; pass a dict or set `name=`")
-        annotators = dict(zip(names, annotators))
-    preds = {n: _predict(a, g, scope) for n, a in annotators.items()}
-    counts = {n: annotation_counts(g, p, scope) for n, p in preds.items()}
-    stats = {n: _annotation_stats(C, scope) for n, C in counts.items()}
-    metrics = {m: ({n: stats[n][m][0] for n in stats}, stats[next(iter(stats))][m][1]) for m in next(iter(stats.values()))}
-    res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=g["report_id"].values if cluster else None,
-                            baseline=baseline if len(preds) > 1 else None, size=size)
-    return AnnotationQuality(g, preds, counts, res, scope, baseline)
-
 # %% ../nbs/10_longitudinal.ipynb #2fb9af3b
 def _category(is_long, keyword, progression) -> str:
     "Display category of one (gold or predicted) sentence label."
@@ -635,30 +665,51 @@ class AnnotationQuality:
     scope: str = "end_to_end"
     baseline: str | None = None
 
+    def to_frame(self) -> pd.DataFrame:
+        "Every annotator and metric: `annotator, metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+        df = pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True)
+        return df.rename(columns={"system": "annotator"})
+
     def summary(self) -> pd.DataFrame:
         "`annotator, metric, estimate, ci_low, ci_high, n`."
-        rows = [r.systems_frame().assign(metric=m) for m, r in self.results.items()]
-        df = pd.concat(rows, ignore_index=True).rename(columns={"system": "annotator"})
-        return df[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
+        return self.to_frame()[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
 
-    def comparisons(self) -> pd.DataFrame:
-        "Paired differences (vs the baseline, or all pairs), Holm-adjusted over every metric."
+    def compare(self, metric: str = "progression_micro_f1" # one of `results`
+               ) -> PairedResult:
+        "The paired comparisons of one metric (vs the baseline, or all pairs)."
         if len(self.predictions) < 2: raise InputError("comparisons need at least two annotators")
-        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(self.results)  # undefined measures give NaN rows
+        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
+        return self.results[metric]
+
+    def comparisons(self, metrics: Sequence[str] | None = None # default: every metric
+                   ) -> pd.DataFrame:
+        "Paired differences (vs the baseline, or all pairs), Holm-adjusted over every chosen metric."
+        if len(self.predictions) < 2: raise InputError("comparisons need at least two annotators")
+        chosen = {m: self.compare(m) for m in (metrics or self.results)}
+        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)  # undefined measures give NaN rows
+
+    def note(self, metrics: Sequence[str] | None = None # the metrics of `comparisons(metrics)`
+            ) -> str:
+        "The p-value convention and floors of `comparisons(metrics)`."
+        r = next(iter(self.results.values()))
+        m = sum(len(self.results[k].pairs) for k in (metrics or self.results))
+        return p_value_note(r.replicates.shape[1], m, 1 - r.size)
 
     def __repr__(self): return f"AnnotationQuality({list(self.predictions)}, scope={self.scope!r}, {len(self.gold)} gold sentences)"
-    def _repr_markdown_(self): return md_table(self.table())
+    def _repr_markdown_(self): return md_table(self.table().reset_index())
 
 # %% ../nbs/10_longitudinal.ipynb #b7d9b034
 @patch
-def table(self: AnnotationQuality, digits: int = 3) -> pd.DataFrame:
+def table(self: AnnotationQuality, digits: int = 3 # decimals shown
+         ) -> pd.DataFrame:
     "metric × annotator, `estimate [ci_low, ci_high]`."
     s = self.summary()
     s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
     return s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
 
 @patch
-def categories(self: AnnotationQuality, name: str) -> pd.DataFrame:
+def categories(self: AnnotationQuality, name: str # an annotator
+              ) -> pd.DataFrame:
     "`gold, predicted` category of every gold sentence for one annotator."
     g, p = self.gold, self.predictions[name]
     pl = p["is_longitudinal"] if "is_longitudinal" in p else pd.Series(True, index=p.index)
@@ -666,7 +717,8 @@ def categories(self: AnnotationQuality, name: str) -> pd.DataFrame:
                          "predicted": [_category(*r) for r in zip(pl, p["keyword"], p["progression"])]})
 
 @patch
-def per_class(self: AnnotationQuality, size: float = 0.95) -> pd.DataFrame:
+def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exact binomial interval
+             ) -> pd.DataFrame:
     "Per annotator and gold category: `n, correct, accuracy` with an exact binomial interval."
     parts = []
     for name in self.predictions:
@@ -676,9 +728,11 @@ def per_class(self: AnnotationQuality, size: float = 0.95) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low", "ci_high"]].rename(columns={"estimate": "accuracy"})
 
 @patch
-def confusion(self: AnnotationQuality, name: str) -> pd.DataFrame:
+def confusion(self: AnnotationQuality, name: str # an annotator
+             ) -> pd.DataFrame:
     "Gold category × predicted category counts for one annotator."
-    return pd.crosstab(self.categories(name).gold, self.categories(name).predicted)
+    c = self.categories(name)
+    return pd.crosstab(c.gold, c.predicted)
 
 @patch
 def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
@@ -691,6 +745,44 @@ def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
         rows.append({"annotator": name, "n": int(m.sum()), "exact": float(exact.mean()), "same_family": float(np.mean(same_fam))})
     return pd.DataFrame(rows)
 
+# %% ../nbs/10_longitudinal.ipynb #2eb48068
+def _predict(annotator, g: pd.DataFrame, scope: str) -> pd.DataFrame:
+    "An annotator's predictions on the gold rows (a table of predictions is taken as is)."
+    if isinstance(annotator, pd.DataFrame) or not hasattr(annotator, "annotate"):
+        return as_pandas(annotator, "predictions").reset_index(drop=True)
+    if scope == "end_to_end": return annotator.annotate(list(g["sentence"])).reset_index(drop=True)
+    ask = [i for i, (long_, k, p) in enumerate(zip(g.is_longitudinal, g.keyword, g.progression))
+           if long_ and k not in (None, SUPPORT_DEVICES) and p in PROGRESSION_CLASSES]   # only the sentences the scope scores
+    prog = [None] * len(g)
+    for i, v in zip(ask, annotator.progression_of([(g.sentence[i], g.keyword[i]) for i in ask])): prog[i] = v
+    return pd.DataFrame({"is_longitudinal": True, "keyword": g["keyword"], "progression": pd.Series(prog, dtype=object)})
+
+def _named(annotators) -> dict:
+    "{name: annotator} from a dict or a list of annotators with distinct names."
+    if isinstance(annotators, Mapping): return dict(annotators)
+    names = [a.name for a in annotators]
+    if len(set(names)) < len(names): raise InputError(f"annotators: names must differ, got {names}; pass a dict or set `name=`")
+    return dict(zip(names, annotators))
+
+def evaluate_annotators(gold,                        # gold table or path (see `read_gold`)
+                        annotators,                  # {name: annotator or predictions table}, or a list of annotators
+                        baseline: str | None = None, # compare every annotator with this one
+                        scope: str = "end_to_end",   # or "isolated" (progression step alone, on gold keywords)
+                        reps: int = 1000,            # bootstrap resamples
+                        seed: int = DEFAULT_SEED,    # seed of the resamples
+                        clusters="report_id",        # a gold column, one label per gold row, or None (resample sentences)
+                        size: float = 0.95           # interval coverage
+                       ) -> AnnotationQuality:
+    "Bootstrap annotation quality of one or more annotators on gold sentence labels."
+    g = read_gold(gold)
+    preds = {n: _predict(a, g, scope) for n, a in _named(annotators).items()}
+    counts = {n: annotation_counts(g, p, scope) for n, p in preds.items()}
+    stats = {n: _annotation_stats(C, scope) for n, C in counts.items()}
+    metrics = {m: ({n: stats[n][m][0] for n in stats}, stats[next(iter(stats))][m][1]) for m in next(iter(stats.values()))}
+    res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=resolve_clusters(clusters, g),
+                            baseline=baseline if len(preds) > 1 else None, size=size)
+    return AnnotationQuality(g, preds, counts, res, scope, baseline)
+
 # %% ../nbs/10_longitudinal.ipynb #5b19c15b
 _EVENTFUL = {"worsened": 0, "improved": 1, "no change": 2, "unmentioned": 3}
 
@@ -698,15 +790,18 @@ def _families(families) -> dict | None:
     if families is True: return keyword_families()
     return dict(families) if families else None
 
-def report_progression(sentences, families: bool | Mapping = False # match findings by family (True: the packaged families)
+def _eventfulness(label) -> int: return _EVENTFUL.get(label, 9)
+
+def report_progression(sentences,                          # a sentences table (see `annotate_reports`)
+                       families: bool | Mapping = False    # match findings by family (True: the packaged families)
                       ) -> pd.DataFrame:
     "`report_id, keyword, progression` per report and finding, from its longitudinal sentences (support devices left out)."
     s = require_columns(sentences, ["report_id", "is_longitudinal", "keyword", "progression"], "sentences")
     fam = _families(families)
     m = s["is_longitudinal"].astype("boolean").fillna(False).astype(bool) & s["keyword"].notna() & (s["keyword"] != SUPPORT_DEVICES)
     d = s.loc[m, ["report_id", "keyword", "progression"]].copy()
-    if fam: d["keyword"] = d["keyword"].map(lambda k: fam.get(k, k))
-    d = d.assign(_r=d["progression"].map(lambda p: _EVENTFUL.get(p, 9))).sort_values(["report_id", "keyword", "_r"], kind="stable")
+    if fam: d["keyword"] = [fam.get(k, k) for k in d["keyword"]]
+    d = d.assign(_r=d["progression"].map(_eventfulness)).sort_values(["report_id", "keyword", "_r"], kind="stable")
     d = d.drop_duplicates(["report_id", "keyword"]).drop(columns="_r").reset_index(drop=True)
     d["report_id"] = d["report_id"].astype(str)
     return d
@@ -715,7 +810,8 @@ def report_progression(sentences, families: bool | Mapping = False # match findi
 def progression_instances(reference,              # sentences table of the reference reports (report_id = study_id)
                           generated,              # sentences table of the generated reports (report_id = sample_id)
                           pairs,                  # sample_id, study_id, system: which generated report answers which study
-                          families: bool | Mapping = False) -> pd.DataFrame:
+                          families: bool | Mapping = False # match findings by family (True: the packaged families)
+                         ) -> pd.DataFrame:
     "One row per generated report and reference finding with a progression class: `..., reference, generated, predicted`."
     p = require_columns(pairs, ["sample_id", "study_id", "system"], "pairs")[["sample_id", "study_id", "system"]].astype(str)
     ref = report_progression(reference, families)
@@ -726,7 +822,11 @@ def progression_instances(reference,              # sentences table of the refer
     inst["predicted"] = [g if g in PROGRESSION_CLASSES else "absent" for g in inst["generated"]]
     return inst.reset_index(drop=True)
 
-def progression_counts(instances, units: Sequence, system: str) -> np.ndarray:
+# %% ../nbs/10_longitudinal.ipynb #77511f35
+def progression_counts(instances,         # see `progression_instances`
+                       units: Sequence,   # study IDs, in the order of the rows returned
+                       system: str        # the system whose instances are counted
+                      ) -> np.ndarray:
     "`(units × 9)` counts `[tp, fp, fn]` of each class (no change, improved, worsened) per study, for one system."
     d = instances[instances["system"] == system]
     pos = {u: i for i, u in enumerate(map(str, units))}
@@ -741,6 +841,7 @@ def progression_counts(instances, units: Sequence, system: str) -> np.ndarray:
 LANGUAGE_METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor")
 PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
                        "progression_micro_precision", "progression_micro_recall", "progression_macro_f1")
+_F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
 def _progression_stats(S: np.ndarray) -> dict:
     "metric -> (per-study stats, value function) from `(units × 9)` class counts."
@@ -770,44 +871,231 @@ def _language_stats(metrics: Sequence, refs: Sequence[str], hyps: Sequence[str],
         except (ImportError, OSError, RuntimeError) as e: notes.append(f"{name} was not computed: {type(e).__name__}: {e}")
     return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), notes
 
+def _config_names(g: pd.DataFrame) -> pd.Series:
+    "The `config` label of each generation: `system`, or `system+policy` for a system run under several policies."
+    multi = g["policy"].astype(str).groupby(g["system"]).transform("nunique") > 1
+    policy = g["policy"].astype(object).where(multi, None)
+    return config_label(g["system"].astype(str), policy).set_axis(g.index)
+
 def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
     "`sample_id, study_id, system, hypothesis` of the generations of known studies; one report per system and study."
     g = to_generations(generations)
-    g = g.assign(system=run_names(g).values)[["sample_id", "study_id", "system", "hypothesis"]]
+    g = g.assign(system=_config_names(g))[["sample_id", "study_id", "system", "hypothesis"]]
     g = g[g["study_id"].isin(study_ids)].reset_index(drop=True)
     dup = g.duplicated(["system", "study_id"])
     if dup.any(): raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study {g.study_id[dup].iloc[0]!r}; "
                                    "keep one seed per system and study, or give each seed its own system name")
     return g
 
+# %% ../nbs/10_longitudinal.ipynb #4bb46b25
+@dataclass(frozen=True, eq=False, repr=False)
+class TruthAgreement:
+    changes: pd.DataFrame      # per true change: study_id, keyword, truth, annotated, correct
+    size: float = 0.95         # coverage of the exact binomial intervals
+    annotator: str | None = None # who annotated the references
+
+    def to_frame(self) -> pd.DataFrame:
+        "One row per true change: `study_id, keyword, truth, annotated, correct`."
+        return self.changes.copy()
+
+    def summary(self) -> pd.DataFrame:
+        "Per class and overall: `class, metric, n, correct, estimate, ci_low, ci_high` (accuracy, exact binomial interval)."
+        per = self.changes.groupby("truth", sort=False).correct.agg(n="size", correct="sum")
+        per = per.reindex(list(PROGRESSION_CLASSES)).dropna().astype(int)
+        per.loc["all"] = per.sum()
+        out = binomial_cis(per.rename_axis("class").reset_index(), "correct", "n", self.size).assign(metric="accuracy")
+        return out[["class", "metric", "n", "correct", "estimate", "ci_low", "ci_high"]]
+
+    def headline(self) -> str:
+        "One markdown sentence: the overall accuracy with its interval."
+        a = self.summary().set_index("class").loc["all"]
+        who = f" by `{self.annotator}`" if self.annotator else ""
+        return (f"The annotated progression{who} is right for **{a.correct}** of the {a.n} true changes: **{a.estimate:.1%}** "
+                f"[{a.ci_low:.1%}, {a.ci_high:.1%}] (exact binomial {self.size:.0%} interval).")
+
+    def __repr__(self): return f"TruthAgreement({len(self.changes)} true changes, annotator={self.annotator!r})"
+    def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
+
+# %% ../nbs/10_longitudinal.ipynb #dd60859d
+def truth_agreement(sentences,                  # sentences table of the reference reports (report_id = study_id)
+                    truth,                      # study_id, keyword, progression: the true changes
+                    families: bool | Mapping = True, # match findings by family (True: the packaged families)
+                    size: float = 0.95          # coverage of the exact binomial intervals
+                   ) -> TruthAgreement:
+    "The annotated progression of every true change (support devices left out) against the truth."
+    t = require_columns(truth, ["study_id", "keyword", "progression"], "truth")
+    fam = _families(families)
+    t = t[(t["keyword"] != SUPPORT_DEVICES) & t["progression"].isin(PROGRESSION_CLASSES)]
+    t = t.assign(study_id=t.study_id.astype(str), keyword=[fam.get(k, k) for k in t.keyword] if fam else t.keyword)
+    t = t.drop_duplicates(["study_id", "keyword"]).rename(columns={"progression": "truth"})[["study_id", "keyword", "truth"]]
+    a = report_progression(sentences, families).rename(columns={"report_id": "study_id", "progression": "annotated"})
+    m = t.merge(a, on=["study_id", "keyword"], how="left")
+    m["annotated"] = m["annotated"].fillna("not found")
+    m["correct"] = m["truth"] == m["annotated"]
+    who = sentences["annotator"].dropna() if "annotator" in sentences else pd.Series(dtype=object)
+    return TruthAgreement(m.reset_index(drop=True), size, ", ".join(dict.fromkeys(map(str, who))) or None)
+
+# %% ../nbs/10_longitudinal.ipynb #402e5cd6
+@dataclass(frozen=True, eq=False, repr=False)
+class ProgressionEvaluation:
+    reference_sentences: pd.DataFrame  # sentences table of the references (report_id = study_id)
+    generated_sentences: pd.DataFrame  # sentences table of the generated reports (report_id = sample_id)
+    pairs: pd.DataFrame                # sample_id, study_id, system, hypothesis of the evaluated reports
+    units: tuple                       # evaluated study IDs
+    instances: pd.DataFrame            # reference findings with the generated prediction (see `progression_instances`)
+    scores: pd.DataFrame               # language metrics on longitudinal sentences, `scores` long format
+    results: dict                      # metric -> PairedResult (systems on shared resamples)
+    notes: tuple = ()                  # what was left out, and why
+    clusters: str | None = None        # what was resampled instead of studies (a column name, "given labels"), None: studies
+    seed: int = DEFAULT_SEED           # seed of the resamples
+    truth: TruthAgreement | None = None   # the references' annotation against known true changes, when given
+    llm_calls: pd.DataFrame | None = None # every LLM call of the annotation (column `reports`), when an LLM annotated
+
+    @property
+    def systems(self) -> list[str]: return list(next(iter(self.results.values())).systems)
+    @property
+    def reps(self) -> int: return int(next(iter(self.results.values())).replicates.shape[1])
+    @property
+    def annotators(self) -> dict:
+        "Who annotated the references and the generated reports."
+        return {k: ", ".join(dict.fromkeys(map(str, s["annotator"].dropna()))) or None
+                for k, s in (("references", self.reference_sentences), ("generations", self.generated_sentences))}
+
+    def coverage(self) -> dict:
+        "How much was evaluated: reference sentences, the longitudinal ones, evaluated studies, systems, instances."
+        return {"reference_sentences": len(self.reference_sentences),
+                "longitudinal_reference_sentences": int(self.reference_sentences["is_longitudinal"].fillna(False).sum()),
+                "studies": len(self.units), "systems": len(self.systems), "instances": len(self.instances)}
+
+    def to_frame(self) -> pd.DataFrame:
+        "Every system and measure: `system, metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+        return pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True)
+
+    def summary(self) -> pd.DataFrame:
+        "`system, metric, estimate, ci_low, ci_high, se, n` for every system and measure."
+        return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]]
+
+    def compare(self, metric: str = "progression_micro_f1" # one of `results`
+               ) -> PairedResult:
+        "All paired differences (first − second) of one measure; its `to_frame()` is Holm-adjusted over them."
+        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
+        return self.results[metric]
+
+    def comparisons(self, metrics: Sequence[str] | None = None # default: every measure
+                   ) -> pd.DataFrame:
+        "All paired differences of the chosen measures, Holm-adjusted over all of them (`significant = p_holm < 1 − size`)."
+        if len(self.systems) < 2: raise InputError("comparisons need at least two systems")
+        with np.errstate(invalid="ignore", divide="ignore"): return holm_family({m: self.compare(m) for m in (metrics or self.results)})
+
+    def win_matrix(self, metric: str = "progression_micro_f1" # one of `results`
+                  ) -> pd.DataFrame:
+        "P(row system better than column system) over the bootstrap resamples."
+        return self.compare(metric).win_matrix()
+
+    def __repr__(self): return f"ProgressionEvaluation({len(self.systems)} systems, {len(self.units)} studies, {len(self.results)} measures)"
+    def _repr_markdown_(self):
+        note = [self.note()] if len(self.systems) > 1 else []
+        return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index())] + list(self.notes))
+
+# %% ../nbs/10_longitudinal.ipynb #1f150a81
+@patch
+def table(self: ProgressionEvaluation,  # noqa: F811 (AnnotationQuality has its own)
+          metrics: Sequence[str] | None = None, # the columns (default: every measure)
+          digits: int = 3                                                  # decimals shown
+         ) -> pd.DataFrame:
+    "system × measure, `estimate [ci_low, ci_high]` (the layout of the paper's Table 5)."
+    s = self.summary()
+    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
+    cols = [m for m in (metrics or self.results) if m in self.results]
+    return s.pivot(index="system", columns="metric", values="cell").loc[self.systems, cols]
+
+def _oriented(comparisons: pd.DataFrame, first: str, second: str) -> dict:
+    "The comparison `first − second` from a `PairedResult.to_frame()` table (turned round when stored the other way)."
+    f = comparisons.set_index(["first", "second"])
+    flip = (first, second) not in f.index
+    r = f.loc[(second, first)] if flip else f.loc[(first, second)]
+    lo, hi = (-r.ci_high, -r.ci_low) if flip else (r.ci_low, r.ci_high)
+    return {"difference": -r.estimate if flip else r.estimate, "ci_low": lo, "ci_high": hi, "p": r.p, "p_holm": r.p_holm,
+            "significant": bool(r.significant), "ci_excludes_0": bool(r.ci_excludes_0),
+            "win_prob": 1 - r.win_prob if flip else r.win_prob}
+
+@patch
+def best_vs_runner_up(self: ProgressionEvaluation) -> pd.DataFrame:
+    "Per measure: the best system, the runner-up, their difference with its interval and p-values; `significant` is `p_holm < 1 − size`."
+    rows, r0 = [], self.compare()
+    if len(self.systems) > 1: check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
+    for m, r in self.results.items():
+        order = np.argsort(-np.nan_to_num(r.estimates, nan=-np.inf), kind="stable")
+        if len(order) < 2: continue
+        with np.errstate(invalid="ignore", divide="ignore"): frame = r.to_frame()
+        rows.append({"metric": m, "best": r.systems[order[0]], "runner_up": r.systems[order[1]],
+                     **_oriented(frame, r.systems[order[0]], r.systems[order[1]])})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/10_longitudinal.ipynb #8387a8ff
+@patch
+def ranks(self: ProgressionEvaluation, metrics: Sequence[str] | None = None # default: every measure defined on every resample
+         ) -> pd.DataFrame:
+    "Per measure and system: rank (1 = best), its bootstrap interval, the mean rank and P(first): how stable the ranking is."
+    chosen = [m for m in (metrics or self.results) if np.isfinite(self.compare(m).replicates).all()]
+    df = pd.concat([rank_ci(self.results[m]).assign(metric=m) for m in chosen], ignore_index=True)
+    return df[["metric", "system", "value", "estimate", "ci_low", "ci_high", "mean_rank", "p_first"]]
+
+@patch
+def note(self: ProgressionEvaluation, metrics: str | Sequence[str] = "progression_micro_f1" # the family the p-values were adjusted over
+        ) -> str:
+    "The p-value convention and floors for comparisons Holm-adjusted over the pairs of `metrics`."
+    chosen = [metrics] if isinstance(metrics, str) else list(metrics)
+    m = sum(len(self.compare(k).pairs) for k in chosen)
+    return p_value_note(self.reps, max(m, 1), 1 - self.compare(chosen[0]).size)
+
+@patch
+def headline(self: ProgressionEvaluation, metric: str = "progression_micro_f1" # the measure the sentence is about
+            ) -> str:
+    "One markdown sentence: the best system on `metric`, and whether its lead over the runner-up is significant after Holm."
+    s = self.summary().set_index(["system", "metric"])
+    if len(self.systems) < 2:
+        e = s.loc[(self.systems[0], metric)]
+        return f"`{self.systems[0]}`: {metric} {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] on {len(self.units)} studies."
+    b = self.best_vs_runner_up().set_index("metric").loc[metric]
+    e, pairs = s.loc[(b.best, metric)], len(self.compare(metric).pairs)
+    return (f"Best {metric}: `{b.best}` {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}]; its lead over `{b.runner_up}` is "
+            f"{b.difference:+.3f} [{b.ci_low:+.3f}, {b.ci_high:+.3f}], p_holm = {b.p_holm:.3g}: "
+            f"{'significant' if b.significant else 'not significant'} after Holm over the {pairs} pairs of systems "
+            f"({len(self.units)} studies, {self.reps:,} resamples of {self.clusters or 'studies'}).")
+
 # %% ../nbs/10_longitudinal.ipynb #dcaa9467
-def evaluate_longitudinal(studies,                       # studies table: study_id and the reference text column
-                          generations,                   # generations table (sample_id, study_id, system, hypothesis, ...)
-                          annotator=None,                # annotates the generated reports (and the references, by default); RuleAnnotator()
-                          reference_annotator=None,      # annotates the references instead, when given
-                          metrics: Sequence[str] = LANGUAGE_METRICS, # language metrics on the longitudinal sentences
-                          reps: int = 1000, seed: int = 0, size: float = 0.95,
-                          cluster: str | None = None,    # studies column to resample by (e.g. "patient_id"); None: studies
-                          families: bool | Mapping = False, # match findings by family instead of exact term
-                          section: str = "findings",     # column of `studies` holding the reference text
-                          splitter: str | Callable = "default",
-                          reference_sentences=None, generated_sentences=None # annotations made before (sentences tables)
-                         ) -> "LongitudinalEvaluation":
-    "Language and progression measures of every system on the longitudinal content of the reference reports, bootstrapped."
-    annotator = annotator if annotator is not None else RuleAnnotator()
-    st = require_columns(studies, ["study_id", section] + ([cluster] if cluster else []), "studies").copy()
-    st["study_id"] = st["study_id"].astype(str)
-    if st["study_id"].duplicated().any(): raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")
-    pairs = _pairs_of(generations, set(st["study_id"]))
+def _cluster_labels(clusters, st: pd.DataFrame) -> pd.Series | None:
+    "study_id -> resampling cluster (None: resample studies)."
+    labels = resolve_clusters(clusters, st, key="study_id")
+    if labels is None: return None
+    missing = pd.isna(pd.Series(labels, dtype=object)).to_numpy()
+    if missing.any(): raise InputError(f"clusters: study {st['study_id'].iloc[int(np.flatnonzero(missing)[0])]!r} has no cluster label")
+    return pd.Series(labels, index=st["study_id"].to_numpy(), dtype=object)
+
+def _calls_of(annotator, before, reports: str) -> pd.DataFrame | None:
+    "The LLM calls an annotator logged since `before` (its previous log), labelled with the `reports` annotated."
+    log = getattr(annotator, "log_", None)
+    return log.assign(reports=reports) if isinstance(log, pd.DataFrame) and log is not before and len(log) else None
+
+def _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences):
+    "Sentences tables of the references and of the generated reports (annotated here unless given), and the LLM calls made."
+    calls = []
     if reference_sentences is None:
-        reference_sentences = annotate_reports(st, reference_annotator or annotator, splitter, id_col="study_id", text_col=section)
+        ann = reference_annotator or annotator; before = getattr(ann, "log_", None)
+        reference_sentences = annotate_reports(st, ann, splitter, id_col="study_id", text_col=section)
+        calls.append(_calls_of(ann, before, "references"))
     if generated_sentences is None:
-        generated_sentences = annotate_reports(pairs.assign(restricted=pairs.study_id.map(st.set_index("study_id").get("restricted", pd.Series(dtype=bool))).fillna(False)),
-                                               annotator, splitter, id_col="sample_id", text_col="hypothesis")
-    return _evaluate(st, pairs, reference_sentences, generated_sentences, metrics, reps, seed, size, cluster, families)
+        before = getattr(annotator, "log_", None)
+        restricted = pairs.study_id.map(st.set_index("study_id").get("restricted", pd.Series(dtype=bool))).fillna(False)
+        generated_sentences = annotate_reports(pairs.assign(restricted=restricted), annotator, splitter, id_col="sample_id", text_col="hypothesis")
+        calls.append(_calls_of(annotator, before, "generations"))
+    calls = [c for c in calls if c is not None]
+    return reference_sentences, generated_sentences, (pd.concat(calls, ignore_index=True) if calls else None)
 
 # %% ../nbs/10_longitudinal.ipynb #05c7d5ac
-def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster, families) -> "LongitudinalEvaluation":
+def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict) -> ProgressionEvaluation:
+    "The evaluation on the studies with longitudinal reference content and a report from every system; `fields` go to the result."
     ref_long, gen_long = _joined_longitudinal(ref_s), _joined_longitudinal(gen_s)
     systems = list(dict.fromkeys(pairs["system"]))
     covered = pairs.groupby("study_id")["system"].nunique()
@@ -826,86 +1114,105 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster, famil
     for m in (scores["metric"].unique() if len(scores) else []):
         d = scores[scores["metric"] == m]; cols = [c for c in d.columns if c.startswith("stat_") and d[c].notna().any()]
         blocks[m] = ({s: d[d["system"] == s].set_index("sample_id").loc[units, cols].to_numpy(float) for s in systems}, get_metric(m).value)
-    clusters = st.set_index("study_id").loc[units, cluster].to_numpy() if cluster else None
+    clusters = cluster_of.loc[units].to_numpy() if cluster_of is not None else None
     res = bootstrap_metrics(blocks, reps=reps, seed=seed, clusters=clusters, size=size)
-    return LongitudinalEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res, tuple(notes + lang_notes), cluster)
+    return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res, tuple(notes + lang_notes), **fields)
 
-# %% ../nbs/10_longitudinal.ipynb #402e5cd6
-@dataclass(frozen=True, eq=False, repr=False)
-class LongitudinalEvaluation:
-    reference_sentences: pd.DataFrame  # sentences table of the references (report_id = study_id)
-    generated_sentences: pd.DataFrame  # sentences table of the generated reports (report_id = sample_id)
-    pairs: pd.DataFrame                # sample_id, study_id, system, hypothesis of the evaluated reports
-    units: tuple                       # evaluated study IDs
-    instances: pd.DataFrame            # reference findings with the generated prediction (see `progression_instances`)
-    scores: pd.DataFrame               # language metrics on longitudinal sentences, `scores` long format
-    results: dict                      # metric -> PairedResult (systems on shared resamples)
-    notes: tuple = ()                  # what was left out, and why
-    cluster: str | None = None
-
-    @property
-    def systems(self) -> list[str]: return list(next(iter(self.results.values())).systems)
-
-    def summary(self) -> pd.DataFrame:
-        "`system, metric, estimate, ci_low, ci_high, se, n` for every system and measure."
-        df = pd.concat([r.systems_frame().assign(metric=m) for m, r in self.results.items()], ignore_index=True)
-        return df[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]]
-
-    def comparisons(self, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-        "All paired differences (first − second) of the chosen measures, Holm-adjusted over them."
-        with np.errstate(invalid="ignore", divide="ignore"): return holm_family({m: self.results[m] for m in (metrics or self.results)})
-
-    def win_matrix(self, metric: str = "progression_micro_f1") -> pd.DataFrame:
-        "P(row system better than column system) over the bootstrap resamples."
-        return self.results[metric].win_matrix()
-
-    def __repr__(self): return f"LongitudinalEvaluation({len(self.systems)} systems, {len(self.units)} studies, {len(self.results)} measures)"
-    def _repr_markdown_(self): return md_table(self.table().reset_index())
-
-# %% ../nbs/10_longitudinal.ipynb #1f150a81
-@patch
-def table(self: LongitudinalEvaluation, metrics: Sequence[str] | None = None, digits: int = 3) -> pd.DataFrame:
-    "system × measure, `estimate [ci_low, ci_high]` (the layout of the paper's Table 5)."
-    s = self.summary()
-    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
-    cols = [m for m in (metrics or self.results) if m in self.results]
-    return s.pivot(index="system", columns="metric", values="cell").loc[self.systems, cols]
-
-@patch
-def best_vs_runner_up(self: LongitudinalEvaluation) -> pd.DataFrame:
-    "Per measure: the best system, the runner-up, their difference with its interval, and whether it excludes 0."
-    rows = []
-    for m, r in self.results.items():
-        order = np.argsort(-np.nan_to_num(r.estimates, nan=-np.inf), kind="stable")
-        if len(order) < 2: continue
-        a, b = r.systems[order[0]], r.systems[order[1]]
-        ci = r.conf_int().set_index(["first", "second"])
-        lo, hi = ci.loc[(a, b)] if (a, b) in ci.index else -ci.loc[(b, a)][::-1].to_numpy()
-        rows.append({"metric": m, "best": a, "runner_up": b, "difference": r.estimates[order[0]] - r.estimates[order[1]],
-                     "ci_low": lo, "ci_high": hi, "significant": bool(lo > 0 or hi < 0)})
-    return pd.DataFrame(rows)
+# %% ../nbs/10_longitudinal.ipynb #e4a1f0c2
+def progression_evaluation(studies,                       # studies table: study_id and the reference text column (`section`)
+                           generations,                   # generations table (sample_id, study_id, system, policy, hypothesis, ...)
+                           progression=None,              # known true changes (study_id, keyword, progression), e.g. the demo corpus's
+                           annotator=None,                # annotates the generated reports (and the references by default); RuleAnnotator()
+                           reps: int = 1000,              # bootstrap resamples (paper 003: 1,000)
+                           seed: int = DEFAULT_SEED,      # seed of the resamples
+                           clusters=None,                 # a `studies` column (e.g. "patient_id"), labels per row, or study_id -> label; None: studies
+                           metrics: Sequence[str] = LANGUAGE_METRICS, # language metrics on the longitudinal sentences
+                           reference_annotator=None,      # annotates the references instead, when given
+                           families: bool | Mapping = False, # match findings by family instead of exact term
+                           section: str = "findings",     # column of `studies` holding the reference text
+                           splitter: str | Callable = "default", # sentence splitter (see `cxr_audit.reports.split_sentences`)
+                           size: float = 0.95,            # interval coverage
+                           reference_sentences=None,      # annotations of the references made before (a sentences table)
+                           generated_sentences=None       # annotations of the generated reports made before
+                          ) -> ProgressionEvaluation:
+    "Paper 003's evaluation of report generators on longitudinal content: language and progression measures, bootstrapped."
+    annotator = annotator if annotator is not None else RuleAnnotator()
+    st = require_columns(studies, ["study_id", section], "studies").copy()
+    st["study_id"] = st["study_id"].astype(str)
+    if st["study_id"].duplicated().any(): raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")
+    cluster_of, pairs = _cluster_labels(clusters, st), _pairs_of(generations, set(st["study_id"]))
+    ref_s, gen_s, calls = _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences)
+    truth = truth_agreement(ref_s, progression, size=size) if progression is not None else None
+    label = clusters if clusters is None or isinstance(clusters, str) else "given labels"
+    ev = _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families,
+                   {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls})
+    return ev
 
 # %% ../nbs/10_longitudinal.ipynb #8fa61651
-def plot_progression_f1(evaluation: LongitudinalEvaluation,
-                        metrics: Sequence[str] = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened"),
-                        title: str | None = None):
+def plot_progression_f1(evaluation: ProgressionEvaluation,   # the evaluation drawn
+                        metrics: Sequence[str] = _F1_METRICS, # one panel per measure
+                        title: str | None = None # chart title (default: a description)
+                       ):
     "Point estimates and intervals of progression F1 (micro and per class) by system."
     alt = enable_theme(svg=False)
     s = evaluation.summary()
-    s = s[s["metric"].isin(metrics)].assign(measure=lambda d: d["metric"].str.replace("progression_", "").str.replace("_", " "))
+    s = s[s["metric"].isin(metrics)].assign(panel=lambda d: d["metric"].str.replace("progression_", "").str.replace("_", " "))
     order = [m.replace("progression_", "").replace("_", " ") for m in metrics]
     base = alt.Chart(s).encode(y=alt.Y("system:N", sort=evaluation.systems, title=None))
     rule = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="F1", scale=alt.Scale(domain=[0, 1])), x2="ci_high:Q",
-                                                color=alt.Color("measure:N", sort=order, title=None, legend=None))
-    pts = base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=alt.Color("measure:N", sort=order, legend=None),
-                                                      tooltip=["system", "measure", alt.Tooltip("estimate:Q", format=".3f"),
+                                                color=alt.Color("panel:N", sort=order, title=None, legend=None))
+    pts = base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=alt.Color("panel:N", sort=order, legend=None),
+                                                      tooltip=["system", "metric", alt.Tooltip("estimate:Q", format=".3f"),
                                                                alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")])
-    return (rule + pts).properties(width=170, height=alt.Step(20)).facet(column=alt.Column("measure:N", sort=order, title=None)).properties(
-        title=title or f"Progression F1 with {int(100 * next(iter(evaluation.results.values())).size)}% bootstrap intervals")
+    return (rule + pts).properties(width=170, height=alt.Step(20)).facet(column=alt.Column("panel:N", sort=order, title=None)).properties(
+        title=title or f"Progression F1 with {int(100 * evaluation.compare().size)}% bootstrap intervals")
 
-def plot_progression_wins(evaluation: LongitudinalEvaluation, metric: str = "progression_micro_f1", title: str | None = None):
-    "Heatmap of P(row system better than column system) for one measure."
-    return plot_win_probability(evaluation.results[metric], title=title or f"{metric}: P(row better than column)")
+# %% ../nbs/10_longitudinal.ipynb #d2e06c5a
+def plot_progression_wins(evaluation: ProgressionEvaluation,      # the evaluation drawn
+                          metric: str | Sequence[str] = "progression_micro_f1", # one measure, or several (a grid, two per row)
+                          title: str | None = None # chart title (default: a description)
+                         ):
+    "Heatmaps of P(row system better than column system) for one or more measures."
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    if len(metrics) == 1: return plot_win_probability(evaluation.compare(metrics[0]), title=title or f"{metrics[0]}: P(row better than column)")
+    alt = enable_theme(svg=False)
+    charts = [plot_win_probability(evaluation.compare(m), title=f"{chr(97 + i)}) {m}") for i, m in enumerate(metrics)]
+    rows = [alt.hconcat(*charts[i:i + 2]) for i in range(0, len(charts), 2)]
+    return alt.vconcat(*rows).properties(title=title or "P(row system better than column system) over the bootstrap resamples")
+
+# %% ../nbs/10_longitudinal.ipynb #2c96c8ef
+@patch
+def plot(self: ProgressionEvaluation, kind: str = "f1", # "f1": F1 with intervals by system; "wins": win probabilities (Figure 7)
+         metric: str | Sequence[str] | None = None,       # the measure(s) drawn (default: micro F1 and the three classes)
+         title: str | None = None # chart title (default: a description)
+        ):
+    "A chart of the evaluation: `kind=\"f1\"` or `kind=\"wins\"`."
+    if kind == "f1": return plot_progression_f1(self, [metric] if isinstance(metric, str) else (metric or _F1_METRICS), title)
+    if kind == "wins": return plot_progression_wins(self, metric or [m for m in _F1_METRICS if m in self.results], title)
+    raise InputError(f"plot: kind must be 'f1' or 'wins', got {kind!r}")
+
+# %% ../nbs/10_longitudinal.ipynb #88985076
+@patch
+def save(self: ProgressionEvaluation, out_dir: str | os.PathLike, # folder to write into (created when missing)
+         inputs: Mapping | None = None,                           # name -> input file or table, recorded in the manifest
+         params: Mapping | None = None                            # further run parameters recorded in the manifest
+        ) -> dict[str, Path]:
+    "Write the annotations, instances, tables, charts and a manifest (`manifest.json`) into `out_dir`; return name -> path."
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    tables = {"reference_sentences.parquet": self.reference_sentences, "generated_sentences.parquet": self.generated_sentences,
+              "instances.parquet": self.instances, "summary.csv": self.summary(), "table.csv": self.table().reset_index(),
+              "language_scores.parquet": self.scores if len(self.scores) else None, "llm_calls.parquet": self.llm_calls,
+              "truth.csv": None if self.truth is None else self.truth.summary()}
+    if len(self.systems) > 1:
+        tables |= {"comparisons.csv": self.comparisons(), "best_vs_runner_up.csv": self.best_vs_runner_up(), "ranks.csv": self.ranks(),
+                   "win_probability_micro_f1.csv": self.win_matrix().rename_axis("system").reset_index()}
+    paths = {name.split(".")[0]: write_table(df, out / name) for name, df in tables.items() if df is not None}
+    paths["progression_f1_chart"] = save_chart(self.plot("f1"), out / "progression_f1.svg")
+    if len(self.systems) > 1: paths["win_probability_chart"] = save_chart(self.plot("wins"), out / "win_probability.svg")
+    params = {"annotators": self.annotators, "reps": self.reps, "seed": self.seed, "clusters": self.clusters,
+              "size": self.compare().size, "systems": self.systems, "studies": len(self.units), **(params or {})}
+    write_manifest(out / "manifest.json", inputs=inputs, outputs=paths, params=params, notes=list(self.notes) + [self.note()])
+    return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/10_longitudinal.ipynb #0a854134
 def _estimates(evaluation, metrics=None) -> pd.DataFrame:
@@ -914,12 +1221,9 @@ def _estimates(evaluation, metrics=None) -> pd.DataFrame:
     t = s.pivot(index="metric", columns="system", values="estimate")
     return t.loc[[m for m in (metrics or t.index) if m in t.index]]
 
-def runs_summary(evaluations: Sequence, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    "Mean and standard deviation of each system's estimate over repeated evaluation runs."
-    X = pd.concat({i: _estimates(e, metrics).stack().rename("estimate") for i, e in enumerate(evaluations)}, names=["run"])
-    return X.groupby(["metric", "system"]).agg(mean="mean", sd="std", runs="size").reset_index()
-
-def ranking_stability(evaluations: Sequence, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+def ranking_stability(evaluations: Sequence,                 # evaluations (or their `summary()` tables) of repeated runs
+                      metrics: Sequence[str] | None = None   # default: every measure of the first run
+                     ) -> pd.DataFrame:
     "Per measure, agreement of the system rankings of repeated runs: Kendall's W (with p) and the mean pairwise Spearman rho."
     if len(evaluations) < 2: raise InputError("ranking_stability needs at least two evaluation runs")
     E = [_estimates(e, metrics) for e in evaluations]
@@ -931,9 +1235,21 @@ def ranking_stability(evaluations: Sequence, metrics: Sequence[str] | None = Non
         rows.append({"metric": m, "kendalls_w": w.estimate, "p": w.p, "mean_spearman": r.estimate, "runs": len(E), "systems": X.shape[1]})
     return pd.DataFrame(rows)
 
-def ranking_agreement(a, b, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+# %% ../nbs/10_longitudinal.ipynb #aa8d1ba8
+def runs_summary(evaluations: Sequence,                 # evaluations (or their `summary()` tables) of repeated runs
+                 metrics: Sequence[str] | None = None   # default: every measure
+                ) -> pd.DataFrame:
+    "Mean and standard deviation of each system's estimate over repeated evaluation runs."
+    X = pd.concat({i: _estimates(e, metrics).stack().rename("estimate") for i, e in enumerate(evaluations)}, names=["run"])
+    return X.groupby(["metric", "system"]).agg(mean="mean", sd="std", runs="size").reset_index()
+
+# %% ../nbs/10_longitudinal.ipynb #c8e40cee
+def ranking_agreement(first,                                # an evaluation (or its `summary()` table)
+                      second,                               # another evaluation of the same systems
+                      metrics: Sequence[str] | None = None  # default: the measures both have
+                     ) -> pd.DataFrame:
     "Per measure, agreement of two evaluations' system rankings: Spearman's rho and Kendall's tau-b with p-values."
-    A, B = _estimates(a, metrics), _estimates(b, metrics)
+    A, B = _estimates(first, metrics), _estimates(second, metrics)
     rows = []
     for m in [m for m in A.index if m in B.index]:
         x, y = A.loc[m].to_numpy(float), B.loc[m, A.columns].to_numpy(float)
@@ -943,6 +1259,8 @@ def ranking_agreement(a, b, metrics: Sequence[str] | None = None) -> pd.DataFram
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #fb78d0b4
+_CATEGORY_ORDER = list(PROGRESSION_CLASSES) + [SUPPORT_DEVICES, "unmentioned", "no label"]
+
 @dataclass(frozen=True, eq=False, repr=False)
 class LMimic:
     cohort: Cohort              # the follow-up selection (flow, manifest)
@@ -955,7 +1273,7 @@ class LMimic:
         keep = set(self.reports.study_id[self.reports.has_longitudinal])
         return self.cohort.studies[self.cohort.studies.study_id.astype(str).isin(keep)].reset_index(drop=True)
 
-    def report_stats(self) -> pd.DataFrame:
+    def summary(self) -> pd.DataFrame:
         "Per split: follow-up reports, those with longitudinal content and their share, sentences and the longitudinal share."
         r = self.reports.assign(split=self.reports["split"].fillna("(none)"))
         g = r.groupby("split", sort=False).agg(follow_up_reports=("study_id", "size"), lmimic_reports=("has_longitudinal", "sum"),
@@ -965,8 +1283,12 @@ class LMimic:
         g["share_longitudinal_sentences"] = g.longitudinal_sentences / g.sentences.where(g.sentences > 0)
         return g.reset_index()
 
+    def to_frame(self) -> pd.DataFrame:
+        "The statistics of `summary()` in long form: `split, metric, value`."
+        return self.summary().melt("split", var_name="metric", value_name="value")
+
     def __repr__(self): return f"LMimic({len(self.reports)} follow-up reports, {int(self.reports.has_longitudinal.sum())} with longitudinal content)"
-    def _repr_markdown_(self): return md_table(self.report_stats())
+    def _repr_markdown_(self): return md_table(self.summary())
 
 # %% ../nbs/10_longitudinal.ipynb #eb08a7ad
 @patch
@@ -978,32 +1300,40 @@ def class_distribution(self: LMimic) -> pd.DataFrame:
     out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"], sort=False).size().rename("n").reset_index()
     return out.assign(share=out.n / out.groupby("split").n.transform("sum"))
 
+def _report_counts(sentences: pd.DataFrame) -> pd.DataFrame:
+    "Per report: `n_sentences, n_longitudinal`."
+    flags = sentences.assign(flag=sentences["is_longitudinal"].fillna(False).astype(int))
+    return flags.groupby("report_id").agg(n_sentences=("sentence", "size"), n_longitudinal=("flag", "sum"))
+
 def build_lmimic(studies,                # a studies table with study_id, patient_id, study_time, findings (and split)
                  annotator=None,         # RuleAnnotator() by default, or an LLMAnnotator
                  min_visit: int = 2,     # second or later visit
-                 splitter: str | Callable = "default",
-                 what: str = "studies") -> LMimic:
+                 splitter: str | Callable = "default", # sentence splitter (see `cxr_audit.reports.split_sentences`)
+                 what: str = "studies"   # the table's name in messages
+                ) -> LMimic:
     "Paper 003's L-MIMIC construction: follow-up reports with Findings, annotated sentence by sentence."
     c = recipe_003_lmimic(studies, min_visit=min_visit, what=what)
-    st = c.studies.assign(study_id=lambda d: d.study_id.astype(str))
+    st = c.studies.assign(study_id=c.studies.study_id.astype(str))
     sents = annotate_reports(st, annotator, splitter, id_col="study_id", text_col="findings")
-    per = sents.groupby("report_id").agg(n_sentences=("sentence", "size"), n_longitudinal=("is_longitudinal", lambda x: int(x.fillna(False).sum())))
     rep = st[["study_id"] + [k for k in ("split", "visit") if k in st]].copy()
     if "split" not in rep: rep["split"] = None
-    rep = rep.join(per, on="study_id").fillna({"n_sentences": 0, "n_longitudinal": 0})
+    rep = rep.join(_report_counts(sents), on="study_id").fillna({"n_sentences": 0, "n_longitudinal": 0})
     rep[["n_sentences", "n_longitudinal"]] = rep[["n_sentences", "n_longitudinal"]].astype(int)
     return LMimic(c, sents, rep.assign(has_longitudinal=rep.n_longitudinal > 0).reset_index(drop=True))
 
 # %% ../nbs/10_longitudinal.ipynb #1af7d074
+def _distribution_of(data) -> pd.DataFrame:
+    "The class distribution of an `LMimic` or of a sentences table."
+    if isinstance(data, LMimic): return data.class_distribution()
+    s = require_columns(data, ["is_longitudinal", "keyword", "progression"], "sentences")
+    return LMimic(None, s.assign(report_id=s.get("report_id", "x")), pd.DataFrame({"study_id": [], "split": []})).class_distribution()
+
 def plot_class_distribution(data,                 # LMimic, or a sentences table
-                            title: str | None = None):
+                            title: str | None = None # chart title (default: a description)
+                           ):
     "Stacked shares of longitudinal sentences by category, per split (the kind of paper 003's Figure 6b)."
     alt = enable_theme(svg=False)
-    if isinstance(data, LMimic): d = data.class_distribution()
-    else:
-        s = require_columns(data, ["is_longitudinal", "keyword", "progression"], "sentences")
-        d = LMimic(None, s.assign(report_id=s.get("report_id", "x")), pd.DataFrame({"study_id": [], "split": []})).class_distribution()
-    order = list(PROGRESSION_LABELS[:3]) + [SUPPORT_DEVICES, "unmentioned", "no label"]
+    d, order = _distribution_of(data), _CATEGORY_ORDER
     return alt.Chart(d).mark_bar().encode(
         y=alt.Y("split:N", title=None), x=alt.X("share:Q", stack="normalize", title="share of longitudinal sentences", axis=alt.Axis(format="%")),
         color=alt.Color("category:N", sort=order, scale=alt.Scale(domain=order), title=None),
@@ -1011,111 +1341,30 @@ def plot_class_distribution(data,                 # LMimic, or a sentences table
     ).transform_calculate(category_rank=f"indexof({json.dumps(order)}, datum.category)").properties(
         width=420, height=alt.Step(22), title=title or "Longitudinal sentences by category")
 
-# %% ../nbs/10_longitudinal.ipynb #4bb46b25
-def truth_agreement(sentences,                  # sentences table of the reference reports (report_id = study_id)
-                    truth,                      # study_id, keyword, progression: the true changes
-                    families: bool | Mapping = True,
-                    size: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "(per true change: `study_id, keyword, truth, annotated, correct`; per class and overall: `n, correct, accuracy, ci_low, ci_high`)."
-    t = require_columns(truth, ["study_id", "keyword", "progression"], "truth")
-    fam = _families(families)
-    t = t[(t["keyword"] != SUPPORT_DEVICES) & t["progression"].isin(PROGRESSION_CLASSES)]
-    t = t.assign(study_id=t.study_id.astype(str), keyword=[fam.get(k, k) for k in t.keyword] if fam else t.keyword)
-    t = t.drop_duplicates(["study_id", "keyword"]).rename(columns={"progression": "truth"})[["study_id", "keyword", "truth"]]
-    a = report_progression(sentences, families).rename(columns={"report_id": "study_id", "progression": "annotated"})
-    m = t.merge(a, on=["study_id", "keyword"], how="left")
-    m["annotated"] = m["annotated"].fillna("not found")
-    m["correct"] = m["truth"] == m["annotated"]
-    per = m.groupby("truth", sort=False).correct.agg(n="size", correct="sum").reindex(list(PROGRESSION_CLASSES)).dropna().astype(int)
-    per.loc["all"] = per.sum()
-    return m.reset_index(drop=True), binomial_cis(per.rename_axis("class").reset_index(), "correct", "n", size).rename(columns={"estimate": "accuracy"})
+# %% ../nbs/10_longitudinal.ipynb #33d098ba
+def plot_lmimic_reports(lmimic: LMimic,           # the dataset drawn
+                        title: str | None = None # chart title (default: a description)
+                       ):
+    "Share of follow-up reports with and without longitudinal content, per split (the kind of paper 003's Figure 6a)."
+    alt = enable_theme(svg=False)
+    s = lmimic.summary()
+    d = pd.concat([s.assign(content="with longitudinal content", n=s.lmimic_reports),
+                   s.assign(content="without", n=s.follow_up_reports - s.lmimic_reports)])[["split", "content", "n", "follow_up_reports"]]
+    d = d.assign(share=d.n / d.follow_up_reports.where(d.follow_up_reports > 0))
+    order = ["with longitudinal content", "without"]
+    return alt.Chart(d).mark_bar().encode(
+        y=alt.Y("split:N", sort=list(s.split), title=None), x=alt.X("share:Q", stack="normalize", title="share of follow-up reports", axis=alt.Axis(format="%")),
+        color=alt.Color("content:N", sort=order, scale=alt.Scale(domain=order), title=None), order=alt.Order("content:N", sort="descending"),
+        tooltip=["split", "content", "n", alt.Tooltip("share:Q", format=".1%")]
+    ).properties(width=420, height=alt.Step(22), title=title or "Follow-up reports with longitudinal content")
 
-# %% ../nbs/10_longitudinal.ipynb #deca7a63
-def _cli_annotator(a: Mapping):
-    kind = a.get("annotator") or "rules"
-    if kind == "rules": return RuleAnnotator()
-    if kind != "openai": raise InputError(f"annotator must be 'rules' or 'openai', got {kind!r}")
-    if not a.get("model"): raise InputError("annotator 'openai' needs --model")
-    backend = OpenAIChat(a["model"], base_url=a.get("base_url"))
-    return LLMAnnotator(backend, int(a.get("n_task_examples", 3)), int(a.get("n_change_indicators", 8)), int(a.get("n_progression_examples", 2)),
-                        decoding=a.get("decoding") or "greedy", seed=a.get("llm_seed"), cache=a.get("cache"),
-                        max_concurrency=int(a.get("max_concurrency", 4)), allow_remote_restricted=bool(a.get("allow_remote_restricted", False)),
-                        progress=True)
-
-def _metric_list(v) -> tuple:
-    if v is None: return LANGUAGE_METRICS
-    return tuple(m.strip() for m in (v.split(",") if isinstance(v, str) else v) if m.strip())
-
-# %% ../nbs/10_longitudinal.ipynb #93fe4f47
-def cli_longitudinal(args: Mapping) -> str:
-    "`cxr-audit longitudinal`: annotate references and generations, evaluate every system, write tables, charts and a manifest."
-    st = to_studies(read_table(args["studies"]), what=str(args["studies"]), dataset="studies")
-    gens = to_generations(read_table(args["generations"]), what=str(args["generations"]))
-    ann, section = _cli_annotator(args), args.get("section") or "findings"
-    reps, seed, metrics = int(args.get("reps", 1000)), int(args.get("seed", 0)), _metric_list(args.get("metrics"))
-    pairs, logs = _pairs_of(gens, set(st.study_id.astype(str))), []
-    ref_s = annotate_reports(st, ann, id_col="study_id", text_col=section); logs.append(getattr(ann, "log_", None))
-    gen_s = annotate_reports(pairs.assign(restricted=pairs.study_id.map(st.set_index("study_id").restricted).fillna(False)), ann,
-                             id_col="sample_id", text_col="hypothesis"); logs.append(getattr(ann, "log_", None))
-    ev = evaluate_longitudinal(st, gens, ann, metrics=metrics, reps=reps, seed=seed, cluster=args.get("cluster"),
-                               families=bool(args.get("families", False)), section=section, reference_sentences=ref_s, generated_sentences=gen_s)
-    out = Path(args["out"]); out.mkdir(parents=True, exist_ok=True)
-    paths = {"reference_sentences": write_table(ev.reference_sentences, out / "reference_sentences.parquet"),
-             "generated_sentences": write_table(ev.generated_sentences, out / "generated_sentences.parquet"),
-             "instances": write_table(ev.instances, out / "instances.parquet"), "summary": write_table(ev.summary(), out / "summary.csv"),
-             "table": write_table(ev.table().reset_index(), out / "table.csv"), "comparisons": write_table(ev.comparisons(), out / "comparisons.csv"),
-             "best_vs_runner_up": write_table(ev.best_vs_runner_up(), out / "best_vs_runner_up.csv"),
-             "win_probability": write_table(ev.win_matrix().rename_axis("system").reset_index(), out / "win_probability_micro_f1.csv"),
-             "progression_f1_chart": save_chart(plot_progression_f1(ev), out / "progression_f1.svg"),
-             "win_probability_chart": save_chart(plot_progression_wins(ev), out / "win_probability.svg")}
-    if len(ev.scores): paths["scores"] = write_table(ev.scores, out / "language_scores.parquet")
-    calls = [l.assign(reports=w) for l, w in zip(logs, ("references", "generations")) if isinstance(l, pd.DataFrame) and len(l)]
-    if calls: paths["llm_calls"] = write_table(pd.concat(calls, ignore_index=True), out / "llm_calls.parquet")
-    write_manifest(out / "manifest.json", inputs={"studies": args["studies"], "generations": args["generations"]}, outputs=paths,
-                   params={"annotator": repr(ann), "metrics": list(metrics), "reps": reps, "seed": seed, "cluster": args.get("cluster"),
-                           "families": bool(args.get("families", False)), "section": section}, notes=list(ev.notes))
-    f1 = ev.summary().query("metric == 'progression_micro_f1'")
-    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name}; "
-            "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
-            + "".join(f"; note: {n}" for n in ev.notes) + f"; wrote {out}")
-
-# %% ../nbs/10_longitudinal.ipynb #5372af52
-def longitudinal_report_blocks(studies, generations,
-                               progression=None,            # true changes (study_id, keyword, progression), e.g. the demo's
-                               reps: int = 200, seed: int = 0,
-                               annotator=None,              # RuleAnnotator() by default
-                               metrics: Sequence[str] = ("bleu_4", "rouge_l", "meteor"),
-                               cluster: str | None = "patient_id",
-                               splitter: str | Callable = "regex") -> list:
-    "Blocks of the audit report's longitudinal section."
-    st = as_pandas(studies, "studies")
-    cluster = cluster if cluster in st.columns and st[cluster].notna().all() else None
-    try: ev = evaluate_longitudinal(st, generations, annotator, metrics=metrics, reps=reps, seed=seed, cluster=cluster, splitter=splitter)
-    except InputError as e: return [f"No longitudinal evaluation was possible: {e}."]
-    rs = ev.reference_sentences
-    n_long = int(rs.is_longitudinal.fillna(False).sum())
-    blocks = [f"Each reference report's findings and each generated report were split into sentences and annotated by "
-              f"`{rs.annotator.iloc[0] if len(rs) else 'rules'}` (`cxr_audit.longitudinal`): **{n_long}** of {len(rs)} reference sentences are "
-              f"longitudinal, and **{len(ev.units)}** studies have longitudinal reference content and a report from every system; they are the "
-              f"evaluated set (paper 003's L-MIMIC selection). Intervals: {reps} paired bootstrap resamples of "
-              + (f"patients (`{cluster}`)." if cluster else "studies.")]
-    if progression is not None:
-        _, acc = truth_agreement(rs, progression)
-        a = acc.set_index("class")
-        blocks += [f"**Annotation against the known truth.** For the {int(a.n['all'])} true changes of the evaluated corpus (support devices "
-                   f"left out), the annotated progression of that finding in that report is right for **{a.accuracy['all']:.1%}** "
-                   f"[{a.ci_low['all']:.1%}, {a.ci_high['all']:.1%}] (exact binomial interval). The rule lexicon was written with the "
-                   "synthetic phrase bank in view, so this checks the pipeline more than the rules (see the gold-sentence results in "
-                   "the `longitudinal` documentation):",
-                   acc[["class", "n", "correct", "accuracy", "ci_low", "ci_high"]]]
-    cols = [m for m in ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
-                        "bleu_4", "rouge_l", "meteor") if m in ev.results]
-    lead = ("**Progression and wording of change by system.** Progression F1 counts a reference change as captured when the generated "
-            "report describes the same finding with the same progression; language measures compare the longitudinal sentences only.")
-    if len(ev.systems) > 1:
-        b = ev.best_vs_runner_up().set_index("metric").loc["progression_micro_f1"]
-        lead += (f" Best progression micro-F1: `{b.best}`; its difference with `{b.runner_up}` is {b.difference:+.3f} [{b.ci_low:+.3f}, "
-                 f"{b.ci_high:+.3f}]" + (" (the interval excludes 0)." if b.significant else " (the interval includes 0)."))
-    blocks += [lead, ev.table(cols).reset_index(), plot_progression_f1(ev)] + ([plot_progression_wins(ev)] if len(ev.systems) > 1 else [])
-    blocks += [" ".join(ev.notes)] if ev.notes else []
-    return blocks
+# %% ../nbs/10_longitudinal.ipynb #9706cb39
+@patch
+def plot(self: LMimic,  # noqa: F811 (ProgressionEvaluation has its own)
+         kind: str = "classes", # "classes": Figure 6b (longitudinal sentences by category); "reports": Figure 6a
+         title: str | None = None # chart title (default: a description)
+        ):
+    "A panel of paper 003's Figure 6 for this dataset."
+    if kind == "classes": return plot_class_distribution(self, title)
+    if kind == "reports": return plot_lmimic_reports(self, title)
+    raise InputError(f"plot: kind must be 'classes' or 'reports', got {kind!r}")

@@ -5,6 +5,7 @@
 # %% ../nbs/07_metrics.ipynb #ae9b98e0
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -28,10 +29,10 @@ from .labels import CHEXPERT_5, CHEXPERT_14, default_labeler, to_binary
 __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'REGISTRY', 'RADEVAL_METRICS', 'API_KEY_METRICS', 'FULL_METRICS',
            'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'Metric', 'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts',
            'bleu_pair_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'RougeL', 'CiderD', 'meteor_value',
-           'meteor_jar', 'java_executable', 'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric', 'list_metrics',
-           'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name', 'import_radeval',
-           'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'RadEvalMetric', 'radeval_metric', 'radcliq_flip',
-           'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'registry_table']
+           'meteor_jar', 'java_executable', 'MeteorRun', 'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric',
+           'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name',
+           'import_radeval', 'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'RadEvalMetric', 'radeval_metric',
+           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -40,9 +41,14 @@ class Metric(Protocol):
     name: str                      # registry name, e.g. "bleu_4"
     higher_is_better: bool
     range: tuple[float, float]     # possible values, e.g. (0.0, 1.0)
-    def stats(self, references: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray: ...  # (n × k)
-    def value(self, summed) -> np.ndarray: ...                                               # (..., k) -> (...)
-    def per_sample(self, references: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray: ...  # (n,) for display
+    def stats(self, references: Sequence[str], # reference texts
+                    hypotheses: Sequence[str]  # generated texts, aligned with the references
+             ) -> np.ndarray: ...  # (n × k)
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ) -> np.ndarray: ...  # (..., k) -> (...)
+    def per_sample(self, references: Sequence[str], # reference texts
+                         hypotheses: Sequence[str]  # generated texts, aligned with the references
+                  ) -> np.ndarray: ...  # (n,) for display
 
 # %% ../nbs/07_metrics.ipynb #75c9f5ea
 def _texts(values, what: str) -> list[str]:
@@ -54,7 +60,9 @@ def _texts(values, what: str) -> list[str]:
             raise InputError(f"{what}: row {i} is {'missing' if is_missing(v) else f'not text ({type(v).__name__})'}")
     return out
 
-def check_pairs(references, hypotheses) -> tuple[list[str], list[str]]:
+def check_pairs(references, # reference texts
+                hypotheses  # generated texts, aligned with the references
+               ) -> tuple[list[str], list[str]]:
     "References and hypotheses as two lists of strings of equal length."
     r, h = _texts(references, "references"), _texts(hypotheses, "hypotheses")
     if len(r) != len(h): raise InputError(f"{len(r)} references but {len(h)} hypotheses; they must pair up")
@@ -73,16 +81,22 @@ class MetricBase:
         "Number of statistics columns."
         return len(self.stat_names)
 
-    def stats(self, references, hypotheses) -> np.ndarray:
+    def stats(self, references, # reference texts
+                    hypotheses  # generated texts, aligned with the references
+             ) -> np.ndarray:
         "`(n × k)` per-sample sufficient statistics."
         r, h = check_pairs(references, hypotheses)
         return np.asarray(self._stats(r, h), dtype=float).reshape(len(r), self.k)
 
-    def per_sample(self, references, hypotheses) -> np.ndarray:
+    def per_sample(self, references, # reference texts
+                         hypotheses  # generated texts, aligned with the references
+                  ) -> np.ndarray:
         "The metric's value on each pair alone."
         return self.value(self.stats(references, hypotheses))
 
-    def corpus(self, references, hypotheses) -> float:
+    def corpus(self, references, # reference texts
+                     hypotheses  # generated texts, aligned with the references
+              ) -> float:
         "The corpus value: `value` of the summed statistics."
         return float(self.value(self.stats(references, hypotheses).sum(0)))
 
@@ -94,7 +108,8 @@ def _out(v):
 # %% ../nbs/07_metrics.ipynb #bffdccb1
 TOKENIZERS: dict[str, Callable[[str], str]] = {"r2gen": clean_report_mimic, "r2gen_iu": clean_report_iu}
 
-def tokenizer(tokenize) -> Callable[[str], str]:
+def tokenizer(tokenize # a name of `TOKENIZERS` ("r2gen", "r2gen_iu"), a function, or None (text as is)
+             ) -> Callable[[str], str]:
     "The text-preparation function named by `tokenize` (see the table above)."
     if tokenize is None: return lambda s: s
     if callable(tokenize): return tokenize
@@ -102,11 +117,16 @@ def tokenizer(tokenize) -> Callable[[str], str]:
     raise InputError(f"tokenize must be None, a callable or one of {sorted(TOKENIZERS)}, got {tokenize!r}")
 
 # %% ../nbs/07_metrics.ipynb #608832dc
-def ngram_counts(tokens: Sequence[str], n: int) -> Counter:
+def ngram_counts(tokens: Sequence[str], # a tokenized text
+                 n: int                 # n-gram length
+                ) -> Counter:
     "Counts of all 1- to `n`-grams (as tuples) of a token list."
     return Counter(tuple(tokens[i:i + k]) for k in range(1, n + 1) for i in range(len(tokens) - k + 1))
 
-def bleu_pair_stats(reference: str, hypothesis: str, n: int = 4) -> list[float]:
+def bleu_pair_stats(reference: str,  # one prepared reference
+                    hypothesis: str, # one prepared hypothesis
+                    n: int = 4       # highest n-gram order
+                   ) -> list[float]:
     "`[m_1..m_n, g_1..g_n, hyp_len, ref_len]` of one tokenized pair (whitespace split)."
     r, h = reference.split(), hypothesis.split()
     ref, hyp = ngram_counts(r, n), ngram_counts(h, n)
@@ -117,7 +137,8 @@ def bleu_pair_stats(reference: str, hypothesis: str, n: int = 4) -> list[float]:
 # %% ../nbs/07_metrics.ipynb #9e0397e9
 _TINY, _SMALL = 1e-15, 1e-9   # pycocoevalcap's BleuScorer epsilons
 
-def coco_bleu(T):
+def coco_bleu(T # summed BLEU statistics, `(..., 2n + 2)`
+             ):
     "BLEU-N of summed `[m_1..m_N, g_1..g_N, hyp_len, ref_len]`, exactly as pycocoevalcap computes it."
     T = np.asarray(T, dtype=float); N = (T.shape[-1] - 2) // 2
     prod = np.ones(T.shape[:-1])
@@ -145,11 +166,14 @@ class Bleu(MetricBase):
         t = tokenizer(self.tokenize)
         return [bleu_pair_stats(t(r), t(h), self.n) for r, h in zip(refs, hyps)]
 
-    def value(self, summed): return _out(coco_bleu(summed))
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return _out(coco_bleu(summed))
     def __repr__(self): return f"Bleu(n={self.n}, tokenize={self.tokenize!r})"
 
 # %% ../nbs/07_metrics.ipynb #1f18ef58
-def lcs_length(a: Sequence, b: Sequence) -> int:
+def lcs_length(a: Sequence, # first token sequence
+               b: Sequence  # second token sequence
+              ) -> int:
     "Length of the longest common subsequence of two sequences."
     if len(a) < len(b): a, b = b, a
     prev = [0] * (len(b) + 1)
@@ -159,7 +183,10 @@ def lcs_length(a: Sequence, b: Sequence) -> int:
         prev = cur
     return prev[-1]
 
-def rouge_l_score(reference: str, hypothesis: str, beta: float = 1.2) -> float:
+def rouge_l_score(reference: str,   # one prepared reference
+                  hypothesis: str,  # one prepared hypothesis
+                  beta: float = 1.2 # recall weight of the F-measure (COCO: 1.2)
+                 ) -> float:
     "ROUGE-L F of one tokenized pair, as pycocoevalcap's `Rouge.calc_score` (single-space split)."
     r, h = reference.split(" "), hypothesis.split(" ")
     lcs = lcs_length(r, h)
@@ -179,7 +206,8 @@ class RougeL(MetricBase):
         t = tokenizer(self.tokenize)
         return mean_stats([rouge_l_score(t(r), t(h), self.beta) for r, h in zip(refs, hyps)])
 
-    def value(self, summed): return mean(summed)
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return mean(summed)
     def __repr__(self): return f"RougeL(tokenize={self.tokenize!r}, beta={self.beta})"
 
 # %% ../nbs/07_metrics.ipynb #c0006090
@@ -225,7 +253,8 @@ class CiderD(MetricBase):
             out.append(float(np.mean(_cider_sim(vh, vr, nh, nr, lh, lr, self.n, self.sigma))) * 10.0)
         return mean_stats(out)
 
-    def value(self, summed): return mean(summed)
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return mean(summed)
     def __repr__(self): return f"CiderD(tokenize={self.tokenize!r}, sigma={self.sigma})"
 
 # %% ../nbs/07_metrics.ipynb #001ff586
@@ -235,8 +264,13 @@ METEOR_STATS = ("test_len", "ref_len", "test_function_words", "ref_function_word
     ("chunks", "test_word_matches", "ref_word_matches")
 METEOR_PARAMS = {"alpha": 0.85, "beta": 0.2, "gamma": 0.6, "delta": 0.75, "weights": (1.0, 0.6, 0.8, 0.6)}
 
-def meteor_value(T, alpha: float = 0.85, beta: float = 0.2, gamma: float = 0.6, delta: float = 0.75,
-                 weights: Sequence[float] = (1.0, 0.6, 0.8, 0.6)):
+def meteor_value(T,                                              # summed jar statistics, `(..., 23)`
+                 alpha: float = 0.85,                            # precision/recall weight (METEOR 1.5 English: 0.85)
+                 beta: float = 0.2,                              # fragmentation penalty shape
+                 gamma: float = 0.6,                             # fragmentation penalty weight
+                 delta: float = 0.75,                            # content vs function word weight
+                 weights: Sequence[float] = (1.0, 0.6, 0.8, 0.6) # weights of exact, stem, synonym and paraphrase matches
+                ):
     "METEOR 1.5 score of summed 23-column jar statistics (vectorised over leading axes)."
     T = np.asarray(T, dtype=float)
     tl, rl, tf, rf = (T[..., i] for i in range(4))
@@ -258,7 +292,8 @@ def meteor_value(T, alpha: float = 0.85, beta: float = 0.2, gamma: float = 0.6, 
     return np.where(np.isnan(score), 0.0, np.maximum(score, 0.0))
 
 # %% ../nbs/07_metrics.ipynb #86157799
-def meteor_jar(jar: str | os.PathLike | None = None) -> Path:
+def meteor_jar(jar: str | os.PathLike | None = None # a path to meteor-1.5.jar (default: the one in pycocoevalcap)
+              ) -> Path:
     "Path of the METEOR 1.5 jar: `jar` if given, else the one shipped in `pycocoevalcap`."
     if jar is not None:
         p = Path(jar)
@@ -274,41 +309,12 @@ def meteor_jar(jar: str | os.PathLike | None = None) -> Path:
     if not p.is_file(): raise FileNotFoundError(f"pycocoevalcap is installed but its METEOR jar is missing: {p}")
     return p
 
-def java_executable(java: str | None = None) -> str:
+def java_executable(java: str | None = None # a java executable (default: `java` on PATH)
+                   ) -> str:
     "The `java` program to run the jar with."
     exe = shutil.which(java or "java")
     if exe is None: raise FileNotFoundError(f"METEOR needs Java (a JRE 8 or newer) on PATH; {java or 'java'!r} was not found")
     return exe
-
-# %% ../nbs/07_metrics.ipynb #8b364cef
-def _meteor_line(text: str) -> str:
-    "Text made safe for the jar's line protocol (pycocoevalcap's clean-up, plus line breaks to spaces)."
-    return " ".join(text.splitlines()).replace("|||", "").replace("  ", " ")
-
-def _chunks_as_summed(row: list[float]) -> list[float]:
-    "Zero the chunk count of a perfectly matched segment, as the jar does when it adds statistics."
-    t_total = sum(row[4 + 4 * s] + row[6 + 4 * s] for s in range(4)); r_total = sum(row[5 + 4 * s] + row[7 + 4 * s] for s in range(4))
-    if t_total == row[0] and r_total == row[1] and row[20] == 1: row = row[:20] + [0.0] + row[21:]
-    return row
-
-def run_meteor(references: Sequence[str],  # tokenized references
-               hypotheses: Sequence[str],  # tokenized hypotheses
-               jar=None, java: str | None = None,
-               language: str = "en",       # the jar's -l option
-               memory: str = "2G",         # JVM heap (-Xmx)
-               evaluate: bool = False      # also ask the jar for its own segment and corpus scores (EVAL)
-              ) -> tuple[np.ndarray, np.ndarray | None, float | None]:
-    "`(S, segment_scores, corpus_score)`: the jar's `(n × 23)` statistics from one JVM, and its `EVAL` answer."
-    pairs = [(_meteor_line(r), _meteor_line(h)) for r, h in zip(references, hypotheses)]
-    if not pairs: return np.zeros((0, 23)), (np.zeros(0) if evaluate else None), None
-    uniq = list(dict.fromkeys(pairs))
-    cmd = [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
-    with _MeteorJar(cmd) as jar_:
-        raw = dict(zip(uniq, jar_.ask([f"SCORE ||| {r} ||| {h}" for r, h in uniq])))
-        ev = jar_.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
-    S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
-    if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
-    return S, (None if ev is None else np.array([float(x) for x in ev[:-1]])), (None if ev is None else float(ev[-1]))
 
 # %% ../nbs/07_metrics.ipynb #9e99a9bc
 class _MeteorJar:
@@ -347,6 +353,45 @@ class _MeteorJar:
         except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
         self.err.close()
 
+# %% ../nbs/07_metrics.ipynb #8b364cef
+def _meteor_line(text: str) -> str:
+    "Text made safe for the jar's line protocol (pycocoevalcap's clean-up, plus line breaks to spaces)."
+    return " ".join(text.splitlines()).replace("|||", "").replace("  ", " ")
+
+def _chunks_as_summed(row: list[float]) -> list[float]:
+    "Zero the chunk count of a perfectly matched segment, as the jar does when it adds statistics."
+    t_total = sum(row[4 + 4 * s] + row[6 + 4 * s] for s in range(4)); r_total = sum(row[5 + 4 * s] + row[7 + 4 * s] for s in range(4))
+    if t_total == row[0] and r_total == row[1] and row[20] == 1: row = row[:20] + [0.0] + row[21:]
+    return row
+
+@dataclass(frozen=True, eq=False)
+class MeteorRun:
+    "One run of the METEOR jar: per-pair statistics and, when asked for, the jar's own segment and corpus scores."
+    stats: np.ndarray                         # (n × 23) per-pair statistics
+    segment_scores: np.ndarray | None = None  # the jar's score of each pair (its EVAL answer), or None
+    corpus_score: float | None = None         # the jar's corpus score, or None
+
+def run_meteor(references: Sequence[str],  # tokenized references
+               hypotheses: Sequence[str],  # tokenized hypotheses
+               jar=None,                   # the METEOR 1.5 jar (default: pycocoevalcap's)
+               java: str | None = None,    # the java executable (default: on PATH)
+               language: str = "en",       # the jar's -l option
+               memory: str = "2G",         # JVM heap (-Xmx)
+               evaluate: bool = False      # also ask the jar for its own segment and corpus scores (EVAL)
+              ) -> MeteorRun:
+    "The jar's `(n × 23)` statistics from one JVM, and (with `evaluate`) its own `EVAL` answer."
+    pairs = [(_meteor_line(r), _meteor_line(h)) for r, h in zip(references, hypotheses)]
+    if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None)
+    uniq = list(dict.fromkeys(pairs))
+    cmd = [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
+    with _MeteorJar(cmd) as jar_:
+        raw = dict(zip(uniq, jar_.ask([f"SCORE ||| {r} ||| {h}" for r, h in uniq])))
+        ev = jar_.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
+    S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
+    if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
+    if ev is None: return MeteorRun(S)
+    return MeteorRun(S, np.array([float(x) for x in ev[:-1]]), float(ev[-1]))
+
 # %% ../nbs/07_metrics.ipynb #383f2ca9
 @dataclass(repr=False)
 class Meteor(MetricBase):
@@ -361,12 +406,15 @@ class Meteor(MetricBase):
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        return run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory)[0]
+        return run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory).stats
 
-    def value(self, summed): return _out(meteor_value(summed))
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return _out(meteor_value(summed))
 
-    def jar_scores(self, references, hypotheses) -> tuple[np.ndarray, np.ndarray, float]:
-        "`(S, jar segment scores, jar corpus score)` from one JVM, to check `value` against the jar itself."
+    def jar_scores(self, references, # reference texts
+                   hypotheses        # generated texts, aligned with the references
+                  ) -> MeteorRun:
+        "Statistics, and the jar's own segment and corpus scores, from one JVM: to check `value` against the jar itself."
         r, h = check_pairs(references, hypotheses); t = tokenizer(self.tokenize)
         return run_meteor([t(x) for x in r], [t(x) for x in h], self.jar, self.java, memory=self.memory, evaluate=True)
 
@@ -404,20 +452,23 @@ class CheXpertF1(MetricBase):
         H = to_binary(_label_states(hyps, lab, self.labels), self.uncertain_positive).astype(bool)
         return micro_stats((R & H).sum(1), (~R & H).sum(1), (R & ~H).sum(1))
 
-    def value(self, summed): return _out(micro_f1(summed))
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return _out(micro_f1(summed))
     def __repr__(self): return f"CheXpertF1(labels={len(self.labels)}, uncertain_positive={self.uncertain_positive})"
 
 # %% ../nbs/07_metrics.ipynb #d75f9bdb
 REGISTRY: dict[str, Callable[..., Metric]] = {
-    **{f"bleu_{n}": (lambda n: lambda **kw: Bleu(n=n, **kw))(n) for n in (1, 2, 3, 4)},
+    **{f"bleu_{n}": functools.partial(Bleu, n=n) for n in (1, 2, 3, 4)},
     "rouge_l": RougeL,
     "meteor": Meteor,
     "cider": CiderD,
-    "chexpert_f1_14": lambda **kw: CheXpertF1(**{"name": "chexpert_f1_14", **kw}),
-    "chexpert_f1_5": lambda **kw: CheXpertF1(**{"name": "chexpert_f1_5", "labels": CHEXPERT_5, **kw}),
+    "chexpert_f1_14": functools.partial(CheXpertF1, name="chexpert_f1_14"),
+    "chexpert_f1_5": functools.partial(CheXpertF1, name="chexpert_f1_5", labels=CHEXPERT_5),
 }
 
-def register_metric(name: str, factory: Callable[..., Metric]):
+def register_metric(name: str,                     # registry name
+                    factory: Callable[..., Metric] # a callable `(**options) -> Metric`
+                   ):
     "Add (or replace) a metric factory under `name`."
     REGISTRY[name] = factory
 
@@ -426,7 +477,9 @@ def list_metrics(radeval: bool = False # also the bridged RadEval outputs (`rade
     "Names `get_metric` accepts."
     return [n for n in REGISTRY if radeval or not n.startswith("radeval_")]
 
-def get_metric(name: str, **options) -> Metric:
+def get_metric(name: str, # a registered name (see `list_metrics`)
+               **options  # options passed to the metric (e.g. `tokenize=None`)
+              ) -> Metric:
     "A registered metric by name; `options` go to its constructor."
     if isinstance(name, Metric): return name
     if name not in REGISTRY: raise InputError(f"unknown metric {name!r}; known: {', '.join(list_metrics())}")
@@ -448,16 +501,21 @@ def _per_row(v, n: int, what: str) -> list:
     return v
 
 # %% ../nbs/07_metrics.ipynb #df0d269f
-def score(references, hypotheses, metrics=("bleu_4", "rouge_l")) -> pd.DataFrame:
+def score(references,                   # reference texts
+          hypotheses,                   # generated texts, aligned with the references
+          metrics=('bleu_4', 'rouge_l') # metric names or Metric objects
+         ) -> pd.DataFrame:
     "Corpus value of each metric: columns `metric, value`."
     r, h = check_pairs(references, hypotheses)
     return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0)))} for m in _metrics(metrics)])
 
-def sample_stats(references, hypotheses, metrics=("bleu_4", "rouge_l"),
-                 sample_ids=None,            # one id per sample (default "0", "1", ...)
-                 system="system",            # system name, or one per sample
-                 dataset="dataset",          # dataset name, or one per sample
-                 variant="original"          # reference variant, or one per sample
+def sample_stats(references,                    # reference texts
+                 hypotheses,                    # generated texts, aligned with the references
+                 metrics=('bleu_4', 'rouge_l'), # metric names or Metric objects
+                 sample_ids=None,               # one id per sample (default "0", "1", ...)
+                 system='system',               # system name, or one per sample
+                 dataset='dataset',             # dataset name, or one per sample
+                 variant='original'             # reference variant, or one per sample
                 ) -> pd.DataFrame:
     "Per-sample sufficient statistics in the `scores` long format."
     r, h = check_pairs(references, hypotheses); n = len(r)
@@ -486,9 +544,10 @@ def _coco_scorer(kind: str):
         raise ImportError(f'compare_with_pycocoevalcap needs pycocoevalcap ({e}). Install it with: pip install "cxr_audit[metrics]"') from e
     return cls(4) if kind == "bleu" else cls()
 
-def compare_with_pycocoevalcap(references, hypotheses,
-                               metrics: Sequence[str] = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider"),
-                               tokenize: str | Callable | None = "r2gen"
+def compare_with_pycocoevalcap(references,                                                                            # reference texts
+                               hypotheses,                                                                            # generated texts, aligned with the references
+                               metrics: Sequence[str] = ('bleu_1', 'bleu_2', 'bleu_3', 'bleu_4', 'rouge_l', 'cider'), # names with a pycocoevalcap counterpart
+                               tokenize: str | Callable | None = 'r2gen'                                              # text preparation applied to both sides first
                               ) -> pd.DataFrame:
     "Corpus values here and in pycocoevalcap on the same prepared texts: `metric, ours, pycocoevalcap, abs_diff`."
     r, h = check_pairs(references, hypotheses); t = tokenizer(tokenize)
@@ -526,7 +585,8 @@ RADEVAL_METRICS: dict[str, tuple[tuple[str, ...], bool, tuple[float, float]]] = 
     "radfact_ct": (("radfact_ct_f1", "radfact_ct_precision", "radfact_ct_recall"), True, (0.0, 1.0)),
 }
 
-def radeval_name(key: str) -> str:
+def radeval_name(key: str # a RadEval output key, e.g. `rougeL`
+                ) -> str:
     "Registry name of a RadEval output key: `radeval_<key>` (so RadEval's own `radeval_bertscore` is `radeval_radeval_bertscore`)."
     return f"radeval_{key}"
 
@@ -535,7 +595,9 @@ _RADEVAL_INSTALL = "pip install radeval==2.2.1 --no-deps && pip install nltk rou
 
 def import_radeval():
     "The `radeval` module, or an `ImportError` that says how to install it."
-    import contextlib, io, importlib
+    import contextlib
+    import importlib
+    import io
     buf = io.StringIO()
     try:
         with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf): return importlib.import_module("radeval")
@@ -584,7 +646,10 @@ class _hub_offline:
 
 def _options_key(options: Mapping) -> str: return repr(sorted(options.items()))
 
-def radeval_evaluator(name: str, options: Mapping | None = None, offline: bool = True):
+def radeval_evaluator(name: str,                      # a RadEval metric name (see RADEVAL_METRICS)
+                      options: Mapping | None = None, # constructor options of the RadEval metric
+                      offline: bool = True            # switch the Hugging Face Hub client off while it loads
+                     ):
     "A `RadEval` evaluator of one metric in per-sample mode, built once per process (models load once)."
     import warnings
     rd, opts = import_radeval(), dict(options or {})
@@ -596,10 +661,11 @@ def radeval_evaluator(name: str, options: Mapping | None = None, offline: bool =
     return _RADEVAL_CACHE["evaluators"][ek]
 
 # %% ../nbs/07_metrics.ipynb #b301006b
-def radeval_scores(name: str,                 # a RadEval metric name (see RADEVAL_METRICS)
-                   references: Sequence[str], hypotheses: Sequence[str],
+def radeval_scores(name: str,                      # a RadEval metric name (see RADEVAL_METRICS)
+                   references: Sequence[str],      # reference texts
+                   hypotheses: Sequence[str],      # generated texts, aligned with the references
                    options: Mapping | None = None, # constructor options of that RadEval metric
-                   offline: bool = True       # forbid downloads from the Hugging Face Hub meanwhile
+                   offline: bool = True            # forbid downloads from the Hugging Face Hub meanwhile
                   ) -> dict[str, list]:
     "RadEval's per-sample output `{key: [score per sample]}` for one metric (the last call is reused)."
     import warnings
@@ -642,24 +708,26 @@ class RadEvalMetric(MetricBase):
         if v.shape != (len(refs),): raise RadEvalError(f"RadEval {self.key!r}: {v.shape} values for {len(refs)} samples")
         return mean_stats(v)
 
-    def value(self, summed): return mean(summed)
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return mean(summed)
     def __repr__(self): return f"RadEvalMetric(radeval={self.radeval!r}, key={self.key!r})"
 
 # %% ../nbs/07_metrics.ipynb #6993814d
-def radeval_metric(name: str,               # RadEval metric name, e.g. "radgraph"
-                   key: str | None = None,  # which per-sample output (default: the first listed in RADEVAL_METRICS)
-                   native: bool = True,     # "bleu": compute RadEval's corpus BLEU natively (exact, bootstrappable)
-                   **options                # RadEval constructor options of that metric
+def radeval_metric(name: str,              # RadEval metric name, e.g. "radgraph"
+                   key: str | None = None, # which per-sample output (default: the first listed in RADEVAL_METRICS)
+                   native: bool = True,    # "bleu": compute RadEval's corpus BLEU natively (exact, bootstrappable)
+                   **options               # constructor options of the RadEval metric
                   ) -> Metric:
     "A RadEval metric output as a `Metric` (`radeval_bleu` natively, the others through RadEval)."
     if name == "bleu" and native and not options and key in (None, "bleu"): return Bleu(4, tokenize=None, name="radeval_bleu")
     return RadEvalMetric(radeval=name, key=key, options=dict(options))
 
 for _n, (_keys, _, _) in RADEVAL_METRICS.items():
-    for _k in _keys: REGISTRY[radeval_name(_k)] = (lambda n, k: lambda **kw: radeval_metric(n, k, **kw))(_n, _k)
+    for _k in _keys: REGISTRY[radeval_name(_k)] = functools.partial(radeval_metric, _n, _k)
 
 # %% ../nbs/07_metrics.ipynb #e5659c18
-def radcliq_flip(values):
+def radcliq_flip(values # RadCliQ-v1 values (lower is better)
+                ):
     "RadCliQ-v1 values with the sign flipped (higher is better), the ReRef paper's convention; not the reciprocal."
     return -np.asarray(values, dtype=float)
 
@@ -675,11 +743,16 @@ class Negated(MetricBase):
         self.range = (-self.inner.range[1], -self.inner.range[0])
         self.stat_names = tuple(getattr(self.inner, "stat_names", ()))
         self.extra = getattr(self.inner, "extra", "")
-    def stats(self, references, hypotheses): return self.inner.stats(references, hypotheses)
-    def value(self, summed): return _out(-np.asarray(self.inner.value(summed), dtype=float))
+    def stats(self, references, # reference texts
+                    hypotheses  # generated texts, aligned with the references
+             ): return self.inner.stats(references, hypotheses)
+    def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
+             ): return _out(-np.asarray(self.inner.value(summed), dtype=float))
     def __repr__(self): return f"Negated({self.inner!r})"
 
-def negated(metric, name: str | None = None) -> Metric:
+def negated(metric,                 # a Metric object or registry name
+            name: str | None = None # name of the negated metric (default: `<name>_neg`)
+           ) -> Metric:
     "`metric` with its sign flipped (e.g. RadCliQ-v1 as higher-is-better), named `<name>_neg` by default."
     m = get_metric(metric) if isinstance(metric, str) else metric
     return Negated(inner=m, name=name)
@@ -691,8 +764,8 @@ LIGHT_METRICS = ("bleu", "rouge", "bertscore", "radgraph", "f1chexbert")
 NATIVE_EQUIVALENTS = {"bleu": ("bleu_4",), "rouge": ("rouge_l",), "f1chexbert": ("chexpert_f1_5", "chexpert_f1_14")}
 
 # %% ../nbs/07_metrics.ipynb #4eace9a7
-def radeval_status(names: Sequence[str] = FULL_METRICS,
-                   load: bool = False      # also build each metric (loads its model once; reused when it runs)
+def radeval_status(names: Sequence[str] = FULL_METRICS, # RadEval metric names (default: the full bundle)
+                   load: bool = False                   # also build each metric (loads its model once; reused when it runs)
                   ) -> pd.DataFrame:
     "Whether each RadEval metric can run here: `metric, available, reason`."
     rows = []
@@ -738,12 +811,13 @@ def bundle_metrics(names: str | Sequence[str] = LIGHT_METRICS, # a bundle (or it
     return out
 
 # %% ../nbs/07_metrics.ipynb #92f67f12
-def registry_table(radeval: bool = False) -> pd.DataFrame:
-    "One row per registered metric: `name, higher_is_better, range, k, statistics, needs`."
+def registry_table(radeval: bool = False # also list the bridged RadEval outputs
+                  ) -> pd.DataFrame:
+    "One row per registered metric: `metric, higher_is_better, range, k, pairwise, statistics, needs`."
     rows = []
     for n in list_metrics(radeval):
         m = get_metric(n)
         st = ", ".join(m.stat_names) if len(m.stat_names) <= 6 else f"{m.stat_names[0]} … {m.stat_names[-1]} ({len(m.stat_names)})"
-        rows.append({"name": n, "higher_is_better": m.higher_is_better, "range": f"[{m.range[0]:g}, {m.range[1]:g}]",
+        rows.append({"metric": n, "higher_is_better": m.higher_is_better, "range": f"[{m.range[0]:g}, {m.range[1]:g}]",
                      "k": m.k, "pairwise": m.pairwise, "statistics": st, "needs": m.extra or "core"})
     return pd.DataFrame(rows)

@@ -17,7 +17,8 @@ from .core import InputError, is_missing, optional_import, read_json, resource_t
 # %% auto #0
 __all__ = ['SECTIONS', 'REFERENCE_SECTIONS', 'SPECIAL_TOKENS', 'DEID_MODES', 'ABBREVIATIONS', 'SPLITTERS', 'load_section_headers',
            'parse_sections', 'extract_section', 'parse_indication', 'standardize_report', 'standardize_reports',
-           'clean_report_iu', 'clean_report_mimic', 'pysbd_splitter', 'stanza_splitter', 'split_sentences']
+           'clean_report_iu', 'clean_report_mimic', 'pysbd_splitter', 'regex_splitter', 'stanza_splitter',
+           'split_sentences']
 
 # %% ../nbs/01_reports.ipynb #14f78025
 SECTIONS = ("examination", "indication", "history", "technique", "comparison", "findings", "impression")
@@ -276,7 +277,10 @@ def standardize_report(text: str | None,          # one generated (or reference)
         if l or (out and out[-1]): out.append(l)
     return "\n".join(out).strip()
 
-def standardize_reports(texts: Iterable[str | None], **kwargs) -> list[str]:
+# %% ../nbs/01_reports.ipynb #430469b0
+def standardize_reports(texts: Iterable[str | None], # reports (None reads as an empty report)
+                        **kwargs                     # options of `standardize_report` (deid, mask_token, special_tokens)
+                       ) -> list[str]:
     "`standardize_report` over many reports (keyword arguments passed on)."
     return [standardize_report(t, **kwargs) for t in texts]
 
@@ -312,6 +316,7 @@ def clean_report_iu(text: str | None,             # an IU X-ray report
     "IU X-ray report text cleaned by the R2Gen convention."
     return _r2gen_clean(text, [("..", ".", 3)], r2gen_compatible)
 
+# %% ../nbs/01_reports.ipynb #2fd47e1a
 def clean_report_mimic(text: str | None,             # a MIMIC-CXR report
                        r2gen_compatible: bool = False # True: reproduce R2Gen's output exactly (empty sentences kept)
                       ) -> str:
@@ -323,11 +328,19 @@ ABBREVIATIONS = ("approx", "appr", "e.g", "i.e", "vs", "cf", "dr", "mr", "mrs", 
 _SHIELD = "\ue000"
 _LIST_NUMBER = re.compile(r"(?:^|(?<=[.?!;:])\s+)\d{1,2}[.)]\s+(?=\S)")
 
+_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
+
+@functools.lru_cache(maxsize=32)
+def _abbreviation_pattern(abbreviations: tuple) -> re.Pattern | None:
+    alt = "|".join(re.escape(a) for a in sorted(abbreviations, key=len, reverse=True))
+    return re.compile(rf"(?<![\w.])(?:{alt})\.(?=\s+\S)", re.I) if alt else None
+
+def _shield_stop(match: re.Match) -> str: return match.group().replace(".", _SHIELD)
+
 def _shield(text: str, abbreviations: Iterable[str]) -> str:
     "Replace the full stops of decimals and abbreviations by a placeholder."
-    text = re.sub(r"(?<=\d)\.(?=\d)", _SHIELD, text)
-    alt = "|".join(re.escape(a) for a in sorted(abbreviations, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.])(?:{alt})\.(?=\s+\S)", lambda m: m.group().replace(".", _SHIELD), text, flags=re.I) if alt else text
+    text, pattern = _DECIMAL.sub(_SHIELD, text), _abbreviation_pattern(tuple(abbreviations))
+    return pattern.sub(_shield_stop, text) if pattern else text
 
 # %% ../nbs/01_reports.ipynb #7e6e5b7a
 def _wrapped(prev: str, line: str) -> bool:
@@ -360,6 +373,15 @@ def pysbd_splitter(text: str,                                  # one segment
     "Split one segment with pysbd (the offline default), decimals and abbreviations shielded."
     return [s.replace(_SHIELD, ".") for s in _pysbd().segment(_shield(text, abbreviations))]
 
+# %% ../nbs/01_reports.ipynb #39255d6b
+_SENT_END = re.compile(r"(?<=[.?!])\s+(?=\S)")
+
+def regex_splitter(text: str,                                   # one segment
+                   abbreviations: Iterable[str] = ABBREVIATIONS  # their full stop never ends a sentence
+                  ) -> list[str]:
+    "Split at `.`, `?` or `!` followed by white space; decimals and abbreviations never end a sentence."
+    return [s.replace(_SHIELD, ".") for s in _SENT_END.split(_shield(text, abbreviations))]
+
 # %% ../nbs/01_reports.ipynb #78d8c768
 @functools.lru_cache(maxsize=4)
 def _stanza_pipeline(model_dir: str | None):
@@ -382,16 +404,17 @@ def stanza_splitter(model_dir: str | os.PathLike | None = None # stanza resource
     return split
 
 # %% ../nbs/01_reports.ipynb #b04da827
-SPLITTERS = ("default", "pysbd", "stanza")
+SPLITTERS = ("default", "pysbd", "regex", "stanza")
 
 def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
     if callable(splitter): return splitter
     if splitter in ("default", "pysbd"): return functools.partial(pysbd_splitter, abbreviations=tuple(abbreviations))
+    if splitter == "regex": return functools.partial(regex_splitter, abbreviations=tuple(abbreviations))
     if splitter == "stanza": return stanza_splitter()
     raise ValueError(f"split_sentences: unknown splitter {splitter!r}; use one of {SPLITTERS} or a callable")
 
 def split_sentences(text: str | None,                            # report text (headers allowed)
-                    splitter: str | Callable[[str], list[str]] = "default", # "default"/"pysbd", "stanza", or a callable
+                    splitter: str | Callable[[str], list[str]] = "default", # "default"/"pysbd", "regex", "stanza", or a callable
                     abbreviations: Iterable[str] = ABBREVIATIONS, # for the default splitter: full stops that never end a sentence
                     headers: str | os.PathLike | Mapping | None = None # header table override
                    ) -> list[str]:

@@ -13,15 +13,17 @@ import json
 import os
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .core import (InputError, resource_text, as_pandas, enable_theme, is_missing, md_table, read_table, require_columns, rng,
-                            sha256_frame, sha256_text, write_manifest)
+from fastcore.basics import patch
+
+from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
+                            read_table, require_columns, resource_text, rng, sha256_frame, sha256_text, write_manifest, write_table)
 from .corpus import GENERATIONS_COLUMNS, to_generations
 from .cohort import Cohort
 from .stats import (binomial_cis, bootstrap, icc2_1, mean_stats, micro_f1, micro_precision, micro_recall,
@@ -30,10 +32,10 @@ from .stats import (binomial_cis, bootstrap, icc2_1, mean_stats, micro_f1, micro
 # %% auto #0
 __all__ = ['ENDPOINT_KINDS', 'SHEET_COLUMNS', 'FORMULA_PREFIXES', 'SIMULATED_COMMENT', 'CONSENSUS_RULES', 'Codebook',
            'load_codebook', 'sample_cases', 'targeted_panel', 'neutralise', 'neutralise_frame', 'write_sheets',
-           'packet_seed', 'sheet_name', 'ReviewPackets', 'make_review_packets', 'simulate_ratings', 'read_sheets',
-           'rating_problems', 'read_ratings', 'split_reviewers', 'agreement_report', 'consensus_queue',
-           'ConsensusResult', 'apply_consensus', 'simulate_decisions', 'ReviewSummary', 'review_summary',
-           'plot_review_summary', 'cli_review_prepare', 'cli_review_analyse', 'review_report_blocks']
+           'packet_seed', 'sheet_name', 'ReviewPackets', 'make_review_packets', 'prepare_review', 'simulate_ratings',
+           'read_sheets', 'read_ratings', 'rating_problems', 'split_reviewers', 'agreement_report', 'plot_agreement',
+           'consensus_queue', 'simulate_decisions', 'ConsensusResult', 'apply_consensus', 'ReviewSummary',
+           'review_summary', 'plot_review_summary', 'ReviewAnalysis', 'review_analysis', 'simulate_review']
 
 # %% ../nbs/13_review.ipynb #9859a1c8
 ENDPOINT_KINDS = ("binary", "ordinal", "count")
@@ -85,11 +87,14 @@ class Codebook:
     @property
     def phases(self) -> list[int]: return sorted(set(self.endpoints.phase))
 
-    def columns(self, phase: int) -> list[str]:
+    def columns(self, phase: int # 1 or 2
+               ) -> list[str]:
         "The rating columns of `phase`, in codebook order."
         return self.endpoints.loc[self.endpoints.phase == phase, "column"].tolist()
 
-    def get(self, phase: int, column: str) -> dict:
+    def get(self, phase: int,    # 1 or 2
+            column: str          # the end point's column name
+           ) -> dict:
         "The definition of one end point."
         hit = self.endpoints[(self.endpoints.phase == phase) & (self.endpoints.column == column)]
         if hit.empty: raise KeyError(f"no end point {column!r} in phase {phase}")
@@ -174,13 +179,13 @@ def _count(v, what: str) -> int:
         raise ValueError(f"{what} must be a non-negative integer, got {v!r}")
     return int(v)
 
-def _wanted(n, labels: list[str], strata: list[str]) -> dict[str, int]:
+def _wanted(n_cases, labels: list[str], strata: list[str]) -> dict[str, int]:
     "Cases wanted per stratum label."
-    if not isinstance(n, Mapping): return {s: _count(n, "n") for s in labels}
-    if not strata: _fail("sample_cases", "n per stratum (a mapping) needs strata")
-    unknown = [k for k in map(str, n) if k not in labels]
-    if unknown: _fail("sample_cases", f"unknown stratum {unknown[0]!r} in n; strata are {labels}")
-    return {str(k): _count(v, f"n[{k!r}]") for k, v in n.items()}
+    if not isinstance(n_cases, Mapping): return {s: _count(n_cases, "n_cases") for s in labels}
+    if not strata: _fail("sample_cases", "n_cases per stratum (a mapping) needs strata")
+    unknown = [k for k in map(str, n_cases) if k not in labels]
+    if unknown: _fail("sample_cases", f"unknown stratum {unknown[0]!r} in n_cases; strata are {labels}")
+    return {str(k): _count(v, f"n_cases[{k!r}]") for k, v in n_cases.items()}
 
 def _id_set(ids) -> set[str]:
     "IDs from a list/set/Series, or the `study_id` column of a table."
@@ -192,8 +197,8 @@ def _id_set(ids) -> set[str]:
 
 # %% ../nbs/13_review.ipynb #a47400a6
 def sample_cases(cases,                # a Cohort, or a table of `study_id`, other `*_id` columns and strata only
-                 n: int | Mapping,     # cases per stratum (an int, or {stratum: n}); the total without strata
-                 seed: int,            # the sampling seed (record it: the paper used 2026)
+                 n_cases: int | Mapping, # cases per stratum (an int, or {stratum: n}); the total without strata
+                 seed: int = DEFAULT_SEED, # the sampling seed (record it; paper 004 drew its sample with 2026)
                  strata: str | Sequence[str] | None = None, # column(s) to stratify by, e.g. the transfer direction
                  exclude=None          # IDs (or a table with `study_id`) that must not be drawn
                 ) -> pd.DataFrame:
@@ -203,7 +208,7 @@ def sample_cases(cases,                # a Cohort, or a table of `study_id`, oth
     df = _case_table(cases, strata, "sample_cases")
     df = df[~df.study_id.isin(_id_set(exclude))]
     labels = sorted(df.stratum.unique())
-    want, g, parts = _wanted(n, labels, strata), rng(seed), []
+    want, g, parts = _wanted(n_cases, labels, strata), rng(seed), []
     for s in labels:
         pool = df[df.stratum == s].sort_values("study_id", kind="stable")
         k = want.get(s, 0)
@@ -233,19 +238,22 @@ def targeted_panel(cases,    # the same ID/stratum table (or Cohort) the sample 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
-def neutralise(value):
+def neutralise(value # a cell value of any type
+              ):
     "`value` with a `'` in front when it is text that a spreadsheet could read as a formula; other values unchanged."
     if isinstance(value, str):
         value = _CONTROL.sub("", value)
         if value.startswith(FORMULA_PREFIXES): return "'" + value
     return value
 
+# %% ../nbs/13_review.ipynb #f64b2e25
 def _sheet_text(v):
     "A cell ready for a sheet: text neutralised, with line ends written as `\\n`."
     v = neutralise(v)
     return re.sub(r"\r\n?", "\n", v) if isinstance(v, str) else v
 
-def neutralise_frame(df: pd.DataFrame) -> pd.DataFrame:
+def neutralise_frame(df: pd.DataFrame # any table
+                    ) -> pd.DataFrame:
     "Every text cell and column name of `df` passed through `neutralise`, line ends as `\\n`."
     out = df.rename(columns=lambda c: _sheet_text(str(c)))
     for c in out.columns:
@@ -307,7 +315,7 @@ def _worksheet(wb, name: str, df: pd.DataFrame, limits: Mapping):
 def write_sheets(sheets: Mapping[str, pd.DataFrame], # sheet name -> table
                  folder: str | os.PathLike,          # where the files go
                  workbook: str,                      # file name (without suffix) of the XLSX workbook
-                 formats: Sequence[str] = ("csv", "xlsx"),
+                 formats: Sequence[str] = ("csv", "xlsx"), # "csv" and/or "xlsx"
                  limits: Mapping[str, Mapping[str, tuple]] | None = None # sheet -> column -> (low, high) input check
                 ) -> list[Path]:
     "Write neutralised sheets as `<sheet>.csv` files and/or one `<workbook>.xlsx`; return the paths."
@@ -342,7 +350,9 @@ def _tokens(n: int, g: np.random.Generator, prefix: str = "RV-", length: int = 8
 
 _PRIVATE = ["study_id", "panel", "stratum", "system", "policy", "sample_id", "generation_seed"]
 
-def packet_seed(seed: int, reports: pd.DataFrame) -> int:
+def packet_seed(seed: int,             # the review's seed
+                reports: pd.DataFrame  # the reports reviewed, with the private key columns
+               ) -> int:
     "The packets' generator seed: `seed` mixed with a digest of the private content of `reports` (see above)."
     return int(sha256_text(f"cxr_audit.review:{int(seed)}:{sha256_frame(reports[_PRIVATE])}")[:16], 16)
 
@@ -358,9 +368,9 @@ def _configs(gen: pd.DataFrame, configs) -> list[tuple[str, str]]:
     "(system, policy) pairs to review: all in the table, or those named as `system+policy` (or tuples)."
     have = sorted(set(zip(gen.system.astype(str), gen.policy.astype(str))))
     if configs is None: return have
-    out = [tuple(c.split("+", 1)) if isinstance(c, str) else tuple(map(str, c)) for c in configs]
+    out = [tuple(c.split(CONFIG_SEP, 1)) if isinstance(c, str) else tuple(map(str, c)) for c in configs]
     unknown = [c for c in out if c not in have]
-    if unknown: _fail("configs", f"{'+'.join(unknown[0])!r} is not in the generations table; it has {['+'.join(h) for h in have]} "
+    if unknown: _fail("configs", f"{config_label(*unknown[0])!r} is not in the generations table; it has {[config_label(*h) for h in have]} "
                                  "(name configurations as system+policy)")
     return out
 
@@ -413,56 +423,11 @@ def _sheet(rows: pd.DataFrame, reviewer: str, phase: int, cb: Codebook) -> pd.Da
     for c in cb.columns(phase): df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
     return df.assign(comment="")
 
-def sheet_name(reviewer: str, phase: int) -> str:
+def sheet_name(reviewer: str, # the reviewer's short name
+               phase: int     # 1 or 2
+              ) -> str:
     "Name of a reviewer's sheet (and file) for a phase, e.g. `R1_phase1`."
     return f"{reviewer}_phase{phase}"
-
-# %% ../nbs/13_review.ipynb #b2da3b90
-@dataclass(frozen=True, eq=False)
-class ReviewPackets:
-    key: pd.DataFrame        # PRIVATE: report_id -> study_id, panel, stratum, system, policy, sample_id, generation_seed
-    sheets: dict             # sheet name (`R1_phase1`) -> the table that reviewer fills, in their order
-    codebook: Codebook
-    reviewers: tuple
-    seed: int
-    paths: dict              # relative path -> Path of every file written (empty when nothing was written)
-
-    def _repr_markdown_(self):
-        k = self.key
-        return (f"**Review packets**: {k.study_id.nunique()} cases ({', '.join(f'{n} {p}' for p, n in k.drop_duplicates('study_id').panel.value_counts().sort_index().items())}), "
-                f"{len(k)} reports, reviewers {', '.join(self.reviewers)}, seed {self.seed}; sheets: {', '.join(self.sheets)}"
-                + (f"; {len(self.paths)} files written" if self.paths else ""))
-
-# %% ../nbs/13_review.ipynb #3175b461
-def make_review_packets(cases,                 # from `sample_cases` (+ `targeted_panel`): study_id, panel, stratum, strata
-                        generations,           # the generations table (system, policy, hypothesis per study)
-                        studies,               # the studies table: image paths, views and the reference report
-                        reviewers: Sequence[str] = ("R1", "R2"),
-                        seed: int = 2026,      # draws the report IDs and every order
-                        out_dir: str | os.PathLike | None = None, # write the packets here (see below); None: memory only
-                        configs=None,          # configurations to review, as "system+policy"; default: all
-                        codebook=None,         # a `Codebook`, JSON file or dict; default: the packaged codebook
-                        formats: Sequence[str] = ("csv", "xlsx")
-                       ) -> ReviewPackets:
-    "Blinded review sheets (phase 1 without, phase 2 with the reference), a codebook and the private key."
-    cb, reviewers = load_codebook(codebook), _reviewers(reviewers)
-    cases = require_columns(cases, ["study_id"], "cases").assign(study_id=lambda d: d.study_id.astype(str))
-    if "panel" not in cases: cases = cases.assign(panel="random")
-    if "stratum" not in cases: cases = cases.assign(stratum="all")
-    if cases.empty: _fail("make_review_packets", "no cases")
-    dup = cases.study_id.duplicated()
-    if dup.any(): _fail("make_review_packets", f"case {cases.study_id[dup].iloc[0]!r} appears twice (do the panels overlap?)")
-    gen = to_generations(generations)
-    gen = gen.assign(system=gen.system.astype(str), policy=gen.policy.astype(str))
-    rep = _reports(cases, gen, _configs(gen, configs))
-    rep = rep.join(_study_info(studies, cases.study_id.tolist()), on="study_id")
-    g = rng(packet_seed(seed, rep))
-    rep.insert(0, "report_id", _tokens(len(rep), g))
-    sheets = {sheet_name(r, p): _sheet(rep.iloc[g.permutation(len(rep))], r, p, cb) for r in reviewers for p in cb.phases}
-    strata = [c for c in cases.columns if c not in ("study_id", "panel", "stratum")]
-    key = rep[["report_id", "study_id", "panel", "stratum", *strata, "system", "policy", "sample_id", "generation_seed"]]
-    P = ReviewPackets(key.reset_index(drop=True), sheets, cb, reviewers, int(seed), {})
-    return P if out_dir is None else _write_packets(P, out_dir, formats, inputs={"cases": cases, "reviewed_reports": rep.drop(columns="report_id")})
 
 # %% ../nbs/13_review.ipynb #574267c1
 def _limits(cb: Codebook, phase: int) -> dict:
@@ -490,13 +455,95 @@ def _write_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> Revie
     files = {str(p.relative_to(out)): p for p in paths + [keyfile]}
     write_manifest(out / "key" / "manifest.json", inputs={**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")},
                    outputs=files, command="review prepare",
-                   params={"seed": P.seed, "reviewers": list(P.reviewers), "configs": sorted(set(P.key.system + "+" + P.key.policy)),
+                   params={"seed": P.seed, "reviewers": list(P.reviewers), "configs": sorted(set(config_label(P.key.system, P.key.policy))),
                            "codebook": P.codebook.name, "formats": list(formats)})
     return ReviewPackets(P.key, P.sheets, P.codebook, P.reviewers, P.seed, {**files, "key/manifest.json": out / "key" / "manifest.json"})
 
-# %% ../nbs/13_review.ipynb #0ea8e71b
-SIMULATED_COMMENT = "SIMULATED rating (made up by simulate_ratings, not a human review)"
+# %% ../nbs/13_review.ipynb #b2da3b90
+@dataclass(frozen=True, eq=False)
+class ReviewPackets:
+    key: pd.DataFrame        # PRIVATE: report_id -> study_id, panel, stratum, system, policy, sample_id, generation_seed
+    sheets: dict             # sheet name (`R1_phase1`) -> the table that reviewer fills, in their order
+    codebook: Codebook
+    reviewers: tuple
+    seed: int
+    paths: dict              # relative path -> Path of every file written (empty when nothing was written)
 
+    def to_frame(self) -> pd.DataFrame:
+        "The private key: one row per reviewed report."
+        return self.key
+
+    def summary(self) -> pd.DataFrame:
+        "Cases per panel and stratum."
+        return self.key.drop_duplicates("study_id").groupby(["panel", "stratum"]).size().rename("cases").reset_index()
+
+    def _repr_markdown_(self):
+        k = self.key
+        return (f"**Review packets**: {k.study_id.nunique()} cases ({', '.join(f'{n} {p}' for p, n in k.drop_duplicates('study_id').panel.value_counts().sort_index().items())}), "
+                f"{len(k)} reports, reviewers {', '.join(self.reviewers)}, seed {self.seed}; sheets: {', '.join(self.sheets)}"
+                + (f"; {len(self.paths)} files written" if self.paths else ""))
+
+# %% ../nbs/13_review.ipynb #3175b461
+def make_review_packets(cases,                 # from `sample_cases` (+ `targeted_panel`): study_id, panel, stratum, strata
+                        generations,           # the generations table (system, policy, hypothesis per study)
+                        studies,               # the studies table: image paths, views and the reference report
+                        reviewers: Sequence[str] = ("R1", "R2"), # reviewer names (letters, digits, _ or -)
+                        seed: int = DEFAULT_SEED, # draws the report IDs and every order (paper 004: 2026)
+                        out_dir: str | os.PathLike | None = None, # write the packets here (see below); None: memory only
+                        configs=None,          # configurations to review, as "system+policy"; default: all
+                        codebook=None,         # a `Codebook`, JSON file or dict; default: the packaged codebook
+                        formats: Sequence[str] = ("csv", "xlsx") # "csv" and/or "xlsx"
+                       ) -> ReviewPackets:
+    "Blinded review sheets (phase 1 without, phase 2 with the reference), a codebook and the private key."
+    cb, reviewers = load_codebook(codebook), _reviewers(reviewers)
+    cases = require_columns(cases, ["study_id"], "cases").assign(study_id=lambda d: d.study_id.astype(str))
+    if "panel" not in cases: cases = cases.assign(panel="random")
+    if "stratum" not in cases: cases = cases.assign(stratum="all")
+    if cases.empty: _fail("make_review_packets", "no cases")
+    dup = cases.study_id.duplicated()
+    if dup.any(): _fail("make_review_packets", f"case {cases.study_id[dup].iloc[0]!r} appears twice (do the panels overlap?)")
+    gen = to_generations(generations)
+    gen = gen.assign(system=gen.system.astype(str), policy=gen.policy.astype(str))
+    rep = _reports(cases, gen, _configs(gen, configs))
+    rep = rep.join(_study_info(studies, cases.study_id.tolist()), on="study_id")
+    g = rng(packet_seed(seed, rep))
+    rep.insert(0, "report_id", _tokens(len(rep), g))
+    sheets = {sheet_name(r, p): _sheet(rep.iloc[g.permutation(len(rep))], r, p, cb) for r in reviewers for p in cb.phases}
+    strata = [c for c in cases.columns if c not in ("study_id", "panel", "stratum")]
+    key = rep[["report_id", "study_id", "panel", "stratum", *strata, "system", "policy", "sample_id", "generation_seed"]]
+    P = ReviewPackets(key.reset_index(drop=True), sheets, cb, reviewers, int(seed), {})
+    return P if out_dir is None else _write_packets(P, out_dir, formats, inputs={"cases": cases, "reviewed_reports": rep.drop(columns="report_id")})
+
+# %% ../nbs/13_review.ipynb #412b475d
+def _covered(gen: pd.DataFrame, configs: list[tuple[str, str]]) -> set[str]:
+    "Studies with a report from every configuration."
+    have = gen.groupby("study_id").apply(lambda d: set(zip(d.system, d.policy)), include_groups=False)
+    return {s for s, c in have.items() if set(configs) <= c}
+
+def prepare_review(studies,                              # the studies table: IDs, strata, images and reference reports
+                   generations,                          # the generations table
+                   n_cases: int | Mapping,               # random cases per stratum (an int, or {stratum: n}); the total without strata
+                   seed: int = DEFAULT_SEED,             # seed of the sample and the packets (paper 004: 2026)
+                   strata: str | Sequence[str] | None = None, # stratum column(s) of `studies`
+                   targeted=None,                        # study IDs of the targeted panel (a list, or a table with `study_id`)
+                   exclude=None,                         # study IDs never drawn (e.g. calibration cases)
+                   reviewers: Sequence[str] = ("R1", "R2"), # reviewer names
+                   configs=None,                         # configurations reviewed, as "system+policy" (default: all)
+                   codebook=None,                        # a `Codebook`, JSON file or dict (default: the packaged one)
+                   out_dir: str | os.PathLike | None = None, # write the packets here (None: memory only)
+                   formats: Sequence[str] = ("csv", "xlsx") # "csv" and/or "xlsx"
+                  ) -> ReviewPackets:
+    "Sample cases among the studies every configuration covers, add the targeted panel, and make the blinded packets."
+    gen = to_generations(generations)
+    gen = gen.assign(system=gen.system.astype(str), policy=gen.policy.astype(str))
+    strata, cfg = _strata(strata), _configs(gen, configs)
+    ids = require_columns(studies, ["study_id", *strata], "studies")[["study_id", *strata]]
+    ids = ids[ids.study_id.astype(str).isin(_covered(gen, cfg))]
+    sample = sample_cases(ids, n_cases, seed, strata, exclude=exclude)
+    cases = pd.concat([sample, targeted_panel(ids, targeted, sample)], ignore_index=True) if _id_set(targeted) else sample
+    return make_review_packets(cases, gen, studies, reviewers, seed, out_dir, [config_label(*c) for c in cfg], codebook, formats)
+
+# %% ../nbs/13_review.ipynb #0ea8e71b
 def _items(v) -> set:
     "Elements of a list-like cell (a list, an array, or its text form from a CSV file)."
     if isinstance(v, str):
@@ -551,15 +598,17 @@ def _noisy(x, ep: Mapping, g, noise: float, blank: float) -> pd.array:
     return v
 
 # %% ../nbs/13_review.ipynb #4cb6b154
+SIMULATED_COMMENT = "SIMULATED rating (made up by simulate_ratings, not a human review)"
+
 def simulate_ratings(packets,                   # `ReviewPackets`, or a key table (`report_id, study_id, sample_id`)
                      generations=None,          # generations with `omitted`/`hallucinated` (`altered`) ground truth
-                     seed: int = 0,
+                     seed: int = DEFAULT_SEED,  # seed of the made-up ratings
                      noise: float = 0.12,       # flip / step probability of a simulated reviewer
                      blank: float = 0.01,       # chance an optional cell is left empty
                      reviewers: Sequence[str] = ("R1", "R2"), # used when `packets` is a key table
                      codebook=None,             # used when `packets` is a key table
                      out_dir: str | os.PathLike | None = None, # also write the filled sheets here
-                     formats: Sequence[str] = ("csv",)
+                     formats: Sequence[str] = ("csv",) # "csv" and/or "xlsx"
                     ) -> dict[str, pd.DataFrame]:
     "SIMULATED filled sheets (`R1_phase1` -> table), for demonstrations and tests only; never real ratings."
     if not 0 <= noise <= 0.5: raise ValueError(f"noise must be between 0 and 0.5, got {noise!r}")
@@ -619,7 +668,8 @@ def _files(paths) -> list[Path]:
         else: _fail(str(p), "file not found")
     return [f for f in out if not f.name.startswith("~$")]
 
-def read_sheets(paths) -> list[tuple[str, list[str], list[list[str]]]]:
+def read_sheets(paths # files, folders, or {sheet name: table}
+               ) -> list[tuple[str, list[str], list[list[str]]]]:
     "`(sheet label, header, rows of text cells)` for each sheet in files, folders, or a dict of tables."
     if isinstance(paths, Mapping):
         return [(str(n), [str(c) for c in as_pandas(df).columns],
@@ -682,20 +732,24 @@ def _sheet_ratings(name, header, rows, cb: Codebook, problems: list, ids: set | 
     return reviewer, phase, _records(name, header, rows, eps, problems, ids)
 
 # %% ../nbs/13_review.ipynb #648dec9d
+def _at(row: list, index: Mapping, column: str) -> str:
+    "The cell of `column` in `row` ('' when the column or the cell is absent)."
+    j = index.get(column)
+    return row[j] if j is not None and j < len(row) else ""
+
 def _records(name, header, rows, eps, problems, ids: set | None) -> list[dict]:
     "One record per `(row number, cells)`: report_id, parsed ratings, comment; problems recorded."
     idx, seen, out = {h: j for j, h in enumerate(header)}, {}, []
-    cell = lambda r, c: (r[idx[c]] if idx.get(c) is not None and idx[c] < len(r) else "")
     for row, r in rows:
-        rid = cell(r, "report_id").strip()
+        rid = _at(r, idx, "report_id").strip()
         if not rid: problems.append(_problem(name, row, "report_id", header, "missing value")); continue
         if ids is not None and rid not in ids:
             problems.append(_problem(name, row, "report_id", header, f"unknown report ID {rid!r} (not in the key)")); continue
         if rid in seen: problems.append(_problem(name, row, "report_id", header, f"duplicate row: {rid!r} is also on row {seen[rid]}")); continue
         seen[rid] = row
-        rec = {"report_id": rid, "comment": cell(r, "comment"), "row": row}
+        rec = {"report_id": rid, "comment": _at(r, idx, "comment"), "row": row}
         for e in eps:
-            v, p = _parse(cell(r, e["column"]), e)
+            v, p = _parse(_at(r, idx, e["column"]), e)
             if p: problems.append(_problem(name, row, e["column"], header, p))
             rec[e["column"]] = v
         out.append(rec)
@@ -737,14 +791,9 @@ def _key(key) -> pd.DataFrame:
     return require_columns(k, ["report_id", "study_id"], "review key").assign(report_id=lambda d: d.report_id.astype(str))
 
 # %% ../nbs/13_review.ipynb #d7b87890
-def rating_problems(paths,           # files, folders, or {sheet name: table}
-                    key=None,        # the review key (table or file): enables the unknown/unrated ID checks
-                    codebook=None
-                   ) -> pd.DataFrame:
-    "Every problem in the returned sheets: `sheet, row, column, problem` (empty when all is well)."
-    return _read(paths, key, codebook)[1]
-
-def read_ratings(paths, key=None, codebook=None,
+def read_ratings(paths,          # files, folders, or {sheet name: table}
+                 key=None,       # the review key (table or file): enables the unknown/unrated ID checks
+                 codebook=None,  # a `Codebook`, JSON file or dict (default: the packaged one)
                  max_listed: int = 25   # problems listed in the error message
                 ) -> pd.DataFrame:
     "The checked ratings, one row per reviewer, phase and report; an `InputError` listing every problem."
@@ -757,8 +806,17 @@ def read_ratings(paths, key=None, codebook=None,
     if ratings.empty: _fail("ratings", "no rating sheets found (a sheet needs a report_id column)")
     return ratings
 
+# %% ../nbs/13_review.ipynb #f04ed2ec
+def rating_problems(paths,           # files, folders, or {sheet name: table}
+                    key=None,        # the review key (table or file): enables the unknown/unrated ID checks
+                    codebook=None    # a `Codebook`, JSON file or dict (default: the packaged one)
+                   ) -> pd.DataFrame:
+    "Every problem in the returned sheets: `sheet, row, column, problem` (empty when all is well)."
+    return _read(paths, key, codebook)[1]
+
 # %% ../nbs/13_review.ipynb #7c2d75a1
-def split_reviewers(ratings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_reviewers(ratings # ratings of exactly two reviewers (from `read_ratings`)
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     "The ratings of each of exactly two reviewers (in name order)."
     r = require_columns(ratings, ["reviewer"], "ratings")
     names = sorted(r.reviewer.astype(str).unique())
@@ -792,37 +850,51 @@ def _paired(r1, r2, cb: Codebook) -> pd.DataFrame:
 # %% ../nbs/13_review.ipynb #9811eb9d
 def _count_agreement(x: np.ndarray, y: np.ndarray, reps: int, seed, size: float) -> list[dict]:
     "ICC(2,1) and the mean absolute difference of two reviewers' counts."
-    if len(x) < 2: return [{"measure": m, "estimate": np.nan, "n": len(x), "method": "too few reports"} for m in ("icc2_1", "mean_abs_diff")]
+    if len(x) < 2: return [{"metric": m, "estimate": np.nan, "n": len(x), "method": "too few reports"} for m in ("icc2_1", "mean_abs_diff")]
     icc = icc2_1(np.column_stack([x, y]).astype(float), size=size)
     mad = bootstrap(mean_stats(np.abs(x - y).astype(float)), "mean", reps=reps, seed=seed, size=size)
     lo, hi = mad.conf_int()
-    return [{"measure": "icc2_1", "estimate": icc.estimate, "ci_low": icc.ci_low, "ci_high": icc.ci_high, "n": len(x), "method": icc.method},
-            {"measure": "mean_abs_diff", "estimate": mad.estimate, "ci_low": lo, "ci_high": hi, "n": len(x),
+    return [{"metric": "icc2_1", "estimate": icc.estimate, "ci_low": icc.ci_low, "ci_high": icc.ci_high, "n": len(x), "method": icc.method},
+            {"metric": "mean_abs_diff", "estimate": mad.estimate, "ci_low": lo, "ci_high": hi, "n": len(x),
              "method": f"bootstrap percentile ({reps} reps)"}]
 
 def agreement_report(r1, r2,                 # two reviewers' ratings (from `read_ratings`, see `split_reviewers`)
-                     codebook=None,
+                     codebook=None,          # a `Codebook`, JSON file or dict (default: the packaged one)
                      reps: int = 2000,       # resamples for the bootstrap intervals
-                     seed: int = 2026,
-                     size: float = 0.95
+                     seed: int = DEFAULT_SEED, # random seed of the resamples
+                     size: float = 0.95      # interval coverage
                     ) -> pd.DataFrame:
-    "Pre-consensus agreement per phase and end point: `phase, endpoint, role, kind, measure, estimate, ci_low, ci_high, n, method`."
+    "Pre-consensus agreement per phase and end point: `phase, endpoint, role, kind, metric, estimate, ci_low, ci_high, n, method`."
     cb = load_codebook(codebook); P = _paired(r1, r2, cb); rows = []
     for ep in cb.endpoints.to_dict("records"):
         d = P[(P.phase == ep["phase"]) & (P.endpoint == ep["column"])].dropna(subset=["r1", "r2"])
         x, y = d.r1.to_numpy(dtype=int), d.r2.to_numpy(dtype=int)
         if ep["kind"] == "count": res = _count_agreement(x, y, reps, seed, size)
-        elif not len(x): res = [{"measure": "percent_agreement", "estimate": np.nan, "n": 0, "method": "no paired ratings"}]
+        elif not len(x): res = [{"metric": "percent_agreement", "estimate": np.nan, "n": 0, "method": "no paired ratings"}]
         else: res = rater_agreement(x, y, kind="binary" if ep["kind"] == "binary" else "ordinal", categories=list(ep["labels"]),
                                     reps=reps, seed=seed, size=size).to_dict("records")
         rows += [{"phase": ep["phase"], "endpoint": ep["column"], "role": ep["role"], "kind": ep["kind"], **r} for r in res]
-    cols = ["phase", "endpoint", "role", "kind", "measure", "estimate", "ci_low", "ci_high", "n", "method"]
+    cols = ["phase", "endpoint", "role", "kind", "metric", "estimate", "ci_low", "ci_high", "n", "method"]
     return pd.DataFrame(rows).reindex(columns=cols)
 
-# %% ../nbs/13_review.ipynb #8d2c2ae7
-CONSENSUS_RULES = {"binary": True, "ordinal_gap": 1, "ordinal_threshold": True, "count_gap": 1, "secondary": True,
-                   "one_missing": True, "settle": "lower"}
+# %% ../nbs/13_review.ipynb #7018cf86
+def plot_agreement(agreement: pd.DataFrame,        # from `agreement_report`
+                   phase: int = 1,                 # 1 or 2
+                   role: str | None = "primary",   # only this role's end points (None: all)
+                   title: str | None = None        # chart title (default: says which phase)
+                  ):
+    "Dot-and-interval chart of the agreement measures per end point, one panel per measure."
+    alt = enable_theme(svg=False)
+    a = agreement[(agreement.phase == phase) & ((agreement.role == role) if role else True)]
+    a = a[a.metric != "mean_abs_diff"].dropna(subset=["estimate"])[["endpoint", "metric", "estimate", "ci_low", "ci_high", "n"]]
+    y = alt.Y("endpoint:N", title=None, sort=list(pd.unique(a.endpoint)))
+    x = alt.X("ci_low:Q", scale=alt.Scale(domain=[-1, 1]), title="agreement")
+    layer = alt.layer(alt.Chart().mark_rule(strokeWidth=2).encode(y=y, x=x, x2="ci_high:Q"),
+                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=list(a.columns)), data=a)
+    return layer.properties(width=120, height=alt.Step(16)).facet(column=alt.Column("metric:N", title=None),
+                                                                  title=title or f"Agreement before consensus, phase {phase}").resolve_scale(y="independent")
 
+# %% ../nbs/13_review.ipynb #8d2c2ae7
 def _rules(rules: Mapping | None) -> dict:
     r = {**CONSENSUS_RULES, **dict(rules or {})}
     unknown = sorted(set(r) - set(CONSENSUS_RULES))
@@ -851,9 +923,12 @@ def _triggered(r1, r2, rules, cb: Codebook) -> pd.DataFrame:
     return P.assign(trigger=[_trigger(a, b, eps[p, e], rules) for p, e, a, b in zip(P.phase, P.endpoint, P.r1, P.r2)])
 
 # %% ../nbs/13_review.ipynb #6e7d7571
+CONSENSUS_RULES = {"binary": True, "ordinal_gap": 1, "ordinal_threshold": True, "count_gap": 1, "secondary": True,
+                   "one_missing": True, "settle": "lower"}
+
 def consensus_queue(r1, r2,                    # two reviewers' ratings
                     rules: Mapping | None = None, # overrides of `CONSENSUS_RULES`
-                    codebook=None
+                    codebook=None               # a `Codebook`, JSON file or dict (default: the packaged one)
                    ) -> pd.DataFrame:
     "Ratings to discuss: `phase, report_id, endpoint, role, kind, r1, r2, trigger` and empty `consensus`, `adjudication`."
     cb = load_codebook(codebook); P = _triggered(r1, r2, _rules(rules), cb)
@@ -874,15 +949,15 @@ def _decisions(decisions, queue: pd.DataFrame, cb: Codebook) -> dict:
         miss = [c for c in ("phase", "endpoint") if c not in header] + ([] if {"consensus", "adjudication"} & set(header) else ["consensus"])
         problems += [_problem(name, 1, c, header, "missing column") for c in miss]
         if miss: continue
+        first = {h: header.index(h) for h in header}
         for i, r in enumerate(rows):
-            cell = lambda c: r[header.index(c)].strip() if c in header and header.index(c) < len(r) else ""
-            item = (int(cell("phase")) if cell("phase").isdigit() else cell("phase"), cell("report_id"), cell("endpoint"))
-            if not any(cell(c) for c in header): continue
+            item = (int(_at(r, first, "phase").strip()) if _at(r, first, "phase").strip().isdigit() else _at(r, first, "phase").strip(), _at(r, first, "report_id").strip(), _at(r, first, "endpoint").strip())
+            if not any(_at(r, first, c).strip() for c in header): continue
             if item not in queued: problems.append(_problem(name, i + 2, "report_id", header, f"{item} is not an item of the consensus queue")); continue
             if item in out: problems.append(_problem(name, i + 2, "report_id", header, f"{item} is decided twice")); continue
             ep, got = {**cb.get(item[0], item[2]), "required": False}, {}
             for src in ("consensus", "adjudication"):
-                v, p = _parse(cell(src), ep)
+                v, p = _parse(_at(r, first, src).strip(), ep)
                 if p: problems.append(_problem(name, i + 2, src, header, p))
                 elif v is not None: got[src] = v
             if len(got) == 2: problems.append(_problem(name, i + 2, "adjudication", header, "both consensus and adjudication are given; keep one"))
@@ -890,6 +965,20 @@ def _decisions(decisions, queue: pd.DataFrame, cb: Codebook) -> dict:
     if problems: raise InputError(f"consensus decisions: {len(problems)} problem(s):\n" + "\n".join(
         f"  {p['sheet']} row {p['row']}, column {p['column']}: {p['problem']}" for p in problems[:25]))
     return out
+
+# %% ../nbs/13_review.ipynb #32a50bc1
+def simulate_decisions(queue: pd.DataFrame,    # from `consensus_queue`
+                       seed: int = DEFAULT_SEED, # seed of the made-up decisions
+                       discuss: float = 0.85   # chance a queued report is settled by discussion; otherwise it is adjudicated
+                      ) -> pd.DataFrame:
+    "SIMULATED consensus/adjudication values for a queue (one of the two ratings, at random); demonstrations only."
+    g, q = rng(seed), queue.copy()
+    pick = [b if is_missing(a) else a if is_missing(b) else (a, b)[int(g.integers(2))] for a, b in zip(q.r1, q.r2)]
+    settled = {r: g.random() < discuss for r in q.report_id.unique()}   # per report: settled in discussion, or not
+    talk = q.report_id.map(settled).to_numpy(dtype=bool)
+    q["consensus"] = pd.array([v if t else pd.NA for v, t in zip(pick, talk)], dtype="Int64")
+    q["adjudication"] = pd.array([pd.NA if t else v for v, t in zip(pick, talk)], dtype="Int64")
+    return q
 
 # %% ../nbs/13_review.ipynb #8f915bc6
 @dataclass(frozen=True, eq=False)
@@ -908,6 +997,10 @@ class ConsensusResult:
                               "unresolved_primary": len(unres),
                               "missing_secondary": t.report_id[(t.role == "secondary") & t.value.isna()].nunique()}])
 
+    def to_frame(self) -> pd.DataFrame:
+        "The trail: how every rating was reached."
+        return self.trail
+
     def _repr_markdown_(self):
         s = self.summary().iloc[0]
         return (f"**Consensus**: {s['items']} reports; {s.triggered} met a trigger, {s.resolved_by_discussion} resolved by discussion, "
@@ -923,7 +1016,7 @@ def _settle(a, b, how: str):
 def apply_consensus(r1, r2,                # two reviewers' ratings
                     decisions=None,        # the filled consensus queue (table, CSV/XLSX file), or None
                     rules: Mapping | None = None, # the same rules as for `consensus_queue`
-                    codebook=None,
+                    codebook=None,         # a `Codebook`, JSON file or dict (default: the packaged one)
                     strict: bool = True    # raise when a queued primary item has no decision
                    ) -> ConsensusResult:
     "Final ratings from agreement, the settle rule, consensus and adjudication, with a trail per rating."
@@ -950,42 +1043,15 @@ def _final(trail: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
     w = trail.pivot(index=["phase", "report_id"], columns="endpoint", values="value").reindex(columns=cols)
     return w.astype("Int64").reset_index().rename_axis(columns=None)
 
-# %% ../nbs/13_review.ipynb #32a50bc1
-def simulate_decisions(queue: pd.DataFrame, seed: int = 0,
-                       discuss: float = 0.85   # chance a queued report is settled by discussion; otherwise it is adjudicated
-                      ) -> pd.DataFrame:
-    "SIMULATED consensus/adjudication values for a queue (one of the two ratings, at random); demonstrations only."
-    g, q = rng(seed), queue.copy()
-    pick = [b if is_missing(a) else a if is_missing(b) else (a, b)[int(g.integers(2))] for a, b in zip(q.r1, q.r2)]
-    settled = {r: g.random() < discuss for r in q.report_id.unique()}   # per report: settled in discussion, or not
-    talk = q.report_id.map(settled).to_numpy(dtype=bool)
-    q["consensus"] = pd.array([v if t else pd.NA for v, t in zip(pick, talk)], dtype="Int64")
-    q["adjudication"] = pd.array([pd.NA if t else v for v, t in zip(pick, talk)], dtype="Int64")
-    return q
-
-# %% ../nbs/13_review.ipynb #1bf88662
-@dataclass(frozen=True, eq=False)
-class ReviewSummary:
-    proportions: pd.DataFrame    # by..., phase, endpoint, role, measure, k, n, estimate, ci_low, ci_high
-    distributions: pd.DataFrame  # by..., phase, endpoint, level, count, share
-    findings: pd.DataFrame       # by..., phase, tp, fp, fn, micro_precision, micro_recall, micro_f1
-    by: tuple
-
-    def to_frame(self) -> pd.DataFrame:
-        "Proportions and micro scores in one long table (`estimate, ci_low, ci_high`; micro scores without intervals)."
-        f = self.findings.melt([*self.by, "phase"], ["micro_precision", "micro_recall", "micro_f1"], "measure", "estimate")
-        return pd.concat([self.proportions, f.assign(endpoint="findings", role="primary")], ignore_index=True)
-
-    def table(self, phase: int = 1) -> pd.DataFrame:
-        "One row per group: `k/n (share; interval)` per end point, then micro P/R/F1."
-        p = self.proportions[self.proportions.phase == phase]
-        cell = [f"{k}/{n} ({e:.0%}; {lo:.0%}-{hi:.0%})" for k, n, e, lo, hi in zip(p.k, p.n, p.estimate, p.ci_low, p.ci_high)]
-        name = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.measure)]
-        w = p.assign(cell=cell, name=pd.Categorical(name, categories=list(dict.fromkeys(name)))).pivot(index=list(self.by), columns="name", values="cell")
-        f = self.findings[self.findings.phase == phase].set_index(list(self.by))[["micro_precision", "micro_recall", "micro_f1"]].round(3)
-        return w.join(f).reset_index().rename_axis(columns=None)
-
-    def _repr_markdown_(self): return md_table(self.table())
+# %% ../nbs/13_review.ipynb #2482f910
+def _micro(M, by, phase) -> pd.DataFrame:
+    d = M.dropna(subset=["tp", "fp", "fn"])
+    rows = []
+    for k, g in d.groupby(by, sort=True):
+        T = micro_stats(g.tp.astype(float), g.fp.astype(float), g.fn.astype(float)).sum(0)
+        rows.append({**dict(zip(by, k)), "phase": phase, "n": len(g), "tp": int(T[0]), "fp": int(T[1]), "fn": int(T[2]),
+                     "micro_precision": float(micro_precision(T)), "micro_recall": float(micro_recall(T)), "micro_f1": float(micro_f1(T))})
+    return pd.DataFrame(rows, columns=[*by, "phase", "n", "tp", "fp", "fn", "micro_precision", "micro_recall", "micro_f1"])
 
 # %% ../nbs/13_review.ipynb #ddf86f80
 def _final_frame(final) -> pd.DataFrame:
@@ -997,10 +1063,10 @@ def _grouped(M: pd.DataFrame, by: list, col: str, fn) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 def _proportions(M, by, ep) -> pd.DataFrame:
-    if ep["kind"] == "binary": measure, hit = "proportion", lambda v: v == 1
-    else: measure, hit = f"share >= {int(ep['threshold'])}", lambda v: v >= ep["threshold"]
+    if ep["kind"] == "binary": metric, hit = "proportion", lambda v: v == 1
+    else: metric, hit = f"share >= {int(ep['threshold'])}", lambda v: v >= ep["threshold"]
     t = _grouped(M, by, ep["column"], lambda v: {"k": int(hit(v).sum()), "n": len(v)})
-    return t.assign(phase=ep["phase"], endpoint=ep["column"], role=ep["role"], measure=measure)
+    return t.assign(phase=ep["phase"], endpoint=ep["column"], role=ep["role"], metric=metric)
 
 def _distribution(M, by, ep) -> pd.DataFrame:
     levels = list(ep["labels"])
@@ -1009,22 +1075,49 @@ def _distribution(M, by, ep) -> pd.DataFrame:
     t["share"] = t["count"] / t.groupby(by)["count"].transform("sum").replace(0, np.nan)
     return t.assign(phase=ep["phase"], endpoint=ep["column"]).sort_values([*by, "level"], kind="stable")
 
-# %% ../nbs/13_review.ipynb #aee9645e
-def _micro(M, by, phase) -> pd.DataFrame:
-    d = M.dropna(subset=["tp", "fp", "fn"])
-    rows = []
-    for k, g in d.groupby(by, sort=True):
-        T = micro_stats(g.tp.astype(float), g.fp.astype(float), g.fn.astype(float)).sum(0)
-        rows.append({**dict(zip(by, k)), "phase": phase, "n": len(g), "tp": int(T[0]), "fp": int(T[1]), "fn": int(T[2]),
-                     "micro_precision": float(micro_precision(T)), "micro_recall": float(micro_recall(T)), "micro_f1": float(micro_f1(T))})
-    return pd.DataFrame(rows, columns=[*by, "phase", "n", "tp", "fp", "fn", "micro_precision", "micro_recall", "micro_f1"])
+# %% ../nbs/13_review.ipynb #1bf88662
+@dataclass(frozen=True, eq=False)
+class ReviewSummary:
+    proportions: pd.DataFrame    # by..., phase, endpoint, role, metric, k, n, estimate, ci_low, ci_high
+    distributions: pd.DataFrame  # by..., phase, endpoint, level, count, share
+    findings: pd.DataFrame       # by..., phase, tp, fp, fn, micro_precision, micro_recall, micro_f1
+    by: tuple
 
+    def to_frame(self) -> pd.DataFrame:
+        "Proportions and micro scores in one long table (`estimate, ci_low, ci_high`; micro scores without intervals)."
+        f = self.findings.melt([*self.by, "phase"], ["micro_precision", "micro_recall", "micro_f1"], "metric", "estimate")
+        return pd.concat([self.proportions, f.assign(endpoint="findings", role="primary")], ignore_index=True)
+
+    def table(self, phase: int = 1 # 1 or 2
+             ) -> pd.DataFrame:
+        "One row per group: `k/n (share; interval)` per end point, then micro P/R/F1."
+        p = self.proportions[self.proportions.phase == phase]
+        cell = [f"{k}/{n} ({e:.0%}; {lo:.0%}-{hi:.0%})" for k, n, e, lo, hi in zip(p.k, p.n, p.estimate, p.ci_low, p.ci_high)]
+        name = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.metric)]
+        w = p.assign(cell=cell, name=pd.Categorical(name, categories=list(dict.fromkeys(name)))).pivot(index=list(self.by), columns="name", values="cell")
+        f = self.findings[self.findings.phase == phase].set_index(list(self.by))[["micro_precision", "micro_recall", "micro_f1"]].round(3)
+        return w.join(f).reset_index().rename_axis(columns=None)
+
+    def summary(self) -> pd.DataFrame:
+        "The phase-1 table (`table(1)`)."
+        return self.table(1)
+
+    def plot(self, phase: int = 1,                # 1 or 2
+             role: str | None = "primary",        # only this role's end points (None: all)
+             title: str | None = None             # chart title
+            ):
+        "The shares with exact intervals (`plot_review_summary`, below)."
+        return plot_review_summary(self, phase, role, title)
+
+    def _repr_markdown_(self): return md_table(self.table())
+
+# %% ../nbs/13_review.ipynb #aee9645e
 def review_summary(final,                  # `ConsensusResult`, or its `final` table
                    key,                    # the review key (table or file)
                    by: Sequence[str] = ("stratum", "system", "policy"), # key columns that define the groups
                    panel: str | None = "random", # which panel to describe (None: all)
-                   codebook=None,
-                   size: float = 0.95
+                   codebook=None,          # a `Codebook`, JSON file or dict (default: the packaged one)
+                   size: float = 0.95      # interval coverage
                   ) -> ReviewSummary:
     "Descriptive summaries per group: exact binomial intervals, ordinal distributions, pooled micro P/R/F1."
     cb, by, F = load_codebook(codebook), list(by), _final_frame(final)
@@ -1041,22 +1134,24 @@ def review_summary(final,                  # `ConsensusResult`, or its `final` t
         dists += [_distribution(Mp, by, e) for e in eps if e["kind"] == "ordinal" and e["column"] in Mp]
         if {"tp", "fp", "fn"} <= set(cb.columns(p)): finds.append(_micro(Mp, by, p))
     pr = pd.concat(props, ignore_index=True); pr = binomial_cis(pr[pr.n > 0], "k", "n", size=size)
-    pr = pr[[*by, "phase", "endpoint", "role", "measure", "k", "n", "estimate", "ci_low", "ci_high"]].reset_index(drop=True)
+    pr = pr[[*by, "phase", "endpoint", "role", "metric", "k", "n", "estimate", "ci_low", "ci_high"]].reset_index(drop=True)
     dcols = [*by, "phase", "endpoint", "level", "count", "share"]
     di = pd.concat(dists, ignore_index=True)[dcols] if dists else pd.DataFrame(columns=dcols)
     fi = pd.concat(finds, ignore_index=True) if finds else _micro(M.iloc[:0].assign(tp=0, fp=0, fn=0), by, 1)
     return ReviewSummary(pr, di.reset_index(drop=True), fi, tuple(by))
 
 # %% ../nbs/13_review.ipynb #bf8cbc88
-def plot_review_summary(summary: ReviewSummary, phase: int = 1,
+def plot_review_summary(summary: ReviewSummary,        # from `review_summary`
+                        phase: int = 1,                 # 1 or 2
                         role: str | None = "primary",   # only this role's end points (None: all)
-                        title: str | None = None):
+                        title: str | None = None        # chart title (default: says what is drawn)
+                       ):
     "Dot-and-interval chart of the review proportions (exact 95% intervals) per configuration."
     alt = enable_theme(svg=False)
     p = summary.proportions[(summary.proportions.phase == phase) & ((summary.proportions.role == role) if role else True)].copy()
-    cfg = [c for c in ("system", "policy") if c in summary.by] or list(summary.by)
-    p["configuration"] = p[cfg].astype(str).agg(" ".join, axis=1)
-    p["end point"] = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.measure)]
+    if {"system", "policy"} <= set(summary.by): p["configuration"] = config_label(p.system, p.policy).to_numpy()
+    else: p["configuration"] = p[[c for c in ("system", "policy") if c in summary.by] or list(summary.by)].astype(str).agg(" ".join, axis=1)
+    p["end point"] = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.metric)]
     p = p[["configuration", "end point", "estimate", "ci_low", "ci_high", "k", "n"] + (["stratum"] if "stratum" in p else [])]
     y = alt.Y("configuration:N", title=None)
     x = alt.X("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="share of reports")
@@ -1065,115 +1160,129 @@ def plot_review_summary(summary: ReviewSummary, phase: int = 1,
     facet = {"column": alt.Column("end point:N", title=None)} | ({"row": alt.Row("stratum:N", title=None)} if "stratum" in p else {})
     return layer.properties(width=130, height=alt.Step(16)).facet(**facet, title=title or f"Human review, phase {phase}: shares with exact 95% intervals")
 
-# %% ../nbs/13_review.ipynb #22a3e9d0
-def _list_arg(v) -> list[str]:
-    if v is None or v == "": return []
-    if isinstance(v, str): return [x.strip() for x in v.split(",") if x.strip()]
-    return [str(x) for x in v]
+# %% ../nbs/13_review.ipynb #6dd3b517
+@dataclass(frozen=True, eq=False)
+class ReviewAnalysis:
+    ratings: pd.DataFrame                # the checked ratings of both reviewers (`read_ratings`)
+    key: pd.DataFrame                    # the review key: report_id -> study, panel, stratum, system, policy, ...
+    codebook: Codebook                   # the end points rated
+    agreement: pd.DataFrame              # agreement before consensus per phase and end point (`agreement_report`)
+    queue: pd.DataFrame                  # the ratings to discuss (`consensus_queue`)
+    consensus: ConsensusResult | None    # final ratings and their trail (None until decisions are given)
+    results: ReviewSummary | None        # descriptive summaries of the final ratings (None until decisions are given)
+    rules: dict                          # the consensus rules used
+    panel: str | None                    # the panel summarised (None: all cases)
+    reps: int                            # resamples of the agreement intervals
+    seed: int                            # random seed of the resamples
+    size: float = 0.95                   # interval coverage
+    simulated: bool = False              # True when the ratings were made up by `simulate_ratings`
 
-def _ids_arg(v) -> list[str]:
-    "IDs from a list, comma-separated text, or a file (a table with `study_id`, or one ID per line)."
-    if v is None or v == "": return []
-    if isinstance(v, (str, os.PathLike)) and Path(v).is_file():
-        p = Path(v)
-        if p.suffix.lower() in (".csv", ".parquet", ".tsv"):
-            return require_columns(read_table(p), ["study_id"], str(p)).study_id.astype(str).tolist()
-        return [x.strip() for x in p.read_text("utf-8").splitlines() if x.strip()]
-    return _list_arg(v)
+    @property
+    def reviewers(self) -> tuple: return tuple(sorted(self.ratings.reviewer.astype(str).unique()))
 
-def _covered(gen: pd.DataFrame, configs: list[tuple[str, str]]) -> set[str]:
-    "Studies with a report from every configuration."
-    have = gen.groupby("study_id").apply(lambda d: set(zip(d.system, d.policy)), include_groups=False)
-    return {s for s, c in have.items() if set(configs) <= c}
+    def case_counts(self) -> pd.DataFrame:
+        "Cases per panel and stratum."
+        return self.key.drop_duplicates("study_id").groupby(["panel", "stratum"]).size().rename("cases").reset_index()
 
-# %% ../nbs/13_review.ipynb #cffd7d64
-def _need(args: Mapping, names: Sequence[str], command: str):
-    miss = [n for n in names if args.get(n) in (None, "")]
-    if miss: _fail(f"review {command}", f"missing argument(s) {', '.join(miss)}")
+    def summary(self, phase: int = 1 # 1 or 2
+               ) -> pd.DataFrame:
+        "After consensus: per group, the shares and micro scores of `phase`; before it, that phase's primary agreement."
+        if self.results is not None: return self.results.table(phase)
+        a = self.agreement
+        return a[(a.phase == phase) & (a.role == "primary")].drop(columns=["phase", "role"]).reset_index(drop=True)
 
-def cli_review_prepare(args: Mapping) -> str:
-    "`cxr-audit review prepare`: sample cases and write blinded review packets (see the table above)."
-    _need(args, ["studies", "generations", "out", "n"], "prepare")
-    studies = read_table(args["studies"], str(args["studies"]))
-    gen = to_generations(read_table(args["generations"], str(args["generations"])), str(args["generations"]))
-    strata, seed = _list_arg(args.get("strata")), int(args.get("seed", 2026))
-    configs = _configs(gen, _list_arg(args.get("configs")) or None)
-    ids = require_columns(studies, ["study_id", *strata], str(args["studies"]))[["study_id", *strata]]
-    ids = ids[ids.study_id.astype(str).isin(_covered(gen, configs))]
-    sample = sample_cases(ids, int(args["n"]), seed, strata, exclude=_ids_arg(args.get("exclude")))
-    targeted = _ids_arg(args.get("targeted"))
-    cases = pd.concat([sample, targeted_panel(ids, targeted, sample)], ignore_index=True) if targeted else sample
-    P = make_review_packets(cases, gen, studies, _list_arg(args.get("reviewers")) or ("R1", "R2"), seed, args["out"],
-                            ["+".join(c) for c in configs], args.get("codebook"))
-    if args.get("simulate"): simulate_ratings(P, gen, seed=seed, out_dir=Path(args["out"]) / "simulated", formats=("csv",))
-    out = Path(args["out"])
-    return (f"review prepare: {len(cases)} cases ({len(sample)} random, {len(cases) - len(sample)} targeted) x {len(configs)} "
-            f"configurations = {len(P.key)} reports for {', '.join(P.reviewers)}; sheets in {out / 'phase1'} and {out / 'phase2'}, "
-            f"private key in {out / 'key'}" + (f"; SIMULATED ratings in {out / 'simulated'}" if args.get("simulate") else ""))
+    def to_frame(self) -> pd.DataFrame:
+        "Agreement rows (`part = agreement`) and, after consensus, summary rows (`part = summary`): one long table."
+        parts = [self.agreement.assign(part="agreement")] + ([self.results.to_frame().assign(part="summary")] if self.results is not None else [])
+        df = pd.concat(parts, ignore_index=True)
+        return df[["part"] + [c for c in df.columns if c != "part"]]
 
-# %% ../nbs/13_review.ipynb #561ead32
-def cli_review_analyse(args: Mapping) -> str:
-    "`cxr-audit review analyse`: check returned sheets, report agreement, and the queue or the consensus summaries."
-    _need(args, ["key", "ratings", "out"], "analyse")
-    out, cb = Path(args["out"]), load_codebook(args.get("codebook"))
-    rules = args.get("rules")
-    try: rules = json.loads(rules) if isinstance(rules, str) and rules.strip() else (rules or None)
-    except json.JSONDecodeError as e: _fail("review analyse", f"rules must be JSON, e.g. '{{\"count_gap\": 2}}' ({e})")
-    key = _key(args["key"])
-    r1, r2 = split_reviewers(read_ratings(args["ratings"], key=key, codebook=cb))
-    agree = agreement_report(r1, r2, cb, reps=int(args.get("reps", 2000)), seed=int(args.get("seed", 2026)))
-    out.mkdir(parents=True, exist_ok=True); agree.to_csv(out / "agreement.csv", index=False)
-    written = {"agreement": out / "agreement.csv"}
-    if not args.get("decisions"):
-        q = consensus_queue(r1, r2, rules, cb)
-        written |= {p.name: p for p in write_sheets({"consensus_queue": q}, out, "consensus_queue")}
-        msg = (f"review analyse: {r1.report_id.nunique()} reports rated by {r1.reviewer[0]} and {r2.reviewer[0]}; agreement in "
-               f"{out / 'agreement.csv'}; {len(q)} ratings of {q.report_id.nunique()} reports to discuss in {out / 'consensus_queue.xlsx'}")
+    def plot(self, kind: str = "summary",         # "summary" (shares with exact intervals) or "agreement"
+             phase: int = 1,                      # 1 or 2
+             role: str | None = "primary",        # only this role's end points (None: all)
+             title: str | None = None             # chart title
+            ):
+        "A figure of the review: the summary shares (after consensus) or the agreement before consensus."
+        if kind == "agreement": return plot_agreement(self.agreement, phase, role, title)
+        if kind != "summary": raise ValueError(f"kind must be 'summary' or 'agreement', got {kind!r}")
+        if self.results is None: _fail("review analysis", "no final ratings yet; pass the filled consensus queue as decisions")
+        return plot_review_summary(self.results, phase, role, title)
+
+    def headline(self) -> str:
+        "One sentence: cases, reports, reviewers and how consensus went (flagged when the ratings are simulated)."
+        lead = "**SIMULATED ratings: no person reviewed these reports.** " if self.simulated else ""
+        s = f"{self.key.study_id.nunique()} cases, {len(self.key)} reports, rated by {' and '.join(self.reviewers)}"
+        if self.consensus is None:
+            return lead + s + f"; {self.queue.report_id.nunique()} reports meet a consensus trigger ({len(self.queue)} ratings to discuss)."
+        c = self.consensus.summary().iloc[0]
+        return (lead + s + f"; {c.triggered} of {c['items']} reports met a consensus trigger, {c.resolved_by_discussion} were "
+                f"resolved by discussion and {c.resolved_by_adjudication} by adjudication.")
+
+    def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
+
+# %% ../nbs/13_review.ipynb #89ce96ad
+def review_analysis(ratings,                      # returned sheets (files, folders, {name: table}), or a ratings table from `read_ratings`
+                    key,                          # the review key (table or file) written with the packets
+                    decisions=None,               # the filled consensus queue (table or CSV/XLSX); None: stop at the queue
+                    codebook=None,                # a `Codebook`, JSON file or dict (default: the packaged one)
+                    rules: Mapping | None = None, # overrides of `CONSENSUS_RULES`
+                    panel: str | None = "random", # the panel summarised (None: all cases)
+                    by: Sequence[str] = ("stratum", "system", "policy"), # key columns that define the groups
+                    reps: int = 2000,             # resamples of the agreement intervals
+                    seed: int = DEFAULT_SEED,     # random seed of the resamples
+                    size: float = 0.95            # interval coverage
+                   ) -> ReviewAnalysis:
+    "Check the returned sheets, measure agreement, list the queue and, given decisions, apply consensus and summarise."
+    cb, K = load_codebook(codebook), _key(key)
+    if isinstance(ratings, pd.DataFrame): R = require_columns(ratings, ["reviewer", "phase", "report_id"], "ratings")
+    else: R = read_ratings(ratings, key=K, codebook=cb)
+    r1, r2 = split_reviewers(R)
+    agree, queue = agreement_report(r1, r2, cb, reps, seed, size), consensus_queue(r1, r2, rules, cb)
+    res = None if decisions is None else apply_consensus(r1, r2, decisions, rules, cb)
+    summ = None if res is None else review_summary(res, K, by, panel, cb, size)
+    return ReviewAnalysis(R, K, cb, agree, queue, res, summ, _rules(rules), panel, int(reps), int(seed), size)
+
+# %% ../nbs/13_review.ipynb #c09e61e5
+@patch
+def save(self: ReviewAnalysis,
+         out_dir: str | os.PathLike,   # folder for the tables and manifest.json
+         inputs: Mapping | None = None # name -> input file or table, recorded (hashed) in the manifest
+        ) -> dict[str, Path]:
+    "Write the agreement, then the queue to fill (CSV and XLSX) or the final ratings, trail and summaries, and a manifest."
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    paths = {"agreement": write_table(self.agreement, out / "agreement.csv")}
+    if self.consensus is None:
+        paths |= {p.stem + ("" if p.suffix == ".csv" else "_xlsx"): p for p in write_sheets({"consensus_queue": self.queue}, out, "consensus_queue")}
     else:
-        res = apply_consensus(r1, r2, args["decisions"], rules, cb)
-        panel = args.get("panel", "random"); summ = review_summary(res, key, panel=None if panel == "all" else panel, codebook=cb)
-        tables = {"final_ratings": res.final, "consensus_trail": res.trail, "summary": summ.to_frame(),
-                  "distributions": summ.distributions, "findings": summ.findings, "summary_table": summ.table(1)}
-        for n, t in tables.items(): t.to_csv(out / f"{n}.csv", index=False); written[n] = out / f"{n}.csv"
-        s = res.summary().iloc[0]
-        msg = (f"review analyse: {s['items']} reports; {s.triggered} met a trigger ({s.resolved_by_discussion} by discussion, "
-               f"{s.resolved_by_adjudication} by adjudication); summaries in {out}")
-    write_manifest(out / "manifest.json", inputs={"key": key}, outputs=written, command="review analyse",
-                   params={k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in args.items() if k != "ratings"})
-    return msg
+        r, c = self.results, self.consensus
+        tables = {"final_ratings": c.final, "consensus_trail": c.trail, "summary": r.to_frame(), "distributions": r.distributions,
+                  "findings": r.findings, "summary_table": r.table(1)}
+        paths |= {n: write_table(t, out / f"{n}.csv") for n, t in tables.items()}
+    write_manifest(out / "manifest.json", inputs={"key": self.key, **dict(inputs or {})}, outputs=paths, command="review_analysis",
+                   params={"reps": self.reps, "seed": self.seed, "size": self.size, "panel": self.panel, "rules": self.rules,
+                           "simulated": self.simulated})
+    return {**paths, "manifest": out / "manifest.json"}
 
-# %% ../nbs/13_review.ipynb #c834fb45
-def review_report_blocks(studies, generations,
-                         seed: int = 2026,
-                         n: int = 6,                     # random cases per stratum
-                         strata: str | None = "dataset", # stratum column of the studies (ignored when absent)
-                         n_targeted: int = 2,
-                         reps: int = 500                 # bootstrap resamples of the agreement intervals
-                        ) -> list:
-    "Blocks of the audit report's review section: a SIMULATED review of the corpus (sample, agreement, consensus, summaries)."
+# %% ../nbs/13_review.ipynb #3f2209a3
+def simulate_review(studies,                         # the studies table
+                    generations,                     # the generations table
+                    n_cases: int = 6,                # random cases per stratum (fewer when a stratum is smaller)
+                    strata: str | None = "dataset",  # stratum column of `studies` (ignored when absent)
+                    n_targeted: int = 2,             # targeted cases: the first study IDs outside the sample
+                    reps: int = 500,                 # resamples of the agreement intervals
+                    seed: int = DEFAULT_SEED         # one seed for the sample, packets, simulated ratings and decisions (paper 004: 2026)
+                   ) -> ReviewAnalysis:
+    "A SIMULATED review of a corpus: sample, packets, made-up ratings read back, agreement, made-up consensus, summaries."
     s, g = as_pandas(studies, "studies"), to_generations(generations)
-    configs = _configs(g, None); st = [strata] if strata and strata in s else []
+    configs, st = _configs(g, None), ([strata] if strata and strata in s else [])
     ids = s[["study_id", *st]].assign(study_id=lambda d: d.study_id.astype(str))
     ids = ids[ids.study_id.isin(_covered(g, configs))]
-    if ids.empty: return ["No study has a report from every configuration, so no review can be simulated."]
+    if ids.empty: _fail("simulate_review", "no study has a report from every configuration, so no review can be simulated")
     sizes = _case_table(ids, st, "studies").stratum.value_counts()
-    sample = sample_cases(ids, {k: min(n, int(v)) for k, v in sizes.items()} if st else min(n, len(ids)), seed, st)
+    sample = sample_cases(ids, {k: min(n_cases, int(v)) for k, v in sizes.items()} if st else min(n_cases, len(ids)), seed, st)
     rest = sorted(set(ids.study_id) - set(sample.study_id))[:n_targeted]
     cases = pd.concat([sample, targeted_panel(ids, rest, sample)], ignore_index=True) if rest else sample
     P = make_review_packets(cases, g, s, seed=seed)
-    r1, r2 = split_reviewers(read_ratings(simulate_ratings(P, g, seed=seed), key=P.key, codebook=P.codebook))
-    agree = agreement_report(r1, r2, P.codebook, reps=reps, seed=seed)
-    res = apply_consensus(r1, r2, simulate_decisions(consensus_queue(r1, r2, codebook=P.codebook), seed=seed), codebook=P.codebook)
-    summ, c = review_summary(res, P.key, codebook=P.codebook), res.summary().iloc[0]
-    lead = (f"**SIMULATED ratings: no person reviewed these reports.** This section runs the blinded-review kit on the corpus to show "
-            f"what it produces: {len(sample)} randomly sampled cases (seed {seed}{', stratified by `' + strata + '`' if st else ''}) and "
-            f"{len(cases) - len(sample)} targeted ones, {len(configs)} configurations each, {len(P.key)} reports under random IDs, "
-            f"rated by two simulated reviewers (`simulate_ratings`) in their own random orders. Replace them with real returned sheets "
-            f"(`cxr-audit review analyse`) for a real review.")
-    cons = (f"Consensus (simulated decisions): {c.triggered} of {c['items']} reports met a trigger; {c.resolved_by_discussion} were "
-            f"resolved by discussion and {c.resolved_by_adjudication} by adjudication.")
-    return [lead, cases.groupby(["panel", "stratum"]).size().rename("cases").reset_index(),
-            "Agreement before consensus, phase 1 primary end points (simulated reviewers):",
-            agree[(agree.phase == 1) & (agree.role == "primary")].drop(columns=["phase", "role"]), cons,
-            "Summary of the random panel, phase 1 (simulated; descriptive only, no hypothesis tests):", summ.table(1),
-            plot_review_summary(summ, title="SIMULATED review, phase 1: shares with exact 95% intervals")]
+    ratings = read_ratings(simulate_ratings(P, g, seed=seed), key=P.key, codebook=P.codebook)
+    decided = simulate_decisions(consensus_queue(*split_reviewers(ratings), codebook=P.codebook), seed=seed)
+    return replace(review_analysis(ratings, P.key, decided, P.codebook, reps=reps, seed=seed), simulated=True)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -17,41 +18,67 @@ import pandas as pd
 from scipy import sparse
 from scipy import stats as sps
 
-from .core import InputError, as_pandas, enable_theme, md_table, require_columns, rng
+from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, require_columns, rng
 
 # %% auto #0
-__all__ = ['VALUES', 'CIMethod', 'resample_indices', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights',
-           'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats',
-           'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1',
-           'corpus_bleu', 'replicate_sums', 'BootstrapResult', 'bootstrap', 'holm', 'PairedResult', 'bootstrap_metrics',
-           'paired_bootstrap', 'holm_family', 'systems_from_scores', 'incidence', 'distinct_stats',
-           'distinct_replicates', 'bootstrap_distinct', 'replicate_ranks', 'rank_ci', 'ranking_reversals',
-           'count_reversals', 'Estimate', 'spearman', 'kendall_tau', 'kendalls_w', 'mean_spearman', 'agreement_stats',
-           'agreement_table', 'percent_agreement', 'within_one', 'cohen_kappa', 'quadratic_kappa', 'gwet_ac1',
-           'exact_binomial_ci', 'binomial_cis', 'rater_agreement', 'icc2_1', 'plot_forest', 'plot_win_probability']
+__all__ = ['VALUES', 'CIMethod', 'resample_indices', 'resolve_clusters', 'cluster_codes', 'chunk_rows', 'weight_chunks',
+           'resample_weights', 'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats',
+           'macro_stats', 'bleu_stats', 'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision',
+           'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision', 'macro_recall', 'corpus_bleu', 'replicate_sums',
+           'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap', 'holm', 'p_value_floor', 'reps_needed',
+           'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult', 'bootstrap_metrics', 'paired_bootstrap',
+           'holm_family', 'systems_from_scores', 'incidence', 'distinct_stats', 'distinct_replicates',
+           'bootstrap_distinct', 'replicate_ranks', 'rank_ci', 'ranking_reversals', 'count_reversals', 'Estimate',
+           'spearman', 'kendall_tau', 'kendalls_w', 'mean_spearman', 'agreement_stats', 'agreement_table',
+           'percent_agreement', 'within_one', 'cohen_kappa', 'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci',
+           'binomial_cis', 'rater_agreement', 'icc2_1', 'plot_forest', 'plot_win_probability']
 
 # %% ../nbs/04_stats.ipynb #20427941
-def resample_indices(m: int,               # number of resampling units (units, or clusters)
-                     reps: int,            # number of resamples
-                     seed: int | np.random.Generator | None = 0
+def resample_indices(units: int,            # number of resampling units (units, or clusters)
+                     reps: int,             # number of resamples
+                     seed: int | np.random.Generator | None = DEFAULT_SEED # int, Generator or None (see `core.rng`)
                     ) -> np.ndarray:
-    "`(reps × m)` draws with replacement; row `b` is resample `b`."
-    return rng(seed).integers(0, m, size=(_positive(reps, "reps"), _positive(m, "m")))
+    "`(reps × units)` draws with replacement; row `b` is resample `b`."
+    return rng(seed).integers(0, units, size=(_positive(reps, "reps"), _positive(units, "units")))
 
 def _positive(v, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{what} must be a positive integer, got {v!r}")
+        raise InputError(f"{what} must be a positive integer, got {v!r}")
     return int(v)
 
 # %% ../nbs/04_stats.ipynb #652bf40f
-def cluster_codes(clusters,  # one label per unit (patient, case, ...); None for unit resampling
-                  n: int     # number of units
-                 ) -> tuple[np.ndarray | None, int]:
-    "Cluster codes `0..G-1` in order of first appearance, and `G`; `(None, n)` without clusters."
-    if clusters is None: return None, n
+def resolve_clusters(clusters,          # None, a column name of `table`, a mapping key -> label, or one label per row
+                     table=None,        # the table whose rows are the units
+                     key: str | None = None, # column of `table` looked up in a mapping (e.g. "study_id")
+                     what: str = "clusters" # named in error messages
+                    ) -> np.ndarray | None:
+    "One cluster label per row of `table` (object array), or None for unit resampling."
+    if clusters is None: return None
+    df = None if table is None else as_pandas(table)
+    if isinstance(clusters, str):
+        if df is None or clusters not in df.columns:
+            cols = [] if df is None else list(df.columns)
+            raise InputError(f"{what}: {clusters!r} is not a column of the table (columns: {cols})")
+        return df[clusters].to_numpy(dtype=object)
+    if isinstance(clusters, Mapping) or (isinstance(clusters, pd.Series) and key is not None):
+        if df is None or key is None or key not in df.columns:
+            raise InputError(f"{what}: a mapping needs the table and its key column (key={key!r})")
+        m = clusters if isinstance(clusters, pd.Series) else pd.Series(dict(clusters), dtype=object)
+        return df[key].map(m).to_numpy(dtype=object)
     labels = np.asarray(clusters, dtype=object)
-    if labels.ndim != 1 or len(labels) != n:
-        raise InputError(f"clusters: expected one label per unit ({n}), got shape {labels.shape}")
+    if df is not None and (labels.ndim != 1 or len(labels) != len(df)):
+        raise InputError(f"{what}: expected one label per row ({len(df)}), got shape {labels.shape}")
+    return labels
+
+# %% ../nbs/04_stats.ipynb #133baf21
+def cluster_codes(clusters,   # one label per unit (patient, case, ...); None for unit resampling
+                  units: int  # number of units
+                 ) -> tuple[np.ndarray | None, int]:
+    "Cluster codes `0..G-1` in order of first appearance, and `G`; `(None, units)` without clusters."
+    labels = resolve_clusters(clusters)
+    if labels is None: return None, units
+    if labels.ndim != 1 or len(labels) != units:
+        raise InputError(f"clusters: expected one label per unit ({units}), got shape {labels.shape}")
     codes, uniq = pd.factorize(labels)
     if (codes < 0).any():
         raise InputError(f"clusters: row {int(np.flatnonzero(codes < 0)[0])} has no cluster label "
@@ -61,10 +88,13 @@ def cluster_codes(clusters,  # one label per unit (patient, case, ...); None for
 # %% ../nbs/04_stats.ipynb #a4cb9b10
 _CHUNK_BYTES = 1 << 25  # about 32 MiB of float64 per chunk of replicates
 
-def chunk_rows(width: int, reps: int) -> int:
+def chunk_rows(width: int, # columns of one block (units, clusters or statistics, whichever is widest)
+               reps: int   # number of resamples
+              ) -> int:
     "Resamples per chunk so that a `(rows × width)` float64 block stays near 32 MiB."
     return int(max(1, min(reps, _CHUNK_BYTES // (8 * max(width, 1)))))
 
+# %% ../nbs/04_stats.ipynb #6a869622
 def _fill_counts(idx: np.ndarray, m: int, out: np.ndarray, block: int = 64) -> np.ndarray:
     "Per-row counts of the indices `0..m-1` in `idx`, written into `out` (`rows × m`)."
     for lo in range(0, len(idx), block):
@@ -73,25 +103,36 @@ def _fill_counts(idx: np.ndarray, m: int, out: np.ndarray, block: int = 64) -> n
         out[lo:lo + k] = np.bincount(flat, minlength=k * m).reshape(k, m)
     return out
 
-def weight_chunks(n, reps, seed, codes, m, rows, dtype=np.float64):
-    "Yield `(first_row, W)` for consecutive chunks of the `(reps × n)` weight matrix."
+def weight_chunks(units: int,      # number of units (columns of the weight matrix)
+                  reps: int,       # number of resamples (rows)
+                  seed,            # int, Generator or None (see `core.rng`)
+                  codes,           # cluster code per unit (from `cluster_codes`), or None
+                  n_codes: int,    # number of resampling units drawn per resample (clusters, or `units`)
+                  rows: int,       # resamples per chunk (see `chunk_rows`)
+                  dtype=np.float64 # dtype of the weights
+                 ):
+    "Yield `(first_row, W)` for consecutive chunks of the `(reps × units)` weight matrix."
     g = rng(seed)
     for lo in range(0, reps, rows):
         k = min(rows, reps - lo)
-        cnt = _fill_counts(g.integers(0, m, size=(k, m)), m, np.empty((k, m), dtype))
+        cnt = _fill_counts(g.integers(0, n_codes, size=(k, n_codes)), n_codes, np.empty((k, n_codes), dtype))
         yield lo, cnt if codes is None else cnt[:, codes]
 
 # %% ../nbs/04_stats.ipynb #f136e1d3
-def resample_weights(n: int,                  # number of units
+def resample_weights(units: int,              # number of units
                      reps: int,               # number of resamples
-                     seed: int | np.random.Generator | None = 0,
+                     seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
                      clusters=None,           # one cluster label per unit: resample clusters, not units
                      chunk: int | None = None # rows drawn at a time (does not change the result)
                     ) -> np.ndarray:
-    "`(reps × n)` integer matrix: how often each unit is drawn in each resample."
-    codes, m = cluster_codes(clusters, _positive(n, "n"))
-    rows = chunk or chunk_rows(max(n, m), _positive(reps, "reps"))
-    return np.vstack([W for _, W in weight_chunks(n, reps, seed, codes, m, rows, np.int64)])
+    "`(reps × units)` integer matrix: how often each unit is drawn in each resample."
+    codes, m = cluster_codes(clusters, _positive(units, "units"))
+    rows = _chunk(chunk, max(units, m), _positive(reps, "reps"))
+    return np.vstack([W for _, W in weight_chunks(units, reps, seed, codes, m, rows, np.int64)])
+
+def _chunk(chunk, width: int, reps: int) -> int:
+    "Rows per chunk: `chunk` when given (a positive integer), else `chunk_rows(width, reps)`."
+    return chunk_rows(width, reps) if chunk is None else _positive(chunk, "chunk")
 
 # %% ../nbs/04_stats.ipynb #10a10b93
 def as_stats(stats,                # (units × k) array, nested list, or a pandas/polars table of numbers
@@ -118,30 +159,50 @@ def _col(x, what: str) -> np.ndarray:
     if a.ndim != 1: raise InputError(f"{what}: expected one value per unit, got shape {a.shape}")
     return a
 
-def mean_stats(x) -> np.ndarray:
+def mean_stats(scores # one score per unit
+              ) -> np.ndarray:
     "`[x, 1]` per unit, for `mean` (a per-sample score averaged over the corpus)."
-    x = _col(x, "mean_stats"); return np.column_stack([x, np.ones_like(x)])
+    x = _col(scores, "mean_stats"); return np.column_stack([x, np.ones_like(x)])
 
-def proportion_stats(successes, trials=None) -> np.ndarray:
-    "`[successes, trials]` per unit (trials default 1), for `proportion`."
+# %% ../nbs/04_stats.ipynb #b3ee1444
+def proportion_stats(successes,     # successes per unit (0/1 or counts)
+                     trials=None    # trials per unit (default 1)
+                    ) -> np.ndarray:
+    "`[successes, trials]` per unit, for `proportion`."
     s = _col(successes, "proportion_stats")
     return np.column_stack([s, np.ones_like(s) if trials is None else _col(trials, "proportion_stats")])
 
-def ratio_stats(numerator, denominator) -> np.ndarray:
+# %% ../nbs/04_stats.ipynb #b551808b
+def ratio_stats(numerator,     # per-unit numerator
+                denominator    # per-unit denominator
+               ) -> np.ndarray:
     "`[numerator, denominator]` per unit, for `ratio` (a ratio of corpus sums)."
     return np.column_stack([_col(numerator, "ratio_stats"), _col(denominator, "ratio_stats")])
 
-def micro_stats(tp, fp, fn) -> np.ndarray:
+# %% ../nbs/04_stats.ipynb #ea454b6e
+def micro_stats(tp,   # true positives per unit
+                fp,   # false positives per unit
+                fn    # false negatives per unit
+               ) -> np.ndarray:
     "`[tp, fp, fn]` per unit, for the micro-averaged precision, recall and F1."
     return np.column_stack([_col(tp, "micro_stats"), _col(fp, "micro_stats"), _col(fn, "micro_stats")])
 
-def macro_stats(tp, fp, fn) -> np.ndarray:
+# %% ../nbs/04_stats.ipynb #b14d56a7
+def macro_stats(tp,   # (units × classes) true positives
+                fp,   # (units × classes) false positives
+                fn    # (units × classes) false negatives
+               ) -> np.ndarray:
     "`(units × 3C)` from three `(units × C)` count arrays: `[tp_c, fp_c, fn_c]` for each class `c`."
     a = [np.atleast_2d(np.asarray(v, dtype=float)) for v in (tp, fp, fn)]
     if not a[0].shape == a[1].shape == a[2].shape: raise InputError("macro_stats: tp, fp and fn differ in shape")
     return np.stack(a, axis=-1).reshape(len(a[0]), -1)
 
-def bleu_stats(matches, totals, hyp_len, ref_len) -> np.ndarray:
+# %% ../nbs/04_stats.ipynb #bad5aa54
+def bleu_stats(matches,   # (units × N) clipped n-gram matches, orders 1..N
+               totals,    # (units × N) hypothesis n-grams, orders 1..N
+               hyp_len,   # hypothesis length per unit
+               ref_len    # (closest) reference length per unit
+              ) -> np.ndarray:
     "`[m_1..m_N, t_1..t_N, hyp_len, ref_len]` per unit, for `corpus_bleu`."
     m, t = np.atleast_2d(np.asarray(matches, float)), np.atleast_2d(np.asarray(totals, float))
     if m.shape != t.shape: raise InputError("bleu_stats: matches and totals differ in shape")
@@ -162,43 +223,75 @@ def _div(a, b):
 
 def _sums(T) -> np.ndarray: return np.asarray(T, dtype=float)
 
-def ratio(T):
+def ratio(sums # summed `[numerator, denominator]`, shape (..., 2)
+         ):
     "Sum of the first column over sum of the second."
-    T = _sums(T); return _div(T[..., 0], T[..., 1])
+    T = _sums(sums); return _div(T[..., 0], T[..., 1])
 
-def mean(T):
+# %% ../nbs/04_stats.ipynb #4990c1d8
+def mean(sums # summed `[x, 1]`, shape (..., 2)
+        ):
     "Mean of a per-unit score from `[Σx, Σ1]`."
-    return ratio(T)
+    return ratio(sums)
 
-def proportion(T):
+# %% ../nbs/04_stats.ipynb #b0e4d5b8
+def proportion(sums # summed `[successes, trials]`, shape (..., 2)
+              ):
     "Share of successes from `[Σsuccesses, Σtrials]`."
-    return ratio(T)
+    return ratio(sums)
 
-def micro_precision(T):
+# %% ../nbs/04_stats.ipynb #f0de879a
+def micro_precision(sums # summed `[tp, fp, fn]`, shape (..., 3)
+                   ):
     "`tp / (tp + fp)` of summed `[tp, fp, fn]`."
-    T = _sums(T); return _div(T[..., 0], T[..., 0] + T[..., 1])
+    T = _sums(sums); return _div(T[..., 0], T[..., 0] + T[..., 1])
 
-def micro_recall(T):
+# %% ../nbs/04_stats.ipynb #9a9c4afb
+def micro_recall(sums # summed `[tp, fp, fn]`, shape (..., 3)
+                ):
     "`tp / (tp + fn)` of summed `[tp, fp, fn]`."
-    T = _sums(T); return _div(T[..., 0], T[..., 0] + T[..., 2])
+    T = _sums(sums); return _div(T[..., 0], T[..., 0] + T[..., 2])
 
-def micro_f1(T):
+# %% ../nbs/04_stats.ipynb #97544d2b
+def micro_f1(sums # summed `[tp, fp, fn]`, shape (..., 3)
+            ):
     "`2tp / (2tp + fp + fn)` of summed `[tp, fp, fn]`."
-    T = _sums(T); return _div(2 * T[..., 0], 2 * T[..., 0] + T[..., 1] + T[..., 2])
+    T = _sums(sums); return _div(2 * T[..., 0], 2 * T[..., 0] + T[..., 1] + T[..., 2])
 
 # %% ../nbs/04_stats.ipynb #5e46bbaf
-def macro_f1(T):
-    "Mean per-class F1 of summed `[tp_c, fp_c, fn_c]` triples (0 for a class with no counts)."
-    T = _sums(T); X = T.reshape(T.shape[:-1] + (T.shape[-1] // 3, 3))
-    den = 2 * X[..., 0] + X[..., 1] + X[..., 2]
-    f1 = np.where(den > 0, _div(2 * X[..., 0], den), 0.0)
-    acc = f1[..., 0]
-    for c in range(1, f1.shape[-1]): acc = acc + f1[..., c]
-    return acc / f1.shape[-1]
+def _per_class(T) -> np.ndarray:
+    "Summed `[tp_c, fp_c, fn_c]` triples as (..., classes, 3)."
+    T = _sums(T); return T.reshape(T.shape[:-1] + (T.shape[-1] // 3, 3))
 
-def corpus_bleu(T):
+def _class_mean(num, den) -> np.ndarray:
+    "Mean over classes of num/den, a class with den = 0 counting 0 (summed in class order, as a loop would)."
+    v = np.where(den > 0, _div(num, np.where(den > 0, den, 1)), 0.0)
+    acc = v[..., 0]
+    for c in range(1, v.shape[-1]): acc = acc + v[..., c]
+    return acc / v.shape[-1]
+
+def macro_f1(sums # summed `[tp_c, fp_c, fn_c]` for each class, shape (..., 3C)
+            ):
+    "Mean per-class F1 of summed `[tp_c, fp_c, fn_c]` triples (0 for a class with no counts)."
+    X = _per_class(sums); return _class_mean(2 * X[..., 0], 2 * X[..., 0] + X[..., 1] + X[..., 2])
+
+# %% ../nbs/04_stats.ipynb #4105d927
+def macro_precision(sums # summed `[tp_c, fp_c, fn_c]` for each class, shape (..., 3C)
+                   ):
+    "Mean per-class precision of summed `[tp_c, fp_c, fn_c]` triples (0 for a class with no predicted positive)."
+    X = _per_class(sums); return _class_mean(X[..., 0], X[..., 0] + X[..., 1])
+
+# %% ../nbs/04_stats.ipynb #3cbf1f23
+def macro_recall(sums # summed `[tp_c, fp_c, fn_c]` for each class, shape (..., 3C)
+                ):
+    "Mean per-class recall of summed `[tp_c, fp_c, fn_c]` triples (0 for a class with no reference positive)."
+    X = _per_class(sums); return _class_mean(X[..., 0], X[..., 0] + X[..., 2])
+
+# %% ../nbs/04_stats.ipynb #017af0ee
+def corpus_bleu(sums # summed `[m_1..m_N, t_1..t_N, hyp_len, ref_len]`, shape (..., 2N + 2)
+               ):
     "BLEU-N from summed `[m_1..m_N, t_1..t_N, hyp_len, ref_len]` (no smoothing)."
-    T = _sums(T); N = (T.shape[-1] - 2) // 2
+    T = _sums(sums); N = (T.shape[-1] - 2) // 2
     with np.errstate(divide="ignore", invalid="ignore"):
         logp = np.log(T[..., :N] / T[..., N:2 * N])
         acc = logp[..., 0]
@@ -209,7 +302,7 @@ def corpus_bleu(T):
 
 # %% ../nbs/04_stats.ipynb #b81a586a
 VALUES: dict[str, Callable] = {f.__name__: f for f in (ratio, mean, proportion, micro_precision, micro_recall,
-                                                        micro_f1, macro_f1, corpus_bleu)}  # agreement measures join below
+                                                        micro_f1, macro_precision, macro_recall, macro_f1, corpus_bleu)}  # agreement measures join below
 
 def _value_fn(value) -> tuple[Callable, str]:
     "The value function and its display name."
@@ -228,7 +321,7 @@ def _apply(f: Callable, T: np.ndarray) -> np.ndarray:
 # %% ../nbs/04_stats.ipynb #aa08e2f6
 def replicate_sums(stats,                      # (units × k) sufficient statistics
                    reps: int = 5000,           # number of resamples
-                   seed: int | np.random.Generator | None = 0,
+                   seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
                    clusters=None,              # one cluster label per unit, or None
                    chunk: int | None = None    # rows per chunk (memory bound; default about 32 MiB)
                   ) -> np.ndarray:
@@ -236,7 +329,7 @@ def replicate_sums(stats,                      # (units × k) sufficient statist
     S = as_stats(stats); n = len(S)
     codes, m = cluster_codes(clusters, n)
     out = np.empty((_positive(reps, "reps"), S.shape[1]))
-    for lo, W in weight_chunks(n, reps, seed, codes, m, chunk or chunk_rows(max(n, m, S.shape[1]), reps)):
+    for lo, W in weight_chunks(n, reps, seed, codes, m, _chunk(chunk, max(n, m, S.shape[1]), reps)):
         out[lo:lo + len(W)] = W @ S
     return out
 
@@ -264,18 +357,34 @@ def _replicates(blocks: Sequence[np.ndarray], fns: Sequence[Callable], reps: int
     U, inv = _distinct_columns(S)
     codes, m = cluster_codes(clusters, n)
     out = np.empty((len(blocks), _positive(reps, "reps")))
-    for lo, W in weight_chunks(n, reps, seed, codes, m, chunk or chunk_rows(max(n, m, S.shape[1]), reps)):
+    for lo, W in weight_chunks(n, reps, seed, codes, m, _chunk(chunk, max(n, m, S.shape[1]), reps)):
         T = W @ U
         if inv is not None: T = T[:, inv]
         for i, f in enumerate(fns): out[i, lo:lo + len(W)] = _apply(f, T[:, cut[i]])
     total = S.sum(0); loo = total - _group_sums(S, codes, m)
     est = np.array([_apply(f, total[None, c])[0] for f, c in zip(fns, cut)])
-    jack = np.stack([_apply(f, loo[:, c]) for f, c in zip(fns, cut)])
+    with np.errstate(divide="ignore", invalid="ignore"):      # one unit left: the leave-one-out sums are empty
+        jack = np.stack([_apply(f, loo[:, c]) for f, c in zip(fns, cut)])
     return est, out, jack, m
 
 # %% ../nbs/04_stats.ipynb #918e2b44
 CIMethod = Literal["percentile", "bca"]
 
+def _check_size(size, what: str = "size") -> float:
+    "`size` as a float strictly between 0 and 1, or an `InputError`."
+    if isinstance(size, bool) or not isinstance(size, numbers.Real) or not 0 < size < 1:
+        raise InputError(f"{what} must be between 0 and 1 (exclusive, e.g. 0.95), got {size!r}")
+    return float(size)
+
+def _given(value, default):
+    "`value` unless it is None (then `default`); `0` and `''` count as given."
+    return default if value is None else value
+
+# %% ../nbs/04_stats.ipynb #2811c269
+class DegenerateIntervalWarning(UserWarning):
+    "A bootstrap interval that cannot be computed (fewer than 2 resampling units) and is reported as `nan`."
+
+# %% ../nbs/04_stats.ipynb #c3f30292
 def _percentile(R: np.ndarray, size: float) -> np.ndarray:
     a = (1 - size) / 2
     if np.isfinite(R).all(): return np.quantile(R, [a, 1 - a], axis=-1).T
@@ -287,7 +396,7 @@ def _bca(R: np.ndarray, est: np.ndarray, J: np.ndarray, size: float) -> np.ndarr
     out = np.full((len(R), 2), np.nan); z = sps.norm.ppf([(1 - size) / 2, (1 + size) / 2])
     for i, (r, e, j) in enumerate(zip(R, est, J)):
         r, j = r[np.isfinite(r)], j[np.isfinite(j)]
-        if not len(r) or not np.isfinite(e): continue
+        if not len(r) or not np.isfinite(e) or len(j) < 2: continue
         z0 = sps.norm.ppf((np.sum(r < e) + 0.5 * np.sum(r == e)) / len(r))
         d = j.mean() - j; den = 6 * float(d @ d) ** 1.5
         a = float((d ** 3).sum()) / den if den > 0 else 0.0
@@ -296,16 +405,27 @@ def _bca(R: np.ndarray, est: np.ndarray, J: np.ndarray, size: float) -> np.ndarr
     return out
 
 def _interval(R, est, J, method: str, size: float) -> np.ndarray:
-    "`(s × 2)` lower and upper bounds for `s` rows of replicates."
-    if not 0 < size < 1: raise ValueError(f"size must be between 0 and 1, got {size!r}")
-    if method == "percentile": return _percentile(R, size)
-    if method == "bca": return _bca(R, est, J, size)
-    raise ValueError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
+    "`(s × 2)` lower and upper bounds for `s` rows of replicates; `nan` (with a warning) below 2 resampling units."
+    size = _check_size(size)
+    if method not in ("percentile", "bca"): raise ValueError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
+    if np.shape(J)[-1] < 2:
+        warnings.warn(f"a bootstrap interval needs at least 2 resampling units (units or clusters), got {np.shape(J)[-1]}: "
+                      "every resample repeats the same data, so the interval is nan", DegenerateIntervalWarning, stacklevel=3)
+        return np.full((len(R), 2), np.nan)
+    return _percentile(R, size) if method == "percentile" else _bca(R, est, J, size)
+
+def _dropped_note(reps: int, valid) -> str:
+    "A markdown sentence when some replicates were `nan` (empty when none was)."
+    valid = np.atleast_1d(valid); left = reps - int(valid.min()) if valid.size else 0
+    if left == 0: return ""
+    count = f"{left:,}" if valid.size == 1 else f"Up to {left:,}"
+    return (f"\n\n{count} of {reps:,} resamples gave no value (`nan`) and were left out of the intervals "
+            "and p-values: see `n_valid_reps`.")
 
 # %% ../nbs/04_stats.ipynb #3ee0493e
 @dataclass(frozen=True, eq=False, repr=False)
 class BootstrapResult:
-    statistic: str              # name of the value function
+    metric: str                 # name of the value function (the quantity estimated)
     estimate: float             # value on the original units
     replicates: np.ndarray      # one value per resample, in resample order
     jackknife: np.ndarray       # leave-one-unit (or cluster) out values, for BCa
@@ -314,47 +434,59 @@ class BootstrapResult:
     size: float = 0.95          # default coverage of `conf_int`
     method: str = "percentile"  # default interval method
 
-    def conf_int(self, method: CIMethod | None = None, size: float | None = None) -> np.ndarray:
+    def conf_int(self, method: CIMethod | None = None, # interval method (default: the result's own)
+                 size: float | None = None        # coverage (default: the result's own)
+                ) -> np.ndarray:
         "`[low, high]` interval of the statistic."
         return _interval(self.replicates[None], np.array([self.estimate]), self.jackknife[None],
-                         method or self.method, size or self.size)[0]
+                         _given(method, self.method), _given(size, self.size))[0]
+
+    @cached_property
+    def n_valid_reps(self) -> int:
+        "Replicates that are numbers (not `nan`); intervals and the standard error use only these."
+        return int(np.isfinite(self.replicates).sum())
 
     @cached_property
     def se(self) -> float:
-        "Bootstrap standard error (standard deviation of the replicates)."
-        return float(np.nanstd(self.replicates, ddof=1))
+        "Bootstrap standard error (standard deviation of the valid replicates)."
+        return float(np.nanstd(self.replicates, ddof=1)) if self.n_valid_reps > 1 else float("nan")
 
-    def to_frame(self, method: CIMethod | None = None, size: float | None = None) -> pd.DataFrame:
-        "One row: `statistic, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+    def to_frame(self, method: CIMethod | None = None, # interval method (default: the result's own)
+                 size: float | None = None        # coverage (default: the result's own)
+                ) -> pd.DataFrame:
+        "One row: `metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, n_valid_reps, method, size`."
         lo, hi = self.conf_int(method, size)
-        return pd.DataFrame([{"statistic": self.statistic, "estimate": self.estimate, "ci_low": lo, "ci_high": hi,
+        return pd.DataFrame([{"metric": self.metric, "estimate": self.estimate, "ci_low": lo, "ci_high": hi,
                               "se": self.se, "n": self.n, "n_clusters": self.n_clusters, "reps": len(self.replicates),
-                              "method": method or self.method, "size": size or self.size}])
+                              "n_valid_reps": self.n_valid_reps, "method": _given(method, self.method),
+                              "size": _given(size, self.size)}])
 
     def __repr__(self):
         lo, hi = self.conf_int()
-        return f"BootstrapResult({self.statistic}={self.estimate:.4g}, {self.size:.0%} CI [{lo:.4g}, {hi:.4g}], reps={len(self.replicates)})"
+        return (f"BootstrapResult({self.metric}={self.estimate:.4g}, {self.size:.0%} CI [{lo:.4g}, {hi:.4g}], "
+                f"reps={len(self.replicates)}, valid={self.n_valid_reps})")
 
-    def _repr_markdown_(self): return md_table(self.to_frame())
+    def _repr_markdown_(self): return md_table(self.to_frame()) + _dropped_note(len(self.replicates), self.n_valid_reps)
 
 # %% ../nbs/04_stats.ipynb #c5ff973a
 def bootstrap(stats,                        # (units × k) sufficient statistics (see `as_stats`)
               value: Callable | str = "mean", # value function of summed statistics, or a name in `VALUES`
               reps: int = 5000,             # number of resamples
-              seed: int | np.random.Generator | None = 0,
+              seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
               clusters=None,                # one cluster label per unit: resample clusters
-              size: float = 0.95,           # default interval coverage
+              size: float = 0.95,           # default interval coverage, strictly between 0 and 1
               method: CIMethod = "percentile", # default interval method
               chunk: int | None = None      # rows of the weight matrix per chunk
              ) -> BootstrapResult:
     "Bootstrap one statistic; replicates use `resample_weights(n, reps, seed, clusters)`."
-    f, name = _value_fn(value)
+    f, name = _value_fn(value); size = _check_size(size)
     S = as_stats(stats)
     est, R, J, m = _replicates([S], [f], reps, seed, clusters, chunk)
     return BootstrapResult(name, float(est[0]), R[0], J[0], len(S), None if clusters is None else m, size, method)
 
 # %% ../nbs/04_stats.ipynb #9532e650
-def holm(pvalues) -> np.ndarray:
+def holm(pvalues # p-values of one family; `nan` entries are left out of it
+        ) -> np.ndarray:
     "Holm step-down adjusted p-values; `nan` entries stay `nan` and do not count in the family."
     p = np.asarray(pvalues, dtype=float); out = np.full(p.shape, np.nan); ok = np.isfinite(p)
     q = p[ok]; order = np.argsort(q, kind="mergesort"); m = len(q)
@@ -362,7 +494,7 @@ def holm(pvalues) -> np.ndarray:
     res = np.empty(m); res[order] = adj; out[ok] = res
     return out
 
-# %% ../nbs/04_stats.ipynb #2de211cc
+# %% ../nbs/04_stats.ipynb #512048df
 def _p_two_sided(D: np.ndarray) -> np.ndarray:
     "Two-sided bootstrap p-values of rows of differences (see the definition above)."
     ok = np.isfinite(D); B = ok.sum(-1)
@@ -372,12 +504,60 @@ def _p_two_sided(D: np.ndarray) -> np.ndarray:
 def _win(D: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
     "Share of replicates where the first is better, ties counted half."
     ok = np.isfinite(D); D = D if higher_is_better else -D
-    return (((D > 0) & ok).sum(-1) + 0.5 * ((D == 0) & ok).sum(-1)) / ok.sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (((D > 0) & ok).sum(-1) + 0.5 * ((D == 0) & ok).sum(-1)) / ok.sum(-1)
 
-# %% ../nbs/04_stats.ipynb #aab906b5
+# %% ../nbs/04_stats.ipynb #b324ddc3
+def p_value_floor(reps: int,          # resamples B
+                  comparisons: int = 1 # comparisons in the Holm family (m)
+                 ) -> float:
+    "The smallest p (one comparison) or Holm-adjusted p (a family) that `reps` resamples can give: `min(1, m·2/(B+1))`."
+    return min(1.0, int(comparisons) * 2 / (_positive(reps, "reps") + 1))
+
+# %% ../nbs/04_stats.ipynb #ab69a6b7
+def reps_needed(comparisons: int = 1, # comparisons in the Holm family (m)
+                alpha: float = 0.05   # significance level
+               ) -> int:
+    "The fewest resamples B with which a family of `comparisons` can reach `alpha` after Holm (`2m/(B+1) < alpha`)."
+    alpha = _check_size(alpha, "alpha"); B = max(1, int(math.floor(2 * int(comparisons) / alpha)))
+    while p_value_floor(B, comparisons) >= alpha: B += 1                      # guard the float edge
+    while B > 1 and p_value_floor(B - 1, comparisons) < alpha: B -= 1
+    return B
+
+# %% ../nbs/04_stats.ipynb #9313af6e
+def p_value_note(reps: int,            # resamples B
+                 comparisons: int = 1, # comparisons in the Holm family (m)
+                 alpha: float = 0.05   # significance level (1 − size)
+                ) -> str:
+    "One sentence: the p-value convention, its floor for `reps`, and the Holm floor over `comparisons`."
+    alpha = _check_size(alpha, "alpha")
+    s = (f"Two-sided bootstrap p = min(1, 2·min(1 + #Δ≤0, 1 + #Δ≥0)/(B + 1)); with {int(reps):,} resamples the "
+         f"smallest p is {p_value_floor(reps):.2g}")
+    if comparisons > 1:
+        s += f"; after Holm over {int(comparisons)} comparisons no adjusted p can be below {p_value_floor(reps, comparisons):.2g}"
+    return s + f"; significant means p_holm < {alpha:g}."
+
+# %% ../nbs/04_stats.ipynb #74806bca
+class UnderpoweredWarning(UserWarning):
+    "Too few resamples for any comparison of the family to reach significance after adjustment."
+
+# %% ../nbs/04_stats.ipynb #bc16b000
+def check_reps(reps: int,              # resamples B
+               comparisons: int = 1,   # comparisons in the Holm family (m)
+               alpha: float = 0.05,    # significance level
+               what: str = "comparisons" # named in the warning
+              ) -> bool:
+    "Warn (`UnderpoweredWarning`) and return False when `reps` resamples cannot make any of `comparisons` significant."
+    if p_value_floor(reps, comparisons) < _check_size(alpha, "alpha"): return True
+    warnings.warn(f"{what}: with {int(reps):,} resamples and {int(comparisons)} comparisons no Holm-adjusted p can be below "
+                  f"{p_value_floor(reps, comparisons):.2g}, so none can be significant at {alpha:g}; use reps >= "
+                  f"{reps_needed(comparisons, alpha):,}", UnderpoweredWarning, stacklevel=2)
+    return False
+
+# %% ../nbs/04_stats.ipynb #65478a3e
 @dataclass(frozen=True, eq=False, repr=False)
 class PairedResult:
-    statistic: str                     # name of the value function
+    metric: str                        # name of the value function (the quantity estimated)
     systems: tuple                     # system names, in input order
     estimates: np.ndarray              # (systems,) values on the original units
     replicates: np.ndarray             # (systems × reps) values on the shared resamples
@@ -385,14 +565,15 @@ class PairedResult:
     pairs: tuple                       # (first, second) index pairs; effects are first − second
     n: int                             # units
     n_clusters: int | None             # resampling clusters (None: units)
-    size: float = 0.95
-    method: str = "percentile"
+    size: float = 0.95                 # default interval coverage (and alpha = 1 − size)
+    method: str = "percentile"         # default interval method
     higher_is_better: bool = True      # direction used by win probabilities and ranks
 
-    def result(self, system) -> BootstrapResult:
+    def result(self, system # one of `systems`
+              ) -> BootstrapResult:
         "The single-system `BootstrapResult` of `system`."
         i = self.systems.index(system)
-        return BootstrapResult(self.statistic, float(self.estimates[i]), self.replicates[i], self.jackknife[i],
+        return BootstrapResult(self.metric, float(self.estimates[i]), self.replicates[i], self.jackknife[i],
                                self.n, self.n_clusters, self.size, self.method)
 
     @cached_property
@@ -409,33 +590,53 @@ class PairedResult:
     @cached_property
     def win_probability(self) -> np.ndarray: return _win(self.differences, self.higher_is_better)
 
-    def conf_int(self, method: CIMethod | None = None, size: float | None = None) -> pd.DataFrame:
+    @cached_property
+    def n_valid_reps(self) -> np.ndarray:
+        "(pairs,) resamples in which the difference is a number (both values defined)."
+        return np.isfinite(self.differences).sum(-1)
+
+    def conf_int(self, method: CIMethod | None = None, # interval method (default: the result's own)
+                 size: float | None = None        # coverage (default: the result's own)
+                ) -> pd.DataFrame:
         "Interval of each paired difference: `first, second, ci_low, ci_high`."
         i, j = self._ij.T
-        ci = _interval(self.differences, self.estimates[i] - self.estimates[j],
-                       self.jackknife[i] - self.jackknife[j], method or self.method, size or self.size)
+        ci = _interval(self.differences, self.estimates[i] - self.estimates[j], self.jackknife[i] - self.jackknife[j],
+                       _given(method, self.method), _given(size, self.size))
         return pd.DataFrame({"first": [self.systems[a] for a in i], "second": [self.systems[b] for b in j],
                              "ci_low": ci[:, 0], "ci_high": ci[:, 1]})
 
-    def to_frame(self, method: CIMethod | None = None, size: float | None = None) -> pd.DataFrame:
-        "One row per comparison: `first, second, statistic, estimate, ci_low, ci_high, p, p_holm, win_prob, significant, ...`."
-        i, j = self._ij.T; ci = self.conf_int(method, size)
-        df = pd.DataFrame({"first": ci["first"], "second": ci["second"], "statistic": self.statistic,
+    def to_frame(self, method: CIMethod | None = None, # interval method (default: the result's own)
+                 size: float | None = None        # coverage and alpha = 1 − size (default: the result's own)
+                ) -> pd.DataFrame:
+        "One row per comparison: `first, second, metric, estimate, ci_low, ci_high, p, p_holm, win_prob, significant` (Holm), ..."
+        i, j = self._ij.T; ci = self.conf_int(method, size); size = _given(size, self.size)
+        df = pd.DataFrame({"first": ci["first"], "second": ci["second"], "metric": self.metric,
                            "estimate": self.estimates[i] - self.estimates[j], "ci_low": ci["ci_low"],
                            "ci_high": ci["ci_high"], "p": self.p_values, "p_holm": holm(self.p_values),
                            "win_prob": self.win_probability})
-        df["significant"] = (df.ci_low > 0) | (df.ci_high < 0)
-        return df.assign(method=method or self.method, size=size or self.size, reps=self.replicates.shape[1])
+        df["ci_excludes_0"] = (df.ci_low > 0) | (df.ci_high < 0)
+        df["significant"] = df.p_holm < 1 - size
+        return df.assign(method=_given(method, self.method), size=size, reps=self.replicates.shape[1],
+                         n_valid_reps=self.n_valid_reps, ci_adjusted=False)
 
-    def systems_frame(self, method: CIMethod | None = None, size: float | None = None) -> pd.DataFrame:
+    def note(self, size: float | None = None # coverage, alpha = 1 − size (default: the result's own)
+            ) -> str:
+        "The p-value convention and floors of this result (see `p_value_note`)."
+        return p_value_note(self.replicates.shape[1], len(self.pairs), 1 - _check_size(_given(size, self.size)))
+
+    def systems_frame(self, method: CIMethod | None = None, # interval method (default: the result's own)
+                      size: float | None = None        # coverage (default: the result's own)
+                     ) -> pd.DataFrame:
         "One row per system: its own estimate and interval (as `BootstrapResult.to_frame`)."
-        ci = _interval(self.replicates, self.estimates, self.jackknife, method or self.method, size or self.size)
+        ci = _interval(self.replicates, self.estimates, self.jackknife, _given(method, self.method), _given(size, self.size))
+        valid = np.isfinite(self.replicates).sum(1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            se = np.nanstd(self.replicates, axis=1, ddof=1)
-        return pd.DataFrame({"system": list(self.systems), "statistic": self.statistic, "estimate": self.estimates,
+            se = np.where(valid > 1, np.nanstd(self.replicates, axis=1, ddof=1), np.nan)
+        return pd.DataFrame({"system": list(self.systems), "metric": self.metric, "estimate": self.estimates,
                              "ci_low": ci[:, 0], "ci_high": ci[:, 1], "se": se, "n": self.n, "n_clusters": self.n_clusters,
-                             "reps": self.replicates.shape[1], "method": method or self.method, "size": size or self.size})
+                             "reps": self.replicates.shape[1], "n_valid_reps": valid,
+                             "method": _given(method, self.method), "size": _given(size, self.size)})
 
     def win_matrix(self) -> pd.DataFrame:
         "P(row system better than column system) over the resamples, for every ordered pair."
@@ -446,14 +647,15 @@ class PairedResult:
         return pd.DataFrame(M, index=list(self.systems), columns=list(self.systems))
 
     def __repr__(self):
-        return (f"PairedResult({self.statistic}: {len(self.systems)} systems, {len(self.pairs)} comparisons, "
+        return (f"PairedResult({self.metric}: {len(self.systems)} systems, {len(self.pairs)} comparisons, "
                 f"reps={self.replicates.shape[1]})")
 
     def _repr_markdown_(self):
         cols = ["first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]
-        return f"**{self.statistic}**, first − second\n\n" + md_table(self.to_frame()[cols])
+        return (f"**{self.metric}**, first − second\n\n" + md_table(self.to_frame()[cols]) + f"\n\n{self.note()}"
+                + _dropped_note(self.replicates.shape[1], self.n_valid_reps))
 
-# %% ../nbs/04_stats.ipynb #f5656345
+# %% ../nbs/04_stats.ipynb #d7db3318
 def _pairs(names: Sequence, baseline=None, pairs=None) -> tuple:
     "Index pairs for all-pairs, baseline-vs-others, or explicit comparisons."
     pos = {s: i for i, s in enumerate(names)}
@@ -465,23 +667,24 @@ def _pairs(names: Sequence, baseline=None, pairs=None) -> tuple:
     return tuple(combinations(range(len(names)), 2))
 
 def bootstrap_metrics(metrics: Mapping,          # metric name -> (systems: {name: stats}, value); names label the results
-                      reps: int = 5000,
-                      seed: int | np.random.Generator | None = 0,
+                      reps: int = 5000,          # number of resamples
+                      seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
                       clusters=None,             # one cluster label per unit (same units for every system)
                       baseline=None,             # compare every system with this one (baseline first)
                       pairs: Sequence | None = None, # explicit (first, second) pairs instead
-                      size: float = 0.95,
-                      method: CIMethod = "percentile",
+                      size: float = 0.95,        # default interval coverage (alpha = 1 − size)
+                      method: CIMethod = "percentile", # default interval method
                       higher_is_better: bool | Mapping = True, # one flag, or one per metric
-                      chunk: int | None = None
+                      chunk: int | None = None   # rows of the weight matrix per chunk
                      ) -> dict[str, PairedResult]:
     "Paired bootstraps of several metrics and systems on one shared set of resamples."
-    blocks, fns = [], []
+    blocks, fns, size = [], [], _check_size(size)
     for metric, (systems, value) in metrics.items():
         if not len(systems): raise InputError(f"{metric}: no systems")
         f, _ = _value_fn(value)
         for s, st in systems.items():
             blocks.append(as_stats(st, f"{metric}/{s}")); fns.append(f)
+    if not blocks: raise InputError("bootstrap_metrics: no metrics")
     est, R, J, m = _replicates(blocks, fns, reps, seed, clusters, chunk)
     out, k = {}, 0
     for metric, (systems, value) in metrics.items():
@@ -495,15 +698,15 @@ def bootstrap_metrics(metrics: Mapping,          # metric name -> (systems: {nam
 # %% ../nbs/04_stats.ipynb #e76b4b2f
 def paired_bootstrap(systems: Mapping,             # system name -> (units × k) statistics on the same units
                      value: Callable | str = "mean", # value function, or a name in `VALUES`
-                     reps: int = 5000,
-                     seed: int | np.random.Generator | None = 0,
-                     clusters=None,
+                     reps: int = 5000,             # number of resamples
+                     seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
+                     clusters=None,                # one cluster label per unit: resample clusters
                      baseline=None,                # compare every system with this one
                      pairs: Sequence | None = None,  # explicit (first, second) pairs
-                     size: float = 0.95,
-                     method: CIMethod = "percentile",
-                     higher_is_better: bool = True,
-                     chunk: int | None = None
+                     size: float = 0.95,           # default interval coverage (alpha = 1 − size)
+                     method: CIMethod = "percentile", # default interval method
+                     higher_is_better: bool = True, # direction of win probabilities and ranks
+                     chunk: int | None = None      # rows of the weight matrix per chunk
                     ) -> PairedResult:
     "Paired bootstrap of one statistic over several systems (effects are first − second)."
     name = _value_fn(value)[1]
@@ -512,25 +715,30 @@ def paired_bootstrap(systems: Mapping,             # system name -> (units × k)
 
 # %% ../nbs/04_stats.ipynb #e672d480
 def holm_family(results: Mapping,              # key (e.g. metric) -> PairedResult or its `to_frame()` table
-                method: CIMethod | None = None,
-                size: float | None = None,
+                method: CIMethod | None = None, # interval method (default: each result's own)
+                size: float | None = None,     # interval coverage; alpha = 1 − size (default: the results' own)
                 key: str = "metric"            # name of the column holding the keys
                ) -> pd.DataFrame:
-    "All comparisons in one table, with `p_holm` adjusted over the whole family."
+    "All comparisons in one table, `p_holm` adjusted over the whole family and `significant = p_holm < 1 − size`."
+    if not len(results): raise InputError("holm_family: no results to adjust")
     frames = [(r.to_frame(method, size) if hasattr(r, "to_frame") else require_columns(r, ["p"], f"{key} {k!r}")).assign(**{key: k})
               for k, r in results.items()]
     df = pd.concat(frames, ignore_index=True)
     df["p_holm"] = holm(df["p"])
+    if size is None: size = df["size"].iloc[0] if "size" in df and len(df) else 0.95
+    alpha = 1 - _check_size(size)
+    df["significant"] = df["p_holm"] < alpha
+    if "reps" in df and len(df): check_reps(int(df["reps"].min()), int(df["p"].notna().sum()), alpha, f"holm_family over {key}s")
     return df[[key] + [c for c in df.columns if c != key]]
 
 # %% ../nbs/04_stats.ipynb #f470cdd4
 def systems_from_scores(scores,                   # long table: unit, system, metric, stat_* columns
                         metric: str,              # which metric to take
                         unit: str = "sample_id",  # column naming the shared unit (e.g. study_id)
-                        cluster: str | None = None # column with the cluster label, returned aligned
+                        clusters=None             # column of `scores` with each unit's cluster, or a mapping unit -> cluster
                        ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     "`({system: (units × k) stats}, clusters)` for one metric of a long `scores` table."
-    df = require_columns(scores, ["system", "metric", unit] + ([cluster] if cluster else []), "scores")
+    df = require_columns(scores, ["system", "metric", unit], "scores")
     d = df[df["metric"] == metric]
     if d.empty: raise InputError(f"scores: no rows for metric {metric!r}; metrics are {sorted(df['metric'].unique())}")
     cols = [c for c in d.columns if str(c).startswith("stat_") and d[c].notna().any()]
@@ -542,8 +750,8 @@ def systems_from_scores(scores,                   # long table: unit, system, me
         missing = set(order) - set(grp[unit])
         if missing: raise InputError(f"scores: system {s!r} has no {metric!r} row for unit {sorted(map(str, missing))[0]!r}")
         out[s] = as_stats(grp.set_index(unit).loc[order, cols], f"scores {metric!r}/{s!r}")
-    clusters = None if cluster is None else d.drop_duplicates(unit).set_index(unit).loc[order, cluster].to_numpy()
-    return out, clusters
+    units = d.drop_duplicates(unit).set_index(unit).loc[order].reset_index()
+    return out, resolve_clusters(clusters, units, key=unit)
 
 # %% ../nbs/04_stats.ipynb #6e6cf441
 def incidence(items_per_unit: Iterable[Iterable[Hashable]] # for each unit, the items it contains (repeats allowed)
@@ -560,11 +768,11 @@ def _binary(X) -> sparse.csr_matrix:
     "A new 0/1 float CSR copy of an incidence (or count) matrix; the input is never modified."
     return (sparse.csr_matrix(X) != 0).astype(np.float64)
 
-def distinct_stats(X,              # (units × items) incidence matrix (see `incidence`)
+def distinct_stats(matrix,         # (units × items) incidence matrix (see `incidence`)
                    totals=None     # per-unit denominator (default 1: distinct items per unit)
                   ) -> np.ndarray:
     "`[share, total]` per unit, where an item in `d` units gives each a share `1/d`; use with `ratio`."
-    X = _binary(X); n = X.shape[0]
+    X = _binary(matrix); n = X.shape[0]
     tot = np.ones(n) if totals is None else _col(totals, "distinct_stats totals")
     if len(tot) != n: raise InputError(f"distinct_stats: {len(tot)} totals for {n} units")
     df = np.asarray(X.sum(0)).ravel()
@@ -576,40 +784,40 @@ def _split_items(X: sparse.csr_matrix):
     df = np.diff(X.tocsc().indptr)
     return np.asarray(X[:, df == 1].sum(1)).ravel(), X[:, df > 1].T.tocsr()
 
-def distinct_replicates(X,                        # (units × items) incidence matrix (see `incidence`)
-                        reps: int = 5000,
-                        seed: int | np.random.Generator | None = 0,
-                        clusters=None,
-                        chunk: int | None = None
+def distinct_replicates(matrix,                   # (units × items) incidence matrix (see `incidence`)
+                        reps: int = 5000,         # number of resamples
+                        seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
+                        clusters=None,            # one cluster label per unit: resample clusters
+                        chunk: int | None = None  # rows of the weight matrix per chunk
                        ) -> np.ndarray:
     "Number of distinct items among the units of each resample (same weights as `resample_weights`)."
-    X = _binary(X); n = X.shape[0]
+    X = _binary(matrix); n = X.shape[0]
     codes, m = cluster_codes(clusters, n)
     single, shared = _split_items(X)
     out = np.empty(_positive(reps, "reps"))
-    for lo, W in weight_chunks(n, reps, seed, codes, m, chunk or chunk_rows(max(n, m, shared.shape[0]), reps)):
+    for lo, W in weight_chunks(n, reps, seed, codes, m, _chunk(chunk, max(n, m, shared.shape[0]), reps)):
         drawn = (W > 0).astype(np.float64)
         out[lo:lo + len(W)] = drawn @ single + (np.asarray(shared @ drawn.T) > 0).sum(0)
     return out
 
 # %% ../nbs/04_stats.ipynb #66c92016
-def bootstrap_distinct(X,                     # (units × items) incidence matrix
+def bootstrap_distinct(matrix,                # (units × items) incidence matrix
                        totals=None,           # per-unit denominator (default 1: unique-item ratio per unit)
-                       reps: int = 5000,
-                       seed: int | np.random.Generator | None = 0,
-                       clusters=None,
-                       size: float = 0.95,
-                       method: CIMethod = "percentile",
-                       chunk: int | None = None,
+                       reps: int = 5000,      # number of resamples
+                       seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
+                       clusters=None,         # one cluster label per unit: resample clusters
+                       size: float = 0.95,    # default interval coverage
+                       method: CIMethod = "percentile", # default interval method
+                       chunk: int | None = None, # rows of the weight matrix per chunk
                        scheme: Literal["shares", "recount"] = "shares", # see above; "recount" is biased
-                       statistic: str = "distinct_ratio" # name shown in results
+                       metric: str = "distinct_ratio"   # name shown in results
                       ) -> BootstrapResult:
     "Bootstrap `distinct items / Σ totals` by per-unit shares (default) or by recounting each resample."
     if scheme == "shares":
-        r = bootstrap(distinct_stats(X, totals), ratio, reps, seed, clusters, size, method, chunk)
-        return replace(r, statistic=statistic)
+        r = bootstrap(distinct_stats(matrix, totals), ratio, reps, seed, clusters, size, method, chunk)
+        return replace(r, metric=metric)
     if scheme != "recount": raise ValueError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
-    X = _binary(X); n = X.shape[0]
+    X = _binary(matrix); n = X.shape[0]; size = _check_size(size)
     tot = distinct_stats(X, totals)[:, 1]
     d = distinct_replicates(X, reps, seed, clusters, chunk)
     den = replicate_sums(tot[:, None], reps, seed, clusters, chunk)[:, 0]
@@ -617,22 +825,26 @@ def bootstrap_distinct(X,                     # (units × items) incidence matri
     Xg = sparse.csc_matrix(_group_sums(X, codes, m)); Xg.data[:] = 1     # which unit/cluster has which item
     own = np.asarray(Xg[:, np.diff(Xg.indptr) == 1].sum(1)).ravel()     # items found in that unit/cluster only
     jack = _div(X.shape[1] - own, tot.sum() - _group_sums(tot[:, None], codes, m)[:, 0])
-    return BootstrapResult(statistic, float(_div(X.shape[1], tot.sum())), _div(d, den), jack, n,
+    return BootstrapResult(metric, float(_div(X.shape[1], tot.sum())), _div(d, den), jack, n,
                            None if clusters is None else m, size, method)
 
 # %% ../nbs/04_stats.ipynb #127ff751
-def replicate_ranks(result: PairedResult) -> np.ndarray:
+def replicate_ranks(result: PairedResult # a paired result (its replicates are ranked per resample)
+                   ) -> np.ndarray:
     "(reps × systems) rank of each system in each resample (1 = best)."
     R = result.replicates.T
     return sps.rankdata(-R if result.higher_is_better else R, method="min", axis=1).astype(int)
 
-def rank_ci(result: PairedResult, size: float | None = None) -> pd.DataFrame:
-    "Per system: `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first`."
-    size = size or result.size; a = (1 - size) / 2
+# %% ../nbs/04_stats.ipynb #a84287d3
+def rank_ci(result: PairedResult,     # a paired result of several systems
+            size: float | None = None # interval coverage (default: the result's own)
+           ) -> pd.DataFrame:
+    "Per system: `metric`, `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first`."
+    size = _check_size(_given(size, result.size)); a = (1 - size) / 2
     R = replicate_ranks(result)
     e = result.estimates
     rank = sps.rankdata(-e if result.higher_is_better else e, method="min").astype(int)
-    return pd.DataFrame({"system": list(result.systems), "value": e, "estimate": rank,
+    return pd.DataFrame({"system": list(result.systems), "metric": result.metric, "value": e, "estimate": rank,
                          "ci_low": np.quantile(R, a, axis=0, method="lower"),
                          "ci_high": np.quantile(R, 1 - a, axis=0, method="higher"),
                          "mean_rank": R.mean(0), "p_first": (R == 1).mean(0)})
@@ -640,22 +852,26 @@ def rank_ci(result: PairedResult, size: float | None = None) -> pd.DataFrame:
 # %% ../nbs/04_stats.ipynb #4f174e9d
 def _pair_table(r, method=None, size=None) -> pd.DataFrame:
     df = r.to_frame(method, size) if hasattr(r, "to_frame") else require_columns(r, ["first", "second", "estimate", "ci_low", "ci_high"], "comparisons")
-    return df.assign(verdict=np.where(df.ci_low > 0, 1, np.where(df.ci_high < 0, -1, 0)))
+    sig = df["significant"] if "significant" in df else (df.ci_low > 0) | (df.ci_high < 0)
+    metric = df["metric"] if "metric" in df else getattr(r, "metric", None)
+    return df.assign(verdict=np.where(sig, np.sign(df.estimate), 0).astype(int), metric=metric)
 
 def ranking_reversals(before,           # PairedResult (or its to_frame table) under the first condition
                       after,            # the same comparisons under the second condition
-                      method: CIMethod | None = None,
-                      size: float | None = None
+                      method: CIMethod | None = None, # interval method (default: each result's own)
+                      size: float | None = None       # interval coverage (default: each result's own)
                      ) -> pd.DataFrame:
-    "Per pair: both estimates and verdicts, `flip`, `verdict_change` and `significant_flip`."
+    "Per pair: `metric`, both estimates and verdicts, `flip`, `verdict_change` and `significant_flip`."
     a, b = _pair_table(before, method, size), _pair_table(after, method, size)
-    other = {(f, s): (e, v) for f, s, e, v in zip(b["first"], b["second"], b["estimate"], b["verdict"])}
+    by_metric = a["metric"].notna().all() and b["metric"].notna().all()
+    key = (lambda m, f, s: (m, f, s)) if by_metric else (lambda m, f, s: (f, s))
+    other = {key(m, f, s): (e, v) for m, f, s, e, v in zip(b["metric"], b["first"], b["second"], b["estimate"], b["verdict"])}
     rows = []
-    for f, s, e, v in zip(a["first"], a["second"], a["estimate"], a["verdict"]):
-        if (f, s) in other: e2, v2 = other[(f, s)]
-        elif (s, f) in other: e2, v2 = -other[(s, f)][0], -other[(s, f)][1]
-        else: raise InputError(f"comparisons: pair ({f!r}, {s!r}) is missing under the second condition")
-        rows.append({"first": f, "second": s, "estimate_before": e, "estimate_after": e2,
+    for m, f, s, e, v in zip(a["metric"], a["first"], a["second"], a["estimate"], a["verdict"]):
+        if key(m, f, s) in other: e2, v2 = other[key(m, f, s)]
+        elif key(m, s, f) in other: e2, v2 = -other[key(m, s, f)][0], -other[key(m, s, f)][1]
+        else: raise InputError(f"comparisons: pair ({f!r}, {s!r}) of {m!r} is missing under the second condition")
+        rows.append({"metric": m, "first": f, "second": s, "estimate_before": e, "estimate_after": e2,
                      "verdict_before": int(v), "verdict_after": int(v2)})
     df = pd.DataFrame(rows)
     df["flip"] = np.sign(df.estimate_before) * np.sign(df.estimate_after) < 0
@@ -663,8 +879,12 @@ def ranking_reversals(before,           # PairedResult (or its to_frame table) u
     df["significant_flip"] = df.flip & df.verdict_change
     return df
 
-def count_reversals(before, afters: Mapping, # condition name -> results under that condition
-                    method: CIMethod | None = None, size: float | None = None) -> pd.DataFrame:
+# %% ../nbs/04_stats.ipynb #baeac3ae
+def count_reversals(before,                    # results under the baseline condition
+                    afters: Mapping,           # condition name -> results under that condition
+                    method: CIMethod | None = None, # interval method (default: each result's own)
+                    size: float | None = None  # interval coverage (default: each result's own)
+                   ) -> pd.DataFrame:
     "Per condition: `pairs, flips, significant_flips, verdict_changes` against `before`."
     rows = []
     for name, after in afters.items():
@@ -676,10 +896,10 @@ def count_reversals(before, afters: Mapping, # condition name -> results under t
 # %% ../nbs/04_stats.ipynb #04597e80
 @dataclass(frozen=True, eq=False)
 class Estimate:
-    measure: str                 # what was estimated
-    estimate: float
-    ci_low: float = float("nan")
-    ci_high: float = float("nan")
+    metric: str                  # what was estimated
+    estimate: float              # the value
+    ci_low: float = float("nan") # lower interval bound (nan when there is no interval)
+    ci_high: float = float("nan") # upper interval bound
     p: float = float("nan")      # p-value of the accompanying test, when there is one
     n: int = 0                   # units behind the estimate
     method: str = ""             # how the interval (and p) were obtained
@@ -690,8 +910,8 @@ class Estimate:
         return np.array([self.ci_low, self.ci_high])
 
     def to_frame(self) -> pd.DataFrame:
-        "One row: `measure, estimate, ci_low, ci_high, p, n, method` and the extras."
-        return pd.DataFrame([{"measure": self.measure, "estimate": self.estimate, "ci_low": self.ci_low,
+        "One row: `metric, estimate, ci_low, ci_high, p, n, method` and the extras."
+        return pd.DataFrame([{"metric": self.metric, "estimate": self.estimate, "ci_low": self.ci_low,
                               "ci_high": self.ci_high, "p": self.p, "n": self.n, "method": self.method, **self.extra}])
 
     def _repr_markdown_(self): return md_table(self.to_frame())
@@ -702,23 +922,32 @@ def _pair_arrays(x, y, what: str) -> tuple[np.ndarray, np.ndarray]:
     if x.shape != y.shape or x.ndim != 1: raise InputError(f"{what}: expected two equal-length 1-D sequences, got {x.shape} and {y.shape}")
     bad = ~(np.isfinite(x) & np.isfinite(y))
     if bad.any(): raise InputError(f"{what}: row {int(np.flatnonzero(bad)[0])} is missing")
+    if len(x) < 2: raise InputError(f"{what}: need at least 2 pairs of scores, got {len(x)}")
     return x, y
 
 def _fisher_ci(r: float, var: float, size: float) -> tuple[float, float]:
+    size = _check_size(size)
     if not np.isfinite(var) or var <= 0: return float("nan"), float("nan")
     z, h = np.arctanh(np.clip(r, -1, 1)), sps.norm.ppf((1 + size) / 2) * math.sqrt(var)
     return float(np.tanh(z - h)), float(np.tanh(z + h))
 
-def spearman(x, y, size: float = 0.95) -> Estimate:
+def spearman(first,            # one score per object (system) under the first evaluation
+             second,           # the same objects' scores under the second evaluation
+             size: float = 0.95 # interval coverage
+            ) -> Estimate:
     "Spearman's rho with scipy's p-value and a Fisher-z interval."
-    x, y = _pair_arrays(x, y, "spearman"); n = len(x)
+    x, y = _pair_arrays(first, second, "spearman"); n = len(x)
     r = sps.spearmanr(x, y)
     return Estimate("spearman_rho", float(r.statistic), *_fisher_ci(r.statistic, 1.06 / (n - 3) if n > 3 else np.nan, size),
                     float(r.pvalue), n, "Fisher z, var 1.06/(n-3); scipy p")
 
-def kendall_tau(x, y, size: float = 0.95) -> Estimate:
+# %% ../nbs/04_stats.ipynb #d7b0b55b
+def kendall_tau(first,            # one score per object (system) under the first evaluation
+                second,           # the same objects' scores under the second evaluation
+                size: float = 0.95 # interval coverage
+               ) -> Estimate:
     "Kendall's tau-b with scipy's p-value and a Fisher-z interval."
-    x, y = _pair_arrays(x, y, "kendall_tau"); n = len(x)
+    x, y = _pair_arrays(first, second, "kendall_tau"); n = len(x)
     r = sps.kendalltau(x, y)
     return Estimate("kendall_tau_b", float(r.statistic), *_fisher_ci(r.statistic, 0.437 / (n - 4) if n > 4 else np.nan, size),
                     float(r.pvalue), n, "Fisher z, var 0.437/(n-4); scipy p")
@@ -751,24 +980,44 @@ def mean_spearman(ratings  # (raters × objects) scores
                  ) -> Estimate:
     "Average pairwise Spearman rho between the rows of `ratings`."
     X = _as_matrix(ratings, "mean_spearman")
-    if len(X) < 2: raise InputError("mean_spearman: need at least 2 raters")
+    if X.shape[0] < 2 or X.shape[1] < 2:
+        raise InputError(f"mean_spearman: need at least 2 raters and 2 objects, got {X.shape[0]} × {X.shape[1]}")
     rs = [sps.spearmanr(X[a], X[b]).statistic for a, b in combinations(range(len(X)), 2)]
     return Estimate("mean_spearman_rho", float(np.mean(rs)), n=X.shape[1], method="mean over rater pairs",
                     extra={"pairs": len(rs)})
 
 # %% ../nbs/04_stats.ipynb #f7d71094
-def _categories(a, b, categories) -> list:
-    if categories is not None: return list(categories)
-    vals = pd.unique(np.concatenate([np.asarray(a, dtype=object), np.asarray(b, dtype=object)]))
-    try: return sorted(vals)
-    except TypeError: return list(vals)
+def _rater_labels(rater_a, rater_b) -> tuple[list, list]:
+    "Both raters' labels as lists: same length, at least one item, no missing label (else an `InputError`)."
+    a, b = list(rater_a), list(rater_b)
+    if len(a) != len(b): raise InputError(f"rater agreement: {len(a)} labels for rater a, {len(b)} for rater b")
+    if not a: raise InputError("rater agreement: no items (both label lists are empty)")
+    for who, labels in (("a", a), ("b", b)):
+        miss = [k for k, v in enumerate(labels) if is_missing(v)]
+        if miss: raise InputError(f"rater agreement: row {miss[0]}: rater {who}'s label is missing ({len(miss)} row(s) affected); "
+                                  "drop the items a rater left unrated first, e.g. ratings.dropna(subset=[...])")
+    return a, b
 
-def agreement_stats(a, b,              # two raters' labels for the same items
+def _categories(a: list, b: list, categories) -> list:
+    "`categories` as given, else the sorted observed labels."
+    if categories is not None:
+        cats = list(categories)
+        if not cats or any(is_missing(c) for c in cats) or len(set(cats)) != len(cats):
+            raise InputError(f"rater agreement: categories must be distinct, non-missing levels, got {cats}")
+        return cats
+    vals = list(dict.fromkeys(a + b))
+    try: return sorted(vals)
+    except TypeError:
+        kinds = sorted({type(v).__name__ for v in vals})
+        raise InputError(f"rater agreement: labels of different types ({', '.join(kinds)}) cannot be put in order; "
+                         "pass categories=[...] in the order you mean") from None
+
+def agreement_stats(rater_a,           # rater a's labels, one per item
+                    rater_b,           # rater b's labels for the same items
                     categories=None    # ordered category levels (default: sorted observed values)
                    ) -> np.ndarray:
     "`(items × q²)` one-hot cell of each item in the raters' cross-table (row: rater a, column: rater b)."
-    a, b = list(a), list(b)
-    if len(a) != len(b): raise InputError(f"rater agreement: {len(a)} labels for rater a, {len(b)} for rater b")
+    a, b = _rater_labels(rater_a, rater_b)
     cats = _categories(a, b, categories); pos = {c: i for i, c in enumerate(cats)}; q = len(cats)
     S = np.zeros((len(a), q * q))
     for k, (u, v) in enumerate(zip(a, b)):
@@ -777,100 +1026,135 @@ def agreement_stats(a, b,              # two raters' labels for the same items
         S[k, pos[u] * q + pos[v]] = 1
     return S
 
-def agreement_table(a, b, categories=None) -> pd.DataFrame:
-    "The raters' `q × q` cross-table of counts."
+# %% ../nbs/04_stats.ipynb #402dd957
+def agreement_table(rater_a,          # rater a's labels, one per item
+                    rater_b,          # rater b's labels for the same items
+                    categories=None   # ordered category levels (default: sorted observed values)
+                   ) -> pd.DataFrame:
+    "The raters' `q × q` cross-table of counts (rows: rater a, columns: rater b)."
+    a, b = _rater_labels(rater_a, rater_b)
     cats = _categories(a, b, categories); q = len(cats)
     return pd.DataFrame(agreement_stats(a, b, cats).sum(0).reshape(q, q).astype(int), index=cats, columns=cats)
 
 # %% ../nbs/04_stats.ipynb #92b85088
 def _table(T) -> np.ndarray:
     "Summed one-hot cells `(..., q²)` as proportions `(..., q, q)`."
-    T = _sums(T); q = math.isqrt(T.shape[-1])
+    T = _sums(T); q = math.isqrt(T.shape[-1]) if T.ndim else 0
+    if q < 1 or q * q != T.shape[-1]:
+        raise InputError(f"rater agreement: summed cells must hold q² values for q >= 1 categories, got shape {T.shape}")
     P = T.reshape(T.shape[:-1] + (q, q))
     return _div(P, P.sum((-1, -2), keepdims=True))
 
 def _chance_corrected(po, pe): return _div(po - pe, 1 - pe)
 
-def percent_agreement(T):
+def percent_agreement(sums # summed one-hot cells of the cross-table, shape (..., q²)
+                     ):
     "Share of items on the diagonal of the cross-table."
-    return np.trace(_table(T), axis1=-2, axis2=-1)
+    return np.trace(_table(sums), axis1=-2, axis2=-1)
 
-def within_one(T):
+# %% ../nbs/04_stats.ipynb #4112befb
+def within_one(sums # summed one-hot cells of the cross-table, shape (..., q²)
+              ):
     "Share of items whose two categories are at most one level apart."
-    P = _table(T); q = P.shape[-1]; i = np.arange(q)
+    P = _table(sums); q = P.shape[-1]; i = np.arange(q)
     return (P * (abs(i[:, None] - i[None]) <= 1)).sum((-1, -2))
 
+# %% ../nbs/04_stats.ipynb #06e3b842
 def _kappa(T, weights: np.ndarray):
     P = _table(T); r, c = P.sum(-1), P.sum(-2)
     po = (P * weights).sum((-1, -2)); pe = (r[..., :, None] * c[..., None, :] * weights).sum((-1, -2))
     return _chance_corrected(po, pe)
 
-def cohen_kappa(T):
+def cohen_kappa(sums # summed one-hot cells of the cross-table, shape (..., q²)
+               ):
     "Cohen's kappa of the summed cross-table."
-    q = math.isqrt(_sums(T).shape[-1]); return _kappa(T, np.eye(q))
+    q = math.isqrt(_sums(sums).shape[-1]); return _kappa(sums, np.eye(q))
 
-def quadratic_kappa(T):
+# %% ../nbs/04_stats.ipynb #82e1f969
+def quadratic_kappa(sums # summed one-hot cells of the cross-table, shape (..., q²)
+                   ):
     "Quadratically weighted kappa (categories in order, equally spaced)."
-    q = math.isqrt(_sums(T).shape[-1]); i = np.arange(q)
-    return _kappa(T, 1 - (i[:, None] - i[None]) ** 2 / max(q - 1, 1) ** 2)
+    q = math.isqrt(_sums(sums).shape[-1]); i = np.arange(q)
+    return _kappa(sums, 1 - (i[:, None] - i[None]) ** 2 / max(q - 1, 1) ** 2)
 
-def gwet_ac1(T):
+# %% ../nbs/04_stats.ipynb #e381ccd7
+def gwet_ac1(sums # summed one-hot cells of the cross-table, shape (..., q²)
+            ):
     "Gwet's AC1 of the summed cross-table."
-    P = _table(T); q = P.shape[-1]; pi = (P.sum(-1) + P.sum(-2)) / 2
+    P = _table(sums); q = P.shape[-1]; pi = (P.sum(-1) + P.sum(-2)) / 2
     return _chance_corrected(np.trace(P, axis1=-2, axis2=-1), (pi * (1 - pi)).sum(-1) / max(q - 1, 1))
 
 VALUES.update({f.__name__: f for f in (percent_agreement, within_one, cohen_kappa, quadratic_kappa, gwet_ac1)})
 
 # %% ../nbs/04_stats.ipynb #8966a5a0
-def exact_binomial_ci(successes: int, trials: int, size: float = 0.95,
-                      measure: str = "proportion") -> Estimate:
-    "A proportion with its Clopper–Pearson exact interval."
-    k, n = int(successes), int(trials)
-    if n < 1 or not 0 <= k <= n: raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
-    ci = sps.binomtest(k, n).proportion_ci(confidence_level=size, method="exact")
-    return Estimate(measure, k / n, float(ci.low), float(ci.high), n=n, method="Clopper-Pearson exact")
+def _count(v, what: str) -> int:
+    "A whole number from an int or an integral float (3.0); an `InputError` for 2.7, nan, True or text."
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v != math.floor(v):
+        raise InputError(f"{what} must be a whole number, got {v!r}")
+    return int(v)
 
-def binomial_cis(df, successes: str, trials: str, # column names
-                 size: float = 0.95) -> pd.DataFrame:
-    "The table with `estimate, ci_low, ci_high` (exact binomial) added per row."
-    df = require_columns(df, [successes, trials], "binomial_cis").copy()
-    est = [exact_binomial_ci(k, n, size) for k, n in zip(df[successes], df[trials])]
+def exact_binomial_ci(successes: int,                # number of successes k (a whole number)
+                      trials: int,                   # number of trials n (a whole number >= 1)
+                      size: float = 0.95,            # interval coverage
+                      metric: str = "proportion"     # name of the proportion
+                     ) -> Estimate:
+    "A proportion with its Clopper–Pearson exact interval."
+    k, n = _count(successes, "exact_binomial_ci: successes"), _count(trials, "exact_binomial_ci: trials")
+    if n < 1 or not 0 <= k <= n: raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=_check_size(size), method="exact")
+    return Estimate(metric, k / n, float(ci.low), float(ci.high), n=n, method="Clopper-Pearson exact")
+
+# %% ../nbs/04_stats.ipynb #758837ba
+def binomial_cis(df,                 # table with one count pair per row
+                 successes: str,     # column of successes
+                 trials: str,        # column of trials
+                 size: float = 0.95  # interval coverage
+                ) -> pd.DataFrame:
+    "The table with `estimate, ci_low, ci_high` (exact binomial) added per row; a bad row is named."
+    df = require_columns(df, [successes, trials], "binomial_cis").copy(); size = _check_size(size)
+    est = []
+    for i, (k, n) in enumerate(zip(df[successes], df[trials])):
+        try: est.append(exact_binomial_ci(k, n, size))
+        except InputError as err: raise InputError(f"binomial_cis: row {i}: {err}") from None
     return df.assign(estimate=[e.estimate for e in est], ci_low=[e.ci_low for e in est], ci_high=[e.ci_high for e in est])
 
 # %% ../nbs/04_stats.ipynb #8ffd2e7a
 _MEASURES = {"binary": ("percent_agreement", "cohen_kappa", "gwet_ac1"),
              "ordinal": ("percent_agreement", "within_one", "quadratic_kappa")}
 
-def rater_agreement(a, b,                          # two raters' labels for the same items
+def rater_agreement(rater_a,                       # rater a's labels, one per item (no missing labels)
+                    rater_b,                       # rater b's labels for the same items
                     kind: Literal["binary", "ordinal"] = "binary", # which measures (see above)
-                    categories=None,               # ordered levels, e.g. [0, 1, 2, 3]
+                    categories=None,               # ordered levels, e.g. [0, 1, 2, 3] (default: sorted observed labels)
                     reps: int = 2000,              # resamples for the kappa/AC1 intervals
-                    seed: int | np.random.Generator | None = 0,
-                    clusters=None,                 # resample clusters of items instead of items
-                    size: float = 0.95
+                    seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
+                    clusters=None,                 # one cluster label per item: resample clusters of items
+                    size: float = 0.95             # interval coverage
                    ) -> pd.DataFrame:
-    "Agreement measures of two raters with intervals: `measure, estimate, ci_low, ci_high, n, method`."
+    "Agreement measures of two raters with intervals: `metric, estimate, ci_low, ci_high, n, method, n_valid_reps`."
     if kind not in _MEASURES: raise ValueError(f"kind must be one of {list(_MEASURES)}, got {kind!r}")
+    a, b = _rater_labels(rater_a, rater_b); size = _check_size(size)
     S = agreement_stats(a, b, _categories(a, b, categories)); T = S.sum(0); n = len(S)
     boot = [m for m in _MEASURES[kind] if m not in ("percent_agreement", "within_one")]
-    _, R, _, _ = _replicates([S] * len(boot), [VALUES[m] for m in boot], reps, seed, clusters, None)
+    est, R, J, _ = _replicates([S] * len(boot), [VALUES[m] for m in boot], reps, seed, clusters, None)
     rows = []
     for name in _MEASURES[kind]:
-        est = float(VALUES[name](T))
+        value, valid = float(VALUES[name](T)), pd.NA
         if name in boot:
-            lo, hi = _percentile(R[boot.index(name)][None], size)[0]; how = f"bootstrap percentile ({reps} reps)"
+            i = boot.index(name); lo, hi = _interval(R[i][None], est[i:i + 1], J[i][None], "percentile", size)[0]
+            how, valid = f"bootstrap percentile ({reps} reps)", int(np.isfinite(R[i]).sum())
         else:
-            e = exact_binomial_ci(round(est * n), n, size); lo, hi, how = e.ci_low, e.ci_high, e.method
-        rows.append({"measure": "exact_agreement" if name == "percent_agreement" and kind == "ordinal" else name,
-                     "estimate": est, "ci_low": lo, "ci_high": hi, "n": n, "method": how})
-    return pd.DataFrame(rows)
+            e = exact_binomial_ci(round(value * n), n, size); lo, hi, how = e.ci_low, e.ci_high, e.method
+        rows.append({"metric": "exact_agreement" if name == "percent_agreement" and kind == "ordinal" else name,
+                     "estimate": value, "ci_low": lo, "ci_high": hi, "n": n, "method": how, "n_valid_reps": valid})
+    return pd.DataFrame(rows).astype({"n_valid_reps": "Int64"})
 
 # %% ../nbs/04_stats.ipynb #fda28790
 def icc2_1(ratings,            # (targets × raters) scores, no missing values
-           size: float = 0.95
+           size: float = 0.95  # interval coverage
           ) -> Estimate:
     "ICC(2,1): two-way random effects, absolute agreement, single rater, with its F-based interval."
-    Y = _as_matrix(ratings, "icc2_1"); n, k = Y.shape
+    Y = _as_matrix(ratings, "icc2_1"); n, k = Y.shape; size = _check_size(size)
     if n < 2 or k < 2: raise InputError(f"icc2_1: need at least 2 targets and 2 raters, got {n} × {k}")
     g = Y.mean(); rm, cm = Y.mean(1), Y.mean(0)
     msr = k * ((rm - g) ** 2).sum() / (n - 1); msc = n * ((cm - g) ** 2).sum() / (k - 1)
@@ -899,32 +1183,35 @@ def _frame_of(result, method=None, size=None) -> pd.DataFrame:
     return require_columns(result, ["first", "second", "estimate", "ci_low", "ci_high"], "comparisons").copy()
 
 def plot_forest(result,                     # PairedResult, or a comparisons table
-                method: CIMethod | None = None,
-                size: float | None = None,
-                title: str | None = None,
+                method: CIMethod | None = None, # interval method (default: the result's own)
+                size: float | None = None,  # interval coverage (default: the result's own)
+                title: str | None = None,   # chart title (default: from the metric)
                 facet: str = "metric"       # column that splits panels, when present
                ):
     "Forest plot of paired differences (first − second) with intervals."
     alt = enable_theme(svg=False)
     df = _frame_of(result, method, size)
     df["comparison"] = df["first"].astype(str) + " − " + df["second"].astype(str)
+    yes, no = ("significant (Holm)", "not significant") if "significant" in df else ("CI excludes 0 (unadjusted)", "CI includes 0")
     if "significant" not in df: df["significant"] = (df.ci_low > 0) | (df.ci_high < 0)
-    df["verdict"] = np.where(df["significant"], "CI excludes 0", "tie")
+    df["verdict"] = np.where(df["significant"], yes, no)
     keep = ["comparison", "estimate", "ci_low", "ci_high", "verdict"] + [c for c in ("p_holm", facet) if c in df]
     df = df[keep]
     base = alt.Chart().encode(y=alt.Y("comparison:N", sort=None, title=None))
-    color = alt.Color("verdict:N", scale=alt.Scale(domain=["CI excludes 0", "tie"], range=["#D55E00", "#0072B2"]), title=None)
+    color = alt.Color("verdict:N", scale=alt.Scale(domain=[yes, no], range=["#D55E00", "#0072B2"]), title=None)
     tip = [alt.Tooltip(c) for c in keep if c != "verdict"]
     layers = alt.layer(alt.Chart().mark_rule(color="#888", strokeDash=[4, 3]).encode(x=alt.datum(0)),
                        base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="difference (first − second)"),
                                                             x2="ci_high:Q", color=color),
                        base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=color, tooltip=tip))
-    name = title or (f"{result.statistic}: paired differences" if isinstance(result, PairedResult) else "Paired differences")
+    name = title or (f"{result.metric}: paired differences" if isinstance(result, PairedResult) else "Paired differences")
     if facet in df: return layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row(f"{facet}:N", title=None), data=df, title=name).resolve_scale(y="independent")
     return alt.layer(*layers.layer, data=df).properties(width=360, height=alt.Step(24), title=name)
 
 # %% ../nbs/04_stats.ipynb #567bc93d
-def plot_win_probability(result: PairedResult, title: str | None = None):
+def plot_win_probability(result: PairedResult,    # a paired result of several systems
+                         title: str | None = None  # chart title (default: from the metric)
+                        ):
     "Heatmap of P(row system better than column system) over the resamples."
     alt = enable_theme(svg=False)
     M = result.win_matrix()
@@ -937,4 +1224,4 @@ def plot_win_probability(result: PairedResult, title: str | None = None):
     text = alt.Chart(df).mark_text(fontSize=11).encode(**enc, text="label:N",
                                                         color=alt.condition("abs(datum.win_prob - 0.5) > 0.35", alt.value("white"), alt.value("black")))
     return (heat + text).properties(width=alt.Step(48), height=alt.Step(32),
-                                    title=title or f"{result.statistic}: P(row better than column)")
+                                    title=title or f"{result.metric}: P(row better than column)")

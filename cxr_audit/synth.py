@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from .core import InputError, read_json, resource_text, rng, write_table
+from .core import DEFAULT_SEED, InputError, read_json, resource_text, rng, write_table
 from .corpus import to_generations, to_studies
 
 # %% auto #0
@@ -88,7 +88,7 @@ SIDES = ("left", "right", "bilateral")
 @dataclass(frozen=True)
 class Finding:
     "State of one present (or uncertain) observation at one study."
-    observation: str
+    observation: str               # a CheXpert observation name (see `OBSERVATIONS`)
     status: str = "present"        # present or uncertain
     laterality: str | None = None  # left, right, bilateral or None
     level: int | None = None       # index into the severity scale, or None
@@ -143,7 +143,7 @@ def _step(f: Finding, g: np.random.Generator) -> tuple[Finding | None, str]:
 
 # %% ../nbs/02a_synth.ipynb #af947b33
 def simulate_patient(n_visits: int,              # number of studies, at least 1
-                     seed: int | np.random.Generator = 0,
+                     seed: int | np.random.Generator = DEFAULT_SEED, # int or Generator (see `core.rng`)
                      frailty: float = 1.0          # multiplies the start and onset rates
                     ) -> tuple[list[dict], list[dict]]:
     "Finding states per visit (`{observation: Finding}`) and changes per follow-up (`{observation: change}`)."
@@ -165,19 +165,23 @@ def simulate_patient(n_visits: int,              # number of studies, at least 1
 @dataclass(frozen=True)
 class Mention:
     "What one sentence of a report says about one observation."
-    observation: str
+    observation: str               # a CheXpert observation name
     kind: str                      # static, uncertain, new, new_uncertain, worsened, improved, no change, resolved
     current: Finding | None = None # None when the finding resolved
     prior: Finding | None = None   # None at a first study or for a new finding
-    collapse_side: bool = False
-    collapse_sev: bool = False
+    collapse_side: bool = False    # leave the laterality out of the wording
+    collapse_sev: bool = False     # leave the severity out of the wording
 
+# %% ../nbs/02a_synth.ipynb #3736d9e1
 def _kind(change: str | None, f: Finding | None) -> str:
     if change is None: return "uncertain" if f.status == "uncertain" else "static"
     if change == "new" and f.status == "uncertain": return "new_uncertain"
     return change
 
-def mentions_of(current: dict, prior: dict | None = None, changes: dict | None = None) -> list[Mention]:
+def mentions_of(current: dict,              # {observation: Finding} at this study
+                prior: dict | None = None,  # {observation: Finding} at the prior study (None at a first study)
+                changes: dict | None = None # {observation: change} since the prior study
+               ) -> list[Mention]:
     "The mentions of a study's findings, in observation order (changes when `prior` is given)."
     out = []
     for o in OBSERVATIONS[1:]:
@@ -236,11 +240,8 @@ def _article(np_: str, plural: bool, mass: bool) -> str:
     if plural or mass: return np_
     return ("an " if np_[:1].lower() in "aeiou" else "a ") + np_
 
-def render_mention(m: Mention, style: str, g: np.random.Generator, phrases: Mapping,
-                   frame_style: str | None = None # frame list to use; defaults to `style`
-                  ) -> str:
-    "One sentence for a mention, in a style (`prose` or `terse`)."
-    ob, fs = phrases["observations"][m.observation], frame_style or style
+def _mention_values(m: Mention, ob: Mapping, style: str, g, phrases: Mapping) -> tuple[dict, bool]:
+    "Placeholder values of a mention's sentence and whether its noun is plural."
     vals, plural = {}, False
     if m.current is not None:
         np_, bare, plural = _phrase(m.current, ob, style, g, phrases, not m.collapse_side, not m.collapse_sev)
@@ -254,10 +255,21 @@ def render_mention(m: Mention, style: str, g: np.random.Generator, phrases: Mapp
                     prior_size=f"{m.prior.size_cm:.1f}" if m.prior.size_cm is not None else None)
         if m.current is None: plural = pplural
     vals.update(be="are" if plural else "is", has="have" if plural else "has")
-    frames = [t for t in ob.get("frames", {}).get(m.kind, {}).get(fs) or phrases["frames"][m.kind][fs]
+    return vals, plural
+
+def render_mention(mention: Mention,                # what the sentence is about
+                   style: str,                      # "prose" (site A) or "terse" (site B)
+                   generator: np.random.Generator,  # random stream for the choice of words
+                   phrases: Mapping,                # the phrase bank (see `load_phrases`)
+                   frame_style: str | None = None   # frame list to use; defaults to `style`
+                  ) -> str:
+    "One sentence for a mention, in a style (`prose` or `terse`)."
+    ob, fs = phrases["observations"][mention.observation], frame_style or style
+    vals, _ = _mention_values(mention, ob, style, generator, phrases)
+    frames = [t for t in ob.get("frames", {}).get(mention.kind, {}).get(fs) or phrases["frames"][mention.kind][fs]
               if all(vals.get(k) is not None for k in _fields(t))]
-    if not frames: raise InputError(f"phrase bank: no usable '{m.kind}' frame for {m.observation} in style {fs!r}")
-    return _cap(_fill(_pick(g, frames), vals))
+    if not frames: raise InputError(f"phrase bank: no usable '{mention.kind}' frame for {mention.observation} in style {fs!r}")
+    return _cap(_fill(_pick(generator, frames), vals))
 
 def _phrase_sev(f: Finding, ob: Mapping) -> str | None:
     return ob.get("sev_words", {}).get(f.severity, f.severity) if f.severity else None
@@ -276,15 +288,18 @@ def _normal_sentences(units, covered: set, g) -> list[tuple[str, str, list]]:
     return out
 
 # %% ../nbs/02a_synth.ipynb #ce531702
-def render_findings(mentions: list[Mention], style: str, g: np.random.Generator, phrases: Mapping,
+def render_findings(mentions: list[Mention],         # the study's mentions (see `mentions_of`)
+                    style: str,                      # "prose" (organ by organ) or "terse" (abnormal first)
+                    generator: np.random.Generator,  # random stream for the choice of words
+                    phrases: Mapping,                # the phrase bank (see `load_phrases`)
                     extra: list[tuple[str, str]] = () # (observation, sentence) added as is, e.g. hallucinations
                    ) -> tuple[list[str], set]:
     "Sentences of a findings section (organ by organ for prose, abnormal first for terse) and the denied observations."
     obs = phrases["observations"]
     covered = {m.observation for m in mentions} | {o for o, _ in extra}
-    abnormal = [(obs[m.observation]["system"], render_mention(m, style, g, phrases)) for m in mentions]
+    abnormal = [(obs[m.observation]["system"], render_mention(m, style, generator, phrases)) for m in mentions]
     abnormal += [(obs[o]["system"], s) for o, s in extra]
-    normal = _normal_sentences(phrases["normal"][style], covered, g)
+    normal = _normal_sentences(phrases["normal"][style], covered, generator)
     denied = {o for _, _, os_ in normal for o in os_} | {m.observation for m in mentions if m.kind == "resolved"}
     if style == "terse": return [s for _, s in abnormal] + [s for _, s, _ in normal], denied
     rank = {s: i for i, s in enumerate(SYSTEM_ORDER)}
@@ -314,13 +329,13 @@ _TECHNIQUE_OF_VIEWS = {("PA", "LATERAL"): "pa_lat", ("LATERAL", "PA"): "pa_lat",
 
 def render_report(current: dict,                   # {observation: Finding} at this study
                   style: str,                      # "prose" (site A) or "terse" (site B)
-                  seed: int | np.random.Generator = 0,
+                  seed: int | np.random.Generator = DEFAULT_SEED, # int or Generator (see `core.rng`)
                   prior: dict | None = None,       # findings at the prior study, for a follow-up
                   changes: dict | None = None,     # {observation: change} since the prior study
-                  prior_time: _dt.datetime | None = None,
-                  views: tuple = ("PA", "LATERAL"),
-                  sex: str = "F",
-                  phrases: Mapping | None = None
+                  prior_time: _dt.datetime | None = None, # when the prior study was taken (its date is cited)
+                  views: tuple = ("PA", "LATERAL"), # the study's views, which decide the technique line
+                  sex: str = "F",                  # "F" or "M", for the indication
+                  phrases: Mapping | None = None   # the phrase bank (default: `load_phrases()`)
                  ) -> dict:
     "Report sections, the full `text`, and `denied` (observations the findings explicitly deny) for one study."
     if style not in STYLES: raise InputError(f"render_report: style must be one of {STYLES}, got {style!r}")
@@ -448,12 +463,12 @@ def _invalid_outputs(n: int, g, P) -> dict:
 @dataclass(frozen=True)
 class DemoCorpus:
     "The SYNTHETIC demo corpus: studies, ground-truth findings and progression, and simulated generations."
-    studies: pd.DataFrame
-    findings: pd.DataFrame
-    progression: pd.DataFrame
-    generations: pd.DataFrame
-    seed: int = 0
-    n_patients: int = 0
+    studies: pd.DataFrame          # the canonical studies table (plus a `style` column)
+    findings: pd.DataFrame         # ground truth, one row per study and asserted observation (FINDINGS_COLUMNS)
+    progression: pd.DataFrame      # ground-truth change between consecutive studies (PROGRESSION_COLUMNS)
+    generations: pd.DataFrame      # the canonical generations table of the simulated systems
+    seed: int = DEFAULT_SEED       # the seed that built it
+    n_patients: int = 0            # synthetic patients
 
     def tables(self) -> dict:
         "The four tables by name."
@@ -565,8 +580,8 @@ def _check_args(n_patients, seed):
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"make_demo_corpus: seed must be a non-negative integer, got {seed!r}")
 
-def make_demo_corpus(n_patients: int = 60, # synthetic patients, each with 2-5 studies
-                     seed: int = 0,         # the only source of randomness
+def make_demo_corpus(n_patients: int = 60,        # synthetic patients, each with 2-5 studies
+                     seed: int = DEFAULT_SEED,    # the only source of randomness
                      phrases: str | os.PathLike | Mapping | None = None # phrase bank override (see `load_phrases`)
                     ) -> DemoCorpus:
     "Build the SYNTHETIC demo corpus: studies in two reporting styles, ground truth, and simulated generations."

@@ -28,8 +28,35 @@ def demo_runs(tmp_path_factory):
 def test_help_lists_subcommands():
     r = cli("--help")
     assert r.returncode == 0
-    for sub in ("demo", "audit", "validate", "cohort"):
+    for sub in ("demo", "audit", "validate", "cohort", "concentration", "labels", "trace", "review", "score", "reref",
+                "longitudinal", "generate", "llm-cache"):
         assert sub in r.stdout
+
+
+def subparsers(parser):
+    "name -> subparser of every (nested) subcommand."
+    out = {}
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                out[name] = sub
+                out.update({f"{name} {k}": v for k, v in subparsers(sub).items()})
+    return out
+
+
+def test_every_option_has_help_text_and_one_default():
+    from cxr_audit.cli import build_parser
+    subs = subparsers(build_parser())
+    assert {"demo", "audit", "score", "review prepare", "review analyse"} <= set(subs)
+    for name, sub in subs.items():
+        actions = [a for a in sub._actions if a.dest != "help" and a.__class__.__name__ != "_SubParsersAction"]
+        assert all(a.help for a in actions), (name, [a.dest for a in actions if not a.help])
+        assert len({a.dest for a in actions}) == len(actions), name                   # one option per parameter
+
+
+def test_subcommand_help_runs_as_a_process():
+    r = cli("review", "prepare", "--help")
+    assert r.returncode == 0 and "--n-cases" in r.stdout and "random cases per stratum" in r.stdout
 
 
 def test_demo_writes_all_files(demo_runs):
@@ -111,13 +138,13 @@ def test_cohort_subcommand(demo_runs, tmp_path):
 
 def test_cohort_unknown_recipe_is_refused(demo_runs, tmp_path):
     r = cli("cohort", "--recipe", "nope", "--studies", demo_runs[0] / "studies.parquet", "--out", tmp_path)
-    assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+    assert r.returncode == 2 and "unknown recipe 'nope'" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_review_prepare_and_analyse(demo_runs, tmp_path):
     a = demo_runs[0]
     r = cli("review", "prepare", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet",
-            "--out", tmp_path / "rev", "--n", 3, "--strata", "dataset", "--simulate")
+            "--out", tmp_path / "rev", "--n-cases", 3, "--strata", "dataset", "--simulate")
     assert r.returncode == 0, r.stderr
     key = tmp_path / "rev" / "key" / "review_key.csv"
     assert key.is_file() and not any((tmp_path / "rev" / "phase1").rglob("*key*"))   # the key is kept apart
@@ -144,7 +171,7 @@ def test_labels_and_trace_subcommands(demo_runs, tmp_path):
 
 
 def test_concentration_subcommand(demo_runs, tmp_path):
-    r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "system,policy", "--out", tmp_path, "--reps", 200)
+    r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "system", "policy", "--out", tmp_path, "--reps", 200)
     assert r.returncode == 0, r.stderr
     assert any(tmp_path.iterdir())
     r = cli("concentration", demo_runs[0] / "generations.parquet", "--by", "nope", "--out", tmp_path / "x", "--reps", 50)
@@ -153,14 +180,17 @@ def test_concentration_subcommand(demo_runs, tmp_path):
 
 def test_score_subcommand(demo_runs, tmp_path):
     a = demo_runs[0]
-    r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_4,rouge_l,chexpert_f1_5",
-            "--bootstrap", 100, "--by", "system,policy", "--baseline", "sim-verbose+B4", "--out", tmp_path / "sc")
+    r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_4", "rouge_l", "chexpert_f1_5",
+            "--reps", 100, "--by", "system", "policy", "--baseline", "sim-verbose+B4", "--out", tmp_path / "sc")
     assert r.returncode == 0, r.stderr
     systems = pd.read_csv(tmp_path / "sc" / "systems.csv")
+    assert "with 100 resamples and" in r.stdout and "none can be significant" in r.stdout   # too few resamples: said, not hidden
     assert set(systems["metric"]) == {"bleu_4", "rouge_l", "chexpert_f1_5"}
     assert (systems["ci_low"] <= systems["estimate"]).all() and (systems["estimate"] <= systems["ci_high"]).all()
     comps = pd.read_csv(tmp_path / "sc" / "comparisons.csv")
     assert len(comps) and comps["p_holm"].between(0, 1).all()
+    assert (comps["significant"] == (comps["p_holm"] < 0.05)).all()
+    assert f"{int(comps.significant.sum())} of {len(comps)} comparisons significant after Holm" in r.stdout
     r = cli("score", a / "generations.parquet", "--studies", a / "studies.parquet", "--metrics", "bleu_9", "--out", tmp_path / "x")
     assert r.returncode == 2 and "bleu_9" in r.stderr and "Traceback" not in r.stderr
 
@@ -180,7 +210,7 @@ def test_reref_subcommand(demo_runs, tmp_path):
 def test_longitudinal_subcommand(demo_runs, tmp_path):
     a = demo_runs[0]
     r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet",
-            "--metrics", "bleu_4,rouge_l", "--reps", 50, "--out", tmp_path / "lg")
+            "--metrics", "bleu_4", "rouge_l", "--reps", 50, "--out", tmp_path / "lg")
     assert r.returncode == 0, r.stderr
     assert any(p.suffix in (".csv", ".parquet") for p in (tmp_path / "lg").iterdir())
     r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", a / "nope.parquet", "--out", tmp_path / "x")

@@ -1,5 +1,5 @@
 """Integration tests of cohort construction: determinism, recipes on the demo corpus and the loader fixtures,
-integrity checks, splits, bad input, and writing a cohort (the body of `cxr-audit cohort`)."""
+integrity checks, splits, bad input, and writing a cohort (what `cxr-audit cohort` writes)."""
 import json
 from pathlib import Path
 
@@ -8,9 +8,9 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from cxr_audit.cohort import (IU_004_FRACTIONS, RECIPES, Cohort, allocate, cli_cohort, cohort_report_blocks, plot_flow,
+from cxr_audit.cohort import (IU_004_FRACTIONS, RECIPES, Cohort, allocate, plot_flow,
                               recipe_004_iu, recipe_004_mimic, run_recipe, write_cohort)
-from cxr_audit.core import InputError, chart_svg, write_table
+from cxr_audit.core import InputError, chart_svg
 from cxr_audit.corpus import load_iu_xray, load_mimic_cxr
 from cxr_audit.synth import make_demo_corpus
 
@@ -122,24 +122,30 @@ def test_bad_input_names_step_row_and_columns(demo):
         run_recipe("nope", demo)
 
 
-def test_write_cohort_and_cli_are_reproducible(tmp_path, demo):
-    write_table(demo, tmp_path / "studies.parquet")
-    args = lambda out: {"recipe": "004_mimic", "studies": tmp_path / "studies.parquet", "out": tmp_path / out}
-    msg = cli_cohort(args("a")); cli_cohort(args("b"))
-    assert msg.startswith("cohort 004_mimic: ") and "image" in msg
+def test_write_cohort_is_reproducible(tmp_path, demo):
+    c = recipe_004_mimic(demo)
+    write_cohort(c, tmp_path / "a"); recipe_004_mimic(demo.copy()).save(tmp_path / "b")
     for f in ("cohort.parquet", "excluded.parquet", "flow.csv", "problems.csv", "flow.svg"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
     ma, mb = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
     assert ma["cohort"]["sha256"] == mb["cohort"]["sha256"]
     assert ma["outputs"]["cohort"]["sha256"] == mb["outputs"]["cohort"]["sha256"]
-    c = recipe_004_mimic(demo)
     assert pd.read_parquet(tmp_path / "a/cohort.parquet").entry_id.tolist() == c.studies.entry_id.tolist()
     assert len(pd.read_parquet(tmp_path / "a/excluded.parquet")) == len(c.excluded)
 
 
-def test_report_blocks_and_chart(demo):
+def test_the_cohort_renders_itself(demo):
     c = run_recipe("004_iu", demo)
-    blocks = cohort_report_blocks(c)
-    assert isinstance(blocks[0], str) and list(blocks[1].columns)[:5] == ["step", "rule", "n_in", "n_out", "n_excluded"]
-    svg = chart_svg(plot_flow(c))
-    assert svg.lstrip().startswith("<svg") and "Excluded" in svg
+    assert c.headline().startswith("**") and "recipe `004_iu`" in c.headline()
+    assert list(c.summary().columns) == ["step", "rule", "n_in", "n_out", "n_excluded", "note"]
+    assert c.summary().n_out.tolist() == c.flow.n_out.tolist()
+    svg = chart_svg(c.plot())
+    assert svg.lstrip().startswith("<svg") and "Excluded" in svg and svg == chart_svg(plot_flow(c))
+
+
+def test_the_demo_cohort_of_the_audit_report_is_unchanged():
+    # recorded before issue 16: recipe 003_lmimic on the demo corpus of `cxr-audit demo` (60 patients, seed 0)
+    studies = make_demo_corpus(n_patients=60, seed=0).studies
+    c = run_recipe("003_lmimic", studies)
+    assert c.flow[["n_in", "n_out", "n_excluded"]].values.tolist() == [[189, 129, 60], [129, 129, 0]]
+    assert c.manifest()["sha256"] == "6fa4079a98ee9bd0771a3136437c1117669e84099daa908bfa0519861de43f52"

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 import cxr_audit.stats as stats
-from cxr_audit.concentration import (REASONS, VALIDITY_RULES, _Corpus, _dense, _distinct_per, audit_concentration,
-                                     cli_concentration, concentration_report_blocks, distinct_n, has_repeated_ngram,
+from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _Corpus, _dense, _distinct_per,
+                                     audit_concentration, distinct_n, has_repeated_ngram,
                                      normalize_for_matching, surface_validity, tokenize)
 from cxr_audit.core import is_missing, sha256_frame
 from cxr_audit.stats import resample_indices
@@ -116,9 +116,9 @@ def random_corpus(seed, n=400, groups=("A", "B", "C")):
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_summary_and_flags_equal_plain_python_reference(seed):
     df = random_corpus(seed)
-    a = audit_concentration(df, group_by="system")
+    a = audit_concentration(df, by="system")
     want, flags = ref_audit(df.hypothesis.tolist(), df.system.tolist())
-    got = a.summary.set_index("system")
+    got = a.summary().set_index("system")
     for g, row in want.items():
         for m, v in row.items():
             assert (math.isnan(v) and math.isnan(got.loc[g, m])) or got.loc[g, m] == pytest.approx(v, abs=1e-12), (g, m)
@@ -149,8 +149,8 @@ def test_single_functions_equal_reference():
 @pytest.mark.parametrize("seed", [4, 5])
 def test_doubling_halves_distinct_n_and_unique_ratio_exactly(seed):
     df = random_corpus(seed)
-    one = audit_concentration(df, group_by="system", distinct=(1, 2, 3)).summary
-    two = audit_concentration(pd.concat([df, df]), group_by="system", distinct=(1, 2, 3)).summary
+    one = audit_concentration(df, by="system", distinct=(1, 2, 3)).summary()
+    two = audit_concentration(pd.concat([df, df]), by="system", distinct=(1, 2, 3)).summary()
     for m in ("distinct_1", "distinct_2", "distinct_3", "unique_report_ratio"):
         assert (two[m] == one[m] / 2).all(), m
     for m in ("validity_rate", "top_5_share", "prefix_rate", "repeated_4gram_rate"):
@@ -161,10 +161,10 @@ def test_doubling_halves_distinct_n_and_unique_ratio_exactly(seed):
 @pytest.mark.parametrize("seed", [6, 7])
 def test_permuting_reports_changes_nothing(seed):
     df = random_corpus(seed)
-    a = audit_concentration(df, group_by="system")
+    a = audit_concentration(df, by="system")
     perm = np.random.default_rng(seed).permutation(len(df))
-    b = audit_concentration(df.iloc[perm], group_by="system")
-    pd.testing.assert_frame_equal(a.summary, b.summary)
+    b = audit_concentration(df.iloc[perm], by="system")
+    pd.testing.assert_frame_equal(a.summary(), b.summary())
     cols = ["valid", "reasons", "duplicate_group_size", "prefix_hit", "repeated_4gram", "length"]
     pd.testing.assert_frame_equal(a.flags[cols].iloc[perm].reset_index(drop=True), b.flags[cols].reset_index(drop=True))
 
@@ -188,7 +188,7 @@ def test_recount_replicates_equal_naive_recount(clustered):
     df = random_corpus(11, n=300, groups=("A",))
     texts = df.hypothesis.tolist()
     cl = [f"c{i // 4}" for i in range(len(df))] if clustered else None
-    res = audit_concentration(df, group_by=()).bootstrap_results(reps=150, seed=5, scheme="recount", clusters=cl)
+    res = audit_concentration(df, by=()).bootstrap_results(reps=150, seed=5, scheme="recount", clusters=cl)
     if clustered:
         members = defaultdict(list)
         for i, c in enumerate(cl): members[c].append(i)
@@ -203,7 +203,7 @@ def test_recount_replicates_equal_naive_recount(clustered):
 
 def test_chunked_resampling_gives_the_same_replicates(monkeypatch):
     df = random_corpus(12, n=200, groups=("A",))
-    a = audit_concentration(df, group_by=())
+    a = audit_concentration(df, by=())
     whole = a.bootstrap_results(reps=60, seed=1, scheme="recount")
     monkeypatch.setattr(stats, "_CHUNK_BYTES", 8 * 200 * 3)        # about 3 replicates per chunk
     chunked = a.bootstrap_results(reps=60, seed=1, scheme="recount")
@@ -219,11 +219,12 @@ def test_bootstrap_is_deterministic_and_shares_estimates_equal_summary():
     t1 = a.bootstrap(reps=200, seed=9, clusters=pid)
     t2 = audit_concentration(demo.generations).bootstrap(reps=200, seed=9, clusters=pid)
     assert sha256_frame(t1) == sha256_frame(t2)
-    est = t1.pivot(index="group", columns="measure", values="estimate").loc[a.labels, a.measures]
-    assert np.allclose(est.to_numpy(), a.summary[a.measures].to_numpy(), rtol=0, atol=1e-12, equal_nan=True)
-    c1 = a.compare(reps=200, seed=9, clusters=pid)
-    assert sha256_frame(c1) == sha256_frame(a.compare(reps=200, seed=9, clusters=pid))
-    assert np.allclose(c1.p_holm, stats.holm(c1.p))
+    est = t1.pivot(index="group", columns="metric", values="estimate").loc[a.labels, a.metrics]
+    assert np.allclose(est.to_numpy(), a.summary()[a.metrics].to_numpy(), rtol=0, atol=1e-12, equal_nan=True)
+    kw = dict(reps=400, seed=9, clusters=pid, baseline="sim-verbose+B4", compare_metrics=["prefix_rate", "distinct_2"])
+    c1 = audit_concentration(demo.generations, **kw).comparison_table()
+    assert sha256_frame(c1) == sha256_frame(audit_concentration(demo.generations, **kw).comparison_table())
+    assert np.allclose(c1.p_holm, stats.holm(c1.p)) and (c1.significant == (c1.p_holm < 0.05)).all()
 
 
 @pytest.mark.parametrize("K,N,a", [(300, 400, 1.0), (20000, 1000, 1.3)])
@@ -241,7 +242,7 @@ def test_coverage_shares_vs_recount(K, N, a):
     D, cover = 80, Counter()
     for d in range(D):
         t = pd.DataFrame({"hypothesis": [f"report {x}" for x in g.choice(K, N, p=p)]})
-        au = audit_concentration(t, group_by=())
+        au = audit_concentration(t, by=())
         for s in ("shares", "recount"):
             res = au.bootstrap_results(0, list(truth), reps=400, seed=d, scheme=s)
             for m in truth:
@@ -277,34 +278,58 @@ def test_repeats_fallback_when_packing_does_not_fit(monkeypatch):
 # ---------------------------------------------------------------- bad input, CLI, report
 def test_bad_values_are_invalid_never_dropped():
     vals = [None, float("nan"), pd.NA, 7, 3.5, ["a"], {"b": 1}, "", "   ", "..."]
-    a = audit_concentration(pd.DataFrame({"system": "s", "hypothesis": pd.Series(vals, dtype=object)}), group_by="system")
-    assert a.summary.n[0] == len(vals) and a.summary.validity_rate[0] == 0
+    a = audit_concentration(pd.DataFrame({"system": "s", "hypothesis": pd.Series(vals, dtype=object)}), by="system")
+    assert a.summary().n[0] == len(vals) and a.summary().validity_rate[0] == 0
     assert a.flags.reasons.tolist() == ["missing"] * 3 + ["not_text"] * 4 + ["empty", "no_words", "no_words"]
     with pytest.raises(ValueError, match=r"missing column\(s\) 'policy'"):
         audit_concentration(pd.DataFrame({"system": ["s"], "hypothesis": ["x"]}))
 
 
-def test_cli_writes_everything(tmp_path):
+def test_save_with_a_cluster_column_recount_and_a_baseline(tmp_path):
     demo = make_demo_corpus(n_patients=12, seed=1)
     gens = demo.generations.merge(demo.studies[["study_id", "patient_id"]], on="study_id")
-    gens.to_parquet(tmp_path / "g.parquet")
-    msg = cli_concentration({"generations": str(tmp_path / "g.parquet"), "out": str(tmp_path / "out"), "by": "system,policy",
-                             "reps": 100, "clusters": "patient_id", "baseline": "sim-verbose+B4", "scheme": "recount"})
-    assert "sim-template+B4 is the most concentrated" in msg
-    iv = pd.read_csv(tmp_path / "out/intervals.csv")
+    a = audit_concentration(gens, reps=400, clusters="patient_id", baseline="sim-verbose+B4", scheme="recount")
+    paths = a.save(tmp_path / "out", inputs={"generations": gens})
+    assert a.headline().startswith("**sim-template+B4** is the most concentrated")
+    iv = pd.read_csv(paths["intervals"])
     assert set(iv.scheme.dropna()) == {"recount"} and (iv.n_clusters == 12).all()
-    cmp = pd.read_csv(tmp_path / "out/comparisons.csv")
+    cmp = pd.read_csv(paths["comparisons"])
     assert (cmp["first"] == "sim-verbose+B4").all() and len(cmp) == 8
-    assert (tmp_path / "out/top_k_share.svg").read_text().lstrip().startswith("<svg")
+    assert (cmp.significant == (cmp.p_holm < 0.05)).all()
+    assert paths["top_k_share.svg"].read_text().lstrip().startswith("<svg")
 
 
-def test_report_blocks_on_the_demo_single_out_the_template_system():
-    demo = make_demo_corpus(n_patients=30, seed=0)
+# ---------------------------------------------------------------- the result object and the numbers of the release before it
+def test_demo_intervals_equal_those_before_the_one_call_api():
+    # recorded with the release before issue 16 (`concentration_report_blocks` on the demo, seed 2026, 2,000 resamples,
+    # patients as clusters): the one call with the same seed gives the same estimates and intervals, to the last bit
+    demo = make_demo_corpus(n_patients=60, seed=0)
     pid = demo.studies.set_index("study_id").patient_id
-    blocks = concentration_report_blocks(demo.generations, clusters=pid, reps=200)
-    assert blocks[0].startswith("**sim-template+B4** is the most concentrated")
-    kinds = [type(b).__module__.split(".")[0] for b in blocks]
-    assert "altair" in kinds and "pandas" in kinds
-    tables = [b for b in blocks if isinstance(b, pd.DataFrame)]
-    reasons = tables[-1]
-    assert set(reasons.group) == {"sim-template+K50"}
+    iv = audit_concentration(demo.generations, reps=2000, seed=2026, clusters=pid).to_frame().set_index(["group", "metric"])
+    before = {("sim-template+B4", "top_5_share"): (0.9047619047619048, 0.8604651162790697, 0.9473684210526315),
+              ("sim-template+B4", "unique_report_ratio"): (0.12169312169312171, 0.079356164392188, 0.16411421340876553),
+              ("sim-template+B4", "distinct_2"): (0.028114521537271047, 0.02079564910081992, 0.03593394283241876),
+              ("sim-template+K50", "validity_rate"): (0.9629629629629629, 0.9358288770053476, 0.9853711303939962),
+              ("sim-template+K50", "duplicate_rate"): (0.2857142857142857, 0.22285566247224278, 0.35135135135135137),
+              ("sim-template+K50", "prefix_rate"): (0.5661375661375662, 0.49455740879560217, 0.6342887864823348)}
+    for key, want in before.items():
+        got = tuple(iv.loc[key, ["estimate", "ci_low", "ci_high"]])
+        assert got == pytest.approx(want, rel=0, abs=1e-15), key
+
+
+def test_result_protocol():
+    demo = make_demo_corpus(n_patients=15, seed=2)
+    a = audit_concentration(demo.generations, reps=400, seed=4, baseline="sim-verbose+B4")
+    assert isinstance(a, ConcentrationAudit) and callable(a.summary)
+    with pytest.raises(Exception, match="cannot assign"):
+        a.reps = 10
+    assert list(a.to_frame().columns[:4]) == ["system", "policy", "group", "metric"] and "measure" not in a.to_frame()
+    assert set(a.comparisons) == {"validity_rate", "prefix_rate"}
+    assert all(type(r).__name__ == "PairedResult" for r in a.comparisons.values())
+    t = a.comparison_table()
+    assert np.allclose(t.p_holm, stats.holm(t.p)) and (t.significant == (t.p_holm < 0.05)).all() and not t.ci_adjusted.any()
+    assert isinstance(a.compare("duplicate_rate"), stats.PairedResult)
+    for kind in ("top_k", "profile", "distinct_n", "forest"):
+        assert type(a.plot(kind)).__module__.startswith("altair"), kind
+    assert "most concentrated" in a._repr_markdown_() and "p_holm < 0.05" in a.note()
+    assert a.seed == 4 and audit_concentration(demo.generations).seed == 0     # core.DEFAULT_SEED

@@ -3,7 +3,7 @@
 Here: the bootstrap by weights against re-running each metric on explicit resamples with the same draws (BLEU-4,
 ROUGE-L, METEOR via the jar, CheXpert-F1, and the small, explained CIDEr-D difference), clustered resamples, the
 evaluator end to end with a tiny random Hugging Face model from `cxr_audit.generate`, threaded dataset reading,
-determinism, the `cxr-audit score` helper on files, and the audit-report blocks with and without Java.
+determinism, `score_systems` on impressions with its saved files, and metrics that cannot run (no Java).
 """
 import shutil
 import time
@@ -12,12 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cxr_audit.core import InputError, write_table
-from cxr_audit.evaluator import (ReportGenerationEvaluator, cli_score, metrics_report_blocks, results_summary, score_pairs,
-                                 study_section)
+from cxr_audit.core import InputError
+from cxr_audit.evaluator import ReportGenerationEvaluator, results_summary, score_pairs, score_systems, study_section
 from cxr_audit.generate import SimulatedGenerator
 from cxr_audit.metrics import get_metric
-from cxr_audit.stats import resample_weights
+from cxr_audit.stats import UnderpoweredWarning, resample_weights
 from cxr_audit.synth import make_demo_corpus
 
 FIVE = ["bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5"]
@@ -53,7 +52,8 @@ def test_bootstrap_equals_rerunning_the_metric(evaluated, name):
     m = get_metric(name)
     for r in (range(0, 40, 8) if name != "meteor" else (17,)):             # METEOR: one JVM per re-run
         refs, hyps = _resample(ev, r, W)
-        S_r, _, jar = m.jar_scores(refs, hyps) if name == "meteor" else (m.stats(refs, hyps), None, None)
+        run = m.jar_scores(refs, hyps) if name == "meteor" else None
+        S_r, jar = (run.stats, run.corpus_score) if run is not None else (m.stats(refs, hyps), None)
         # the same sufficient statistics, summed in another order ...
         if name == "rouge_l": np.testing.assert_allclose(W[r] @ S, S_r.sum(0), rtol=1e-13)
         else: np.testing.assert_array_equal(W[r] @ S, S_r.sum(0))           # counts: exact
@@ -125,7 +125,7 @@ def test_with_a_tiny_hugging_face_generator(tmp_path):
     "The evaluator drives cxr_audit.generate's HFReportGenerator (a tiny random ViT+GPT-2) on PNG files, with indications."
     pytest.importorskip("torch"); pytest.importorskip("transformers")
     from PIL import Image
-    from cxr_audit.generate import HFReportGenerator, get_policy, tiny_model
+    from cxr_audit.generate import get_policy, tiny_model
     import dataclasses
     paths = []
     for i in range(5):
@@ -136,7 +136,7 @@ def test_with_a_tiny_hugging_face_generator(tmp_path):
                "IMPRESSION: no acute process .", "INDICATION: Fever.\nFINDINGS: mild edema .", "FINDINGS: heart size is normal ."]
     ds = [{"img": p, "study_id": f"s{i}", "report": r} for i, (p, r) in enumerate(zip(paths, reports))]
     policy = dataclasses.replace(get_policy("G1"), max_new_tokens=12)
-    gen = HFReportGenerator(*tiny_model("encoder-decoder"), policy=policy, batch_size=2)
+    gen = tiny_model("encoder-decoder").generator(policy=policy, batch_size=2)
     ev = ReportGenerationEvaluator(gen, dataset=ds, metrics=["bleu_1", "rouge_l"], use_indication=True, batch_size=2, n_bootstrap=20)
     assert ev.arity == 2
     df = ev.evaluate()
@@ -146,43 +146,43 @@ def test_with_a_tiny_hugging_face_generator(tmp_path):
     pd.testing.assert_frame_equal(again.evaluate(), df)          # greedy decoding: the same reports whatever the batching
 
 
-def test_cli_score_on_files(demo, tmp_path):
-    write_table(demo.generations, tmp_path / "g.parquet"); write_table(demo.studies, tmp_path / "s.parquet")
-    msg = cli_score({"generations": tmp_path / "g.parquet", "studies": tmp_path / "s.parquet", "out": tmp_path / "out",
-                     "metrics": "bleu_4,rouge_l,chexpert_f1_5", "bootstrap": 300, "seed": 1, "baseline": "sim-verbose+B4",
-                     "ref_section": "impression"})
-    assert msg.startswith("score: 5 configuration(s) x 3 metric(s)") and "patient clusters" in msg, msg
-    sys_ = pd.read_csv(tmp_path / "out/systems.csv")
-    cmp_ = pd.read_csv(tmp_path / "out/comparisons.csv")
-    assert set(sys_.system) == {"sim-verbose+B4", "sim-terse+B4", "sim-template+B4", "sim-template+K50", "sim-omit+B4"}
+def test_score_systems_on_impressions_and_save(demo, tmp_path):
+    with pytest.warns(UnderpoweredWarning, match="score_systems: with 300 resamples and 12 comparisons"):
+        res = score_systems(demo.generations, demo.studies, "bleu_4,rouge_l,chexpert_f1_5", reps=300, seed=1, baseline="sim-verbose+B4",
+                            ref_section="impression")
+    paths = res.save(tmp_path / "out")
+    sys_, cmp_ = pd.read_csv(paths["systems"]), pd.read_csv(paths["comparisons"])
+    assert set(sys_.config) == {"sim-verbose+B4", "sim-terse+B4", "sim-template+B4", "sim-template+K50", "sim-omit+B4"}
     assert (cmp_["first"] == "sim-verbose+B4").all() and len(cmp_) == 12
     assert (cmp_.p_holm >= cmp_.p - 1e-15).all()
+    assert (cmp_.significant == (cmp_.p_holm < 0.05)).all()              # significance follows Holm, in the file too
+    assert res.counts["clusters"] == demo.studies.patient_id.nunique()
     # the reference really was the impression
     refs = [study_section(r, "impression") for r in demo.studies.to_dict("records")]
     assert refs != [study_section(r, "findings") for r in demo.studies.to_dict("records")]
     one = demo.generations.query("system == 'sim-omit'")
     ref_of = dict(zip(demo.studies.study_id, refs))
     est = score_pairs([ref_of[s] for s in one.study_id], one.hypothesis, ["bleu_4"]).bleu_4[0]
-    assert sys_.query("system == 'sim-omit+B4' and metric == 'bleu_4'").estimate.iloc[0] == pytest.approx(est, rel=1e-12)
-    scores = pd.read_parquet(tmp_path / "out/scores.parquet")
+    assert sys_.query("config == 'sim-omit+B4' and metric == 'bleu_4'").estimate.iloc[0] == pytest.approx(est, rel=1e-12)
+    scores = pd.read_parquet(paths["scores"])
     assert len(scores) == 5 * 3 * len(demo.studies)
-    # bad input names the file, the column or the row
-    write_table(demo.generations.drop(columns="hypothesis"), tmp_path / "bad.csv")
+    # bad input names the table, the column or the row
     with pytest.raises(InputError, match=r"bad.csv: missing column\(s\) 'hypothesis'"):
-        cli_score({"generations": tmp_path / "bad.csv", "out": tmp_path / "o2"})
-    write_table(demo.generations.assign(study_id=["x"] + demo.generations.study_id.tolist()[1:]), tmp_path / "bad2.parquet")
+        score_systems(demo.generations.drop(columns="hypothesis"), what=("bad.csv", "studies"))
+    bad = demo.generations.assign(study_id=["x"] + demo.generations.study_id.tolist()[1:])
     with pytest.raises(InputError, match=r"bad2.parquet: row 0: study_id 'x' is not in s.parquet"):
-        cli_score({"generations": tmp_path / "bad2.parquet", "studies": tmp_path / "s.parquet", "out": tmp_path / "o3"})
+        score_systems(bad, demo.studies, what=("bad2.parquet", "s.parquet"))
 
 
-def test_report_blocks_say_when_meteor_cannot_run(demo, monkeypatch):
+def test_metrics_that_cannot_run_are_noted(demo, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")                   # no java on PATH
-    blocks = metrics_report_blocks(demo.studies, demo.generations, n_boot=100)
-    notes = [b for b in blocks if isinstance(b, str) and b.startswith("**Not computed")]
-    assert len(notes) == 1 and "meteor" in notes[0] and "Java" in notes[0], notes
-    table = next(b for b in blocks if isinstance(b, pd.DataFrame))
+    with pytest.warns(UnderpoweredWarning):
+        res = score_systems(demo.generations, demo.studies, ["bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5"], reps=100,
+                            baseline=0, by="system,policy", first_seed=True, skip_unavailable=True)
+    assert len(res.notes) == 1 and "meteor" in res.notes[0] and "Java" in res.notes[0], res.notes
+    table = res.summary()
     assert "meteor" not in table.columns and {"bleu_4", "cider", "chexpert_f1_5"} <= set(table.columns)
-    assert any(isinstance(b, str) and "IDF" in b for b in blocks)
+    assert any("IDF" in c for c in res.caveats()) and res.notes[0] in res.caveats()
 
 
 def test_multi_leaf_metrics_are_flattened():
@@ -196,7 +196,7 @@ def test_multi_leaf_metrics_are_flattened():
         def value(self, T): return np.stack([micro_precision(T), micro_recall(T), micro_f1(T)], axis=-1)
         def per_sample(self, refs, hyps): return self.value(self.stats(refs, hyps))[:, 2]
 
-    df = score_pairs(["a b c", "d e"], ["a b", "d e f"], [TokenPRF(), "bleu_1"], n_bootstrap=10)
+    df = score_pairs(["a b c", "d e"], ["a b", "d e f"], [TokenPRF(), "bleu_1"], reps=10)
     assert df.columns.tolist() == ["label", "fold", "seed", "bootstrap", "tokens.precision", "tokens.recall", "tokens.f1", "bleu_1"]
     assert df.iloc[0, 4:7].tolist() == pytest.approx([4 / 5, 4 / 5, 4 / 5])
     assert results_summary(df).metric.tolist() == ["tokens.precision", "tokens.recall", "tokens.f1", "bleu_1"]
@@ -205,7 +205,7 @@ def test_multi_leaf_metrics_are_flattened():
 def test_radeval_names_give_flattened_columns():
     "The documented bundles' RadEval names: one column per output, `metric.output` when there are several."
     pytest.importorskip("radeval")
-    df = score_pairs(["the lungs are clear .", "small left effusion ."], ["lungs are clear .", "left effusion ."], ["bleu", "rouge"], n_bootstrap=5)
+    df = score_pairs(["the lungs are clear .", "small left effusion ."], ["lungs are clear .", "left effusion ."], ["bleu", "rouge"], reps=5)
     assert df.columns.tolist()[4:] == ["bleu", "rouge.rougeL", "rouge.rouge1", "rouge.rouge2"]
     assert ((df.iloc[:, 4:] >= 0) & (df.iloc[:, 4:] <= 1)).all().all()
     with pytest.raises(InputError, match="unknown metric 'no_such_metric'"):

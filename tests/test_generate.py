@@ -2,11 +2,10 @@
 
 Covers: every preset deterministic across runs, per-sample seeding independent of batching and order, `truncated`
 exactly when the token cap was hit, the anti-template processors on crafted logits and on a tiny GPT-2, loading a
-model saved to a local folder, the CLI helper, DICOM loading (when pydicom is installed), resuming from a
+model saved to a local folder, DICOM loading (when pydicom is installed), resuming from a
 checkpoint, the simulated systems' policy response, and importing the module without torch.
 """
 import dataclasses
-import json
 import math
 import subprocess
 import sys
@@ -21,9 +20,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
-from cxr_audit.core import InputError, read_table, sha256_frame, write_table  # noqa: E402
+from cxr_audit.core import InputError, sha256_frame  # noqa: E402
 from cxr_audit.generate import (POLICIES, DecodingPolicy, EarlyEOSSuppression, EOSReweight, HFReportGenerator,  # noqa: E402
-                                RecurrencePenalty, SimulatedGenerator, TemplatePhrasePenalty, cli_generate,
+                                RecurrencePenalty, SimulatedGenerator, TemplatePhrasePenalty,
                                 generate_table, load_image, policy_summary, tiny_model)
 from cxr_audit.synth import make_demo_corpus  # noqa: E402
 
@@ -56,17 +55,17 @@ def studies(images):
 
 @pytest.fixture(scope="module")
 def ved():
-    return HFReportGenerator(*tiny_model("encoder-decoder"), batch_size=4)
+    return tiny_model("encoder-decoder").generator(batch_size=4)
 
 
 @pytest.fixture(scope="module")
 def chat():
-    return HFReportGenerator(*tiny_model("chat"), batch_size=4)
+    return tiny_model("chat").generator(batch_size=4)
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return HFReportGenerator(*tiny_model("text"), prompt="the lungs", batch_size=4)
+    return tiny_model("text").generator(prompt="the lungs", batch_size=4)
 
 
 def short(name, n=24):
@@ -212,11 +211,12 @@ def test_text_phrases_bind_to_the_tokenizer(gpt2):
         TemplatePhrasePenalty(phrases=["the lungs are clear"]).bind(None)
 
 
-# --- loading and the command line -------------------------------------------------------------------------------
+# --- loading from a local folder -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["encoder-decoder", "chat", "text"])
 def test_save_and_load_from_a_local_folder(tmp_path, images, kind):
-    model, proc = tiny_model(kind, seed=1)
+    tiny = tiny_model(kind, seed=1)
+    model, proc = tiny.model, tiny.processor
     model.save_pretrained(tmp_path / "m"); proc.save_pretrained(tmp_path / "m")
     paths = [str(images / f"{i}.png") for i in range(3)]
     mem = HFReportGenerator(model, proc, policy=short("G1"), kind=kind)(paths, ["Cough.", None, "Fever."])
@@ -241,28 +241,6 @@ def test_missing_model_folder_is_refused_without_download(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no config.json"):
         HFReportGenerator.from_pretrained(tmp_path / "empty")
-    with pytest.raises(InputError, match="model folder not found"):
-        cli_generate("org/some-hub-model", "B4", tmp_path / "s.parquet", tmp_path / "g.parquet")
-
-
-def test_cli_generate_end_to_end(tmp_path, studies):
-    model, proc = tiny_model("encoder-decoder")
-    model.save_pretrained(tmp_path / "tiny"); proc.save_pretrained(tmp_path / "tiny")
-    write_table(studies, tmp_path / "studies.parquet")
-    (tmp_path / "pol.yaml").write_text("B4-16: {base: B4, max_new_tokens: 16}\nK50-16: {base: K50, max_new_tokens: 16}\n")
-    msgs = [cli_generate(tmp_path / "tiny", tmp_path / "pol.yaml", tmp_path / "studies.parquet", tmp_path / f"g{k}.parquet",
-                         seeds=[0, 1], use_indication=True, progress=False) for k in (1, 2)]
-    assert msgs[0].startswith("Wrote 18 generations (0 failed, ")
-    assert (tmp_path / "g1.parquet").read_bytes() == (tmp_path / "g2.parquet").read_bytes()
-    g = read_table(tmp_path / "g1.parquet")
-    assert list(g.columns[:9]) == ["sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated", "error"]
-    assert g.sample_id.iloc[0] == "tiny/B4-16/0/s0"
-    man = json.loads((tmp_path / "g1.manifest.json").read_text())
-    assert man["command"] == "cxr-audit generate" and man["params"]["use_indication"] is True
-    assert len(man["inputs"]["studies"]["sha256"]) == 64 and "config" in man["inputs"]
-    # CSV output works too
-    cli_generate(tmp_path / "tiny", "G1", tmp_path / "studies.parquet", tmp_path / "g.csv", progress=False)
-    assert len(read_table(tmp_path / "g.csv")) == 6
 
 
 def test_multi_image_samples_on_the_chat_model(chat, images):
@@ -283,7 +261,7 @@ def test_progress_bar_goes_to_stderr(capsys, studies):
 # --- DICOM ------------------------------------------------------------------------------------------------------
 
 def test_dicom_files_load_when_pydicom_is_installed(tmp_path):
-    pydicom = pytest.importorskip("pydicom")
+    pytest.importorskip("pydicom")
     from pydicom.dataset import FileDataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
     meta = FileMetaDataset()

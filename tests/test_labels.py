@@ -1,16 +1,17 @@
-"Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, readers, CLI."
+"Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, readers, the entry points."
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from cxr_audit.core import InputError, sha256_frame, write_table
-from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, Labeler, align_labels, check_text_provenance, cli_labels,
-                              cli_trace, exclusion_sensitivity, findings_to_labels, from_wide, label_generations, label_reports,
-                              labels_report_blocks, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
-                              read_chexbert_csv, read_chexpert_csv, reference_texts, state_accuracy, to_binary, to_wide,
+from cxr_audit.core import InputError, sha256_frame
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, LabelAudit, Labeler, TraceAudit, align_labels,
+                              check_text_provenance, exclusion_sensitivity, findings_to_labels, from_wide, label_audit,
+                              label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
+                              read_chexbert_csv, read_chexpert_csv, reference_texts, state_accuracy, to_binary, to_wide, trace_audit,
                               trace_label_triggers)
+from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.synth import make_demo_corpus
 
 FIX = Path(__file__).parent / "fixtures" / "labels"
@@ -89,7 +90,7 @@ def test_heart_wording_with_real_findings():
 def test_sim_template_never_cardiomegaly(demo):
     g = demo.generations
     tmpl = g[g.system == "sim-template"]
-    lab, _ = label_generations(tmpl)
+    lab = label_generations(tmpl)
     pos = lab[(lab.label == "Cardiomegaly") & (lab.state == 1.0)]
     # every positive comes from a real cardiac phrase, never from the template's normal wording
     assert not pos.evidence.str.contains("normal", case=False).any()
@@ -106,24 +107,24 @@ def test_probe_finds_the_naive_trigger():
 
 
 def test_trace_detects_the_naive_trigger(demo):
-    naive_lab, _ = label_generations(demo.generations, labeler=naive_cardiac_labeler())
+    naive_lab = label_generations(demo.generations, labeler=naive_cardiac_labeler())
     texts = dict(zip(demo.generations.sample_id, demo.generations.hypothesis))
     tr = trace_label_triggers(naive_lab, texts=texts)
     f = tr.flags.set_index(["system", "label"])
-    row = f.loc[("sim-template/B4", "Cardiomegaly")]
+    row = f.loc[("sim-template+B4", "Cardiomegaly")]
     assert row.dominated and row.top_evidence == "the heart size is within normal limits"
     assert row.normal_wording_positives >= 0.8 * row.positives and row.with_term <= 0.2 * row.positives
     # a system that really describes cardiomegaly has positives with the term
     assert f.loc[("sim-verbose", "Cardiomegaly"), "with_term"] > 0
-    ours, _ = label_generations(demo.generations)
+    ours = label_generations(demo.generations)
     assert trace_label_triggers(ours).flags.normal_wording_positives.sum() == 0
 
 
 def test_trace_provenance_hashes(demo):
-    lab, _ = label_generations(demo.generations.head(30))
+    lab = label_generations(demo.generations.head(30))
     tr = trace_label_triggers(lab)
     assert tr.rows.row_sha256.is_unique and tr.rows.row_sha256.str.len().eq(64).all()
-    again = trace_label_triggers(label_generations(demo.generations.head(30))[0])
+    again = trace_label_triggers(label_generations(demo.generations.head(30)))
     assert tr.rows.row_sha256.tolist() == again.rows.row_sha256.tolist()
 
 
@@ -237,7 +238,7 @@ def test_cues_do_not_hide_phrases(sentences, reports, demo):
     assert sha256_frame(with_cues(texts).drop(columns="source")) == sha256_frame(no_cues(texts).drop(columns="source"))
 
 
-# --- ground truth, CLI and report blocks ---------------------------------------------------------------------------
+# --- ground truth and the entry points -----------------------------------------------------------------------------
 
 def test_findings_to_labels_and_reference_texts(demo):
     truth = to_wide(findings_to_labels(demo.findings))
@@ -248,30 +249,66 @@ def test_findings_to_labels_and_reference_texts(demo):
     assert not refs.str.contains("INDICATION").any()
 
 
-def test_cli_labels_and_trace(tmp_path, demo):
-    write_table(demo.studies.head(12), tmp_path / "refs.parquet")
-    write_table(demo.generations[demo.generations.study_id.isin(demo.studies.study_id.head(12))], tmp_path / "gens.parquet")
-    msg = cli_labels({"references": tmp_path / "refs.parquet", "predictions": tmp_path / "gens.parquet", "out": tmp_path / "o",
-                      "labels": "5", "reps": 20})
-    assert "60/60 matched" in msg and "(5 labels)" in msg
-    counts = pd.read_parquet(tmp_path / "o" / "alignment_counts.parquet")
-    assert set(counts.label) == set(CHEXPERT_5)
-    # a minimal references table (study_id and text only) works too
-    minimal = demo.studies.head(12)[["study_id", "text"]]
-    minimal.to_csv(tmp_path / "refs.csv", index=False)
-    msg_min = cli_labels({"references": tmp_path / "refs.csv", "predictions": tmp_path / "gens.parquet", "out": tmp_path / "o2", "reps": 20})
-    assert "60/60 matched" in msg_min
+@pytest.fixture(scope="module")
+def audit(demo):
+    return label_audit(demo.studies, demo.generations, demo.findings, reps=100, seed=3, contrast="naive")
+
+
+def test_label_audit_equals_its_steps(demo, audit):
+    # the entry point gives exactly what the lower-level functions give with the same reps and seed
+    assert isinstance(audit, LabelAudit)
+    ref_lab = label_reports(reference_texts(demo.studies))
+    al = align_labels(ref_lab, label_generations(demo.generations), case_map=demo.generations[["sample_id", "study_id"]])
+    by_hand = al.summary(reps=100, seed=3)
+    mine = audit.to_frame().query("reference == 'reference-report labels' and labels == '14'")
+    assert mine[["system", "metric", "estimate", "ci_low", "ci_high"]].values.tolist() == \
+        by_hand[["system", "metric", "estimate", "ci_low", "ci_high"]].values.tolist()
+    truth = align_labels(findings_to_labels(demo.findings, study_ids=reference_texts(demo.studies).index),
+                         label_generations(demo.generations), case_map=demo.generations[["sample_id", "study_id"]])
+    five = audit.summary().query("reference == 'ground truth' and labels == '5'")
+    by_hand5 = truth.summary(reps=100, seed=3, labels=CHEXPERT_5).query("metric == 'micro_f1'")
+    assert five[["estimate", "ci_low", "ci_high"]].values.tolist() == by_hand5[["estimate", "ci_low", "ci_high"]].values.tolist()
+    assert set(audit.to_frame().metric) == set(SCORES) and set(audit.summary().metric) == {"micro_f1"}
+    # the contrast labeler finds the trigger, ours does not; the exclusion flips only under the contrast labeler
+    assert audit.contrast.trace.flagged().label.eq("Cardiomegaly").any() and audit.trace.flags.normal_wording_positives.sum() == 0
+    ex = audit.exclusion
+    assert ex.labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit"] * 2
+    assert bool(ex.sign_flip.iloc[1]) and not bool(ex.sign_flip.iloc[3])
+
+
+def test_label_audit_compare_is_holm_consistent(audit):
+    with pytest.warns(UnderpoweredWarning):
+        res = audit.compare()                                       # 10 pairs, 100 resamples: nothing can be significant
+    t = res.to_frame()
+    assert (t.significant == (t.p_holm < 0.05)).all() and not t.significant.any()
+    with pytest.warns(UnderpoweredWarning):
+        assert audit.compare(baseline="sim-verbose", against="truth").to_frame()["first"].eq("sim-verbose").all()
+
+
+def test_label_audit_save_and_plots(tmp_path, audit):
+    files = audit.save(tmp_path / "out", inputs={"note": pd.DataFrame({"a": [1]})})
+    assert {"summary", "exclusion", "probes", "chart", "manifest"} <= set(files)
+    assert pd.read_csv(files["summary"]).shape[0] == len(audit.to_frame())
+    for kind in ("counts", "triggers"):
+        assert type(audit.plot(kind)).__module__.startswith("altair")
+    assert "sim-" in audit.headline() and audit._repr_markdown_().startswith("With `cxr_audit` labels")
+
+
+def test_label_audit_is_deterministic_and_seeded(demo):
+    small = demo.generations[demo.generations.study_id.isin(demo.studies.study_id.head(10))]
+    a = label_audit(demo.studies, small, reps=50, seed=7).to_frame()
+    b = label_audit(demo.studies, small, reps=50, seed=7).to_frame()
+    c = label_audit(demo.studies, small, reps=50).to_frame()            # DEFAULT_SEED
+    pd.testing.assert_frame_equal(a, b)
+    assert np.array_equal(a.estimate, c.estimate, equal_nan=True) and not np.array_equal(a.ci_low, c.ci_low, equal_nan=True)
+
+
+def test_trace_audit_of_the_official_csv(tmp_path):
     given = pd.read_csv(FIX / "chexpert_texts.csv", keep_default_na=False)
-    given.to_parquet(tmp_path / "texts.parquet")
-    msg2 = cli_trace({"chexpert_csv": FIX / "chexpert_labeled.csv", "texts": tmp_path / "texts.parquet", "min_positives": 3})
-    assert "1 different" in msg2 and "Cardiomegaly" in msg2
+    ta = trace_audit(FIX / "chexpert_labeled.csv", given, min_positives=3)
+    assert isinstance(ta, TraceAudit) and "1 different" in ta.headline() and "Cardiomegaly" in ta.headline()
+    assert ta.summary().label.tolist() == ["Cardiomegaly"]
+    files = ta.save(tmp_path)
+    assert files["chart"].name == "trigger_phrases.svg" and pd.read_csv(files["provenance"]).status.eq("different").sum() == 1
     with pytest.raises(InputError, match="pass id_column"):
-        given.head(3).to_parquet(tmp_path / "short.parquet")
-        cli_trace({"chexpert_csv": FIX / "chexpert_labeled.csv", "texts": tmp_path / "short.parquet"})
-
-
-def test_report_blocks(demo):
-    blocks = labels_report_blocks(demo.studies, demo.generations, demo.findings, reps=50, seed=0)
-    frames = [b for b in blocks if isinstance(b, pd.DataFrame)]
-    assert {"reference-report labels", "ground truth"} <= set(frames[0].reference)
-    assert any(hasattr(b, "to_dict") and type(b).__module__.startswith("altair") for b in blocks)
+        trace_audit(FIX / "chexpert_labeled.csv", given.head(3))

@@ -139,27 +139,27 @@ def test_second_batch_served_from_cache_with_server_stopped(gguf, tmp_path):
     reqs = _requests(5) + [{"request_id": "t", "messages": "Is the effusion new? 'New right effusion.'", "schema": Triage, "max_tokens": 64}]
     with local_llama_server(gguf) as srv:
         llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
-        first = run_batch(reqs, llm, cache=tmp_path / "c.sqlite", max_tokens=8, progress=False)
+        first = run_batch(reqs, llm, cache=tmp_path / "c.sqlite", max_tokens=8, progress=False).to_frame()
     assert srv.process.poll() is not None  # the server is gone
     assert (first.status == "ok").all() and not first.cached.any(), first
     cache = ChatCache(tmp_path / "c.sqlite")
-    second = run_batch(reqs, llm, cache=cache, max_tokens=8, progress=False)
+    second = run_batch(reqs, llm, cache=cache, max_tokens=8, progress=False).to_frame()
     assert (second.status == "ok").all() and second.cached.all() and (second.attempts == 0).all()
     assert second.text.tolist() == first.text.tolist()
     assert isinstance(second.parsed.iloc[-1], Triage) and second.parsed.iloc[-1] == first.parsed.iloc[-1]
     assert cache.stats()["hits"] == 6 and cache.stats()["misses"] == 0
     # and the server really is unreachable: a request that is not cached fails to connect
-    new = run_batch(_requests(1, "Something else"), llm, cache=cache, retries=0, progress=False)
+    new = run_batch(_requests(1, "Something else"), llm, cache=cache, retries=0, progress=False).to_frame()
     assert new.status[0] == "failed" and new.error[0].startswith("LLMConnectionError")
 
 
 def test_concurrency(server, proxy, tmp_path):
     reqs = _requests(8)
     llm = OpenAIChat("smollm2", base_url=proxy.base_url)
-    par = run_batch(reqs, llm, cache=False, max_concurrency=4, max_tokens=8, progress=False)
+    par = run_batch(reqs, llm, cache=False, max_concurrency=4, max_tokens=8, progress=False).to_frame()
     assert (par.status == "ok").all() and len(proxy.bodies) == 8
     assert proxy.max_in_flight >= 2, "requests were not sent concurrently"
-    seq = run_batch(reqs, llm, cache=False, max_concurrency=1, max_tokens=8, progress=False)
+    seq = run_batch(reqs, llm, cache=False, max_concurrency=1, max_tokens=8, progress=False).to_frame()
     assert par.text.tolist() == seq.text.tolist()  # greedy answers do not depend on concurrency
     assert sorted(proxy.user_texts()[:8]) == sorted(r["messages"][0]["content"] for r in reqs)
 
@@ -167,7 +167,7 @@ def test_concurrency(server, proxy, tmp_path):
 def test_timeouts(server):
     llm = OpenAIChat("smollm2", base_url=server.base_url)
     out = run_batch([{"request_id": "slow", "messages": "Write a long story about a lighthouse."}], llm, cache=False,
-                    timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False)
+                    timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False).to_frame()
     assert (out.status[0], out.attempts[0]) == ("failed", 2)
     assert out.error[0].startswith("LLMTimeoutError: no answer from http://127.0.0.1") and "within 0.02 s" in out.error[0]
     assert llm.chat("Say yes.", max_tokens=4, timeout_s=120).text  # the server still answers afterwards
@@ -216,7 +216,7 @@ def test_crash_and_resume(server, proxy, tmp_path):
         proxy.bodies.clear()
     llm = OpenAIChat("smollm2", base_url=proxy.base_url)
     reqs = _requests(60)
-    out = run_batch(reqs, llm, cache=cache_path, max_concurrency=2, max_tokens=6, progress=False)
+    out = run_batch(reqs, llm, cache=cache_path, max_concurrency=2, max_tokens=6, progress=False).to_frame()
     assert len(out) == 60 and (out.status == "ok").sum() == 60
     assert out.cached.sum() == len(done_before)
     missing = {r["messages"][0]["content"] for r, k in zip(reqs, out.key) if k not in done_before}
@@ -253,7 +253,7 @@ def test_ctrl_c_and_resume(tmp_path):
     assert 20 <= len(done_before) < 200
     calls = []
     rule = RuleChat(lambda m, s: calls.append(1) or m[-1]["content"].upper(), name="slow-upper")
-    res = run_batch([{"request_id": i, "messages": f"item {i}"} for i in range(200)], rule, cache=cache_path, progress=False)
+    res = run_batch([{"request_id": i, "messages": f"item {i}"} for i in range(200)], rule, cache=cache_path, progress=False).to_frame()
     assert (res.status == "ok").all() and res.cached.sum() == len(done_before) and len(calls) == 200 - len(done_before)
     assert res.text.tolist() == [f"ITEM {i}" for i in range(200)]
 
@@ -317,8 +317,9 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
     try:
         llm = OpenAIChat("stub-model", base_url=stub.base_url, structured="json_object_schema")
         reqs = [{"request_id": k, "messages": k, "schema": Triage} for k in "ABCDE"]
-        out = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01, max_concurrency=3,
-                        prices={"stub-model": (1000.0, 2000.0)}, progress=False).set_index("request_id")
+        run = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01, max_concurrency=3,
+                        prices={"stub-model": (1000.0, 2000.0)}, progress=False)
+        out = run.to_frame().set_index("request_id")
         assert out.status.to_dict() == {"A": "ok", "B": "failed", "C": "failed", "D": "failed", "E": "ok"}
         assert out.attempts.to_dict() == {"A": 4, "B": 4, "C": 1, "D": 4, "E": 1}
         assert stub.received == {"A": 4, "B": 4, "C": 1, "D": 4, "E": 1}
@@ -331,12 +332,13 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
         assert (out.tokens_in["A"], out.tokens_out["A"]) == (20, 14)
         assert (out.tokens_in["D"], out.tokens_out["D"]) == (40, 28)
         assert out.cost["E"] == pytest.approx((10 * 1000 + 7 * 2000) / 1e6)
-        summary = out.attrs["summary"]
-        assert (summary["ok"], summary["failed"], summary["attempts"]) == (2, 3, 14)
+        summary = run.summary()
+        assert summary[["ok", "failed", "attempts"]].iloc[0].tolist() == [2, 3, 14]
+        assert run.failed().request_id.tolist() == ["B", "C", "D"]
 
         # a rerun sends only the failed requests again
         stub.scripts.update({"B": ["ok"], "C": ["ok"], "D": ["ok"]})
-        again = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01, progress=False).set_index("request_id")
+        again = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01, progress=False).to_frame().set_index("request_id")
         assert (again.status == "ok").all() and again.cached.to_dict() == {"A": True, "B": False, "C": False, "D": False, "E": True}
         assert stub.received == {"A": 4, "B": 5, "C": 2, "D": 5, "E": 1}
     finally:
@@ -384,7 +386,7 @@ def test_guard_refuses_before_any_network_call(monkeypatch, tmp_path):
         run_batch(reqs, azure, cache=False, progress=False)
     assert attempts == [] and llm._client is None and azure._client is None
     # with the explicit opt-in the guard lets the batch through, and only then is the network tried
-    out = run_batch(reqs, llm, cache=False, retries=0, allow_remote_restricted=True, progress=False)
+    out = run_batch(reqs, llm, cache=False, retries=0, allow_remote_restricted=True, progress=False).to_frame()
     assert out.status.tolist() == ["failed", "failed"] and attempts
     assert out.error[1] == "LLMConnectionError: could not connect to http://203.0.113.7/v1"
 
@@ -397,7 +399,7 @@ from cxr_audit.llm import RuleChat, run_batch
 start, path = int(sys.argv[1]), sys.argv[2]
 rule = RuleChat(lambda m, s: m[-1]["content"].upper(), name="upper")
 reqs = [{"request_id": i, "messages": f"item {i}"} for i in range(start, start + 300)]
-out = run_batch(reqs, rule, cache=path, max_concurrency=4, progress=False)
+out = run_batch(reqs, rule, cache=path, max_concurrency=4, progress=False).to_frame()
 assert (out.status == "ok").all()
 """
 

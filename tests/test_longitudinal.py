@@ -1,6 +1,6 @@
 """Integration tests of `cxr_audit.longitudinal`: the paper's prompt examples, the gold fixture, hand-computed evaluation
-measures, the LLM annotator against a real llama.cpp server (plumbing, not quality) and over HTTP with the offline rule
-back end, the CLI end to end, the audit section, and determinism."""
+measures, the LLM annotator against a real llama.cpp server (plumbing, not quality) and with the offline rule back end,
+the one-call evaluation on the demo corpus (its result object, the files it saves), and determinism."""
 import json
 import shutil
 from pathlib import Path
@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cxr_audit.core import InputError, sha256_frame, write_table
+from cxr_audit.core import InputError, sha256_frame
 from cxr_audit.llm import LocalEndpoint, OpenAIChat
+from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.longitudinal import (LLMAnnotator, PROGRESSION_CLASSES, RuleAnnotator, annotate_reports, annotation_counts,
-                                    build_lmimic, cli_longitudinal, evaluate_annotators, evaluate_longitudinal, keyword_terms,
-                                    longitudinal_report_blocks, progression_counts, progression_instances, ranking_agreement,
-                                    ranking_stability, read_gold, rule_chat, truth_agreement)
+                                    build_lmimic, evaluate_annotators, keyword_terms, progression_counts, progression_evaluation,
+                                    progression_instances, ranking_agreement, ranking_stability, read_gold, rule_chat, truth_agreement)
 from cxr_audit.synth import make_demo_corpus
 
 FIX = Path(__file__).parent / "fixtures" / "longitudinal"
@@ -88,7 +88,7 @@ def test_annotation_measures_by_hand():
                       "progression": ["worsened", "improved", "no change", None, None]})
     p = pd.DataFrame({"is_longitudinal": [True, True, False, True, True], "keyword": ["pleural effusion", "atelectasis", None, "edema", "support devices"],
                       "progression": ["worsened", "unmentioned", None, "improved", "improved"]})
-    s = evaluate_annotators(g, {"p": p}, reps=20, cluster=False).summary().set_index("metric").estimate
+    s = evaluate_annotators(g, {"p": p}, reps=20, clusters=None).summary().set_index("metric").estimate
     # longitudinal: tp 3 (a, b, e), fp 1 (d), fn 1 (c), tn 0
     assert s["longitudinal_precision"] == 3 / 4 and s["longitudinal_recall"] == 3 / 4 and s["longitudinal_accuracy"] == 3 / 5
     # progression (device sentence e left out): a worsened tp; b improved -> unmentioned: fn; c no change missed: fn;
@@ -121,7 +121,7 @@ def test_progression_measures_by_hand():
     # the same through the bootstrap engine: estimates are the formulas on the summed counts
     st = pd.DataFrame({"study_id": ["A", "B"], "findings": ["x", "y"]})
     gens = pd.DataFrame({"sample_id": ["a1", "b1", "a2", "b2"], "study_id": ["A", "B", "A", "B"], "system": ["x", "x", "y", "y"], "hypothesis": ""})
-    ev = evaluate_longitudinal(st, gens, metrics=(), reps=50, reference_sentences=ref, generated_sentences=gen)
+    ev = progression_evaluation(st, gens, metrics=(), reps=50, reference_sentences=ref, generated_sentences=gen)
     f1 = ev.summary().query("metric == 'progression_micro_f1'").set_index("system").estimate
     assert f1["x"] == pytest.approx(4 / 6) and f1["y"] == pytest.approx(2 / 7)
 
@@ -166,75 +166,70 @@ def test_llm_annotator_against_real_server(llama_server, tmp_path):
     assert s.log_.step.tolist() == ["progression"] and s.log_.status.tolist() == ["ok"]
 
 
-# --- the OpenAI client path and the CLI over HTTP, with the rule back end behind a local endpoint ---------------------
+# --- the one-call evaluation on the demo corpus, truth, L-MIMIC, determinism -----------------------------------------
 
-def test_cli_with_openai_annotator_over_http(tmp_path):
+def test_progression_evaluation_on_demo_with_truth(tmp_path):
+    d = make_demo_corpus(seed=0)
+    ev = progression_evaluation(d.studies, d.generations, d.progression, reps=1000, clusters="patient_id",
+                                metrics=("bleu_4", "rouge_l", "meteor"), splitter="regex")
+    assert ev.truth.summary()["class"].tolist() == ["no change", "improved", "worsened", "all"]
+    assert ev.truth.summary().set_index("class").estimate["all"] >= 0.95
+    assert set(ev.systems) == {"sim-verbose", "sim-terse", "sim-omit", "sim-template+B4", "sim-template+K50"}
+    assert ("meteor" in ev.results) == bool(shutil.which("java"))
+    f1 = ev.summary().query("metric == 'progression_micro_f1'").set_index("system").estimate
+    assert f1["sim-verbose"] > f1["sim-omit"] > f1["sim-template+B4"]
+    # significant follows Holm everywhere, never the interval alone
+    bv, cmp = ev.best_vs_runner_up(), ev.comparisons(["progression_micro_f1"])
+    assert (bv.significant == (bv.p_holm < 0.05)).all() and (cmp.significant == (cmp.p_holm < 0.05)).all()
+    assert ("not significant" in ev.headline()) != bool(bv.set_index("metric").significant["progression_micro_f1"])
+    paths = ev.save(tmp_path / "o", params={"section": "findings"})
+    manifest = json.loads(paths["manifest"].read_text())
+    assert manifest["params"]["clusters"] == "patient_id" and manifest["params"]["section"] == "findings"
+    assert pd.read_csv(paths["summary"]).shape == ev.summary().shape and paths["truth"].exists()
+
+
+def test_llm_annotator_over_http_records_its_calls(tmp_path):
     d = make_demo_corpus(3, seed=2)
     gens = d.generations[d.generations.system.isin(["sim-verbose", "sim-omit"])]
-    write_table(d.studies, tmp_path / "studies.parquet"); write_table(gens, tmp_path / "gens.csv")
     with LocalEndpoint(rule_chat()) as ep:
-        msg = cli_longitudinal({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "gens.csv", "out": tmp_path / "out",
-                                "annotator": "openai", "model": "rule-chat", "base_url": ep.base_url, "cache": tmp_path / "c.sqlite",
-                                "metrics": "bleu_4,rouge_l", "reps": 50})
+        ann = LLMAnnotator(OpenAIChat("rule-chat", base_url=ep.base_url), cache=tmp_path / "c.sqlite")
+        ev = progression_evaluation(d.studies, gens, annotator=ann, metrics=("bleu_4", "rouge_l"), reps=50)
         assert ep.n_requests > 0
-    assert msg.startswith("longitudinal: ") and "annotator llm:rule-chat" in msg
-    calls = pd.read_parquet(tmp_path / "out" / "llm_calls.parquet")
-    assert set(calls.reports) == {"references", "generations"} and set(calls.step) == {"longitudinal", "keyword", "progression"}
-    assert cli_longitudinal({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "gens.csv", "out": tmp_path / "rules",
-                              "metrics": "bleu_4,rouge_l", "reps": 50}).startswith("longitudinal: ")
-    a, b = (pd.read_csv(tmp_path / o / "summary.csv") for o in ("out", "rules"))
+    assert ev.annotators == {"references": "llm:rule-chat", "generations": "llm:rule-chat"}
+    assert set(ev.llm_calls.reports) == {"references", "generations"} and set(ev.llm_calls.step) == {"longitudinal", "keyword", "progression"}
+    assert "llm_calls" in ev.save(tmp_path / "o")
+    rules = progression_evaluation(d.studies, gens, metrics=("bleu_4", "rouge_l"), reps=50)
+    assert rules.llm_calls is None
     # over HTTP the stand-in answers like the rules, except that a longitudinal sentence naming no finding gets no keyword
-    pd.testing.assert_frame_equal(a[a.metric.str.startswith("bleu")].reset_index(drop=True), b[b.metric.str.startswith("bleu")].reset_index(drop=True))
-
-
-def test_cli_rules_end_to_end_with_meteor(tmp_path):
-    d = make_demo_corpus(8, seed=4)
-    write_table(d.studies, tmp_path / "s.parquet"); write_table(d.generations, tmp_path / "g.parquet")
-    msg = cli_longitudinal({"studies": tmp_path / "s.parquet", "generations": tmp_path / "g.parquet", "out": tmp_path / "o",
-                            "reps": 100, "cluster": "patient_id", "families": True})
-    summ = pd.read_csv(tmp_path / "o" / "summary.csv")
-    want = {"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "progression_micro_f1", "progression_f1_no_change"}
-    assert want <= set(summ.metric)
-    if shutil.which("java"): assert "meteor" in set(summ.metric) and "note" not in msg
-    else: assert "METEOR was not computed" in msg
-    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["params"]["families"] is True and "generated_sentences" in m["outputs"]
+    a, b = (e.summary().query("metric.str.startswith('bleu')").reset_index(drop=True) for e in (ev, rules))
+    pd.testing.assert_frame_equal(a, b)
     with pytest.raises(InputError, match="missing column"):
-        cli_longitudinal({"studies": tmp_path / "s.parquet", "generations": tmp_path / "g.parquet", "out": tmp_path / "x", "section": "impressions"})
+        progression_evaluation(d.studies, gens, section="impressions")
 
 
-# --- the audit section, L-MIMIC, truth, determinism ------------------------------------------------------------------
-
-def test_report_blocks_on_demo_with_truth():
-    d = make_demo_corpus(seed=0)
-    blocks = longitudinal_report_blocks(d.studies, d.generations, d.progression, reps=100)
-    text = [b for b in blocks if isinstance(b, str)]
-    tables = [b for b in blocks if isinstance(b, pd.DataFrame)]
-    assert "true changes" in text[1] and tables[0]["class"].tolist() == ["no change", "improved", "worsened", "all"]
-    systems = tables[1].set_index("system")
-    assert set(systems.index) == {"sim-verbose", "sim-terse", "sim-omit", "sim-template/B4", "sim-template/K50"}
-    assert ("meteor" in systems.columns) == bool(shutil.which("java"))
-    f1 = lambda s: float(systems.loc[s, "progression_micro_f1"].split()[0])
-    assert f1("sim-verbose") > f1("sim-omit") > f1("sim-template/B4")
+def test_too_few_resamples_warn_when_comparing(demo):
+    ev = progression_evaluation(demo.studies, demo.generations, metrics=(), reps=50)
+    with pytest.warns(UnderpoweredWarning, match="none can be significant"):
+        ev.best_vs_runner_up()
 
 
 def test_truth_agreement_and_lmimic(demo):
     lm = build_lmimic(demo.studies)
-    rows, acc = truth_agreement(lm.sentences, demo.progression)
-    assert acc.set_index("class").loc["all", "accuracy"] >= 0.95
-    assert set(rows.annotated) <= {"no change", "improved", "worsened", "unmentioned", "not found"}
-    stats = lm.report_stats().set_index("split")
+    ta = truth_agreement(lm.sentences, demo.progression)
+    assert ta.summary().set_index("class").loc["all", "estimate"] >= 0.95
+    assert set(ta.to_frame().annotated) <= {"no change", "improved", "worsened", "unmentioned", "not found"}
+    stats = lm.summary().set_index("split")
     assert stats.loc["all", "follow_up_reports"] == len(demo.studies) - demo.studies.patient_id.nunique()
     assert 0 < stats.loc["all", "share_with_longitudinal"] <= 1
     assert set(lm.studies.study_id) == set(lm.reports.study_id[lm.reports.has_longitudinal])
 
 
 def test_determinism(demo):
-    a = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, cluster="patient_id")
-    b = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, cluster="patient_id")
+    a = progression_evaluation(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, clusters="patient_id")
+    b = progression_evaluation(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=3, clusters="patient_id")
     assert sha256_frame(a.summary()) == sha256_frame(b.summary())
     assert sha256_frame(a.reference_sentences) == sha256_frame(b.reference_sentences)
-    c = evaluate_longitudinal(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=4, cluster="patient_id")
+    c = progression_evaluation(demo.studies, demo.generations, metrics=("bleu_4",), reps=200, seed=4, clusters="patient_id")
     assert sha256_frame(a.summary()) != sha256_frame(c.summary())
 
 

@@ -80,7 +80,7 @@ def our_meteor(pairs):
 def test_meteor_equals_pycocoevalcap_and_the_jar(pairs, coco_meteor, our_meteor):
     gts, res = coco_inputs(pairs)
     theirs, theirs_seg = coco_meteor.compute_score(gts, res)
-    S, seg, corpus = our_meteor
+    S, seg, corpus = our_meteor.stats, our_meteor.segment_scores, our_meteor.corpus_score
     m = Meteor()
     assert abs(float(m.value(S.sum(0))) - theirs) < 1e-9
     assert abs(corpus - theirs) < 1e-12
@@ -94,11 +94,11 @@ def test_meteor_stats_and_value_of_weighted_sums_equal_rerunning_the_jar(pairs, 
     "`Meteor.stats` gives the same rows, and a bootstrap replicate `value(w @ S)` is pycocoevalcap on the resampled pairs."
     sub = pairs.iloc[:40]
     S = Meteor().stats(sub.reference, sub.hypothesis)
-    np.testing.assert_array_equal(S, our_meteor[0][:40])
+    np.testing.assert_array_equal(S, our_meteor.stats[:40])
     idx = resample_indices(len(pairs), 1, seed=11)[0]
     w = np.bincount(idx, minlength=len(pairs)).astype(float)
     gts, res = coco_inputs(pairs.iloc[idx].reset_index(drop=True))
-    assert abs(float(meteor_value(w @ our_meteor[0])) - coco_meteor.compute_score(gts, res)[0]) < 1e-9
+    assert abs(float(meteor_value(w @ our_meteor.stats)) - coco_meteor.compute_score(gts, res)[0]) < 1e-9
 
 
 def test_bleu_value_of_weighted_sums_equals_rerunning_pycocoevalcap(pairs):

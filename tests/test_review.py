@@ -1,10 +1,9 @@
 """Integration tests of the blinded review kit: the round trip on files (prepare -> simulated filling -> read ->
 agreement -> consensus -> summary), blinding, byte-for-byte reproducible packets, formula neutralisation in CSV and
-XLSX, every validation error of the returned sheets, the CLI helpers, and cross-checks of the agreement numbers."""
+XLSX, every validation error of the returned sheets, the one-call entry points, and cross-checks of the agreement numbers."""
 import csv
 import re
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import openpyxl
@@ -12,10 +11,10 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import InputError
-from cxr_audit.review import (FORMULA_PREFIXES, SIMULATED_COMMENT, agreement_report, apply_consensus, cli_review_analyse,
-                              cli_review_prepare, consensus_queue, load_codebook, make_review_packets, rating_problems,
-                              read_ratings, review_report_blocks, review_summary, sample_cases, simulate_decisions,
-                              simulate_ratings, split_reviewers, targeted_panel, write_sheets)
+from cxr_audit.review import (FORMULA_PREFIXES, SIMULATED_COMMENT, ReviewAnalysis, agreement_report, apply_consensus,
+                              consensus_queue, load_codebook, make_review_packets, prepare_review, rating_problems, read_ratings,
+                              review_analysis, review_summary, sample_cases, simulate_decisions, simulate_ratings, simulate_review,
+                              split_reviewers, targeted_panel, write_sheets)
 from cxr_audit.synth import make_demo_corpus
 
 CONFIGS = ["sim-template+B4", "sim-template+K50", "sim-omit+B4"]
@@ -60,7 +59,7 @@ def test_round_trip_on_files_csv_and_xlsx_agree(tmp_path, demo, cases):
     r1, r2 = split_reviewers(from_xlsx)
     agree = agreement_report(r1, r2, reps=200, seed=1)
     primary = agree[(agree.phase == 1) & (agree.role == "primary")]
-    assert set(primary.measure) == {"percent_agreement", "cohen_kappa", "gwet_ac1", "exact_agreement", "within_one",
+    assert set(primary.metric) == {"percent_agreement", "cohen_kappa", "gwet_ac1", "exact_agreement", "within_one",
                                     "quadratic_kappa", "icc2_1", "mean_abs_diff"}
     assert primary.n.eq(len(P.key)).all()
 
@@ -265,45 +264,59 @@ def test_agreement_matches_statsmodels_and_pingouin(filled, packets):
     rep = agreement_report(r1, r2, reps=100)
     a, b = r1[r1.phase == 1], r2[r2.phase == 1]
     table = pd.crosstab(a.informativeness.to_numpy(), b.informativeness.to_numpy()).reindex(index=range(4), columns=range(4), fill_value=0)
-    qk = rep.query("phase == 1 and endpoint == 'informativeness' and measure == 'quadratic_kappa'").estimate.iloc[0]
+    qk = rep.query("phase == 1 and endpoint == 'informativeness' and metric == 'quadratic_kappa'").estimate.iloc[0]
     assert np.isclose(qk, smir.cohens_kappa(table.to_numpy(), wt="quadratic").kappa)
     pg = pytest.importorskip("pingouin")
     long = pd.DataFrame({"target": np.tile(np.arange(len(a)), 2), "rater": np.repeat(["a", "b"], len(a)),
                          "score": np.concatenate([a.fn.to_numpy(dtype=float), b.fn.to_numpy(dtype=float)])})
     icc = pg.intraclass_corr(long, targets="target", raters="rater", ratings="score").set_index("Type").loc["ICC(A,1)", "ICC"]
-    ours = rep.query("phase == 1 and endpoint == 'fn' and measure == 'icc2_1'").estimate.iloc[0]
+    ours = rep.query("phase == 1 and endpoint == 'fn' and metric == 'icc2_1'").estimate.iloc[0]
     assert np.isclose(ours, icc)
 
 
-# --- command line and the audit report ----------------------------------------------------------------------------
+# --- the one-call entry points --------------------------------------------------------------------------------------
 
-def test_cli_prepare_then_analyse(tmp_path, demo):
-    demo.studies.to_parquet(tmp_path / "studies.parquet")
-    demo.generations.to_parquet(tmp_path / "generations.parquet")
-    msg = cli_review_prepare({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "generations.parquet",
-                              "out": tmp_path / "rev", "n": 2, "strata": "dataset", "simulate": True, "reviewers": "A,B"})
-    assert msg.startswith("review prepare: 4 cases (4 random, 0 targeted) x 5 configurations = 20 reports for A, B")
-    first = cli_review_analyse({"key": tmp_path / "rev/key/review_key.csv", "ratings": tmp_path / "rev/simulated",
-                                "out": tmp_path / "out1", "reps": 100, "rules": '{"count_gap": 2}'})
-    assert "to discuss in" in first and (tmp_path / "out1/consensus_queue.xlsx").is_file()
-    q = pd.read_csv(tmp_path / "out1/consensus_queue.csv", encoding="utf-8-sig")
+def test_prepare_then_analyse_on_files(tmp_path, demo):
+    P = prepare_review(demo.studies, demo.generations, 2, strata="dataset", reviewers=("A", "B"), out_dir=tmp_path / "rev")
+    assert P.key.study_id.nunique() == 4 and len(P.key) == 4 * 5 and P.reviewers == ("A", "B")
+    simulate_ratings(P, demo.generations, out_dir=tmp_path / "rev/simulated")
+    key = tmp_path / "rev/key/review_key.csv"
+    first = review_analysis(tmp_path / "rev/simulated", key, rules={"count_gap": 2}, reps=100)
+    assert isinstance(first, ReviewAnalysis) and first.consensus is None and first.rules["count_gap"] == 2
+    files = first.save(tmp_path / "out1")
+    assert files["consensus_queue_xlsx"].is_file()
+    q = pd.read_csv(files["consensus_queue"], encoding="utf-8-sig")
     assert not ((q.kind == "count") & ((q.r1 - q.r2).abs() < 2)).any()
-    simulate_decisions(q, seed=3).to_csv(tmp_path / "decided.csv", index=False)
-    second = cli_review_analyse({"key": tmp_path / "rev/key/review_key.csv", "ratings": tmp_path / "rev/simulated",
-                                 "out": tmp_path / "out2", "decisions": tmp_path / "decided.csv", "rules": '{"count_gap": 2}',
-                                 "reps": 100, "panel": "all"})
-    assert second.startswith("review analyse: 20 reports;")
+    second = review_analysis(tmp_path / "rev/simulated", key, simulate_decisions(q, seed=3), rules={"count_gap": 2}, reps=100, panel=None)
+    assert second.headline().startswith("4 cases, 20 reports, rated by A and B;")
+    second.save(tmp_path / "out2")
     assert pd.read_csv(tmp_path / "out2/summary_table.csv").shape[0] == 2 * 5
+    long = second.to_frame()
+    assert set(long.part) == {"agreement", "summary"} and "metric" in long and "measure" not in long
     with pytest.raises(InputError, match="targeted case"):
-        key = pd.read_csv(tmp_path / "rev/key/review_key.csv")
-        cli_review_prepare({"studies": tmp_path / "studies.parquet", "generations": tmp_path / "generations.parquet",
-                            "out": tmp_path / "rev2", "n": 2, "strata": "dataset", "targeted": key.study_id[0]})
+        prepare_review(demo.studies, demo.generations, 2, strata="dataset", targeted=[P.key.study_id[0]])
 
 
-def test_report_blocks_are_labelled_simulated(demo):
-    blocks = review_report_blocks(demo.studies, demo.generations, reps=100)
-    assert blocks[0].startswith("**SIMULATED ratings")
-    assert any(isinstance(b, pd.DataFrame) and "micro_f1" in b for b in blocks)
-    assert "SIMULATED" in blocks[-1].to_dict()["title"]
-    again = review_report_blocks(demo.studies, demo.generations, reps=100)
-    pd.testing.assert_frame_equal(blocks[6], again[6])
+def test_review_analysis_equals_its_steps(filled, packets):
+    r1, r2 = split_reviewers(read_ratings(filled, key=packets.key))
+    decided = simulate_decisions(consensus_queue(r1, r2), seed=2)
+    a = review_analysis(filled, packets.key, decided, reps=150, seed=9)
+    pd.testing.assert_frame_equal(a.agreement, agreement_report(r1, r2, reps=150, seed=9))
+    pd.testing.assert_frame_equal(a.results.table(1), review_summary(apply_consensus(r1, r2, decided), packets.key).table(1))
+    assert a.summary().equals(a.results.table(1))
+    # a ratings table works as well as the sheets
+    b = review_analysis(read_ratings(filled, key=packets.key), packets.key, decided, reps=150, seed=9)
+    pd.testing.assert_frame_equal(a.to_frame(), b.to_frame())
+    for kind in ("summary", "agreement"):
+        assert "SIMULATED" not in a.headline() and type(a.plot(kind)).__module__.startswith("altair")
+
+
+def test_simulated_review_is_labelled_and_seeded(demo):
+    sim = simulate_review(demo.studies, demo.generations, reps=100, seed=2026)
+    assert sim.simulated and sim.headline().startswith("**SIMULATED ratings")
+    assert (sim.ratings.comment == SIMULATED_COMMENT).all()
+    assert "micro_f1" in sim.summary()
+    again = simulate_review(demo.studies, demo.generations, reps=100, seed=2026)
+    pd.testing.assert_frame_equal(sim.summary(), again.summary())
+    other = simulate_review(demo.studies, demo.generations, reps=100)          # DEFAULT_SEED: another sample
+    assert set(other.key.study_id) != set(sim.key.study_id)

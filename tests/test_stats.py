@@ -3,6 +3,7 @@
 The notebook (nbs/04_stats.ipynb) holds the fast worked examples; the slower checks live here: the coverage
 simulation, many random cases against the reference libraries, and the exact-equality checks on larger inputs.
 """
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -11,9 +12,12 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.inter_rater import cohens_kappa
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
 
-from cxr_audit.core import sha256_frame
-from cxr_audit.stats import (agreement_stats, agreement_table, bootstrap, bootstrap_distinct, bootstrap_metrics,
+from cxr_audit.core import DEFAULT_SEED, InputError, sha256_frame
+from cxr_audit.stats import (DegenerateIntervalWarning, agreement_stats, agreement_table, binomial_cis, bootstrap,
+                             bootstrap_distinct, bootstrap_metrics, kendall_tau, micro_precision,
+                             spearman,
                              cohen_kappa, corpus_bleu, count_reversals, distinct_replicates, distinct_stats,
                              exact_binomial_ci,
                              gwet_ac1, holm, holm_family, icc2_1, incidence, kendalls_w, macro_f1, macro_stats,
@@ -233,7 +237,7 @@ def test_rater_agreement_table_shapes_and_intervals():
     g = np.random.default_rng(17)
     a = g.integers(0, 2, 200); b = np.where(g.random(200) < 0.8, a, 1 - a)
     t = rater_agreement(a, b, seed=1, clusters=np.arange(200) // 2)
-    assert list(t.columns) == ["measure", "estimate", "ci_low", "ci_high", "n", "method"]
+    assert list(t.columns) == ["metric", "estimate", "ci_low", "ci_high", "n", "method", "n_valid_reps"]
     assert (t.ci_low <= t.estimate).all() and (t.estimate <= t.ci_high).all()
 
 
@@ -295,3 +299,118 @@ def test_distinct_stats_sum_to_distinct_counts():
     assert np.isclose(S[:, 0].sum(), len(vocab), rtol=0, atol=1e-9)
     r = bootstrap_distinct(X, totals=[len(x) for x in items], reps=100, seed=0)
     assert np.isclose(r.estimate, len(vocab) / sum(map(len, items)))
+
+
+# ---------------------------------------------------------------- input defects (issue 16, item 8)
+def _ordinal_pair(n=60, seed=30):
+    g = np.random.default_rng(seed)
+    a = g.integers(0, 4, n)
+    return a, np.clip(a + g.integers(-1, 2, n), 0, 3)
+
+
+@pytest.mark.parametrize("missing", [None, np.nan, pd.NA, float("nan")])
+def test_missing_rater_label_is_an_error_naming_the_row(missing):
+    a, b = _ordinal_pair()
+    a = a.astype(object); a[17] = missing
+    with pytest.raises(InputError, match="row 17: rater a's label is missing"):
+        rater_agreement(a, b, kind="ordinal")
+    with pytest.raises(InputError, match="row 17"):
+        agreement_table(b, a)
+
+
+def test_after_dropping_the_missing_row_weighted_kappa_matches_sklearn_and_statsmodels():
+    skm = pytest.importorskip("sklearn.metrics")
+    a, b = _ordinal_pair()
+    keep = np.arange(len(a)) != 17                           # the row a rater left unrated, dropped by the caller
+    T = agreement_stats(a[keep], b[keep], range(4)).sum(0)
+    ref = skm.cohen_kappa_score(a[keep], b[keep], weights="quadratic", labels=[0, 1, 2, 3])
+    assert abs(quadratic_kappa(T) - ref) < 1e-13
+    assert abs(quadratic_kappa(T) - cohens_kappa(agreement_table(a[keep], b[keep], range(4)).to_numpy(), wt="quadratic").kappa) < 1e-13
+    assert abs(cohen_kappa(T) - skm.cohen_kappa_score(a[keep], b[keep])) < 1e-13
+    t = rater_agreement(a[keep], b[keep], kind="ordinal", categories=[0, 1, 2, 3], reps=200).set_index("metric")
+    assert t.loc["quadratic_kappa", "n"] == keep.sum() and abs(t.loc["quadratic_kappa", "estimate"] - ref) < 1e-13
+
+
+def test_categories_follow_sorted_values_not_first_appearance():
+    skm = pytest.importorskip("sklearn.metrics")
+    a, b = ["moderate", "mild", "severe", "mild"], ["mild", "mild", "severe", "moderate"]
+    assert agreement_table(a, b).index.tolist() == ["mild", "moderate", "severe"]
+    levels = ["mild", "moderate", "severe"]                  # the clinical order, given explicitly
+    T = agreement_stats(a, b, categories=levels).sum(0)
+    ref = skm.cohen_kappa_score(a, b, weights="quadratic", labels=levels)
+    assert abs(quadratic_kappa(T) - ref) < 1e-13
+    assert agreement_table([12, 3, 100], [3, 3, 12]).index.tolist() == [3, 12, 100]
+    with pytest.raises(InputError, match="labels of different types"):
+        agreement_stats([1, "2"], [1, 1])
+
+
+def test_empty_input_is_an_error_not_zero():
+    for f in (lambda: agreement_stats([], []), lambda: agreement_table([], []), lambda: rater_agreement([], []),
+              lambda: percent_agreement(np.zeros(0)), lambda: spearman([], []), lambda: kendall_tau([], [])):
+        with pytest.raises(InputError):
+            f()
+    assert np.isnan(cohen_kappa(np.zeros(9)))                # a table with no items has no kappa
+
+
+@pytest.mark.parametrize("k", [2.7, 0.5, np.nan, True, "3"])
+def test_non_integer_counts_are_refused(k):
+    with pytest.raises(InputError, match="whole number"):
+        exact_binomial_ci(k, 10)
+    with pytest.raises(InputError, match="row 0"):
+        binomial_cis(pd.DataFrame({"k": [k], "n": [10]}), "k", "n")
+
+
+def test_exact_binomial_ci_matches_statsmodels_clopper_pearson():
+    for k, n, size in [(2, 10, 0.95), (0, 7, 0.9), (33, 33, 0.8), (41, 70, 0.99)]:
+        np.testing.assert_allclose(exact_binomial_ci(k, n, size).conf_int(),
+                                   proportion_confint(k, n, alpha=1 - size, method="beta"), atol=1e-12)
+    assert exact_binomial_ci(3.0, 10.0).estimate == 0.3
+
+
+@pytest.mark.parametrize("size", [0, 0.0, 1, 1.0, 95, -0.1])
+def test_size_outside_0_1_is_refused_everywhere(size):
+    x = mean_stats(np.random.default_rng(31).normal(size=40))
+    res = bootstrap(x, reps=50, seed=0)
+    sy = {s: mean_stats(np.random.default_rng(i).normal(size=40)) for i, s in enumerate("AB")}
+    pr = paired_bootstrap(sy, reps=50, seed=0)
+    a, b = _ordinal_pair()
+    calls = [lambda: res.conf_int(size=size), lambda: res.to_frame(size=size), lambda: bootstrap(x, reps=10, size=size),
+             lambda: pr.to_frame(size=size), lambda: pr.systems_frame(size=size), lambda: pr.note(size=size),
+             lambda: holm_family({"m": pr}, size=size), lambda: rank_ci(pr, size=size),
+             lambda: exact_binomial_ci(3, 10, size=size), lambda: rater_agreement(a, b, size=size, reps=20),
+             lambda: icc2_1(np.column_stack([a, b]), size=size), lambda: spearman(a, b, size=size)]
+    for f in calls:
+        with pytest.raises(InputError, match="size must be between 0 and 1"):
+            f()
+
+
+@pytest.mark.parametrize("clusters", [None, ["p1"] * 5])
+def test_one_resampling_unit_gives_nan_interval_with_a_clear_warning(clusters):
+    x = mean_stats([0.2, 0.4, 0.9, 0.1, 0.3][:1 if clusters is None else 5])
+    res = bootstrap(x, reps=200, seed=0, clusters=clusters)
+    for method in ("percentile", "bca"):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ci = res.conf_int(method)
+        assert np.isnan(ci).all()
+        assert [x.category for x in w] == [DegenerateIntervalWarning]      # no RuntimeWarning leaks
+        assert "at least 2 resampling units" in str(w[0].message)
+
+
+def test_nan_replicates_are_counted_on_every_result():
+    tp, fp, fn = np.zeros(30), np.r_[1.0, np.zeros(29)], np.ones(30)
+    res = bootstrap(micro_stats(tp, fp, fn), micro_precision, reps=400, seed=3)
+    W = resample_weights(30, 400, seed=3)
+    assert res.n_valid_reps == int(((W @ (tp + fp)) > 0).sum()) < 400    # resamples that predicted something
+    assert res.to_frame().n_valid_reps[0] == res.n_valid_reps
+    assert res.conf_int().tolist() == [0.0, 0.0] and "resamples gave no value" in res._repr_markdown_()
+    other = micro_stats(np.ones(30), np.ones(30), np.zeros(30))
+    pr = paired_bootstrap({"a": micro_stats(tp, fp, fn), "b": other}, micro_precision, reps=400, seed=3)
+    assert pr.to_frame().n_valid_reps.tolist() == [res.n_valid_reps]
+    assert pr.systems_frame().n_valid_reps.tolist() == [res.n_valid_reps, 400]
+
+
+def test_default_seed_is_core_default():
+    x = mean_stats(np.random.default_rng(32).normal(size=50))
+    assert np.array_equal(bootstrap(x, reps=100).replicates, bootstrap(x, reps=100, seed=DEFAULT_SEED).replicates)
+    assert np.array_equal(resample_indices(7, 3), resample_indices(7, 3, seed=DEFAULT_SEED))

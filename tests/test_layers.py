@@ -1,0 +1,92 @@
+"""The architecture as tests: layering by notebook number, no private names across modules, presentation code only in
+the presentation layer, short functions, and ruff over the code."""
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "cxr_audit"
+PRESENTATION = {"audit", "cli"}          # the HTML report and the `cxr-audit` command
+MAX_FUNCTION_LINES = 60
+
+
+def module_ranks() -> dict[str, float]:
+    "Module name -> notebook number (a letter suffix adds hundredths: 09a -> 9.01)."
+    ranks = {}
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        m = re.match(r"(\d+)([a-z]?)_", nb.name)
+        if not m: continue
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        exp = next((d.group(1) for c in cells
+                    if (d := re.search(r"^#\|\s*default_exp\s+([\w.]+)", "".join(c["source"]), re.M))), None)
+        if exp: ranks[exp] = int(m.group(1)) + (ord(m.group(2)) - 96) / 100 if m.group(2) else int(m.group(1))
+    return ranks
+
+
+RANKS = module_ranks()
+
+
+def imports(module: str) -> list[tuple[str, list[str]]]:
+    "(imported cxr_audit module, imported names) for every import of `module`."
+    tree = ast.parse((LIB / f"{module}.py").read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and (node.level or node.module.startswith("cxr_audit")):
+            out.append((node.module.removeprefix("cxr_audit."), [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name.removeprefix("cxr_audit."), []) for a in node.names if a.name.startswith("cxr_audit.")]
+    return out
+
+
+def test_every_module_has_a_rank():
+    assert {"core", "stats", "audit", "cli"} <= set(RANKS), RANKS
+    assert {p.stem for p in LIB.glob("*.py")} - {"__init__", "_modidx"} == set(RANKS)
+
+
+@pytest.mark.parametrize("module", sorted(RANKS))
+def test_imports_only_lower_layers_and_public_names(module):
+    for other, names in imports(module):
+        if other not in RANKS: continue
+        assert RANKS[other] < RANKS[module], f"{module} (nb {RANKS[module]}) imports {other} (nb {RANKS[other]})"
+        private = [n for n in names if n.startswith("_")]
+        assert not private, f"{module} imports private names {private} from {other}"
+
+
+@pytest.mark.parametrize("module", sorted(set(RANKS) - PRESENTATION))
+def test_analysis_modules_hold_no_presentation_code(module):
+    src = (LIB / f"{module}.py").read_text(encoding="utf-8")
+    tree = ast.parse(src)
+    defs = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert not [d for d in defs if d.startswith("cli_") or d.endswith("_report_blocks")], (module, defs)
+    assert not any(m == "argparse" for m, _ in imports(module)) and "import argparse" not in src, module
+    assert not re.search(r"<(html|section|table|div)\b", src), f"{module} writes HTML"
+
+
+def long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [f for p in sorted(LIB.glob("*.py")) if p.name != "_modidx.py" for f in long_functions(p)]
+    assert not long, long
+
+
+def test_the_length_check_can_fail(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n")
+    assert long_functions(tmp_path / "m.py") == [f"m.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_ruff():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff, "ruff is part of the dev extra (settings.ini dev_requirements)"
+    res = subprocess.run([ruff, "check", "cxr_audit", "tests", "benchmarks", ".ci"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
