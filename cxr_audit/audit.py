@@ -37,6 +37,7 @@ __all__ = ['STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html',
 class Html(str):
     "A block of trusted HTML, inserted into the report as is."
 
+# %% ../nbs/14_audit.ipynb #00a746ef
 @dataclass
 class Section:
     title: str                                   # heading of the section
@@ -52,11 +53,15 @@ def _inline(text: str) -> str:
     t = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", t)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
 
-def text_html(text: str) -> str:
+def text_html(text: str # paragraphs separated by blank lines, with **bold** and `code` marks
+             ) -> str:
     "Paragraphs (blank-line separated) with bold/code marks as HTML; everything else escaped."
     return "\n".join(f"<p>{_inline(p.strip())}</p>" for p in re.split(r"\n\s*\n", text.strip()) if p.strip())
 
-def table_html(df, max_rows: int = 50) -> str:
+# %% ../nbs/14_audit.ipynb #ee708647
+def table_html(df,                 # a pandas or polars table
+               max_rows: int = 50 # rows shown; a note says how many were cut
+              ) -> str:
     "A DataFrame as an escaped HTML table (at most `max_rows` rows, with a note when cut)."
     df = as_pandas(df)
     fmt = {c: "{:.4g}".format for c in df.columns if pd.api.types.is_float_dtype(df[c])}
@@ -64,7 +69,9 @@ def table_html(df, max_rows: int = 50) -> str:
     cut = f'<p class="muted">Showing {max_rows} of {len(df)} rows.</p>' if len(df) > max_rows else ""
     return f'<div class="tblwrap">{body}</div>{cut}'
 
-def block_html(block) -> str:
+# %% ../nbs/14_audit.ipynb #dd77204c
+def block_html(block # text, a DataFrame, an Altair chart, or `Html`
+              ) -> str:
     "One report block as HTML."
     if isinstance(block, Html): return str(block)
     if isinstance(block, str): return text_html(block)
@@ -85,7 +92,8 @@ h1{font-size:1.7em;margin:.2em 0}h2{border-bottom:1px solid #ddd;padding-bottom:
 nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """
 
-def render_report(sections: Sequence[Section], title: str = "cxr_audit report",
+def render_report(sections: Sequence[Section],     # the sections, in order
+                  title: str = "cxr_audit report", # page title
                   synthetic: bool = False,         # show the synthetic-data banner
                   params: dict | None = None       # shown in the footer
                  ) -> str:
@@ -105,11 +113,14 @@ def render_report(sections: Sequence[Section], title: str = "cxr_audit report",
             + "\n".join(body) + f'<footer class="muted"><hr>Written by cxr_audit. {foot}</footer></main></body></html>\n')
 
 # %% ../nbs/14_audit.ipynb #d6a06b89
-def n_words(texts) -> np.ndarray:
+def n_words(texts # report texts
+           ) -> np.ndarray:
     "Whitespace word count of each text."
     return np.array([len(str(t).split()) for t in texts], dtype=int)
 
-def dataset_summary(studies) -> pd.DataFrame:
+# %% ../nbs/14_audit.ipynb #64e2fa95
+def dataset_summary(studies # a `studies` table
+                   ) -> pd.DataFrame:
     "Studies, patients and report length per dataset (and style, when the table has one)."
     s = as_pandas(studies).assign(words=lambda d: n_words(d["text"]))
     keys = ["dataset"] + (["style"] if "style" in s.columns else [])
@@ -117,7 +128,9 @@ def dataset_summary(studies) -> pd.DataFrame:
     return g.agg(studies=("study_id", "size"), patients=("patient_id", "nunique"),
                  restricted=("restricted", "sum"), median_words=("words", "median")).reset_index()
 
-def system_summary(generations) -> pd.DataFrame:
+# %% ../nbs/14_audit.ipynb #3ba176a8
+def system_summary(generations # a `generations` table
+                  ) -> pd.DataFrame:
     "Reports, empty outputs, truncations and length per system and policy."
     g = as_pandas(generations).assign(words=lambda d: n_words(d["hypothesis"]),
                                       empty=lambda d: d["hypothesis"].str.strip().eq(""))
@@ -126,7 +139,9 @@ def system_summary(generations) -> pd.DataFrame:
                   truncated=("truncated", "sum"), median_words=("words", "median")).reset_index())
 
 # %% ../nbs/14_audit.ipynb #e91143b5
-def length_profile(studies, generations) -> pd.DataFrame:
+def length_profile(studies,    # a `studies` table (reference lengths per dataset)
+                   generations # a `generations` table (generated lengths per system and policy)
+                  ) -> pd.DataFrame:
     "Word-count percentiles (10, 25, 50, 75, 90) per reference dataset and per generating system."
     s, g = as_pandas(studies), as_pandas(generations)
     parts = [pd.DataFrame({"group": "reference: " + s["dataset"], "words": n_words(s["text"])}),
@@ -136,7 +151,9 @@ def length_profile(studies, generations) -> pd.DataFrame:
     q.columns = ["p10", "p25", "median", "p75", "p90"]
     return q.reset_index().assign(n=d.groupby("group", sort=True).size().values)
 
-def plot_lengths(profile: pd.DataFrame):
+# %% ../nbs/14_audit.ipynb #6a110ae8
+def plot_lengths(profile: pd.DataFrame # from `length_profile`
+                ):
     "Horizontal percentile chart of report lengths (whiskers p10-p90, box p25-p75, tick at the median)."
     alt = enable_theme()
     base = alt.Chart(profile).encode(y=alt.Y("group:N", title=None, sort=None))
@@ -145,7 +162,13 @@ def plot_lengths(profile: pd.DataFrame):
     med = base.mark_tick(color="#000", thickness=2, size=14).encode(x="median:Q")
     return (whisk + box + med).properties(width=520, height=alt.Step(22), title="Report length")
 
-def plot_counts(summary: pd.DataFrame, y: str, count: str, color: str | None = None, title: str = ""):
+# %% ../nbs/14_audit.ipynb #e9ab3121
+def plot_counts(summary: pd.DataFrame,     # a summary table
+                y: str,                    # column of the bar labels
+                count: str,                # column of the bar lengths
+                color: str | None = None,  # column that colours the bars
+                title: str = ""            # chart title
+               ):
     "A horizontal bar chart of `count` per `y` (optionally coloured by `color`)."
     alt = enable_theme()
     enc = dict(y=alt.Y(f"{y}:N", title=None), x=alt.X(f"{count}:Q", title=count))
@@ -167,7 +190,8 @@ class AuditContext:
     @property
     def seed(self) -> int: return int(self.params.get("seed", DEFAULT_SEED))
 
-    def reps(self, default: int) -> int:
+    def reps(self, default: int # the stage's own number of resamples
+            ) -> int:
         "The run's `reps` when one was given, else the stage's own default."
         return int(self.params.get("reps") or default)
 
@@ -177,7 +201,9 @@ class AuditContext:
         pid = self.studies.set_index("study_id")["patient_id"]
         return pid.where(pid.notna(), pid.index.to_series())
 
-def corpus_stage(ctx: AuditContext) -> Section:
+# %% ../nbs/14_audit.ipynb #8b846d36
+def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                 ) -> Section:
     "The corpus overview: datasets, systems, lengths."
     ds, sy = dataset_summary(ctx.studies), system_summary(ctx.generations)
     visits = ctx.studies.groupby("patient_id").size()
@@ -191,7 +217,8 @@ def corpus_stage(ctx: AuditContext) -> Section:
     return Section("Corpus overview", blocks, note="Counts and lengths only; later sections judge content.")
 
 # %% ../nbs/14_audit.ipynb #09c61536
-def cohort_stage(ctx: AuditContext) -> Section:
+def cohort_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                 ) -> Section:
     "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`) on the studies."
     name = ctx.params.get("cohort_recipe", "000_test")
     kw = {"split": None} if name == "000_test" and not ctx.studies["split"].eq("test").any() else {}  # no test partition: whole table
@@ -214,6 +241,7 @@ def interval_cells(frame: pd.DataFrame,   # long table: group, metric, estimate,
     wide = cell.pivot(index="group", columns="metric", values="text")
     return wide.reindex(index=list(dict.fromkeys(iv.group)), columns=list(metrics)).rename_axis(columns=None).reset_index()
 
+# %% ../nbs/14_audit.ipynb #0b58c913
 def _concentration_comparisons(a) -> list:
     "The Holm family of paired comparisons of a `ConcentrationAudit`, as report blocks."
     try: t = a.comparison_table()
@@ -224,7 +252,8 @@ def _concentration_comparisons(a) -> list:
             t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
             a.note(), a.plot("forest", title="Validity and prefix hit: paired differences")]
 
-def concentration_stage(ctx: AuditContext) -> Section:
+def concentration_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                        ) -> Section:
     "Validity, recurrence and concentration of the generated reports, with clustered intervals and Holm-adjusted comparisons."
     a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
     main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
@@ -247,7 +276,8 @@ _LABEL_EXCLUSION_COLUMNS = ["labeler", "scope", "value_a", "value_b", "differenc
 
 
 
-def labels_stage(ctx: AuditContext) -> Section:
+def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                 ) -> Section:
     "Label alignment against references (and the ground truth, when given) and the label-trigger audit."
     reps, seed = ctx.reps(200), ctx.seed
     audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, contrast="naive")
@@ -271,7 +301,8 @@ def labels_stage(ctx: AuditContext) -> Section:
     return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting a label-based score.")
 
 # %% ../nbs/14_audit.ipynb #7c6bfc62
-def policy_stage(ctx: AuditContext) -> Section:
+def policy_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                 ) -> Section:
     "Per system and decoding policy: validity, length and report concentration."
     summ = policy_summary(ctx.generations)
     return Section("Decoding policies", [summ, plot_policy_summary(summ, "distinct", "Distinct-report share by policy"),
@@ -279,7 +310,8 @@ def policy_stage(ctx: AuditContext) -> Section:
                    note="A distinct share near 1 means every study got its own report; a high top share means template collapse.")
 
 # %% ../nbs/14_audit.ipynb #4ac76bc1
-def uncertainty_stage(ctx: AuditContext) -> Section:
+def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                      ) -> Section:
     "Paired, cluster-bootstrapped comparisons of the configurations on reference-free statistics."
     try: cc = compare_configurations(ctx.generations, ctx.studies, "patient_id", reps=ctx.reps(5000), seed=ctx.seed)
     except InputError as e: return Section("Uncertainty", [f"No comparison: {e}."])
@@ -296,7 +328,8 @@ def uncertainty_stage(ctx: AuditContext) -> Section:
 # %% ../nbs/14_audit.ipynb #c5f766c1
 _REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")   # the audit report's metrics section
 
-def metrics_stage(ctx: AuditContext) -> Section:
+def metrics_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                  ) -> Section:
     "Reference-based metrics per configuration (first seed of each) with intervals, and paired differences against the first."
     reps, seed = ctx.reps(2000), ctx.seed
     with warnings.catch_warnings(record=True) as caught:
@@ -327,7 +360,8 @@ _REREF_NOTE = "Rule-based rewrites: deterministic and offline; an LLM back end (
 
 
 
-def reref_stage(ctx: AuditContext) -> Section:
+def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                ) -> Section:
     "Rule-based alternative references, metric shifts and ranking reversals of the audited systems."
     clusters = "patient_id" if "patient_id" in ctx.studies.columns else None
     try:
@@ -415,7 +449,8 @@ def _system_blocks(ev) -> list:
     return blocks + ([" ".join(ev.notes)] if ev.notes else [])
 
 
-def longitudinal_stage(ctx: AuditContext) -> Section:
+def longitudinal_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                       ) -> Section:
     "Progression-aware evaluation: annotator vs known truth (demo), progression F1 and win probabilities per system."
     st = ctx.studies
     clusters = "patient_id" if "patient_id" in st.columns and st["patient_id"].notna().all() else None
@@ -428,7 +463,8 @@ def longitudinal_stage(ctx: AuditContext) -> Section:
     return Section(_LONGITUDINAL_TITLE, [_intro(ev)] + _truth_blocks(ev) + _system_blocks(ev), note=_LONGITUDINAL_NOTE)
 
 # %% ../nbs/14_audit.ipynb #92e861cd
-def review_stage(ctx: AuditContext) -> Section:
+def review_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                 ) -> Section:
     "A simulated blinded review of the audited tables: agreement, consensus and summaries, clearly labelled."
     title, note = "Human review (SIMULATED ratings)", "Simulated ratings, not a human review: the layout and statistics of a real one."
     reps, seed = ctx.reps(500), ctx.seed
@@ -454,7 +490,10 @@ STAGES: dict[str, Callable[[AuditContext], Section]] = {"corpus": corpus_stage, 
                                                         "labels": labels_stage, "review": review_stage}
 
 # %% ../nbs/14_audit.ipynb #ecb17d28
-def check_pair(studies, generations, what: tuple[str, str] = ("studies", "generations")):
+def check_pair(studies,      # a `studies` table
+               generations,  # a `generations` table on those studies
+               what: tuple[str, str] = ("studies", "generations") # names of the two tables in errors
+              ):
     "Canonical `studies` and `generations` tables; every generation must refer to a known study."
     s = to_studies(studies, what[0])
     g = to_generations(generations, what[1])
@@ -465,6 +504,7 @@ def check_pair(studies, generations, what: tuple[str, str] = ("studies", "genera
                          f"{g['study_id'].iloc[i]!r} is not in {what[0]} ({int(unknown.sum())} row(s) affected)")
     return s, g
 
+# %% ../nbs/14_audit.ipynb #9a088e64
 def run_audit(studies,                              # a `studies` table
               generations,                          # a `generations` table on those studies
               out_dir,                              # folder of report.html

@@ -256,7 +256,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
             f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s); "
             f"wrote {out}")
 
-
+# %% ../nbs/15_cli.ipynb #346bcd63
 def trace(*, chexpert_csv: str,              # the official labeler's output CSV (Reports column + 14 label columns)
           texts: str,                        # the texts that were labeled (CSV/parquet with an id and a text column)
           out: str | None = None,            # output folder (default: print the summary only)
@@ -297,7 +297,7 @@ def review_prepare(*, studies: str,                  # studies table (CSV/parque
             f"(seed {seed}); sheets in {o / 'phase1'} and {o / 'phase2'}, private key in {o / 'key'}"
             + (f"; SIMULATED ratings in {o / 'simulated'}" if simulate else ""))
 
-
+# %% ../nbs/15_cli.ipynb #44042d0f
 def review_analyse(*, key: str,                      # the review key (OUT/key/review_key.csv of `review prepare`)
                    ratings: list[str],               # returned sheets: files and/or folders (each reviewer's sheet once)
                    out: str,                         # output folder
@@ -486,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in COMMANDS.items(): _add_command(sub, name, command)
     return parser
 
+# %% ../nbs/15_cli.ipynb #73e4d3de
 def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
         ) -> int:
     "Entry point of the `cxr-audit` command; returns the exit code."
