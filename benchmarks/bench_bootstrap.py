@@ -20,18 +20,16 @@ must be bit-identical; mean-type metrics agree to floating-point summation order
 Writes benchmarks/results/bootstrap.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_bootstrap.py [--n 3000] [--reps 5000] [--baseline-reps 2]
 """
-import argparse
-import json
 import os
 import platform
 import time
 import tracemalloc
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 from scipy import stats as sps
 
+from _timing import options, write_result
 from cxr_audit.stats import (bleu_stats, bootstrap_metrics, corpus_bleu, holm_family, macro_f1, macro_stats, mean,
                              mean_stats, micro_f1, micro_precision, micro_stats, resample_indices)
 
@@ -177,13 +175,8 @@ def loop_precomputed(stats, idx):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--reps", type=int, default=5000)
-    ap.add_argument("--systems", type=int, default=9)
-    ap.add_argument("--baseline-reps", type=int, default=2, help="replicates of the evaluator practice actually timed")
-    ap.add_argument("--loop-reps", type=int, default=None, help="replicates of the precomputed loop (default: all)")
-    a = ap.parse_args()
+    a = options(n=3000, reps=5000, systems=9, baseline_reps=(2, "replicates of the evaluator practice actually timed"),
+                loop_reps=(0, "replicates of the precomputed loop (default 0: all)"))
     n, reps, loop_reps = a.n, a.reps, a.loop_reps or a.reps
 
     refs, ref_labels, systems = make_data(n, a.systems)
@@ -259,9 +252,7 @@ def main():
         "per_metric": per_metric,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
     }
-    dest = Path(__file__).parent / "results"; dest.mkdir(exist_ok=True)
-    (dest / "bootstrap.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    write_result("bootstrap", out)
 
 
 if __name__ == "__main__":

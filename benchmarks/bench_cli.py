@@ -5,14 +5,12 @@ The command imports analysis modules inside each subcommand, so help text costs 
 analysis module up front (what an eager command line would pay). Writes benchmarks/results/cli.json; no assertions.
 Run: .venv/bin/python benchmarks/bench_cli.py [--repeat N]
 """
-import argparse
-import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from _timing import best_of
+from _timing import best_of, options, write_result
 
 EAGER = ("import cxr_audit.audit, cxr_audit.evaluator, cxr_audit.reref_sensitivity, cxr_audit.longitudinal, "
          "cxr_audit.review, cxr_audit.generate")
@@ -23,9 +21,7 @@ def run(*args):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
-    repeat = ap.parse_args().repeat
+    repeat = options(repeat=5).repeat
     exe = shutil.which("cxr-audit", path=str(Path(sys.executable).parent)) or "cxr-audit"
     res = {"python_start_s": best_of(lambda: run(sys.executable, "-c", "pass"), repeat),
            "help_s": best_of(lambda: run(exe, "--help"), repeat),
@@ -34,9 +30,7 @@ def main():
            "eager_imports_s": best_of(lambda: run(sys.executable, "-c", EAGER), repeat)}
     res = {k: round(v, 3) for k, v in res.items()}
     res["ratio_help_over_eager_imports"] = round(res["help_s"] / res["eager_imports_s"], 2)
-    out = Path(__file__).parent / "results"; out.mkdir(exist_ok=True)
-    (out / "cli.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res))
+    write_result("cli", res)
 
 
 if __name__ == "__main__":

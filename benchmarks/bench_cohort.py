@@ -16,16 +16,15 @@ Timed (best of --repeat runs):
 Writes benchmarks/results/cohort.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_cohort.py [--images N] [--repeat R]
 """
-import argparse
-import json
+import os
 import platform
 import random
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from _timing import options, timed, write_result
 from cxr_audit.cohort import MIMIC_004_VIEWS, recipe_004_mimic
 from cxr_audit.reports import clean_report_mimic
 
@@ -104,13 +103,6 @@ def baseline(studies: pd.DataFrame, n: int = 401, min_text: int = 32) -> tuple[l
     return cohort["entry_id"].tolist(), counts
 
 
-def best_of(fn, repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        t = time.perf_counter(); out = fn(); times.append(time.perf_counter() - t)
-    return min(times), out
-
-
 def ours(studies: pd.DataFrame, excluded: bool = False):
     c = recipe_004_mimic(studies)
     c.studies, c.flow
@@ -119,18 +111,15 @@ def ours(studies: pd.DataFrame, excluded: bool = False):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--images", type=int, default=400_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+    a = options(images=400_000, repeat=3)
     t = time.perf_counter(); studies = make_studies(a.images); build_s = time.perf_counter() - t
     ours(studies.head(2000))                      # warm-up (imports, compiled regexes)
-    ours_s, c = best_of(lambda: ours(studies), a.repeat)
-    ours_ex_s, _ = best_of(lambda: ours(studies, excluded=True), a.repeat)
+    ours_s, c = timed(lambda: ours(studies), a.repeat)
+    ours_ex_s, _ = timed(lambda: ours(studies, excluded=True), a.repeat)
     t = time.perf_counter(); base_ids, base_counts = baseline(studies); base_s = time.perf_counter() - t
     flow = c.flow
     same = base_ids == c.studies["entry_id"].tolist() and base_counts == [int(flow.n_out[0])] + flow.n_out[1:].tolist()
-    stress_s, cs = best_of(lambda: ours(studies.assign(split="test")), 1)
+    stress_s, cs = timed(lambda: ours(studies.assign(split="test")), 1)
     res = {"images": int(sum(map(len, studies["image_paths"]))), "studies": len(studies),
            "patients": int(studies["patient_id"].nunique()), "build_table_s": round(build_s, 2),
            "ours_s": round(ours_s, 3), "ours_with_excluded_s": round(ours_ex_s, 3), "baseline_s": round(base_s, 3),
@@ -138,10 +127,8 @@ def main():
            "ratio_baseline_over_ours": round(base_s / ours_s, 1), "same_result_as_baseline": bool(same),
            "flow_n_out": flow.n_out.tolist(), "cohort_studies": int(flow.n_studies.iloc[-1]),
            "ours_all_test_s": round(stress_s, 3), "all_test_flow_n_out": cs.flow.n_out.tolist(),
-           "target_s": 5.0, "repeat": a.repeat, "python": platform.python_version(), "cpus": __import__("os").cpu_count()}
-    out = Path(__file__).parent / "results"; out.mkdir(parents=True, exist_ok=True)
-    (out / "cohort.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res))
+           "target_s": 5.0, "repeat": a.repeat, "python": platform.python_version(), "cpus": os.cpu_count()}
+    write_result("cohort", res)
 
 
 if __name__ == "__main__":

@@ -11,24 +11,24 @@ Timed (best of --repeat runs for ours; the baseline once, in the same run):
   top-5 share, prefix rate, repeated 4-gram rate, Distinct-1/2, length median/IQR) plus its per-report flags table
   (its intervals and comparisons are computed on first access, and are not part of this timing);
 - baseline_s: a plain-Python implementation with `collections.Counter` (per report: regular-expression tokenization,
-  the same validity rules, normalization, a Counter of 4-grams; per group: Counters of normalized texts, sets of
+  the same validity rules, normalization, a set of 4-grams; per group: Counters of normalized texts, sets of
   n-grams, sorted lengths), producing the same summary and the same per-report flags.
 The script checks that both give the same summary (to 1e-12) and the same flags. Writes
 benchmarks/results/concentration.json and prints it. No assertions on time (target: ours <= 10 s, >= 5x the baseline).
 Run: .venv/bin/python benchmarks/bench_concentration.py [--n 1000000] [--repeat 2]
 """
-import argparse
-import json
+import os
 import platform
 import re
 import resource
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from _plain_concentration import ngram_repeats, normalize, quantile, reasons, tokens
+from _timing import options, write_result
 from cxr_audit.concentration import DEFAULT_PREFIXES, VALIDITY_RULES, audit_concentration
 
 MAX_TOKENS = 160
@@ -106,43 +106,16 @@ def make_generations(n: int, seed: int = 0) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- the plain-Python baseline
-TOKEN = re.compile(r"[^\W_]+")
-SPECIAL = re.compile("|".join(f"(?:{re.escape(t)})" for t in VALIDITY_RULES["special_tokens"])
-                     + "".join(f"|(?:{p})" for p in VALIDITY_RULES["special_patterns"]))
-WS = re.compile(r"\s+")
-
-
-def _quantile(sorted_vals, q):
-    "numpy's default (linear) quantile of a sorted list."
-    n = len(sorted_vals); v = n * q + (1 + q * (1 - 1 - 1)) - 1
-    lo = int(v // 1); hi = min(lo + 1, n - 1); t = v - lo; a, b = sorted_vals[lo], sorted_vals[hi]
-    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
-
-
 def baseline(texts, groups, truncated, prefixes=DEFAULT_PREFIXES, k=5, rules=VALIDITY_RULES):
     "Every measure and the per-report flags, report by report in plain Python with Counters."
     norm_ids, per_report = {}, []
     for t, cut in zip(texts, truncated):
-        ok_text = isinstance(t, str)
-        s = t if ok_text else ""
-        toks = [w.lower() for w in TOKEN.findall(s)]
-        reasons = []
-        if not ok_text: reasons.append("missing")
-        else:
-            special = bool(SPECIAL.search(s))
-            words = len(TOKEN.findall(SPECIAL.sub(" ", s))) if special else len(toks)
-            if s == "": reasons.append("empty")
-            elif not toks: reasons.append("no_words")
-            if special: reasons.append("special_token")
-            if any(c in s for c in rules["bad_characters"]): reasons.append("bad_character")
-            if s and toks and words < rules["min_words"]: reasons.append("too_few_words")
-        if cut: reasons.append("token_limit")
-        grams = Counter(zip(toks, toks[1:], toks[2:], toks[3:]))
-        total = max(len(toks) - 3, 0); repeated = total - len(grams)
-        if ok_text and total >= rules["loop_min_ngrams"] and total > 0 and repeated >= rules["loop_share"] * total: reasons.append("looping")
-        norm = WS.sub(" ", s.lower()).strip().rstrip(".,;:!? \t\n\r\f\v")
+        toks = tokens(t)
+        grams4 = ngram_repeats(toks, 4)
+        why = reasons(t, cut, rules, toks, grams4 if rules["loop_n"] == 4 else None)
+        norm = normalize(t)
         nid = norm_ids.setdefault(norm, len(norm_ids))
-        per_report.append((not reasons, ";".join(reasons), nid, any(norm.startswith(p) for p in prefixes), repeated > 0, toks))
+        per_report.append((not why, ";".join(why), nid, any(norm.startswith(p) for p in prefixes), grams4[1] > 0, toks))
     by = defaultdict(list)
     for i, gname in enumerate(groups): by[gname].append(i)
     summary, flags = {}, [None] * len(per_report)
@@ -151,25 +124,22 @@ def baseline(texts, groups, truncated, prefixes=DEFAULT_PREFIXES, k=5, rules=VAL
         top = {nid for nid, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]}
         d1, d2, t1, t2, lengths = set(), set(), 0, 0, []
         for i in idx:
-            valid, reasons, nid, prefix, rep, toks = per_report[i]
+            valid, why, nid, prefix, rep, toks = per_report[i]
             d1.update(toks); d2.update(zip(toks, toks[1:])); t1 += len(toks); t2 += max(len(toks) - 1, 0); lengths.append(len(toks))
-            flags[i] = (valid, reasons, nid, counts[nid], nid in top, prefix, rep, len(toks))
-        n = len(idx); lengths.sort()
+            flags[i] = (valid, why, nid, counts[nid], nid in top, prefix, rep, len(toks))
+        n = len(idx)
         summary[gname] = {"n": n, "validity_rate": sum(per_report[i][0] for i in idx) / n, "unique_report_ratio": len(counts) / n,
                           "duplicate_rate": sum(v for v in counts.values() if v > 1) / n,
                           f"top_{k}_share": sum(sorted(counts.values(), reverse=True)[:k]) / n,
                           "prefix_rate": sum(per_report[i][3] for i in idx) / n, "repeated_4gram_rate": sum(per_report[i][4] for i in idx) / n,
-                          "distinct_1": len(d1) / t1, "distinct_2": len(d2) / t2, "length_median": _quantile(lengths, 0.5),
-                          "length_iqr": _quantile(lengths, 0.75) - _quantile(lengths, 0.25)}
+                          "distinct_1": len(d1) / t1, "distinct_2": len(d2) / t2, "length_median": quantile(lengths, 0.5),
+                          "length_iqr": quantile(lengths, 0.75) - quantile(lengths, 0.25)}
     return summary, flags
 
 
 # ---------------------------------------------------------------- run
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
+    args = options(n=1_000_000, repeat=2)
     t = time.perf_counter(); table = make_generations(args.n); build = time.perf_counter() - t
     rss_table = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ours = []
@@ -191,13 +161,11 @@ def main():
     res = {"reports": len(table), "groups": len(mine), "distinct_texts": int(table.hypothesis.nunique(dropna=False)),
            "build_table_s": round(build, 2), "ours_s": round(min(ours), 3), "ours_runs_s": [round(x, 3) for x in ours],
            "baseline_s": round(base, 3), "speedup": round(base / min(ours), 1),
-           "baseline": "plain Python: per-report re tokenization, validity rules, normalization and a Counter of 4-grams; per group Counters and n-gram sets",
+           "baseline": "plain Python: per-report re tokenization, validity rules, normalization and a set of 4-grams; per group Counters and n-gram sets",
            "same_summary_as_baseline": bool(worst <= 1e-12), "max_abs_summary_diff": float(worst), "same_flags_as_baseline": bool(same_flags),
            "peak_rss_mb_after_table": round(rss_table), "peak_rss_mb_after_ours": round(rss_ours), "target_s": 10.0, "target_speedup": 5.0,
-           "python": platform.python_version(), "machine": platform.machine(), "cpus": __import__("os").cpu_count()}
-    out = Path(__file__).parent / "results"; out.mkdir(exist_ok=True)
-    (out / "concentration.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+           "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    write_result("concentration", res)
     print(audit.summary().to_string())
 
 

@@ -18,16 +18,13 @@ CIDEr-D differs slightly by design (ours holds the IDF of the full set fixed; a 
 Writes benchmarks/results/evaluator.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_evaluator.py [--n 1000] [--reps 1000] [--baseline-reps 5] [--repeat 3]
 """
-import argparse
-import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
-from _timing import best_of
+from _timing import best_of, options, write_result
 from cxr_audit.evaluator import ReportGenerationEvaluator, _score
 from cxr_audit.metrics import score
 from cxr_audit.stats import resample_weights
@@ -49,12 +46,7 @@ def make_dataset(n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--reps", type=int, default=1000)
-    ap.add_argument("--baseline-reps", type=int, default=5)
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+    a = options(n=1000, reps=1000, baseline_reps=5, repeat=3)
     samples, generator = make_dataset(a.n)
     mk = lambda: ReportGenerationEvaluator(generator, dataset=samples, metrics=METRICS, n_bootstrap=a.reps, bootstrap_seed=SEED)
 
@@ -98,9 +90,7 @@ def main():
         "repeat": a.repeat,
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
     }
-    out = Path(__file__).parent / "results"; out.mkdir(exist_ok=True)
-    (out / "evaluator.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res))
+    write_result("evaluator", res)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ Each is the best of --repeat runs over --n images, capped at --tokens new tokens
 Writes benchmarks/results/generate.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_generate.py [--n 16] [--tokens 48] [--repeat 3] [--threads 1]
 """
-import argparse
 import dataclasses
-import json
 import platform
 import tempfile
 from pathlib import Path
@@ -25,16 +23,11 @@ from PIL import Image
 
 from cxr_audit.generate import (POLICIES, EarlyEOSSuppression, EOSReweight, HFReportGenerator, RecurrencePenalty,
                                 TemplatePhrasePenalty, load_image, tiny_model)
-from _timing import best_of
+from _timing import best_of, options, write_result
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
+    a = options(n=16, tokens=48, repeat=3, threads=1)
     torch.set_num_threads(a.threads)
     tiny = tiny_model("encoder-decoder")
     model, proc = tiny.model, tiny.processor
@@ -69,10 +62,7 @@ def main():
         "n_images": a.n, "new_tokens": a.tokens, "repeat": a.repeat, "threads": a.threads,
         "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
     })
-    out = Path(__file__).resolve().parent / "results" / "generate.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    write_result("generate", res)
 
 
 if __name__ == "__main__":

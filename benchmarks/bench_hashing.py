@@ -5,22 +5,17 @@ unlike `sha256_frame`, depends on the pandas version's float formatting and is n
 Writes benchmarks/results/hashing.json with the ratio; no assertions on time.
 Run: .venv/bin/python benchmarks/bench_hashing.py [--rows N]
 """
-import argparse
 import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from cxr_audit.core import sha256_frame
-from _timing import best_of
+from _timing import best_of, options, write_result
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=100_000)
-    n = ap.parse_args().rows
+    n = options(rows=100_000).rows
     g = np.random.default_rng(0)
     df = pd.DataFrame({"study_id": [f"s{i:07d}" for i in range(n)], "score": g.random(n),
                        "n_tokens": g.integers(0, 200, n), "text": ["no acute cardiopulmonary process"] * n})
@@ -28,9 +23,7 @@ def main():
     ours = best_of(lambda: sha256_frame(df))
     res = {"rows": n, "baseline_csv_sha256_s": round(base, 4), "sha256_frame_s": round(ours, 4),
            "ratio_ours_over_baseline": round(ours / base, 2)}
-    out = Path(__file__).parent / "results"; out.mkdir(exist_ok=True)
-    (out / "hashing.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res))
+    write_result("hashing", res)
 
 
 if __name__ == "__main__":

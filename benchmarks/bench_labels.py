@@ -22,7 +22,6 @@ agreement_binary (only 1 positive). When medspacy cannot be installed or run, `m
 Writes benchmarks/results/labels.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_labels.py [--n 20000] [--audit-patients 60] [--medspacy-n 5000] [--no-medspacy]
 """
-import argparse
 import json
 import os
 import platform
@@ -35,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from _timing import RESULTS, options, write_result
 from cxr_audit.labels import CHEXPERT_14, Labeler, label_audit, phrase_table, reference_texts, to_wide
 from cxr_audit.synth import make_demo_corpus
 
-RESULTS = Path(__file__).parent / "results"
 VENV = RESULTS / ".medspacy-venv"
 
 MEDSPACY_SCRIPT = r'''
@@ -144,13 +143,7 @@ def time_label_audit(patients: int) -> tuple[float, int]:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--medspacy-n", type=int, default=5000)
-    ap.add_argument("--medspacy-timeout", type=int, default=480)
-    ap.add_argument("--no-medspacy", action="store_true")
-    ap.add_argument("--audit-patients", type=int, default=60)
-    args = ap.parse_args()
+    args = options(n=20000, medspacy_n=5000, medspacy_timeout=480, no_medspacy=False, audit_patients=60)
     cpu = pin_one_core()
     texts = demo_reports(args.n)
     Labeler()(["warm up the imports."])
@@ -176,9 +169,7 @@ def main():
             res["speedup"] = round(ours_sub / ms["medspacy_reports_per_s"], 2)
         except Exception as e:  # record why, never fail the benchmark for the optional cross-check
             res["medspacy_error"] = f"{type(e).__name__}: {e}"[:1000]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "labels.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    write_result("labels", res)
 
 
 if __name__ == "__main__":

@@ -14,23 +14,15 @@
 Writes benchmarks/results/llm.json (with at least `cached_rerun_s` and `throughput_by_concurrency`) and prints it.
 Run: .venv/bin/python benchmarks/bench_llm.py [--n-cached 10000] [--n-server 16] [--max-tokens 32]
 """
-import argparse
 import importlib.util
-import json
 import os
 import sqlite3
 import tempfile
 import time
 from pathlib import Path
 
+from _timing import best_of, options, write_result
 from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat, local_llama_server, run_batch
-
-
-def best_of(fn, repeat=3):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def bench_cache(n: int) -> dict:
@@ -55,8 +47,8 @@ def bench_cache(n: int) -> dict:
             out = run_batch(reqs, rule, cache=cache, progress=False).to_frame()
             assert out.cached.all() and len(out) == n
             reruns.append(out)
-        cached_s = best_of(lambda: rerun(plain))
-        cached_structured_s = best_of(lambda: rerun(structured))
+        cached_s = best_of(lambda: rerun(plain), 3)
+        cached_structured_s = best_of(lambda: rerun(structured), 3)
         keys = first.key.tolist()
         def raw_sqlite():
             c = sqlite3.connect(path)
@@ -66,7 +58,7 @@ def bench_cache(n: int) -> dict:
                 rows += c.execute(f"SELECT * FROM chat_cache WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
             c.close()
             assert len(rows) == n
-        raw_s = best_of(raw_sqlite)
+        raw_s = best_of(raw_sqlite, 3)
         size = cache.stats()["size_bytes"]
         cache.close()
     return {"n_requests": n, "first_run_rule_backend_s": round(first_s, 3), "cached_rerun_s": round(cached_s, 3),
@@ -112,19 +104,12 @@ def bench_server(n: int, max_tokens: int) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n-cached", type=int, default=10_000)
-    ap.add_argument("--n-server", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    a = ap.parse_args()
+    a = options(n_cached=10_000, n_server=16, max_tokens=32)
     res = {"cpu_count": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()], **bench_cache(a.n_cached),
            "server": "llama-cpp-python server (default settings), SmolLM2-135M-Instruct Q4_1 GGUF, greedy, no cache",
            "max_tokens": a.max_tokens, "throughput_by_concurrency": bench_server(a.n_server, a.max_tokens)}
     res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "llm.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    write_result("llm", res)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,16 @@ Timed (wall clock, best of --repeat):
 Writes benchmarks/results/longitudinal.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_longitudinal.py [--patients 300] [--reps 1000]
 """
-import argparse
-import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
-from _timing import best_of
+from _timing import best_of, options, write_result
 from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, progression_evaluation, report_sentences,
                                     rule_chat)
 from cxr_audit.stats import resample_indices
 from cxr_audit.synth import make_demo_corpus
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def naive_micro_f1(instances, units, system, idx):
@@ -48,7 +43,8 @@ def naive_micro_f1(instances, units, system, idx):
     return np.array(out)
 
 
-def main(a):
+def main():
+    a = options(__doc__.splitlines()[0], patients=300, reps=1000, naive_reps=200, llm_n=2000, split_n=2000, repeat=3)
     demo = make_demo_corpus(a.patients, seed=0)
     reports = {**dict(zip(demo.studies.study_id, demo.studies.findings)), **dict(zip(demo.generations.sample_id, demo.generations.hypothesis))}
     sents = report_sentences(reports, splitter="regex")
@@ -82,17 +78,8 @@ def main(a):
                naive_micro_f1_only_s_scaled=t_naive, speedup=t_naive / t_ev,
                identical=all(np.allclose(ours[s], naive[s], rtol=0, atol=1e-12, equal_nan=True) for s in ev.systems),
                python=platform.python_version(), machine=platform.machine())
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "longitudinal.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res))
+    write_result("longitudinal", res)
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patients", type=int, default=300)
-    p.add_argument("--reps", type=int, default=1000)
-    p.add_argument("--naive-reps", type=int, default=200)
-    p.add_argument("--llm-n", type=int, default=2000)
-    p.add_argument("--split-n", type=int, default=2000)
-    p.add_argument("--repeat", type=int, default=3)
-    main(p.parse_args())
+    main()

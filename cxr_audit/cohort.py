@@ -69,6 +69,7 @@ def studies(self: Cohort) -> pd.DataFrame:
     "The selected rows, as a pandas table."
     return self._df.reset_index(drop=True)
 
+# %% ../nbs/03_cohort.ipynb #8e4c5aeb
 @patch(as_prop=True)
 def flow(self: Cohort) -> pd.DataFrame:
     "The flow table: one row per step with `step, kind, rule, n_in, n_out, n_excluded, unit, n_studies, note`."
@@ -76,6 +77,7 @@ def flow(self: Cohort) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(FLOW_COLUMNS)).astype(
         {"n_in": "int64", "n_out": "int64", "n_excluded": "int64", "n_studies": "int64"})
 
+# %% ../nbs/03_cohort.ipynb #752596e1
 @patch(as_prop=True)
 def excluded(self: Cohort) -> pd.DataFrame:
     "Every row a step removed, with the step (`excluded_by`) and the row's number in the input (`input_row`)."
@@ -84,6 +86,7 @@ def excluded(self: Cohort) -> pd.DataFrame:
     out = pd.concat(parts).reset_index()
     return out[["excluded_by", "input_row", *[c for c in out.columns if c not in ("excluded_by", "input_row")]]]
 
+# %% ../nbs/03_cohort.ipynb #9dd5ff26
 @patch
 def to_frame(self: Cohort) -> pd.DataFrame:
     "The selected rows (same as `.studies`)."
@@ -247,29 +250,24 @@ def _missing_note(n: int, counted: str) -> str:
     return f"{n} missing result(s) counted as {counted}" if n else ""
 
 # %% ../nbs/03_cohort.ipynb #c28a97a7
-@patch
-def filter(self: Cohort, name: str,       # the step's name, e.g. "official test split"
-           predicate,                      # polars expression, or callable (row-wise unless `vectorized`)
-           rule: str | None = None,        # the rule in words (default: the expression or the callable's name)
-           vectorized: bool = False        # a callable takes the whole table and returns one boolean per row
-          ) -> Cohort:
-    "Keep the rows for which `predicate` holds."
-    name = self._name(name, name)
-    keep, missing = self._predicate(predicate, vectorized, name)
-    return self._next("filter", name, _rule(predicate, rule, vectorized), {"vectorized": vectorized},
-                      self._df[keep], self._df[~keep], _missing_note(missing, "false (row dropped)"))
+def _predicate_step(kind: str, keep_hits: bool, doc: str):
+    "The `Cohort` method `kind`: a named step that keeps (`keep_hits`) or removes the rows for which a predicate holds."
+    counted = "false (row dropped)" if keep_hits else "false (row kept)"
+    def step(self: Cohort, name: str,       # the step's name, e.g. "official test split" or "no images"
+             predicate,                      # polars expression, or callable (row-wise unless `vectorized`)
+             rule: str | None = None,        # the rule in words (default: the expression or the callable's name)
+             vectorized: bool = False        # a callable takes the whole table and returns one boolean per row
+            ) -> Cohort:
+        name = self._name(name, name)
+        hits, missing = self._predicate(predicate, vectorized, name)
+        keep = hits if keep_hits else ~hits
+        return self._next(kind, name, _rule(predicate, rule, vectorized), {"vectorized": vectorized},
+                          self._df[keep], self._df[~keep], _missing_note(missing, counted))
+    step.__name__, step.__qualname__, step.__doc__ = kind, f"Cohort.{kind}", doc
+    return step
 
-@patch
-def exclude(self: Cohort, name: str,      # the step's name, e.g. "no images"
-            predicate,                     # polars expression, or callable (row-wise unless `vectorized`)
-            rule: str | None = None,       # the rule in words
-            vectorized: bool = False       # a callable takes the whole table and returns one boolean per row
-           ) -> Cohort:
-    "Remove the rows for which `predicate` holds."
-    name = self._name(name, name)
-    drop, missing = self._predicate(predicate, vectorized, name)
-    return self._next("exclude", name, _rule(predicate, rule, vectorized), {"vectorized": vectorized},
-                      self._df[~drop], self._df[drop], _missing_note(missing, "false (row kept)"))
+Cohort.filter = _predicate_step("filter", True, "Keep the rows for which `predicate` holds.")
+Cohort.exclude = _predicate_step("exclude", False, "Remove the rows for which `predicate` holds.")
 
 # %% ../nbs/03_cohort.ipynb #775fa967
 def _blank(values) -> np.ndarray:
@@ -916,12 +914,4 @@ def write_cohort(cohort: Cohort,                    # the cohort to write
     return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/03_cohort.ipynb #872b869f
-@patch
-def save(self: Cohort,
-         out_dir: str | os.PathLike,                  # folder (created when missing)
-         image_root: str | os.PathLike | None = None, # passed to `.check()`
-         chart: bool = True,                          # also write flow.svg
-         params: Mapping | None = None                # extra run parameters for the manifest (e.g. the command line)
-        ) -> dict[str, Path]:
-    "Write the cohort, flow table, excluded rows, problems, flow chart and manifest into `out_dir` (`write_cohort`)."
-    return write_cohort(self, out_dir, image_root, chart, params)
+Cohort.save = write_cohort   # one definition: `cohort.save(out_dir, ...)` is `write_cohort(cohort, out_dir, ...)`

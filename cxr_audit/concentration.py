@@ -525,6 +525,29 @@ def _check_settings(self: ConcentrationAudit):
     if self.baseline is not None and self.baseline not in self.labels:
         raise InputError(f"baseline {self.baseline!r} is not a group; groups are {self.labels}")
 
+# %% ../nbs/05_concentration.ipynb #182f706b
+def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
+    "Distinct n-grams among the rows of each group."
+    U, uid = len(corpus.uniq), corpus.uid
+    ids, K = corpus.starts(n); ok = corpus.inside(n); owner = corpus.tokens[1][:len(ok)]
+    if ("who", G) not in corpus._cache:                        # per token: the group of its text
+        g_of = np.zeros(U, np.int32); g_of[uid] = gid          # a group of each text (the last row's)
+        shared = np.zeros(U, bool); shared[uid[g_of[uid] != gid]] = True   # texts found in more than one group
+        who = g_of[corpus.tokens[1]]; who[shared[corpus.tokens[1]]] = G    # shared texts: a discarded extra group
+        corpus._cache[("who", G)] = (who, shared)
+    who, shared = corpus._cache[("who", G)]
+    who = who[:len(ok)].copy(); who[~ok] = G                   # so are the n-grams that cross into the next text
+    ids = ids[:len(ok)]
+    if shared.any():                                           # add the n-grams of each shared text once per group holding it
+        pairs = np.unique(gid[shared[uid]] * U + uid[shared[uid]])
+        pg, pu = pairs // U, (pairs % U).astype(owner.dtype)
+        lo, hi = np.searchsorted(owner, pu, "left"), np.searchsorted(owner, pu, "right")
+        cnt = hi - lo
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        keep = ok[idx]
+        who, ids = np.concatenate([who, np.repeat(pg, cnt)[keep].astype(who.dtype)]), np.concatenate([ids, ids[idx][keep]])
+    return _distinct_per(who, ids, K, G + 1)[:G]
+
 # %% ../nbs/05_concentration.ipynb #4eb0fbd9
 def audit_concentration(generations,                      # a `generations` table (pandas or polars); reports in `text`
                         by=("system", "policy"),          # columns defining a group; a tuple or "system,policy"
@@ -595,29 +618,6 @@ def _resolved_clusters(df: pd.DataFrame, clusters, unit: str) -> np.ndarray | No
         at = f"{unit} {df[unit].iloc[i]!r} " if unit in df.columns else ""
         raise InputError(f"clusters: row {i}: {at}has no cluster label ({int(miss.sum())} row(s) affected)")
     return labels
-
-# %% ../nbs/05_concentration.ipynb #182f706b
-def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
-    "Distinct n-grams among the rows of each group."
-    U, uid = len(corpus.uniq), corpus.uid
-    ids, K = corpus.starts(n); ok = corpus.inside(n); owner = corpus.tokens[1][:len(ok)]
-    if ("who", G) not in corpus._cache:                        # per token: the group of its text
-        g_of = np.zeros(U, np.int32); g_of[uid] = gid          # a group of each text (the last row's)
-        shared = np.zeros(U, bool); shared[uid[g_of[uid] != gid]] = True   # texts found in more than one group
-        who = g_of[corpus.tokens[1]]; who[shared[corpus.tokens[1]]] = G    # shared texts: a discarded extra group
-        corpus._cache[("who", G)] = (who, shared)
-    who, shared = corpus._cache[("who", G)]
-    who = who[:len(ok)].copy(); who[~ok] = G                   # so are the n-grams that cross into the next text
-    ids = ids[:len(ok)]
-    if shared.any():                                           # add the n-grams of each shared text once per group holding it
-        pairs = np.unique(gid[shared[uid]] * U + uid[shared[uid]])
-        pg, pu = pairs // U, (pairs % U).astype(owner.dtype)
-        lo, hi = np.searchsorted(owner, pu, "left"), np.searchsorted(owner, pu, "right")
-        cnt = hi - lo
-        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-        keep = ok[idx]
-        who, ids = np.concatenate([who, np.repeat(pg, cnt)[keep].astype(who.dtype)]), np.concatenate([ids, ids[idx][keep]])
-    return _distinct_per(who, ids, K, G + 1)[:G]
 
 # %% ../nbs/05_concentration.ipynb #ec20c94a
 @patch
@@ -780,6 +780,7 @@ def bootstrap_results(self: ConcentrationAudit,
     return self._bootstrap_rows(rows, self._metric_names(metrics), reps, seed, None if cl is None else cl[rows],
                                 scheme, size, method)
 
+# %% ../nbs/05_concentration.ipynb #286c96b8
 @patch
 def bootstrap(self: ConcentrationAudit,
               metrics=None,                  # names from `.metrics` (default: all)
@@ -859,6 +860,7 @@ def comparison_table(self: ConcentrationAudit) -> pd.DataFrame:
     if not res: return pd.DataFrame(columns=_COMPARISON_COLUMNS + ["n_units"])
     return holm_family(res, key="metric").assign(n_units=next(iter(res.values())).n)
 
+# %% ../nbs/05_concentration.ipynb #98aeaa92
 @patch
 def note(self: ConcentrationAudit) -> str:
     "The p-value convention of `comparison_table()`: its floor for `reps` and the Holm floor over the family."

@@ -40,6 +40,7 @@ def generator_function(report_generator # a callable, or an object with a `gener
     if callable(report_generator): return report_generator
     raise TypeError(f"report_generator must be callable or have a generate method, got {type(report_generator).__name__}")
 
+# %% ../nbs/12_evaluator.ipynb #13c4e005
 def generator_arity(report_generator # a callable, or an object with a `generate` method
                    ) -> int:
     "1 for a legacy `generator(imgs)`, 2 for `generator(imgs, indications)`."
@@ -175,6 +176,7 @@ def resolve_metrics(metrics # registry names, RadEval names, Metric objects, or 
     if dup: raise InputError(f"metric {dup!r} is given twice")
     return ms
 
+# %% ../nbs/12_evaluator.ipynb #e988f0ad
 def metric_leaves(metric # a Metric object
                  ) -> list[tuple[str, Callable]]:
     "`(column name, value function)` for each value a metric reports."
@@ -395,6 +397,7 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}
 
+# %% ../nbs/12_evaluator.ipynb #a897407c
 @patch
 def generate_only(self: ReportGenerationEvaluator, out_parquet: str | os.PathLike | None = None # default: output_dir/pairs.parquet
                  ) -> Path:
@@ -647,6 +650,7 @@ def compare(self: SystemScores, metric: str | None = None # one metric's compari
     if metric not in self.results: raise InputError(f"unknown metric {metric!r}; scored: {self.metrics}")
     return self.comparisons[self.comparisons["metric"] == metric].reset_index(drop=True)
 
+# %% ../nbs/12_evaluator.ipynb #8b68e4cb
 @patch
 def paired(self: SystemScores, metric: str # a scored metric leaf
           ) -> PairedResult:
@@ -667,6 +671,7 @@ def headline(self: SystemScores) -> str:
     c = self.comparisons
     return "; ".join(parts) + ("" if c is None else f"; {self.n_significant()} of {len(c)} comparisons significant after Holm")
 
+# %% ../nbs/12_evaluator.ipynb #31ced5b2
 @patch
 def caveats(self: SystemScores) -> list[str]:
     "Sentences a reader needs beside the numbers: metrics not computed, and how CIDEr-D is resampled."

@@ -184,6 +184,7 @@ def get_policy(p,                         # a DecodingPolicy, a name, or a dict 
         return hit
     raise InputError(f"not a decoding policy: {p!r}")
 
+# %% ../nbs/11_generate.ipynb #b4e3d33b
 def parse_policies(spec # "B4,G1,K50", a .yaml/.json file, or a list of names, dicts and policies
                   ) -> list[DecodingPolicy]:
     "Policies from `'B4,G1,K50'`, a YAML/JSON file, or a list of names, dicts and policies (names must be unique)."
@@ -250,6 +251,23 @@ def _bind_eos(obj, tokenizer, eos_token_id) -> tuple:
     if not eos: raise InputError(f"{type(obj).__name__}: no end-of-sequence token id; pass eos_token_id=...")
     return eos
 
+
+class _Processor:
+    "What the logits processors share: `bind` resolves what depends on the model and the prompt."
+    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
+                   prompt_length: int = 0, # tokens before the generated part
+                   eos_token_id=None       # end token id(s), when the tokenizer has none
+            ) -> _Processor:
+        "A copy with text phrases as token ids, the end token and the prompt length set (those of them the processor has)."
+        names = {f.name for f in dataclasses.fields(self)}
+        bound = self._bound(tokenizer)
+        if "eos_token_id" in names: bound["eos_token_id"] = _bind_eos(self, tokenizer, eos_token_id)
+        if "prompt_length" in names: bound["prompt_length"] = int(prompt_length)
+        return replace(self, **bound)
+    def _bound(self, tokenizer) -> dict:
+        "Further fields that depend on the tokenizer (none by default)."
+        return {}
+
 # %% ../nbs/11_generate.ipynb #6c1c41ba
 def template_phrases(path: str | os.PathLike | None = None # a JSON list, or an object with a "phrases" list; None: packaged
                     ) -> tuple[str, ...]:
@@ -270,7 +288,7 @@ def _phrase_token_ids(phrase: str, tokenizer) -> list[tuple]:
 
 # %% ../nbs/11_generate.ipynb #38e38b21
 @dataclass(frozen=True)
-class TemplatePhrasePenalty:
+class TemplatePhrasePenalty(_Processor):
     "Logits processor: down-weight the token that would continue a listed template phrase."
     phrases: tuple = ()     # phrases as text (bound to token ids by `bind`) or token-id tuples; (): the packaged list
     penalty: float = 4.0    # subtracted from the score of each continuing token (inf bans it)
@@ -283,13 +301,10 @@ class TemplatePhrasePenalty:
         object.__setattr__(self, "phrases", tuple(p if isinstance(p, str) else tuple(int(t) for t in p) for p in ph))
         _check_nonneg(self, penalty=self.penalty, min_match=self.min_match)
 
-    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
-                   prompt_length: int = 0, # tokens before the generated part
-                   eos_token_id=None       # end token id(s), when the tokenizer has none
-            ) -> TemplatePhrasePenalty:
-        "A copy with text phrases as token ids and the prompt length set."
+    def _bound(self, tokenizer) -> dict:
+        "Text phrases as token ids (the packaged list when there are none)."
         ids = [s for p in (self.phrases or template_phrases()) for s in ([p] if not isinstance(p, str) else _phrase_token_ids(p, tokenizer))]
-        return replace(self, phrases=tuple(dict.fromkeys(ids)), prompt_length=int(prompt_length))
+        return {"phrases": tuple(dict.fromkeys(ids))}
 
     def continuations(self, generated: Sequence[int] # token ids generated so far (after the prompt)
                      ) -> set[int]:
@@ -311,7 +326,7 @@ class TemplatePhrasePenalty:
 
 # %% ../nbs/11_generate.ipynb #bd03419e
 @dataclass(frozen=True)
-class RecurrencePenalty:
+class RecurrencePenalty(_Processor):
     "Logits processor: down-weight the tokens written one step ago (lag 1) and two steps ago (lag 2)."
     lag1: float = 2.0       # subtracted from the score of the previous token
     lag2: float = 1.0       # subtracted from the score of the token before it
@@ -319,13 +334,6 @@ class RecurrencePenalty:
     kind: ClassVar[str] = "recurrence"
 
     def __post_init__(self): _check_nonneg(self, lag1=self.lag1, lag2=self.lag2)
-
-    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
-                   prompt_length: int = 0, # tokens before the generated part
-                   eos_token_id=None       # end token id(s), when the tokenizer has none
-            ) -> RecurrencePenalty:
-        "A copy with the prompt length set."
-        return replace(self, prompt_length=int(prompt_length))
 
     def __call__(self, input_ids, scores):
         out = _copy(scores)
@@ -337,7 +345,7 @@ class RecurrencePenalty:
 
 # %% ../nbs/11_generate.ipynb #2e7632ef
 @dataclass(frozen=True)
-class EarlyEOSSuppression:
+class EarlyEOSSuppression(_Processor):
     "Logits processor: block (or, with a finite penalty, discourage) the end token until `min_tokens` are written."
     min_tokens: int = 8                 # generated tokens before the end token is allowed
     penalty: float = math.inf           # subtracted from the end token's score meanwhile (inf: a ban)
@@ -349,21 +357,15 @@ class EarlyEOSSuppression:
         object.__setattr__(self, "eos_token_id", _eos_ids(self.eos_token_id))
         _check_nonneg(self, min_tokens=self.min_tokens, penalty=self.penalty)
 
-    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
-                   prompt_length: int = 0, # tokens before the generated part
-                   eos_token_id=None       # end token id(s), when the tokenizer has none
-            ) -> EarlyEOSSuppression:
-        "A copy with the end token and the prompt length set."
-        return replace(self, eos_token_id=_bind_eos(self, tokenizer, eos_token_id), prompt_length=int(prompt_length))
-
     def __call__(self, input_ids, scores):
         out = _copy(scores)
         if input_ids.shape[1] - self.prompt_length < self.min_tokens:
             out[:, list(_bind_eos(self, None, None))] -= self.penalty
         return out
 
+# %% ../nbs/11_generate.ipynb #afe05a3e
 @dataclass(frozen=True)
-class EOSReweight:
+class EOSReweight(_Processor):
     "Logits processor: multiply the end token's probability by `weight` (>1 ends reports sooner, <1 later)."
     weight: float = 0.5                 # factor on the end token's probability before renormalisation
     eos_token_id: tuple | None = None   # end token id(s); None: taken from the tokenizer by `bind`
@@ -372,13 +374,6 @@ class EOSReweight:
     def __post_init__(self):
         object.__setattr__(self, "eos_token_id", _eos_ids(self.eos_token_id))
         if not _is_num(self.weight) or self.weight <= 0: raise InputError(f"EOSReweight: weight must be > 0, got {self.weight!r}")
-
-    def bind(self, tokenizer=None,         # the model's tokenizer (text phrases, end token)
-                   prompt_length: int = 0, # tokens before the generated part
-                   eos_token_id=None       # end token id(s), when the tokenizer has none
-            ) -> EOSReweight:
-        "A copy with the end token set."
-        return replace(self, eos_token_id=_bind_eos(self, tokenizer, eos_token_id))
 
     def __call__(self, input_ids, scores):
         out = _copy(scores)
@@ -406,6 +401,7 @@ def processor_to_dict(p # a logits processor of this module
     d = {"type": p.kind, **{f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "prompt_length"}}
     return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v for k, v in d.items()}
 
+# %% ../nbs/11_generate.ipynb #3ca2da34
 def build_logits_processors(policy,                 # a DecodingPolicy, a preset name, or a dict of settings
                             tokenizer=None,         # the model's tokenizer (text phrases, end token)
                             prompt_length: int = 0, # tokens before the generated part
@@ -427,6 +423,7 @@ class ReportGenerator(Protocol):
     "Anything that writes one report per image: `generator(imgs, indications=None) -> list[str]`."
     def __call__(self, imgs: Sequence, indications: Sequence[str | None] | None = None) -> list[str]: ...
 
+# %% ../nbs/11_generate.ipynb #ca5642c7
 @dataclass(frozen=True)
 class Generation:
     "One generated report: its text, its length in tokens and whether it hit the token cap."
@@ -556,6 +553,7 @@ class SeededSampler:
         out[torch.arange(len(picks), device=scores.device), picks.to(scores.device)] = 0.0
         return out
 
+# %% ../nbs/11_generate.ipynb #4cdb0b5b
 def sampling_processors(policy,              # a sampling policy (name, dict or DecodingPolicy)
                         seeds: Sequence[int] # one seed per row of the batch
                        ) -> list:
@@ -620,6 +618,7 @@ class TinyModel:
         "An `HFReportGenerator` over this model."
         return HFReportGenerator(self.model, self.processor, kind=self.kind, **kwargs)
 
+# %% ../nbs/11_generate.ipynb #797899b2
 def tiny_model(kind: str = "encoder-decoder", # "encoder-decoder" (ViT + GPT-2), "chat" (LLaVA-style) or "text" (GPT-2)
                seed: int = DEFAULT_SEED,      # initialisation seed
                init: float = 0.5              # weight scale; large enough that outputs depend on the image
@@ -1100,6 +1099,7 @@ def policy_summary(generations # a generations table (with `error` when generate
                      "top_share": top})
     return pd.DataFrame(rows, columns=["system", "policy", "seeds", "n", "failed", "empty", "truncated", "mean_tokens", "distinct", "top_share"])
 
+# %% ../nbs/11_generate.ipynb #1b317a06
 def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
                         y: str = 'distinct',     # a column of `policy_summary`
                         title: str | None = None # chart title (default: from `y`)

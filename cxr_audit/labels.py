@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fastcore.basics import patch
+from fastcore.meta import delegates
 
 from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
                             read_table, require_columns, resource_text, save_chart, sha256_text, write_manifest, write_table)
@@ -1138,20 +1139,17 @@ def _labels_from_csv(path, texts: dict, id_column: str | None) -> pd.DataFrame:
     if n != len(texts): raise InputError(f"{path}: {n} rows but {len(texts)} texts were given; pass id_column")
     return read_chexpert_csv(path, ids=list(texts))
 
+@delegates(trace_label_triggers)
 def trace_audit(labels,                         # a long labels table with `text` (e.g. `read_chexpert_csv`), or the official labeler's CSV
                 texts,                          # the texts as the system wrote them: {id: text}, a Series, or a table with an id and a text column
                 id_column: str | None = None,   # with a CSV: its id column (default: its rows are the texts, in order)
-                dominance: float = 0.5,         # share of one evidence that makes a label "dominated"...
-                min_positives: int = 10,        # ...when it has at least this many positives
-                by: str = "sentence",           # count normalized evidence "sentence"s or matched "phrase"s
-                labeler: Labeler | None = None  # whose phrase bank finds evidence and normal wording (default: the packaged one)
+                **kwargs
                ) -> TraceAudit:
-    "Check that a labeler saw the texts the system wrote, and trace which evidence drives each of its labels."
+    "Check that a labeler saw the texts the system wrote, and trace which evidence drives each of its labels (`trace_label_triggers`, with its options)."
     tmap = _texts_map(texts, pd.DataFrame())
     if isinstance(labels, (str, os.PathLike)): lab = _labels_from_csv(labels, tmap, id_column)
     else: lab = require_columns(labels, ["text_id", "label", "state"], "labels")
-    tr = trace_label_triggers(lab, dominance=dominance, min_positives=min_positives, by=by, labeler=labeler)
-    return TraceAudit(lab, check_text_provenance(lab, tmap), tr)
+    return TraceAudit(lab, check_text_provenance(lab, tmap), trace_label_triggers(lab, **kwargs))
 
 # %% ../nbs/06_labels.ipynb #ddcfa49e
 def reference_texts(studies # a `studies` table: study_id and findings/impression or text
@@ -1169,11 +1167,9 @@ def reference_texts(studies # a `studies` table: study_id and findings/impressio
 # %% ../nbs/06_labels.ipynb #8875f876
 def run_names(generations # a `generations` table (system, and policy when there is one)
              ) -> pd.Series:
-    "Per row: the `system`, or its `system+policy` configuration label when the system has several policies."
+    "Per row: the configuration label `system+policy` (`core.config_label`); the bare system when the table has no policy."
     g = require_columns(generations, ["system"], "generations")
-    pol = g["policy"].astype(str) if "policy" in g.columns else pd.Series("default", index=g.index)
-    multi = (pol.groupby(g["system"]).transform("nunique") > 1).to_numpy()
-    names = config_label(g["system"].astype(str), pol.where(multi, None))
+    names = config_label(g["system"], g["policy"] if "policy" in g.columns else None)
     return pd.Series(names.to_numpy(), index=g.index)
 
 # %% ../nbs/06_labels.ipynb #751405a7
@@ -1330,7 +1326,7 @@ def label_audit(studies,                                # `studies`: study_id an
                 uncertain_positive: bool = False,       # count uncertain (-1) as positive
                 labeler: Labeler | None = None,         # the labeler (default: the packaged one)
                 contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": `naive_cardiac_labeler`)
-                pair: Sequence[str] | None = None,      # the two runs of the exclusion sensitivity (default: two policies of one system)
+                pair: Sequence[str] | None = None,      # the two runs (`system+policy`) of the exclusion sensitivity (default: two policies of one system)
                 exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped by the exclusion sensitivity
                 size: float = 0.95                      # interval coverage
                ) -> LabelAudit:

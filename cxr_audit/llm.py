@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
@@ -39,9 +39,9 @@ __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_
            'LLMTimeoutError', 'LLMConnectionError', 'LLMHTTPError', 'StructuredOutputError', 'RestrictedDataError',
            'is_retryable', 'schema_json', 'schema_name', 'extract_json', 'parse_structured', 'schema_instructions',
            'with_schema_instructions', 'canonical_json', 'backend_identity', 'request_key', 'is_loopback_url',
-           'safe_url', 'check_restricted', 'RuleChat', 'ChatCache', 'cached_chat', 'backoff_delay', 'describe_error',
-           'price_per_1m', 'cost_usd', 'batch_summary', 'format_summary', 'BatchRun', 'run_batch', 'OpenAIChat',
-           'LocalEndpoint', 'TransformersChat', 'LocalServer', 'local_llama_server']
+           'safe_url', 'check_restricted', 'ChatBackend', 'RuleChat', 'ChatCache', 'cached_chat', 'backoff_delay',
+           'describe_error', 'price_per_1m', 'cost_usd', 'batch_summary', 'format_summary', 'BatchRun', 'run_batch',
+           'OpenAIChat', 'LocalEndpoint', 'TransformersChat', 'LocalServer', 'local_llama_server']
 
 # %% ../nbs/08_llm.ipynb #bfa1df1c
 _log = logging.getLogger("cxr_audit.llm")  # request IDs and error types only, never message contents
@@ -106,14 +106,17 @@ class LLMError(CxrAuditError):
     "A failed LLM call; `retryable` says whether trying again may help."
     retryable = False
 
+# %% ../nbs/08_llm.ipynb #7c4d46ef
 class LLMTimeoutError(LLMError):
     "The server did not answer within the time limit."
     retryable = True
 
+# %% ../nbs/08_llm.ipynb #91f57a95
 class LLMConnectionError(LLMError):
     "The server could not be reached."
     retryable = True
 
+# %% ../nbs/08_llm.ipynb #40157102
 class LLMHTTPError(LLMError):
     "The server answered with an HTTP error status; 408, 409, 429 and 5xx are worth retrying."
     def __init__(self, status: int,                     # HTTP status code
@@ -125,6 +128,7 @@ class LLMHTTPError(LLMError):
     @property
     def retryable(self) -> bool: return self.status in (408, 409, 429) or self.status >= 500
 
+# %% ../nbs/08_llm.ipynb #180980f4
 class StructuredOutputError(LLMError):
     "The reply could not be parsed into the requested schema; `text` and `usage` keep what came back."
     retryable = True
@@ -135,9 +139,11 @@ class StructuredOutputError(LLMError):
         super().__init__(message)
         self.text, self.usage = text, usage or {}
 
+# %% ../nbs/08_llm.ipynb #01553844
 class RestrictedDataError(CxrAuditError, PermissionError):
     "Restricted data would have been sent to a back end that is not on this machine."
 
+# %% ../nbs/08_llm.ipynb #d86a73f0
 def is_retryable(exc: BaseException # an exception raised by a back end
                 ) -> bool:
     "Whether a failed call is worth trying again (timeouts, connection errors, 408/409/429/5xx, bad structured output)."
@@ -155,6 +161,7 @@ def schema_json(schema # a pydantic model class, a JSON-schema dict, or None
     if hasattr(schema, "model_json_schema"): return json.loads(_model_schema_text(schema))
     raise InputError(f"schema: expected a pydantic model class or a JSON-schema dict, got {type(schema).__name__}")
 
+# %% ../nbs/08_llm.ipynb #c9241789
 @functools.lru_cache(maxsize=256)
 def _model_schema_text(schema) -> str:
     "The JSON schema of a pydantic class as text, computed once per class (batches repeat it thousands of times)."
@@ -166,6 +173,7 @@ def schema_name(schema # a pydantic model class or a JSON-schema dict
     name = getattr(schema, "__name__", None) or (schema.get("title") if isinstance(schema, Mapping) else None)
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(name or "response"))[:64]
 
+# %% ../nbs/08_llm.ipynb #d3b26176
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
 
 def extract_json(text: str # a model's reply
@@ -216,6 +224,7 @@ def schema_instructions(schema # a pydantic model class or a JSON-schema dict
     return ("Answer with a single JSON object and nothing else. The object must follow this JSON schema:\n"
             + json.dumps(schema_json(schema), ensure_ascii=False))
 
+# %% ../nbs/08_llm.ipynb #ffa15ecb
 def with_schema_instructions(messages, # a text, or a list of {role, content} messages
                              schema    # a pydantic model class or a JSON-schema dict
                             ) -> list[dict]:
@@ -231,12 +240,14 @@ def canonical_json(obj # any JSON-serialisable value
     "JSON with sorted keys and no whitespace: one text per value."
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
+# %% ../nbs/08_llm.ipynb #333602bf
 def backend_identity(backend # any back end
                     ) -> dict:
     "What identifies a back end's answers in the cache (kind, model, ...); never credentials."
     ident = backend.identity() if hasattr(backend, "identity") else {"kind": type(backend).__name__, "model": getattr(backend, "model", "")}
     return {str(k): v for k, v in ident.items()}
 
+# %% ../nbs/08_llm.ipynb #96fc8772
 def request_key(backend,                       # any back end (its identity, never credentials)
                 messages,                      # a text, or a list of {role, content} messages
                 schema=None,                   # pydantic model class, JSON-schema dict or None
@@ -261,6 +272,7 @@ def is_loopback_url(url: str | None # a base URL; None means "in this process"
     try: return ipaddress.ip_address(host).is_loopback
     except ValueError: return False
 
+# %% ../nbs/08_llm.ipynb #31682604
 def safe_url(url: str | None # a server URL (None: none)
             ) -> str:
     "`url` without user name, password, query or fragment (for messages)."
@@ -287,6 +299,39 @@ def check_restricted(backend,                       # any back end (its `endpoin
           "agreement) must stay on this machine: use a local server (127.0.0.1 / localhost) or an in-process model. "
           "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. Nothing was sent.")
 
+# %% ../nbs/08_llm.ipynb #59bede0c
+def _validated(res: ChatResult, schema, max_tokens: int) -> ChatResult:
+    "`res` with its text validated into `schema`; a failure carries the reply's usage and says when the reply was cut."
+    try: parsed = parse_structured(res.text, schema)
+    except StructuredOutputError as e:
+        if res.finish_reason == "length": e.args = (f"{e.args[0]} (the reply was cut at max_tokens={max_tokens})",)
+        e.usage = res.usage
+        raise
+    return replace(res, parsed=parsed)
+
+class ChatBackend:
+    "The chat interface every back end shares: `chat` guards, asks the back end's `_complete`, and validates the reply."
+    def chat(self, messages,                     # a text, or a list of {role, content} messages
+                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
+                   temperature=0.0,              # 0: greedy
+                   seed=None,                    # sampling seed (None: none sent)
+                   max_tokens=1024,              # cap on the reply's tokens
+                   top_p=None,                   # nucleus sampling mass (None: not set)
+                   top_k=None,                   # top-k sampling (None: not set)
+                   timeout_s=None,               # time limit of one attempt (HTTP back ends)
+                   restricted=False,             # the request is built from restricted data
+                   allow_remote_restricted=False # opt in to sending restricted data off this machine
+            ) -> ChatResult:
+        "One chat completion; with `schema`, the reply validated into it (`parsed`)."
+        check_restricted(self, int(bool(restricted)), allow_remote_restricted)
+        dec = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens, "top_p": top_p, "top_k": top_k, "timeout_s": timeout_s}
+        res = self._complete(as_messages(messages), schema, dec)
+        return res if schema is None else _validated(res, schema, max_tokens)
+
+    def _complete(self, msgs: list, schema, dec: dict) -> ChatResult:
+        "The back end's unparsed reply to `msgs`, asking for `schema` its own way; `dec`: the decoding settings and `timeout_s`."
+        raise NotImplementedError(f"{type(self).__name__}: a back end defines _complete(msgs, schema, dec)")
+
 # %% ../nbs/08_llm.ipynb #33bfff1d
 _DECODING_NAMES = ("temperature", "seed", "max_tokens", "top_p", "top_k")
 
@@ -306,7 +351,7 @@ def _as_text(out) -> str:
 def _n_words(text: str) -> int: return len(text.split())
 
 # %% ../nbs/08_llm.ipynb #c7cf5c82
-class RuleChat:
+class RuleChat(ChatBackend):
     "A deterministic, offline back end: `fn(messages, schema, **decoding) -> str | dict | pydantic object`."
     kind, endpoint = "rule", None
     def __init__(self, fn: Callable,       # the rules
@@ -320,27 +365,12 @@ class RuleChat:
     def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "version": self.version}
     def __repr__(self): return f"RuleChat({self.model!r}, version={self.version!r})"
 
-    def chat(self, messages,                     # a text, or a list of {role, content} messages
-                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
-                   temperature=0.0,              # 0: greedy
-                   seed=None,                    # sampling seed (None: none sent)
-                   max_tokens=1024,              # cap on the reply's tokens
-                   top_p=None,                   # nucleus sampling mass (None: not set)
-                   top_k=None,                   # top-k sampling (None: not set)
-                   timeout_s=None,               # time limit of one attempt (HTTP back ends)
-                   restricted=False,             # the request is built from restricted data
-                   allow_remote_restricted=False # opt in to sending restricted data off this machine
-            ) -> ChatResult:
-        "Apply the rules to `messages`; validate into `schema` when given."
-        msgs, t0 = as_messages(messages), time.perf_counter()
-        params = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
-        text = _as_text(self.fn(msgs, schema, **{k: params[k] for k in self._kw}))
+    def _complete(self, msgs: list, schema, dec: dict) -> ChatResult:
+        "Apply the rules to `msgs` (the function gets the decoding settings it names)."
+        t0 = time.perf_counter()
+        text = _as_text(self.fn(msgs, schema, **{k: dec[k] for k in self._kw}))
         usage = {"prompt_tokens": sum(_n_words(m["content"]) for m in msgs), "completion_tokens": _n_words(text)}
-        if schema is not None:
-            try: parsed = parse_structured(text, schema)
-            except StructuredOutputError as e: e.usage = usage; raise
-        else: parsed = None
-        return ChatResult(text, parsed, usage, time.perf_counter() - t0, self.model, "stop")
+        return ChatResult(text, None, usage, time.perf_counter() - t0, self.model, "stop")
 
 # %% ../nbs/08_llm.ipynb #0e918d37
 _CACHE_DDL = """CREATE TABLE IF NOT EXISTS chat_cache (
@@ -403,6 +433,7 @@ def put(self: ChatCache, key: str,          # the request key (`request_key`)
     self._conn().execute(f"INSERT OR IGNORE INTO chat_cache ({','.join(_CACHE_COLS)}) VALUES ({','.join('?' * len(row))})", row)
     with self._lock: self.writes += 1
 
+# %% ../nbs/08_llm.ipynb #3cedb86c
 def _row_result(row: tuple, schema=None) -> ChatResult | None:
     "A stored row as a cached `ChatResult` (None when it no longer validates against `schema`)."
     d = dict(zip(_CACHE_COLS, row))
@@ -428,6 +459,7 @@ def get_many(self: ChatCache, keys: Iterable[str],           # request keys
     with self._lock: self.hits += len(out); self.misses += len(keys) - len(out)
     return out
 
+# %% ../nbs/08_llm.ipynb #f806b37c
 @patch
 def get(self: ChatCache, key: str,   # a request key
                          schema=None # validate the stored answer into this (None: text only)
@@ -446,11 +478,13 @@ def stats(self: ChatCache) -> dict:
     return {"path": str(self.path), "entries": n, "size_bytes": size, "hits": self.hits, "misses": self.misses,
             "writes": self.writes, "tokens_in": tin, "tokens_out": tout, "by_model": by}
 
+# %% ../nbs/08_llm.ipynb #e0d7393e
 @patch
 def clear(self: ChatCache) -> None:
     "Delete every stored answer."
     self._conn().execute("DELETE FROM chat_cache")
 
+# %% ../nbs/08_llm.ipynb #6c850f5d
 @patch
 def checkpoint(self: ChatCache) -> None:
     "Fold the write-ahead log into the database file and empty it, unless another writer is busy (waits at most 0.2 s)."
@@ -460,6 +494,7 @@ def checkpoint(self: ChatCache) -> None:
     except sqlite3.Error: pass
     finally: c.execute("PRAGMA busy_timeout=60000")
 
+# %% ../nbs/08_llm.ipynb #82756c5d
 @patch
 def close(self: ChatCache) -> None:
     "Checkpoint, then close this thread's connection and those of ended threads (a running thread's closes when it ends)."
@@ -601,6 +636,7 @@ def price_per_1m(model: str, # the model's name
     if isinstance(p, Mapping): p = (p.get("input_per_1m", p.get("input")), p.get("output_per_1m", p.get("output")))
     return float(p[0]), float(p[1])
 
+# %% ../nbs/08_llm.ipynb #89897033
 def cost_usd(tokens_in: int,                   # prompt tokens
              tokens_out: int,                  # completion tokens
              price: tuple[float, float] | None # USD per million (input, output) tokens, or None
@@ -620,6 +656,7 @@ def batch_summary(df: pd.DataFrame # the per-request table of a batch (`BatchRun
             "tokens_in_called": int(df.loc[called, "tokens_in"].sum()), "tokens_out_called": int(df.loc[called, "tokens_out"].sum()),
             "cost_usd": float(cost.sum(min_count=1)), "cost_called_usd": float(cost[called].sum(min_count=1)) if called.any() else 0.0}
 
+# %% ../nbs/08_llm.ipynb #e24a98c9
 def format_summary(s: Mapping # a batch summary (`batch_summary`, optionally with `wall_s`)
                   ) -> str:
     "One line of text for a batch summary."
@@ -795,7 +832,7 @@ def _strictify(schema):
     return [_strictify(v) for v in schema] if isinstance(schema, list) else schema
 
 # %% ../nbs/08_llm.ipynb #5b6e8b5b
-class OpenAIChat:
+class OpenAIChat(ChatBackend):
     "A back end over any OpenAI-compatible chat-completions server (OpenAI, Azure OpenAI, vLLM, llama.cpp, Ollama)."
     def __init__(self, model: str,                     # model name (Azure: the deployment name)
                  base_url: str | None = None,          # server URL; else $OPENAI_BASE_URL; else OpenAI's
@@ -908,38 +945,20 @@ def _send(self: OpenAIChat, kw: dict) -> ChatResult:
 
 # %% ../nbs/08_llm.ipynb #e2ee9323
 @patch
-def chat(self: OpenAIChat, messages,                     # a text, or a list of {role, content} messages
-                           schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
-                           temperature=0.0,              # 0: greedy
-                           seed=None,                    # sampling seed (None: none sent)
-                           max_tokens=1024,              # cap on the reply's tokens
-                           top_p=None,                   # nucleus sampling mass (None: not set)
-                           top_k=None,                   # top-k sampling (None: not set)
-                           timeout_s=None,               # time limit of one attempt (HTTP back ends)
-                           restricted=False,             # the request is built from restricted data
-                           allow_remote_restricted=False # opt in to sending restricted data off this machine
-        ) -> ChatResult:
-    "One chat completion; with `schema`, the reply validated into it (`parsed`)."
-    check_restricted(self, int(bool(restricted)), allow_remote_restricted)
-    msgs, dec = as_messages(messages), (temperature, seed, max_tokens, top_p, top_k, timeout_s)
-    if schema is None: return self._send(self._request(msgs, None, None, *dec))
+def _complete(self: OpenAIChat, msgs: list, schema, dec: dict) -> ChatResult:
+    "Send the request in this server's structured mode (found by probing once in `auto` mode); the reply unparsed."
+    if schema is None: return self._send(self._request(msgs, None, None, **dec))
     res = None
     if self.structured_mode_ is None:
         with self._probe_lock:  # the first structured call finds the mode; the others wait for it
             if self.structured_mode_ is None: res = self._probe(msgs, schema, dec)
-    if res is None: res = self._send(self._request(msgs, schema, self.structured_mode_, *dec))
-    try: parsed = parse_structured(res.text, schema)
-    except StructuredOutputError as e:
-        if res.finish_reason == "length": e.args = (f"{e.args[0]} (the reply was cut at max_tokens={max_tokens})",)
-        e.usage = res.usage
-        raise
-    return ChatResult(res.text, parsed, res.usage, res.latency_s, res.model, res.finish_reason)
+    return res if res is not None else self._send(self._request(msgs, schema, self.structured_mode_, **dec))
 
 @patch
 def _probe(self: OpenAIChat, msgs, schema, dec) -> ChatResult:
     "Try the structured modes in order until the server accepts one; remember it."
     for mode in ("json_schema", "json_object_schema", "prompt"):
-        try: res = self._send(self._request(msgs, schema, mode, *dec))
+        try: res = self._send(self._request(msgs, schema, mode, **dec))
         except LLMHTTPError as e:
             if mode == "prompt" or e.status not in (400, 404, 415, 422, 500, 501): raise
             _log.info("OpenAIChat(%r): structured mode %s refused (HTTP %s); trying the next", self.model, mode, e.status)
@@ -1020,7 +1039,7 @@ class LocalEndpoint:
     def __exit__(self, *exc): self.close()
 
 # %% ../nbs/08_llm.ipynb #efb96a2c
-class TransformersChat:
+class TransformersChat(ChatBackend):
     "An in-process Hugging Face chat model (folder, cached Hub ID or GGUF file); greedy or seeded sampling."
     kind, endpoint = "transformers", None
     def __init__(self, model_or_path: str | os.PathLike, # model folder, Hub ID, or a .gguf file
@@ -1037,32 +1056,17 @@ class TransformersChat:
         self.local_files_only, self.tokenizer_, self.model_ = local_files_only, None, None
         self._lock = threading.Lock()
 
-    def chat(self, messages,                     # a text, or a list of {role, content} messages
-                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
-                   temperature=0.0,              # 0: greedy
-                   seed=None,                    # sampling seed (None: none sent)
-                   max_tokens=1024,              # cap on the reply's tokens
-                   top_p=None,                   # nucleus sampling mass (None: not set)
-                   top_k=None,                   # top-k sampling (None: not set)
-                   timeout_s=None,               # time limit of one attempt (HTTP back ends)
-                   restricted=False,             # the request is built from restricted data
-                   allow_remote_restricted=False # opt in to sending restricted data off this machine
-            ) -> ChatResult:
-        "Generate a reply in process; with `schema`, validated into it (prompt mode)."
-        msgs = as_messages(messages)
+    def _complete(self, msgs: list, schema, dec: dict) -> ChatResult:
+        "Generate a reply in process; a `schema` goes into the instructions (prompt mode); `timeout_s` does not apply."
         if schema is not None: msgs = with_schema_instructions(msgs, schema)
         self.load(); t0 = time.perf_counter()
-        ids_in, ids_out = self._generate(msgs, temperature, seed, max_tokens, top_p, top_k)
+        ids_in, ids_out = self._generate(msgs, **{k: dec[k] for k in _DECODING_NAMES})
         eos = self.tokenizer_.eos_token_id
         ended = len(ids_out) > 0 and (int(ids_out[-1]) in (eos if isinstance(eos, list) else [eos]))
         text = self.tokenizer_.decode(ids_out, skip_special_tokens=True)
         usage = {"prompt_tokens": int(len(ids_in)), "completion_tokens": int(len(ids_out))}
-        finish = "stop" if ended or len(ids_out) < max_tokens else "length"
-        parsed = None
-        if schema is not None:
-            try: parsed = parse_structured(text, schema)
-            except StructuredOutputError as e: e.usage = usage; raise
-        return ChatResult(text, parsed, usage, time.perf_counter() - t0, self.model, finish)
+        finish = "stop" if ended or len(ids_out) < dec["max_tokens"] else "length"
+        return ChatResult(text, None, usage, time.perf_counter() - t0, self.model, finish)
 
     def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "gguf_file": self.gguf_file}
     def __repr__(self): return f"TransformersChat({self.model!r}, device={self.device!r})"

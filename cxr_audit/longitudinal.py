@@ -155,6 +155,7 @@ def find_terms(self: RuleAnnotator, sentence: str # one sentence
     for term, r, _ in rx["terms"]: out += [(m.start(), m.end(), term) for m in r.finditer(sentence)]
     return sorted(out, key=lambda t: (t[0], t[0] - t[1], rx["rank"][t[2]]))
 
+# %% ../nbs/10_longitudinal.ipynb #b75bdb91
 def _masked(chars: list, a: int, b: int):
     for i in range(a, b): chars[i] = " "
 
@@ -221,6 +222,7 @@ def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
     term, pos = (r.terms[0][2], r.terms[0][0]) if r.terms else (None, None)
     return True, term, self._direction(r, term, pos)
 
+# %% ../nbs/10_longitudinal.ipynb #06f3d951
 @patch
 def progression(self: RuleAnnotator, sentence: str, # one sentence
                 keyword: str | None # a term of the keyword list; None: any finding
@@ -261,6 +263,7 @@ def annotate(self: RuleAnnotator, sentences: Sequence[str], # the sentences to a
     cache = {s: self.annotate_sentence(s) for s in dict.fromkeys(sentences)}
     return _annotation_frame(sentences, [cache[s] for s in sentences])
 
+# %% ../nbs/10_longitudinal.ipynb #33b895ce
 @patch
 def progression_of(self: RuleAnnotator, pairs: Sequence[tuple[str, str | None]], # `(sentence, keyword)` pairs
                    restricted: bool | Sequence[bool] = False # ignored: nothing leaves the process
@@ -330,8 +333,15 @@ def _first(pool: Sequence, n: int, what: str) -> list:
         raise InputError(f"{what} must be an integer from 0 to {len(pool)} (the size of its pool), got {n!r}")
     return list(pool[:n])
 
-def _examples(p: Mapping, items: list) -> str:
+def _examples(p: Mapping, n: int, what: str) -> str:
+    "The first `n` worked examples of one step's pool under their header ('' for none); `what` names `n` in the error."
+    items = _first(p["task_examples"], n, what)
     return (p["examples_header"] + "".join(p["example"].format(**e) for e in items)) if items else ""
+
+def _step_prompt(step: str, prompts, retry: bool, fields: Callable[[Mapping], dict]) -> str:
+    "One step's template filled with `fields(its prompt entry)`, and the line restating the answer format when `retry`."
+    p = load_prompts(prompts)[step]
+    return p["template"].format(**fields(p)) + (p.get("retry", "") if retry else "")
 
 # %% ../nbs/10_longitudinal.ipynb #83cc08e6
 def longitudinal_prompt(sentence: str,                 # the sentence asked about
@@ -341,12 +351,11 @@ def longitudinal_prompt(sentence: str,                 # the sentence asked abou
                         retry: bool = False            # add the line restating the answer format
                        ) -> str:
     "Step 1: is `sentence` longitudinal? (answer `<1>` or `<0>`)."
-    p = load_prompts(prompts)["longitudinal"]
-    ind = _first(p["change_indicators"], n_change_indicators, "n_change_indicators")
-    ex = _first(p["task_examples"], n_task_examples, "n_task_examples")
-    text = p["template"].format(sentence=sentence, examples=_examples(p, ex),
-                                indicators=p["indicators"].format(items=", ".join(ind)) if ind else "")
-    return text + (p.get("retry", "") if retry else "")
+    def fields(p: Mapping) -> dict:
+        ind = _first(p["change_indicators"], n_change_indicators, "n_change_indicators")
+        return {"indicators": p["indicators"].format(items=", ".join(ind)) if ind else "", "sentence": sentence,
+                "examples": _examples(p, n_task_examples, "n_task_examples")}
+    return _step_prompt("longitudinal", prompts, retry, fields)
 
 # %% ../nbs/10_longitudinal.ipynb #a2681d52
 def keyword_prompt(sentence: str,                 # the (longitudinal) sentence asked about
@@ -355,9 +364,7 @@ def keyword_prompt(sentence: str,                 # the (longitudinal) sentence 
                    retry: bool = False            # add the line restating the answer format
                   ) -> str:
     "Step 2: which term of the keyword list is the sentence about? (answer `<term>`)."
-    p = load_prompts(prompts)["keyword"]
-    text = p["template"].format(sentence=sentence, terms=", ".join(keyword_terms(keywords)))
-    return text + (p.get("retry", "") if retry else "")
+    return _step_prompt("keyword", prompts, retry, lambda p: {"sentence": sentence, "terms": ", ".join(keyword_terms(keywords))})
 
 # %% ../nbs/10_longitudinal.ipynb #319e26e0
 def progression_prompt(sentence: str,                  # the sentence asked about
@@ -367,10 +374,8 @@ def progression_prompt(sentence: str,                  # the sentence asked abou
                        retry: bool = False             # add the line restating the answer format
                       ) -> str:
     "Step 3: how has `keyword` progressed according to `sentence`? (answer a bracketed label)."
-    p = load_prompts(prompts)["progression"]
-    ex = _first(p["task_examples"], n_progression_examples, "n_progression_examples")
-    text = p["template"].format(sentence=sentence, keyword=keyword, examples=_examples(p, ex))
-    return text + (p.get("retry", "") if retry else "")
+    return _step_prompt("progression", prompts, retry, lambda p: {"sentence": sentence, "keyword": keyword,
+                                                                  "examples": _examples(p, n_progression_examples, "n_progression_examples")})
 
 # %% ../nbs/10_longitudinal.ipynb #0972687f
 _BRACKETED = re.compile(r"<\s*([^<>]{1,100}?)\s*>")
@@ -511,6 +516,13 @@ def _flags(sentences: list[str], restricted) -> dict:
     return flags
 
 @patch
+def _finish_log(self: LLMAnnotator):
+    cols = ["step", "item", "attempt", "request_id", "status", "valid", "answer", "text", "error", "attempts", "tokens_in",
+            "tokens_out", "cached", "cost", "latency_s", "model"]
+    self.log_ = pd.concat(self.log_, ignore_index=True)[cols] if self.log_ else pd.DataFrame(columns=cols)
+    self.summary_ = batch_summary(self.log_) if len(self.log_) else {}
+
+@patch
 def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
              sentences: Sequence[str],      # the sentences to annotate
              restricted: bool | Sequence[bool] = False     # one flag, or one per sentence (the LLM layer's guard applies)
@@ -529,6 +541,7 @@ def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
     rows = {s: (None if is_long[s] is None else bool(is_long[s]), kw.get(s), prog.get(s)) for s in uniq}
     return _annotation_frame(sentences, [rows[s] for s in sentences])
 
+# %% ../nbs/10_longitudinal.ipynb #13553527
 @patch
 def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
                    pairs: Sequence[tuple[str, str]], # `(sentence, keyword)` pairs
@@ -540,13 +553,6 @@ def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
     out = self._ask("progression", pairs, [bool(restricted)] * len(pairs) if isinstance(restricted, (bool, np.bool_)) else list(restricted))
     self._finish_log()
     return out
-
-@patch
-def _finish_log(self: LLMAnnotator):
-    cols = ["step", "item", "attempt", "request_id", "status", "valid", "answer", "text", "error", "attempts", "tokens_in",
-            "tokens_out", "cached", "cost", "latency_s", "model"]
-    self.log_ = pd.concat(self.log_, ignore_index=True)[cols] if self.log_ else pd.DataFrame(columns=cols)
-    self.summary_ = batch_summary(self.log_) if len(self.log_) else {}
 
 # %% ../nbs/10_longitudinal.ipynb #172700a5
 def _prompt_field(text: str, name: str) -> str | None:
@@ -656,94 +662,59 @@ def _category(is_long, keyword, progression) -> str:
     if keyword == SUPPORT_DEVICES: return SUPPORT_DEVICES
     return progression if progression in PROGRESSION_LABELS else "no label"
 
+class _PairedMeasures:
+    "What `AnnotationQuality` and `ProgressionEvaluation` share: `results`, measure -> `PairedResult` of the same members on one set of resamples."
+    _member = "system"   # what a compared member is: the first column of `to_frame()`, and the word of the messages
+
+    @property
+    def _members(self) -> list[str]: return list(next(iter(self.results.values())).systems)
+    @property
+    def reps(self) -> int: return int(next(iter(self.results.values())).replicates.shape[1])
+    @property
+    def size(self) -> float: return next(iter(self.results.values())).size
+
+    def _result(self, metric: str) -> PairedResult:
+        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
+        return self.results[metric]
+
+    def to_frame(self) -> pd.DataFrame:
+        "Every member (`system` or `annotator`) and measure: `metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+        return pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True).rename(columns={"system": self._member})
+
+    def compare(self, metric: str = "progression_micro_f1" # one of `results`
+               ) -> PairedResult:
+        "The paired differences (first − second) of one measure, vs the baseline or all pairs; its `to_frame()` is Holm-adjusted over them."
+        if len(self._members) < 2: raise InputError(f"comparisons need at least two {self._member}s")
+        return self._result(metric)
+
+    def comparisons(self, metrics: Sequence[str] | None = None # default: every measure
+                   ) -> pd.DataFrame:
+        "The paired differences of the chosen measures, Holm-adjusted over all of them (`significant = p_holm < 1 − size`)."
+        chosen = {m: self.compare(m) for m in (metrics or self.results)}
+        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)  # undefined measures give NaN rows
+
 @dataclass(frozen=True, eq=False, repr=False)
-class AnnotationQuality:
+class AnnotationQuality(_PairedMeasures):
     gold: pd.DataFrame
     predictions: dict          # name -> predictions aligned to the gold rows
     counts: dict               # name -> `annotation_counts`
     results: dict              # metric -> PairedResult over annotators
     scope: str = "end_to_end"
     baseline: str | None = None
-
-    def to_frame(self) -> pd.DataFrame:
-        "Every annotator and metric: `annotator, metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
-        df = pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True)
-        return df.rename(columns={"system": "annotator"})
+    _member = "annotator"
 
     def summary(self) -> pd.DataFrame:
         "`annotator, metric, estimate, ci_low, ci_high, n`."
         return self.to_frame()[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
 
-    def compare(self, metric: str = "progression_micro_f1" # one of `results`
-               ) -> PairedResult:
-        "The paired comparisons of one metric (vs the baseline, or all pairs)."
-        if len(self.predictions) < 2: raise InputError("comparisons need at least two annotators")
-        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
-        return self.results[metric]
-
-    def comparisons(self, metrics: Sequence[str] | None = None # default: every metric
-                   ) -> pd.DataFrame:
-        "Paired differences (vs the baseline, or all pairs), Holm-adjusted over every chosen metric."
-        if len(self.predictions) < 2: raise InputError("comparisons need at least two annotators")
-        chosen = {m: self.compare(m) for m in (metrics or self.results)}
-        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)  # undefined measures give NaN rows
-
     def note(self, metrics: Sequence[str] | None = None # the metrics of `comparisons(metrics)`
             ) -> str:
         "The p-value convention and floors of `comparisons(metrics)`."
-        r = next(iter(self.results.values()))
         m = sum(len(self.results[k].pairs) for k in (metrics or self.results))
-        return p_value_note(r.replicates.shape[1], m, 1 - r.size)
+        return p_value_note(self.reps, m, 1 - self.size)
 
     def __repr__(self): return f"AnnotationQuality({list(self.predictions)}, scope={self.scope!r}, {len(self.gold)} gold sentences)"
     def _repr_markdown_(self): return md_table(self.table().reset_index())
-
-# %% ../nbs/10_longitudinal.ipynb #b7d9b034
-@patch
-def table(self: AnnotationQuality, digits: int = 3 # decimals shown
-         ) -> pd.DataFrame:
-    "metric × annotator, `estimate [ci_low, ci_high]`."
-    s = self.summary()
-    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
-    return s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
-
-@patch
-def categories(self: AnnotationQuality, name: str # an annotator
-              ) -> pd.DataFrame:
-    "`gold, predicted` category of every gold sentence for one annotator."
-    g, p = self.gold, self.predictions[name]
-    pl = p["is_longitudinal"] if "is_longitudinal" in p else pd.Series(True, index=p.index)
-    return pd.DataFrame({"gold": [_category(*r) for r in zip(g.is_longitudinal, g.keyword, g.progression)],
-                         "predicted": [_category(*r) for r in zip(pl, p["keyword"], p["progression"])]})
-
-@patch
-def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exact binomial interval
-             ) -> pd.DataFrame:
-    "Per annotator and gold category: `n, correct, accuracy` with an exact binomial interval."
-    parts = []
-    for name in self.predictions:
-        c = self.categories(name)
-        t = c.assign(correct=c.gold == c.predicted).groupby("gold", sort=False).agg(n=("correct", "size"), correct=("correct", "sum"))
-        parts.append(binomial_cis(t.reset_index(), "correct", "n", size).assign(annotator=name))
-    return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low", "ci_high"]].rename(columns={"estimate": "accuracy"})
-
-@patch
-def confusion(self: AnnotationQuality, name: str # an annotator
-             ) -> pd.DataFrame:
-    "Gold category × predicted category counts for one annotator."
-    c = self.categories(name)
-    return pd.crosstab(c.gold, c.predicted)
-
-@patch
-def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
-    "Share of gold-longitudinal sentences with a keyword whose predicted keyword is the same (exact or same family)."
-    fam, g, rows = keyword_families(), self.gold, []
-    m = g.is_longitudinal & g.keyword.notna()
-    for name, p in self.predictions.items():
-        exact = (p.keyword[m] == g.keyword[m])
-        same_fam = [fam.get(a, a) == fam.get(b, b) for a, b in zip(p.keyword[m], g.keyword[m])]
-        rows.append({"annotator": name, "n": int(m.sum()), "exact": float(exact.mean()), "same_family": float(np.mean(same_fam))})
-    return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #2eb48068
 def _predict(annotator, g: pd.DataFrame, scope: str) -> pd.DataFrame:
@@ -782,6 +753,57 @@ def evaluate_annotators(gold,                        # gold table or path (see `
     res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=resolve_clusters(clusters, g),
                             baseline=baseline if len(preds) > 1 else None, size=size)
     return AnnotationQuality(g, preds, counts, res, scope, baseline)
+
+# %% ../nbs/10_longitudinal.ipynb #b7d9b034
+@patch
+def table(self: AnnotationQuality, digits: int = 3 # decimals shown
+         ) -> pd.DataFrame:
+    "metric × annotator, `estimate [ci_low, ci_high]`."
+    s = self.summary()
+    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
+    return s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
+
+# %% ../nbs/10_longitudinal.ipynb #197750b1
+@patch
+def categories(self: AnnotationQuality, name: str # an annotator
+              ) -> pd.DataFrame:
+    "`gold, predicted` category of every gold sentence for one annotator."
+    g, p = self.gold, self.predictions[name]
+    pl = p["is_longitudinal"] if "is_longitudinal" in p else pd.Series(True, index=p.index)
+    return pd.DataFrame({"gold": [_category(*r) for r in zip(g.is_longitudinal, g.keyword, g.progression)],
+                         "predicted": [_category(*r) for r in zip(pl, p["keyword"], p["progression"])]})
+
+# %% ../nbs/10_longitudinal.ipynb #3d629c8c
+@patch
+def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exact binomial interval
+             ) -> pd.DataFrame:
+    "Per annotator and gold category: `n, correct, accuracy` with an exact binomial interval."
+    parts = []
+    for name in self.predictions:
+        c = self.categories(name)
+        t = c.assign(correct=c.gold == c.predicted).groupby("gold", sort=False).agg(n=("correct", "size"), correct=("correct", "sum"))
+        parts.append(binomial_cis(t.reset_index(), "correct", "n", size).assign(annotator=name))
+    return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low", "ci_high"]].rename(columns={"estimate": "accuracy"})
+
+# %% ../nbs/10_longitudinal.ipynb #4b4e95ec
+@patch
+def confusion(self: AnnotationQuality, name: str # an annotator
+             ) -> pd.DataFrame:
+    "Gold category × predicted category counts for one annotator."
+    c = self.categories(name)
+    return pd.crosstab(c.gold, c.predicted)
+
+# %% ../nbs/10_longitudinal.ipynb #49c32d67
+@patch
+def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
+    "Share of gold-longitudinal sentences with a keyword whose predicted keyword is the same (exact or same family)."
+    fam, g, rows = keyword_families(), self.gold, []
+    m = g.is_longitudinal & g.keyword.notna()
+    for name, p in self.predictions.items():
+        exact = (p.keyword[m] == g.keyword[m])
+        same_fam = [fam.get(a, a) == fam.get(b, b) for a, b in zip(p.keyword[m], g.keyword[m])]
+        rows.append({"annotator": name, "n": int(m.sum()), "exact": float(exact.mean()), "same_family": float(np.mean(same_fam))})
+    return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #5b19c15b
 _EVENTFUL = {"worsened": 0, "improved": 1, "no change": 2, "unmentioned": 3}
@@ -871,16 +893,10 @@ def _language_stats(metrics: Sequence, refs: Sequence[str], hyps: Sequence[str],
         except (ImportError, OSError, RuntimeError) as e: notes.append(f"{name} was not computed: {type(e).__name__}: {e}")
     return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), notes
 
-def _config_names(g: pd.DataFrame) -> pd.Series:
-    "The `config` label of each generation: `system`, or `system+policy` for a system run under several policies."
-    multi = g["policy"].astype(str).groupby(g["system"]).transform("nunique") > 1
-    policy = g["policy"].astype(object).where(multi, None)
-    return config_label(g["system"].astype(str), policy).set_axis(g.index)
-
 def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
-    "`sample_id, study_id, system, hypothesis` of the generations of known studies; one report per system and study."
+    "`sample_id, study_id, system, hypothesis` of the generations of known studies (system: `core.config_label`); one report per system and study."
     g = to_generations(generations)
-    g = g.assign(system=_config_names(g))[["sample_id", "study_id", "system", "hypothesis"]]
+    g = g.assign(system=config_label(g["system"], g["policy"]).to_numpy())[["sample_id", "study_id", "system", "hypothesis"]]
     g = g[g["study_id"].isin(study_ids)].reset_index(drop=True)
     dup = g.duplicated(["system", "study_id"])
     if dup.any(): raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study {g.study_id[dup].iloc[0]!r}; "
@@ -937,7 +953,7 @@ def truth_agreement(sentences,                  # sentences table of the referen
 
 # %% ../nbs/10_longitudinal.ipynb #402e5cd6
 @dataclass(frozen=True, eq=False, repr=False)
-class ProgressionEvaluation:
+class ProgressionEvaluation(_PairedMeasures):
     reference_sentences: pd.DataFrame  # sentences table of the references (report_id = study_id)
     generated_sentences: pd.DataFrame  # sentences table of the generated reports (report_id = sample_id)
     pairs: pd.DataFrame                # sample_id, study_id, system, hypothesis of the evaluated reports
@@ -952,9 +968,7 @@ class ProgressionEvaluation:
     llm_calls: pd.DataFrame | None = None # every LLM call of the annotation (column `reports`), when an LLM annotated
 
     @property
-    def systems(self) -> list[str]: return list(next(iter(self.results.values())).systems)
-    @property
-    def reps(self) -> int: return int(next(iter(self.results.values())).replicates.shape[1])
+    def systems(self) -> list[str]: return self._members
     @property
     def annotators(self) -> dict:
         "Who annotated the references and the generated reports."
@@ -967,25 +981,9 @@ class ProgressionEvaluation:
                 "longitudinal_reference_sentences": int(self.reference_sentences["is_longitudinal"].fillna(False).sum()),
                 "studies": len(self.units), "systems": len(self.systems), "instances": len(self.instances)}
 
-    def to_frame(self) -> pd.DataFrame:
-        "Every system and measure: `system, metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
-        return pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True)
-
     def summary(self) -> pd.DataFrame:
         "`system, metric, estimate, ci_low, ci_high, se, n` for every system and measure."
         return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]]
-
-    def compare(self, metric: str = "progression_micro_f1" # one of `results`
-               ) -> PairedResult:
-        "All paired differences (first − second) of one measure; its `to_frame()` is Holm-adjusted over them."
-        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
-        return self.results[metric]
-
-    def comparisons(self, metrics: Sequence[str] | None = None # default: every measure
-                   ) -> pd.DataFrame:
-        "All paired differences of the chosen measures, Holm-adjusted over all of them (`significant = p_holm < 1 − size`)."
-        if len(self.systems) < 2: raise InputError("comparisons need at least two systems")
-        with np.errstate(invalid="ignore", divide="ignore"): return holm_family({m: self.compare(m) for m in (metrics or self.results)})
 
     def win_matrix(self, metric: str = "progression_micro_f1" # one of `results`
                   ) -> pd.DataFrame:
@@ -996,73 +994,6 @@ class ProgressionEvaluation:
     def _repr_markdown_(self):
         note = [self.note()] if len(self.systems) > 1 else []
         return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index())] + list(self.notes))
-
-# %% ../nbs/10_longitudinal.ipynb #1f150a81
-@patch
-def table(self: ProgressionEvaluation,  # noqa: F811 (AnnotationQuality has its own)
-          metrics: Sequence[str] | None = None, # the columns (default: every measure)
-          digits: int = 3                                                  # decimals shown
-         ) -> pd.DataFrame:
-    "system × measure, `estimate [ci_low, ci_high]` (the layout of the paper's Table 5)."
-    s = self.summary()
-    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
-    cols = [m for m in (metrics or self.results) if m in self.results]
-    return s.pivot(index="system", columns="metric", values="cell").loc[self.systems, cols]
-
-def _oriented(comparisons: pd.DataFrame, first: str, second: str) -> dict:
-    "The comparison `first − second` from a `PairedResult.to_frame()` table (turned round when stored the other way)."
-    f = comparisons.set_index(["first", "second"])
-    flip = (first, second) not in f.index
-    r = f.loc[(second, first)] if flip else f.loc[(first, second)]
-    lo, hi = (-r.ci_high, -r.ci_low) if flip else (r.ci_low, r.ci_high)
-    return {"difference": -r.estimate if flip else r.estimate, "ci_low": lo, "ci_high": hi, "p": r.p, "p_holm": r.p_holm,
-            "significant": bool(r.significant), "ci_excludes_0": bool(r.ci_excludes_0),
-            "win_prob": 1 - r.win_prob if flip else r.win_prob}
-
-@patch
-def best_vs_runner_up(self: ProgressionEvaluation) -> pd.DataFrame:
-    "Per measure: the best system, the runner-up, their difference with its interval and p-values; `significant` is `p_holm < 1 − size`."
-    rows, r0 = [], self.compare()
-    if len(self.systems) > 1: check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
-    for m, r in self.results.items():
-        order = np.argsort(-np.nan_to_num(r.estimates, nan=-np.inf), kind="stable")
-        if len(order) < 2: continue
-        with np.errstate(invalid="ignore", divide="ignore"): frame = r.to_frame()
-        rows.append({"metric": m, "best": r.systems[order[0]], "runner_up": r.systems[order[1]],
-                     **_oriented(frame, r.systems[order[0]], r.systems[order[1]])})
-    return pd.DataFrame(rows)
-
-# %% ../nbs/10_longitudinal.ipynb #8387a8ff
-@patch
-def ranks(self: ProgressionEvaluation, metrics: Sequence[str] | None = None # default: every measure defined on every resample
-         ) -> pd.DataFrame:
-    "Per measure and system: rank (1 = best), its bootstrap interval, the mean rank and P(first): how stable the ranking is."
-    chosen = [m for m in (metrics or self.results) if np.isfinite(self.compare(m).replicates).all()]
-    df = pd.concat([rank_ci(self.results[m]).assign(metric=m) for m in chosen], ignore_index=True)
-    return df[["metric", "system", "value", "estimate", "ci_low", "ci_high", "mean_rank", "p_first"]]
-
-@patch
-def note(self: ProgressionEvaluation, metrics: str | Sequence[str] = "progression_micro_f1" # the family the p-values were adjusted over
-        ) -> str:
-    "The p-value convention and floors for comparisons Holm-adjusted over the pairs of `metrics`."
-    chosen = [metrics] if isinstance(metrics, str) else list(metrics)
-    m = sum(len(self.compare(k).pairs) for k in chosen)
-    return p_value_note(self.reps, max(m, 1), 1 - self.compare(chosen[0]).size)
-
-@patch
-def headline(self: ProgressionEvaluation, metric: str = "progression_micro_f1" # the measure the sentence is about
-            ) -> str:
-    "One markdown sentence: the best system on `metric`, and whether its lead over the runner-up is significant after Holm."
-    s = self.summary().set_index(["system", "metric"])
-    if len(self.systems) < 2:
-        e = s.loc[(self.systems[0], metric)]
-        return f"`{self.systems[0]}`: {metric} {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] on {len(self.units)} studies."
-    b = self.best_vs_runner_up().set_index("metric").loc[metric]
-    e, pairs = s.loc[(b.best, metric)], len(self.compare(metric).pairs)
-    return (f"Best {metric}: `{b.best}` {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}]; its lead over `{b.runner_up}` is "
-            f"{b.difference:+.3f} [{b.ci_low:+.3f}, {b.ci_high:+.3f}], p_holm = {b.p_holm:.3g}: "
-            f"{'significant' if b.significant else 'not significant'} after Holm over the {pairs} pairs of systems "
-            f"({len(self.units)} studies, {self.reps:,} resamples of {self.clusters or 'studies'}).")
 
 # %% ../nbs/10_longitudinal.ipynb #dcaa9467
 def _cluster_labels(clusters, st: pd.DataFrame) -> pd.Series | None:
@@ -1148,6 +1079,76 @@ def progression_evaluation(studies,                       # studies table: study
                    {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls})
     return ev
 
+# %% ../nbs/10_longitudinal.ipynb #1f150a81
+@patch
+def table(self: ProgressionEvaluation,  # noqa: F811 (AnnotationQuality has its own)
+          metrics: Sequence[str] | None = None, # the columns (default: every measure)
+          digits: int = 3                                                  # decimals shown
+         ) -> pd.DataFrame:
+    "system × measure, `estimate [ci_low, ci_high]` (the layout of the paper's Table 5)."
+    s = self.summary()
+    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
+    cols = [m for m in (metrics or self.results) if m in self.results]
+    return s.pivot(index="system", columns="metric", values="cell").loc[self.systems, cols]
+
+# %% ../nbs/10_longitudinal.ipynb #68ee0393
+def _oriented(comparisons: pd.DataFrame, first: str, second: str) -> dict:
+    "The comparison `first − second` from a `PairedResult.to_frame()` table (turned round when stored the other way)."
+    f = comparisons.set_index(["first", "second"])
+    flip = (first, second) not in f.index
+    r = f.loc[(second, first)] if flip else f.loc[(first, second)]
+    lo, hi = (-r.ci_high, -r.ci_low) if flip else (r.ci_low, r.ci_high)
+    return {"difference": -r.estimate if flip else r.estimate, "ci_low": lo, "ci_high": hi, "p": r.p, "p_holm": r.p_holm,
+            "significant": bool(r.significant), "ci_excludes_0": bool(r.ci_excludes_0),
+            "win_prob": 1 - r.win_prob if flip else r.win_prob}
+
+@patch
+def best_vs_runner_up(self: ProgressionEvaluation) -> pd.DataFrame:
+    "Per measure: the best system, the runner-up, their difference with its interval and p-values; `significant` is `p_holm < 1 − size`."
+    rows, r0 = [], self._result("progression_micro_f1")
+    if len(self.systems) > 1: check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
+    for m, r in self.results.items():
+        order = np.argsort(-np.nan_to_num(r.estimates, nan=-np.inf), kind="stable")
+        if len(order) < 2: continue
+        with np.errstate(invalid="ignore", divide="ignore"): frame = r.to_frame()
+        rows.append({"metric": m, "best": r.systems[order[0]], "runner_up": r.systems[order[1]],
+                     **_oriented(frame, r.systems[order[0]], r.systems[order[1]])})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/10_longitudinal.ipynb #8387a8ff
+@patch
+def ranks(self: ProgressionEvaluation, metrics: Sequence[str] | None = None # default: every measure defined on every resample
+         ) -> pd.DataFrame:
+    "Per measure and system: rank (1 = best), its bootstrap interval, the mean rank and P(first): how stable the ranking is."
+    chosen = [m for m in (metrics or self.results) if np.isfinite(self._result(m).replicates).all()]
+    df = pd.concat([rank_ci(self.results[m]).assign(metric=m) for m in chosen], ignore_index=True)
+    return df[["metric", "system", "value", "estimate", "ci_low", "ci_high", "mean_rank", "p_first"]]
+
+# %% ../nbs/10_longitudinal.ipynb #93d9dbc4
+@patch
+def note(self: ProgressionEvaluation, metrics: str | Sequence[str] = "progression_micro_f1" # the family the p-values were adjusted over
+        ) -> str:
+    "The p-value convention and floors for comparisons Holm-adjusted over the pairs of `metrics`."
+    chosen = [metrics] if isinstance(metrics, str) else list(metrics)
+    m = sum(len(self._result(k).pairs) for k in chosen)
+    return p_value_note(self.reps, max(m, 1), 1 - self._result(chosen[0]).size)
+
+# %% ../nbs/10_longitudinal.ipynb #ce033a6e
+@patch
+def headline(self: ProgressionEvaluation, metric: str = "progression_micro_f1" # the measure the sentence is about
+            ) -> str:
+    "One markdown sentence: the best system on `metric`, and whether its lead over the runner-up is significant after Holm."
+    s = self.summary().set_index(["system", "metric"])
+    if len(self.systems) < 2:
+        e = s.loc[(self.systems[0], metric)]
+        return f"`{self.systems[0]}`: {metric} {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] on {len(self.units)} studies."
+    b = self.best_vs_runner_up().set_index("metric").loc[metric]
+    e, pairs = s.loc[(b.best, metric)], len(self.compare(metric).pairs)
+    return (f"Best {metric}: `{b.best}` {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}]; its lead over `{b.runner_up}` is "
+            f"{b.difference:+.3f} [{b.ci_low:+.3f}, {b.ci_high:+.3f}], p_holm = {b.p_holm:.3g}: "
+            f"{'significant' if b.significant else 'not significant'} after Holm over the {pairs} pairs of systems "
+            f"({len(self.units)} studies, {self.reps:,} resamples of {self.clusters or 'studies'}).")
+
 # %% ../nbs/10_longitudinal.ipynb #8fa61651
 def plot_progression_f1(evaluation: ProgressionEvaluation,   # the evaluation drawn
                         metrics: Sequence[str] = _F1_METRICS, # one panel per measure
@@ -1165,7 +1166,7 @@ def plot_progression_f1(evaluation: ProgressionEvaluation,   # the evaluation dr
                                                       tooltip=["system", "metric", alt.Tooltip("estimate:Q", format=".3f"),
                                                                alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")])
     return (rule + pts).properties(width=170, height=alt.Step(20)).facet(column=alt.Column("panel:N", sort=order, title=None)).properties(
-        title=title or f"Progression F1 with {int(100 * evaluation.compare().size)}% bootstrap intervals")
+        title=title or f"Progression F1 with {int(100 * evaluation.size)}% bootstrap intervals")
 
 # %% ../nbs/10_longitudinal.ipynb #d2e06c5a
 def plot_progression_wins(evaluation: ProgressionEvaluation,      # the evaluation drawn
@@ -1210,7 +1211,7 @@ def save(self: ProgressionEvaluation, out_dir: str | os.PathLike, # folder to wr
     paths["progression_f1_chart"] = save_chart(self.plot("f1"), out / "progression_f1.svg")
     if len(self.systems) > 1: paths["win_probability_chart"] = save_chart(self.plot("wins"), out / "win_probability.svg")
     params = {"annotators": self.annotators, "reps": self.reps, "seed": self.seed, "clusters": self.clusters,
-              "size": self.compare().size, "systems": self.systems, "studies": len(self.units), **(params or {})}
+              "size": self.size, "systems": self.systems, "studies": len(self.units), **(params or {})}
     write_manifest(out / "manifest.json", inputs=inputs, outputs=paths, params=params, notes=list(self.notes) + [self.note()])
     return {**paths, "manifest": out / "manifest.json"}
 
@@ -1290,16 +1291,7 @@ class LMimic:
     def __repr__(self): return f"LMimic({len(self.reports)} follow-up reports, {int(self.reports.has_longitudinal.sum())} with longitudinal content)"
     def _repr_markdown_(self): return md_table(self.summary())
 
-# %% ../nbs/10_longitudinal.ipynb #eb08a7ad
-@patch
-def class_distribution(self: LMimic) -> pd.DataFrame:
-    "Per split, longitudinal sentences by category (no change, improved, worsened, support devices, unmentioned, no label): `n, share`."
-    s = self.sentences[self.sentences.is_longitudinal.fillna(False).astype(bool)]
-    s = s.assign(category=[_category(True, k, p) for k, p in zip(s.keyword, s.progression)],
-                 split=s.report_id.map(self.reports.set_index("study_id")["split"].astype(object)).astype(object).fillna("(none)"))
-    out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"], sort=False).size().rename("n").reset_index()
-    return out.assign(share=out.n / out.groupby("split").n.transform("sum"))
-
+# %% ../nbs/10_longitudinal.ipynb #17b39da7
 def _report_counts(sentences: pd.DataFrame) -> pd.DataFrame:
     "Per report: `n_sentences, n_longitudinal`."
     flags = sentences.assign(flag=sentences["is_longitudinal"].fillna(False).astype(int))
@@ -1320,6 +1312,16 @@ def build_lmimic(studies,                # a studies table with study_id, patien
     rep = rep.join(_report_counts(sents), on="study_id").fillna({"n_sentences": 0, "n_longitudinal": 0})
     rep[["n_sentences", "n_longitudinal"]] = rep[["n_sentences", "n_longitudinal"]].astype(int)
     return LMimic(c, sents, rep.assign(has_longitudinal=rep.n_longitudinal > 0).reset_index(drop=True))
+
+# %% ../nbs/10_longitudinal.ipynb #eb08a7ad
+@patch
+def class_distribution(self: LMimic) -> pd.DataFrame:
+    "Per split, longitudinal sentences by category (no change, improved, worsened, support devices, unmentioned, no label): `n, share`."
+    s = self.sentences[self.sentences.is_longitudinal.fillna(False).astype(bool)]
+    s = s.assign(category=[_category(True, k, p) for k, p in zip(s.keyword, s.progression)],
+                 split=s.report_id.map(self.reports.set_index("study_id")["split"].astype(object)).astype(object).fillna("(none)"))
+    out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"], sort=False).size().rename("n").reset_index()
+    return out.assign(share=out.n / out.groupby("split").n.transform("sum"))
 
 # %% ../nbs/10_longitudinal.ipynb #1af7d074
 def _distribution_of(data) -> pd.DataFrame:

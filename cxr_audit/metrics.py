@@ -123,6 +123,7 @@ def ngram_counts(tokens: Sequence[str], # a tokenized text
     "Counts of all 1- to `n`-grams (as tuples) of a token list."
     return Counter(tuple(tokens[i:i + k]) for k in range(1, n + 1) for i in range(len(tokens) - k + 1))
 
+# %% ../nbs/07_metrics.ipynb #49281782
 def bleu_pair_stats(reference: str,  # one prepared reference
                     hypothesis: str, # one prepared hypothesis
                     n: int = 4       # highest n-gram order
@@ -183,6 +184,7 @@ def lcs_length(a: Sequence, # first token sequence
         prev = cur
     return prev[-1]
 
+# %% ../nbs/07_metrics.ipynb #a0b76411
 def rouge_l_score(reference: str,   # one prepared reference
                   hypothesis: str,  # one prepared hypothesis
                   beta: float = 1.2 # recall weight of the F-measure (COCO: 1.2)
@@ -309,6 +311,7 @@ def meteor_jar(jar: str | os.PathLike | None = None # a path to meteor-1.5.jar (
     if not p.is_file(): raise FileNotFoundError(f"pycocoevalcap is installed but its METEOR jar is missing: {p}")
     return p
 
+# %% ../nbs/07_metrics.ipynb #2e49abb4
 def java_executable(java: str | None = None # a java executable (default: `java` on PATH)
                    ) -> str:
     "The `java` program to run the jar with."
@@ -371,6 +374,7 @@ class MeteorRun:
     segment_scores: np.ndarray | None = None  # the jar's score of each pair (its EVAL answer), or None
     corpus_score: float | None = None         # the jar's corpus score, or None
 
+# %% ../nbs/07_metrics.ipynb #f714dd99
 def run_meteor(references: Sequence[str],  # tokenized references
                hypotheses: Sequence[str],  # tokenized hypotheses
                jar=None,                   # the METEOR 1.5 jar (default: pycocoevalcap's)
@@ -472,11 +476,13 @@ def register_metric(name: str,                     # registry name
     "Add (or replace) a metric factory under `name`."
     REGISTRY[name] = factory
 
+# %% ../nbs/07_metrics.ipynb #b6c5f31b
 def list_metrics(radeval: bool = False # also the bridged RadEval outputs (`radeval_*`, see below)
                 ) -> list[str]:
     "Names `get_metric` accepts."
     return [n for n in REGISTRY if radeval or not n.startswith("radeval_")]
 
+# %% ../nbs/07_metrics.ipynb #6885acca
 def get_metric(name: str, # a registered name (see `list_metrics`)
                **options  # options passed to the metric (e.g. `tokenize=None`)
               ) -> Metric:
@@ -509,6 +515,7 @@ def score(references,                   # reference texts
     r, h = check_pairs(references, hypotheses)
     return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0)))} for m in _metrics(metrics)])
 
+# %% ../nbs/07_metrics.ipynb #5364082b
 def sample_stats(references,                    # reference texts
                  hypotheses,                    # generated texts, aligned with the references
                  metrics=('bleu_4', 'rouge_l'), # metric names or Metric objects
@@ -731,6 +738,7 @@ def radcliq_flip(values # RadCliQ-v1 values (lower is better)
     "RadCliQ-v1 values with the sign flipped (higher is better), the ReRef paper's convention; not the reciprocal."
     return -np.asarray(values, dtype=float)
 
+# %% ../nbs/07_metrics.ipynb #dafe5aa7
 @dataclass(repr=False)
 class Negated(MetricBase):
     "A metric with its value negated: same statistics, direction and range flipped."
@@ -750,6 +758,7 @@ class Negated(MetricBase):
              ): return _out(-np.asarray(self.inner.value(summed), dtype=float))
     def __repr__(self): return f"Negated({self.inner!r})"
 
+# %% ../nbs/07_metrics.ipynb #9a72771f
 def negated(metric,                 # a Metric object or registry name
             name: str | None = None # name of the negated metric (default: `<name>_neg`)
            ) -> Metric:

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,8 @@ __all__ = ['VARIANTS', 'EXPERIMENT_VARIANTS', 'ORIGINAL', 'VERDICT_FIELDS', 'REW
            'ROUND_COLUMNS', 'RESULT_COLUMNS', 'REFERENCES_COLUMNS', 'Variation', 'Axis', 'Taxonomy', 'load_taxonomy',
            'resolve_variants', 'variant_steps', 'Prompts', 'load_prompts', 'format_report', 'prompt_fields',
            'fill_template', 'generator_messages', 'verifier_messages', 'pydantic_schemas', 'as_rewrite', 'as_verdict',
-           'is_accepted', 'is_infeasible', 'task_messages', 'read_task', 'ReRef', 'Round', 'LoopRun', 'RewriteRun',
-           'rewrite_table']
+           'is_accepted', 'is_infeasible', 'task_messages', 'read_task', 'ReRef', 'Round', 'FrameResult', 'LoopRun',
+           'RewriteRun', 'rewrite_table']
 
 # %% ../nbs/09_reref.ipynb #6ad1f272
 VARIANTS = ("structure:structured", "structure:free_text", "section_assignment:alternative",
@@ -70,6 +70,11 @@ class Axis:
         return tuple(v for v in self.variations if not (self.kind == "relative" and v.key == "original"))
 
 # %% ../nbs/09_reref.ipynb #bc1651d9
+def _named(items: Mapping, name: str, what: str, plural: str):
+    "The item called `name`, or an `InputError` that lists the names there are."
+    if name in items: return items[name]
+    raise InputError(f"taxonomy: unknown {what} {name!r}; {plural} are {list(items)}")
+
 @dataclass(frozen=True)
 class Taxonomy:
     "The reporting-practice taxonomy: axes, dimensions and the default constraints of every rewrite."
@@ -89,16 +94,12 @@ class Taxonomy:
     def axis(self, key: str # an axis key, e.g. "negation"
             ) -> Axis:
         "The axis `key`."
-        for a in self.axes:
-            if a.key == key: return a
-        raise InputError(f"taxonomy: unknown axis {key!r}; axes are {[a.key for a in self.axes]}")
+        return _named({a.key: a for a in self.axes}, key, "axis", "axes")
 
     def variation(self, variant: str # a variant name, e.g. "negation:implicit"
                  ) -> Variation:
         "The target variation named `variant` (`axis:key`)."
-        for v in self.variations:
-            if v.variant == variant: return v
-        raise InputError(f"taxonomy: unknown variation {variant!r}; variations are {list(self.variants)}")
+        return _named(dict(zip(self.variants, self.variations)), variant, "variation", "variations")
 
     def to_frame(self) -> pd.DataFrame:
         "One row per target variation: variant, dimension, axis, kind, variation, definition."
@@ -444,6 +445,7 @@ def generator_request(self: ReRef, task: Mapping, # a checked task row
             "temperature": self.generator_temperature, "seed": self.seed + number - 1, "sample": number - 1,
             "max_tokens": self.generator_max_tokens, "top_p": self.top_p, "top_k": self.top_k, "restricted": task["restricted"]}
 
+# %% ../nbs/09_reref.ipynb #8fbe7d33
 @patch
 def verifier_request(self: ReRef, task: Mapping, # a checked task row
                      sample: Mapping              # the candidate to judge
@@ -523,16 +525,22 @@ def run_round(self: ReRef, number: int,       # the round (1 for the first)
 RESULT_COLUMNS = ("task_id", "study_id", "variant", "findings", "impression", "feasible", "accepted", "iterations",
                   *VERDICT_FIELDS, "reasoning", "error")
 
+class FrameResult:
+    "A result whose `to_frame()` is a copy of one of its tables: the field that `frame_field` names."
+    frame_field: ClassVar[str] = ""
+    def to_frame(self) -> pd.DataFrame:
+        "A copy of the result's main table (the field named by `frame_field`)."
+        return getattr(self, self.frame_field).copy()
+
+# %% ../nbs/09_reref.ipynb #ae939e58
 @dataclass(frozen=True, eq=False)
-class LoopRun:
-    "What `ReRef.run` returns: one result per task, every round's log, and the call totals."
-    results: pd.DataFrame   # one `RESULT_COLUMNS` row per task, in input order
+class LoopRun(FrameResult):
+    "What `ReRef.run` returns: one result per task (`to_frame()`), every round's log, and the call totals."
+    frame_field = "results"
+    results: pd.DataFrame   # one `RESULT_COLUMNS` row per task, in input order (final rewrite, feasibility, verdict, error)
     rounds: pd.DataFrame    # one `ROUND_COLUMNS` row per task and round
     calls: dict             # requests, ok, failed, cached, called, attempts, tokens_in, tokens_out, cost_usd
 
-    def to_frame(self) -> pd.DataFrame:
-        "One row per task: the final rewrite, `feasible`, `accepted`, `iterations`, the verdict and any error."
-        return self.results.copy()
     def summary(self) -> pd.DataFrame:
         "Per variant: tasks, and the share accepted and feasible; mean rounds."
         grouped = self.results.groupby("variant", sort=False)
@@ -616,15 +624,13 @@ REFERENCES_COLUMNS = ("study_id", "variant", "findings", "impression", "feasible
 _EXTRA = ("usable", *VERDICT_FIELDS, "reasoning", "error")
 
 @dataclass(frozen=True, eq=False)
-class RewriteRun:
-    "The result of `rewrite_table`: the references table, the rounds log and the call totals."
+class RewriteRun(FrameResult):
+    "The result of `rewrite_table`: the references table (`to_frame()`), the rounds log and the call totals."
+    frame_field = "references"
     references: pd.DataFrame  # the `references` table (see above)
     rounds: pd.DataFrame      # one `ROUND_COLUMNS` row per task and round, plus `task_variant`
     calls: dict               # call totals (see `LoopRun.calls`)
 
-    def to_frame(self) -> pd.DataFrame:
-        "The `references` table."
-        return self.references.copy()
     def feasibility(self) -> pd.DataFrame:
         "Per variant: studies, and the share that were feasible, accepted and usable; mean rounds."
         r = self.references[self.references.variant != ORIGINAL]

@@ -18,7 +18,7 @@ from .core import InputError, read_json, require_columns, resource_text, sha256_
 from .reports import regex_splitter
 from .labels import CHEXPERT_14, Labeler, default_labeler
 from .llm import RuleChat, canonical_json
-from .reref import ORIGINAL, ReRef, read_task
+from .reref import ORIGINAL, VARIANTS, ReRef, read_task
 
 # %% auto #0
 __all__ = ['RULES', 'STRICT_AXES', 'DETECTORS', 'Rules', 'load_rules', 'Item', 'parse_section', 'section_sentences',
@@ -288,6 +288,19 @@ class RuleContext:
         return options[self.attempt % len(options)]
 
 # %% ../nbs/09a_reref_rules.ipynb #12a56bce
+def _registrar(table: dict) -> Callable:
+    "A decorator factory: `@register(variant)` enters the decorated function in `table` as the one for `variant`."
+    def register(variant: str) -> Callable:
+        if variant not in VARIANTS: raise ValueError(f"unknown variation {variant!r}")
+        def add(fn: Callable) -> Callable:
+            table[variant] = fn
+            return fn
+        return add
+    return register
+
+_RULE_OF: dict = {}
+_rule = _registrar(_RULE_OF)
+
 def _each(text: str, rewrite: Callable[[str], list]) -> str:
     "Apply a per-sentence rewrite to a section."
     return edit_section(text, lambda sentences: [rewrite(s) for s in sentences])
@@ -306,6 +319,7 @@ def _severity_words(text: str, rules: Rules) -> set:
     return {m.group(0).lower() for m in rules.rx["severity"].finditer(text)}
 
 # %% ../nbs/09a_reref_rules.ipynb #d027d84c
+@_rule("structure:structured")
 def _structured(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     # a device heading reads as a device mention to a labeler: use it only when a device is actually present
     device = any(label == "Support Devices" and state == 1.0 for s in section_sentences(findings) for label, state in ctx.info(s).mentions)
@@ -318,6 +332,7 @@ def _structured(findings: str, impression: str, ctx: RuleContext) -> tuple[str, 
         impression = render_structured(section_sentences(impression), ctx.rules, numbered=True)
     return findings, impression
 
+@_rule("structure:free_text")
 def _free_text(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     return tuple(render_prose(t, ctx.rules) if is_structured(t) else t for t in (findings, impression))
 
@@ -325,6 +340,7 @@ def _has_positive(text: str, ctx: RuleContext) -> bool:
     evidence, _ = ctx.labeler.label_text(text)
     return any(e.state != 0.0 for label, e in evidence.items() if label not in ("No Finding", "Support Devices"))
 
+@_rule("findings_scope:minimal")
 def _minimal(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     sentences = section_sentences(findings)
     drop = [ctx.normal(s) for s in sentences]
@@ -342,6 +358,7 @@ def _strip_comparison(sentence: str, ctx: RuleContext) -> str | None:
              and ctx.info(stripped).present == ctx.info(sentence).present)
     return stripped if clean else None
 
+@_rule("section_assignment:alternative")
 def _section_assignment(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     "Comparisons with prior studies leave the Findings for the Impression (stripped from a sentence when possible)."
     in_findings, in_impression = section_sentences(findings), section_sentences(impression)
@@ -384,6 +401,7 @@ def _drop_subsumed(new: list, implicit: Mapping) -> list:
     gone = {implicit[k] for k in said for wider in said if k != wider and set(k.split("|")) < set(wider.split("|"))}
     return [[x for x in xs if x not in gone] for xs in new]
 
+@_rule("negation:implicit")
 def _negation_implicit(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     infos = [ctx.info(s) for s in section_sentences(findings) + section_sentences(impression)]
     denied = {label for x in infos for label in x.explicit | x.normal}
@@ -395,6 +413,7 @@ def _negation_implicit(findings: str, impression: str, ctx: RuleContext) -> tupl
     def rewrite(sentences: list) -> list: return _dedupe(_drop_subsumed([one(s) for s in sentences], ctx.rules["implicit"]))
     return edit_section(findings, rewrite), edit_section(impression, rewrite)
 
+@_rule("negation:explicit")
 def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     nouns = ctx.rules["explicit"]
     def one(sentence: str) -> list:
@@ -410,6 +429,7 @@ def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tupl
 def _pure(info: SentenceInfo, labels: set, implicit_only: bool = True) -> bool:
     return info.all_absent and not info.temporal and set(info.labels) == labels and (not implicit_only or not info.explicit)
 
+@_rule("anatomical_granularity:low")
 def _anatomy_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     table = ctx.rules.table("anatomy_low")
     def merge(sentences: list) -> list:
@@ -423,6 +443,7 @@ def _anatomy_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str,
         return out
     return edit_section(findings, merge), _each(impression, lambda s: [replace_once(s, table)])
 
+@_rule("anatomical_granularity:high")
 def _anatomy_high(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     split = ctx.rules["split_high"]
     def one(sentence: str) -> list:
@@ -438,6 +459,7 @@ def _size_word(size: float, unit: str, ctx: RuleContext) -> str:
     cm = size / 10 if unit.lower().startswith("m") else size
     return next(word for bound, word in ctx.rules["size_words"]["bounds"] if cm < bound)
 
+@_rule("quantitative_granularity:low")
 def _quantitative_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     table, measurement = ctx.rules.table("quantitative"), ctx.rules.rx["measurement"]
     def size_word(match) -> str: return (_size_word(float(match.group(1)), match.group(2), ctx) + " ").lstrip()
@@ -448,11 +470,13 @@ def _quantitative_low(findings: str, impression: str, ctx: RuleContext) -> tuple
     return _each(findings, one), _each(impression, one)
 
 # %% ../nbs/09a_reref_rules.ipynb #4c164c22
+@_rule("terminology:alternative")
 def _terminology(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     table = ctx.rules.table("terminology")
     def one(sentence: str) -> list: return [replace_once(sentence, table, ctx.attempt)]
     return _each(findings, one), _each(impression, one)
 
+@_rule("hedging:alternative")
 def _hedging(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     whole, table = ctx.rules.table("hedging_sentences"), ctx.rules.table("hedging")
     def one(sentence: str) -> list:
@@ -461,13 +485,7 @@ def _hedging(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str
     return _each(findings, one), _each(impression, one)
 
 # %% ../nbs/09a_reref_rules.ipynb #9e2a9842
-RULES = {"structure:structured": _structured, "structure:free_text": _free_text,
-         "section_assignment:alternative": _section_assignment,
-         "findings_scope:exhaustive": None, "findings_scope:minimal": _minimal,
-         "anatomical_granularity:high": _anatomy_high, "anatomical_granularity:low": _anatomy_low,
-         "quantitative_granularity:high": None, "quantitative_granularity:low": _quantitative_low,
-         "terminology:alternative": _terminology, "hedging:alternative": _hedging,
-         "negation:explicit": _negation_explicit, "negation:implicit": _negation_implicit}
+RULES = {v: _RULE_OF.get(v) for v in VARIANTS}
 
 # %% ../nbs/09a_reref_rules.ipynb #c5bac075
 def rule_rewrite(findings: str,                  # the original Findings
@@ -545,52 +563,62 @@ def _hedge_cues(report: Mapping, ctx: RuleContext) -> list:
 def _measurements(report: Mapping, ctx: RuleContext) -> int: return len(ctx.rules.rx["measurement"].findall(_both(report)))
 
 # %% ../nbs/09a_reref_rules.ipynb #812db4f3
+_DETECTOR_OF: dict = {}
+_detector = _registrar(_DETECTOR_OF)
+
+@_detector("structure:structured")
 def _detect_structured(original, alternative, ctx):
     return False, is_structured(original["findings"]), is_structured(alternative["findings"])
+@_detector("structure:free_text")
 def _detect_free_text(original, alternative, ctx):
     return False, not _any_structured(original), not _any_structured(alternative)
+@_detector("section_assignment:alternative")
 def _detect_section(original, alternative, ctx):
     temporal = sum(ctx.info(s).temporal and not ctx.normal(s) for s in section_sentences(original["findings"]))
     return temporal == 0, False, section_sentences(alternative["findings"]) != section_sentences(original["findings"])
+@_detector("findings_scope:exhaustive")
 def _detect_exhaustive(original, alternative, ctx):
     full = len(_systems(original, ctx)) == len(_SYSTEMS)
     more = len(_systems(alternative, ctx)) > len(_systems(original, ctx))
     return not full, full, more or _normals(alternative["findings"], ctx) > _normals(original["findings"], ctx)
+@_detector("findings_scope:minimal")
 def _detect_minimal(original, alternative, ctx):
     normals = _normals(original["findings"], ctx)
     return False, normals == 0 or len(section_sentences(original["findings"])) <= 1, _normals(alternative["findings"], ctx) < normals
+@_detector("anatomical_granularity:high")
 def _detect_anatomy_high(original, alternative, ctx):
     aggregates, substructures = _aggregates(original, ctx), _substructures(original, ctx)
     changed = _aggregates(alternative, ctx) < aggregates or _substructures(alternative, ctx) > substructures
     return aggregates == 0 and substructures == 0, aggregates == 0 and substructures > 0, changed
+@_detector("anatomical_granularity:low")
 def _detect_anatomy_low(original, alternative, ctx):
     substructures = _substructures(original, ctx)
     return False, substructures == 0, _substructures(alternative, ctx) < substructures
+@_detector("quantitative_granularity:high")
 def _detect_quantitative_high(original, alternative, ctx):
     count = _measurements(original, ctx)
     return count == 0, count > 0, _measurements(alternative, ctx) > count
+@_detector("quantitative_granularity:low")
 def _detect_quantitative_low(original, alternative, ctx):
     count = _measurements(original, ctx)
     return False, count == 0, count > 0 and _measurements(alternative, ctx) == 0
+@_detector("terminology:alternative")
 def _detect_terminology(original, alternative, ctx):
     return not _matches(_both(original), ctx.rules.table("terminology")), False, _words(alternative) != _words(original)
+@_detector("hedging:alternative")
 def _detect_hedging(original, alternative, ctx):
     return not _hedge_cues(original, ctx), False, _hedge_cues(alternative, ctx) != _hedge_cues(original, ctx)
+@_detector("negation:explicit")
 def _detect_explicit(original, alternative, ctx):
     explicit, implicit = _negations(original, ctx)
     return explicit == 0 and implicit == 0, implicit == 0 and explicit > 0, _negations(alternative, ctx)[1] < implicit
+@_detector("negation:implicit")
 def _detect_implicit(original, alternative, ctx):
     explicit, implicit = _negations(original, ctx)
     return explicit == 0 and implicit == 0, explicit == 0 and implicit > 0, _negations(alternative, ctx)[0] < explicit
 
 # %% ../nbs/09a_reref_rules.ipynb #96872e63
-DETECTORS = {"structure:structured": _detect_structured, "structure:free_text": _detect_free_text,
-             "section_assignment:alternative": _detect_section,
-             "findings_scope:exhaustive": _detect_exhaustive, "findings_scope:minimal": _detect_minimal,
-             "anatomical_granularity:high": _detect_anatomy_high, "anatomical_granularity:low": _detect_anatomy_low,
-             "quantitative_granularity:high": _detect_quantitative_high, "quantitative_granularity:low": _detect_quantitative_low,
-             "terminology:alternative": _detect_terminology, "hedging:alternative": _detect_hedging,
-             "negation:explicit": _detect_explicit, "negation:implicit": _detect_implicit}
+DETECTORS = {v: _DETECTOR_OF[v] for v in VARIANTS}
 
 # %% ../nbs/09a_reref_rules.ipynb #828a23c8
 def _numbers(report: Mapping, rules: Rules) -> set:
@@ -635,31 +663,28 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
 # %% ../nbs/09a_reref_rules.ipynb #1b678e8e
 _RULE_CODE_VERSION = "1"
 
-class RuleRewriter(RuleChat):
-    "The rule-based ReRef Generator, as an offline, deterministic chat back end."
-    prompt_style = "task"
+class _TaskRules(RuleChat):
+    "A ReRef step played by rules: it reads the task from the messages and answers it with the lexicons."
+    prompt_style, step, default_name = "task", "", ""
     def __init__(self, rules: str | os.PathLike | Mapping | Rules | None = None, # lexicons (see `load_rules`)
                  labeler: Labeler | None = None,  # default: the CheXpert-14 rule labeler
-                 name: str = "reref-rules"):      # the back end's name (its cache identity)
+                 name: str | None = None):        # the back end's name, its cache identity (default: `default_name`)
         self.rules_ = rules if isinstance(rules, Rules) else load_rules(rules)
         self.labeler_ = labeler
-        super().__init__(self._reply, name=name, version=f"{_RULE_CODE_VERSION}-{self.rules_.version}")
-    def _reply(self, messages, schema, seed=None) -> dict:
-        task = read_task(messages, "generate")
-        return rule_rewrite(task["findings"], task["impression"], task["variant"], self.rules_, self.labeler_, seed or 0)
+        super().__init__(self._task_reply, name=name or self.default_name, version=f"{_RULE_CODE_VERSION}-{self.rules_.version}")
+    def _task_reply(self, messages, schema, seed=None) -> dict: return self._answer(read_task(messages, self.step), seed or 0)
+
+class RuleRewriter(_TaskRules):
+    "The rule-based ReRef Generator, as an offline, deterministic chat back end."
+    step, default_name = "generate", "reref-rules"
+    def _answer(self, task: Mapping, seed: int) -> dict:
+        return rule_rewrite(task["findings"], task["impression"], task["variant"], self.rules_, self.labeler_, seed)
 
 # %% ../nbs/09a_reref_rules.ipynb #6236c03a
-class RuleVerifier(RuleChat):
+class RuleVerifier(_TaskRules):
     "The rule-based ReRef Verifier (labels and detectors), as an offline, deterministic chat back end."
-    prompt_style = "task"
-    def __init__(self, rules: str | os.PathLike | Mapping | Rules | None = None, # lexicons (see `load_rules`)
-                 labeler: Labeler | None = None,         # default: the CheXpert-14 rule labeler
-                 name: str = "reref-rule-verifier"):     # the back end's name (its cache identity)
-        self.rules_ = rules if isinstance(rules, Rules) else load_rules(rules)
-        self.labeler_ = labeler
-        super().__init__(self._reply, name=name, version=f"{_RULE_CODE_VERSION}-{self.rules_.version}")
-    def _reply(self, messages, schema) -> dict:
-        task = read_task(messages, "verify")
+    step, default_name = "verify", "reref-rule-verifier"
+    def _answer(self, task: Mapping, seed: int) -> dict:
         return rule_verify(task["original"], task["alternative"], task["variant"], self.rules_, self.labeler_)
 
 # %% ../nbs/09a_reref_rules.ipynb #2451c024

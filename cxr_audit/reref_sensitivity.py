@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from fastcore.basics import patch
+from fastcore.meta import delegates
 
 from .core import (DEFAULT_SEED, InputError, config_label, enable_theme, md_table, require_columns, save_chart,
                             write_manifest, write_table)
@@ -21,7 +22,7 @@ from .corpus import to_generations
 from .metrics import get_metric, sample_stats
 from .stats import (VALUES, PairedResult, bootstrap_metrics, check_reps, count_reversals, mean_stats, p_value_note,
                              ranking_reversals, resolve_clusters, systems_from_scores)
-from .reref import ORIGINAL, VARIANTS, ReRef, RewriteRun, rewrite_table
+from .reref import ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, rewrite_table
 from .reref_rules import label_agreement, rule_reref
 
 # %% auto #0
@@ -298,20 +299,11 @@ def all_pairwise_gaps(scores,                                # a scores long tab
 # %% ../nbs/09b_reref_sensitivity.ipynb #3bad2e38
 _REVERSAL_COLUMNS = ["dataset", "metric", "variant", "pairs", "flips", "significant_flips", "verdict_changes"]
 
-def reversal_counts(scores,                                # a scores long table
-                    metrics: Sequence[str] | None = None,  # default: every metric of `scores`
-                    datasets: Sequence[str] | None = None, # default: every dataset of `scores`
-                    systems: Sequence[str] | None = None,  # systems to compare (default: all)
-                    reps: int = 1000,                      # bootstrap resamples
-                    seed: int = DEFAULT_SEED,              # random seed
-                    size: float = 0.95,                    # interval coverage; significance level is 1 − size
-                    values: Mapping | None = None,         # metric -> value function (see `system_scores`)
-                    unit: str | None = None,               # see `pairwise_gaps`
-                    clusters=None                          # see `pairwise_gaps`
-                   ) -> pd.DataFrame:
-    "Per dataset, metric and variant: system pairs, flips, significant flips and verdict changes against the original references."
-    gaps = all_pairwise_gaps(scores, metrics, datasets, systems, reps, seed, size, values, unit, clusters)
-    return _reversal_table(gaps)
+@delegates(all_pairwise_gaps)
+def reversal_counts(scores, # a scores long table
+                    **kwargs) -> pd.DataFrame:
+    "Per dataset, metric and variant: system pairs, flips, significant flips and verdict changes against the original references (settings: those of `all_pairwise_gaps`)."
+    return _reversal_table(all_pairwise_gaps(scores, **kwargs))
 
 def _reversal_table(gaps: Mapping) -> pd.DataFrame:
     parts = [g.summary() for g in gaps.values()]
@@ -397,6 +389,7 @@ def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame
                      base.mark_point(filled=True, size=60).encode(x="estimate:Q")).properties(
         width=360, height=alt.Step(18), title=title or f"{first} − {second} under each reference variant")
 
+# %% ../nbs/09b_reref_sensitivity.ipynb #fce8353e
 @patch
 def plot(self: PairwiseGaps, first: str | None = None, # first system (default: `most_reversed`)
          second: str | None = None,                      # second system
@@ -425,8 +418,9 @@ def plot_reversals(counts,                  # reversal counts (from `reversal_co
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ab13fc74
 @dataclass(frozen=True, eq=False)
-class ReferenceSensitivity:
-    "What `reference_sensitivity` returns: rewrites, scores, shifts and ranking comparisons under each reference variant."
+class ReferenceSensitivity(FrameResult):
+    "What `reference_sensitivity` returns: rewrites, scores, shifts (`to_frame()`) and ranking comparisons under each reference variant."
+    frame_field = "shifts"
     run: RewriteRun           # the rewritten references (see `cxr_audit.reref.rewrite_table`)
     scores: pd.DataFrame      # the `scores` long table (`score_references`)
     shifts: pd.DataFrame      # per system, dataset, variant and metric: shift and normalized shift (`score_shifts`)
@@ -437,9 +431,6 @@ class ReferenceSensitivity:
     agreement: pd.DataFrame   # per variant: label agreement of the rewrites (`cxr_audit.reref_rules.label_agreement`)
     params: dict              # backend, variants, metrics, section, reps, seed, size, clusters, studies
 
-    def to_frame(self) -> pd.DataFrame:
-        "The shifts: one row per system, dataset, variant and metric."
-        return self.shifts.copy()
     def summary(self) -> pd.DataFrame:
         "Per metric: mean and largest IQR of the normalized shifts, and comparisons, flips and significant flips."
         flips = (self.reversals.groupby("metric", sort=False)[["pairs", "flips", "significant_flips"]].sum()

@@ -21,17 +21,17 @@ from scipy import stats as sps
 from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, require_columns, rng
 
 # %% auto #0
-__all__ = ['VALUES', 'CIMethod', 'resample_indices', 'resolve_clusters', 'cluster_codes', 'chunk_rows', 'weight_chunks',
-           'resample_weights', 'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats',
-           'macro_stats', 'bleu_stats', 'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision',
+__all__ = ['VALUES', 'CIMethod', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters', 'cluster_codes', 'chunk_rows',
+           'weight_chunks', 'resample_weights', 'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats',
+           'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision',
            'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision', 'macro_recall', 'corpus_bleu', 'replicate_sums',
            'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap', 'holm', 'p_value_floor', 'reps_needed',
            'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult', 'bootstrap_metrics', 'paired_bootstrap',
            'holm_family', 'systems_from_scores', 'incidence', 'distinct_stats', 'distinct_replicates',
            'bootstrap_distinct', 'replicate_ranks', 'rank_ci', 'ranking_reversals', 'count_reversals', 'Estimate',
-           'spearman', 'kendall_tau', 'kendalls_w', 'mean_spearman', 'agreement_stats', 'agreement_table',
-           'percent_agreement', 'within_one', 'cohen_kappa', 'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci',
-           'binomial_cis', 'rater_agreement', 'icc2_1', 'plot_forest', 'plot_win_probability']
+           'kendalls_w', 'mean_spearman', 'agreement_stats', 'agreement_table', 'percent_agreement', 'within_one',
+           'cohen_kappa', 'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci', 'binomial_cis', 'rater_agreement',
+           'icc2_1', 'plot_forest', 'plot_win_probability']
 
 # %% ../nbs/04_stats.ipynb #20427941
 def resample_indices(units: int,            # number of resampling units (units, or clusters)
@@ -931,26 +931,26 @@ def _fisher_ci(r: float, var: float, size: float) -> tuple[float, float]:
     z, h = np.arctanh(np.clip(r, -1, 1)), sps.norm.ppf((1 + size) / 2) * math.sqrt(var)
     return float(np.tanh(z - h)), float(np.tanh(z + h))
 
-def spearman(first,            # one score per object (system) under the first evaluation
-             second,           # the same objects' scores under the second evaluation
-             size: float = 0.95 # interval coverage
-            ) -> Estimate:
-    "Spearman's rho with scipy's p-value and a Fisher-z interval."
-    x, y = _pair_arrays(first, second, "spearman"); n = len(x)
-    r = sps.spearmanr(x, y)
-    return Estimate("spearman_rho", float(r.statistic), *_fisher_ci(r.statistic, 1.06 / (n - 3) if n > 3 else np.nan, size),
-                    float(r.pvalue), n, "Fisher z, var 1.06/(n-3); scipy p")
+def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: int, doc: str):
+    "A public rank correlation `name`: scipy's `correlate` and its p-value, with a Fisher-z interval of variance `var_num/(n-lost)`."
+    def correlation(first,            # one score per object (system) under the first evaluation
+                    second,           # the same objects' scores under the second evaluation
+                    size: float = 0.95 # interval coverage
+                   ) -> Estimate:
+        x, y = _pair_arrays(first, second, name); n = len(x)
+        r = correlate(x, y)
+        return Estimate(metric, float(r.statistic), *_fisher_ci(r.statistic, var_num / (n - lost) if n > lost else np.nan, size),
+                        float(r.pvalue), n, f"Fisher z, var {var_num}/(n-{lost}); scipy p")
+    correlation.__name__ = correlation.__qualname__ = name
+    correlation.__doc__ = doc
+    return correlation
+
+spearman = _rank_correlation("spearman", "spearman_rho", sps.spearmanr, 1.06, 3,
+                             "Spearman's rho with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #d7b0b55b
-def kendall_tau(first,            # one score per object (system) under the first evaluation
-                second,           # the same objects' scores under the second evaluation
-                size: float = 0.95 # interval coverage
-               ) -> Estimate:
-    "Kendall's tau-b with scipy's p-value and a Fisher-z interval."
-    x, y = _pair_arrays(first, second, "kendall_tau"); n = len(x)
-    r = sps.kendalltau(x, y)
-    return Estimate("kendall_tau_b", float(r.statistic), *_fisher_ci(r.statistic, 0.437 / (n - 4) if n > 4 else np.nan, size),
-                    float(r.pvalue), n, "Fisher z, var 0.437/(n-4); scipy p")
+kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", sps.kendalltau, 0.437, 4,
+                                "Kendall's tau-b with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #e28d64e2
 def _as_matrix(ratings, what: str) -> np.ndarray:
@@ -1012,11 +1012,8 @@ def _categories(a: list, b: list, categories) -> list:
         raise InputError(f"rater agreement: labels of different types ({', '.join(kinds)}) cannot be put in order; "
                          "pass categories=[...] in the order you mean") from None
 
-def agreement_stats(rater_a,           # rater a's labels, one per item
-                    rater_b,           # rater b's labels for the same items
-                    categories=None    # ordered category levels (default: sorted observed values)
-                   ) -> np.ndarray:
-    "`(items × q²)` one-hot cell of each item in the raters' cross-table (row: rater a, column: rater b)."
+def _cross_cells(rater_a, rater_b, categories) -> tuple[np.ndarray, list]:
+    "The checked one-hot cells `(items × q²)` of the raters' cross-table, and its category levels."
     a, b = _rater_labels(rater_a, rater_b)
     cats = _categories(a, b, categories); pos = {c: i for i, c in enumerate(cats)}; q = len(cats)
     S = np.zeros((len(a), q * q))
@@ -1024,7 +1021,14 @@ def agreement_stats(rater_a,           # rater a's labels, one per item
         for who, val in (("a", u), ("b", v)):
             if val not in pos: raise InputError(f"rater agreement: row {k}: rater {who} label {val!r} is not one of {cats}")
         S[k, pos[u] * q + pos[v]] = 1
-    return S
+    return S, cats
+
+def agreement_stats(rater_a,           # rater a's labels, one per item
+                    rater_b,           # rater b's labels for the same items
+                    categories=None    # ordered category levels (default: sorted observed values)
+                   ) -> np.ndarray:
+    "`(items × q²)` one-hot cell of each item in the raters' cross-table (row: rater a, column: rater b)."
+    return _cross_cells(rater_a, rater_b, categories)[0]
 
 # %% ../nbs/04_stats.ipynb #402dd957
 def agreement_table(rater_a,          # rater a's labels, one per item
@@ -1032,9 +1036,8 @@ def agreement_table(rater_a,          # rater a's labels, one per item
                     categories=None   # ordered category levels (default: sorted observed values)
                    ) -> pd.DataFrame:
     "The raters' `q × q` cross-table of counts (rows: rater a, columns: rater b)."
-    a, b = _rater_labels(rater_a, rater_b)
-    cats = _categories(a, b, categories); q = len(cats)
-    return pd.DataFrame(agreement_stats(a, b, cats).sum(0).reshape(q, q).astype(int), index=cats, columns=cats)
+    cells, cats = _cross_cells(rater_a, rater_b, categories); q = len(cats)
+    return pd.DataFrame(cells.sum(0).reshape(q, q).astype(int), index=cats, columns=cats)
 
 # %% ../nbs/04_stats.ipynb #92b85088
 def _table(T) -> np.ndarray:

@@ -1,4 +1,6 @@
 """Cross-checks of cxr_audit.concentration against a plain-Python reference, on random and hand-made corpora.
+The per-report rules of the reference (tokens, normalization, validity reasons) are benchmarks/_plain_concentration.py,
+which the benchmark's baseline uses too.
 
 The notebook (nbs/05_concentration.ipynb) holds the worked examples; here: a naive implementation of every measure
 and flag compared on random corpora (unicode, missing and non-text values, special tokens, odd whitespace, texts
@@ -6,9 +8,10 @@ shared between groups), the invariants (doubling, permutation), the bootstrap ag
 draws (with and without clusters, and with tiny chunks), the shares-vs-recount coverage simulation, the fallback
 paths of the engine for large vocabularies, determinism, and the command-line helper.
 """
+import importlib.util
 import math
-import re
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,49 +21,27 @@ import cxr_audit.stats as stats
 from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _Corpus, _dense, _distinct_per,
                                      audit_concentration, distinct_n, has_repeated_ngram,
                                      normalize_for_matching, surface_validity, tokenize)
-from cxr_audit.core import is_missing, sha256_frame
+from cxr_audit.core import sha256_frame
 from cxr_audit.stats import resample_indices
 from cxr_audit.synth import make_demo_corpus
 
-TOKEN = re.compile(r"[^\W_]+")
-SPECIAL = re.compile("|".join(f"(?:{re.escape(t)})" for t in VALIDITY_RULES["special_tokens"])
-                     + "".join(f"|(?:{p})" for p in VALIDITY_RULES["special_patterns"]))
-
-
 # ---------------------------------------------------------------- a plain-Python reference
-def ref_tokens(t):
-    return [w.lower() for w in TOKEN.findall(t)] if isinstance(t, str) else []
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def ref_norm(t):
-    s = t if isinstance(t, str) else ""
-    return re.sub(r"\s+", " ", s.lower()).strip().rstrip(".,;:!? \t\n\r\f\v")
+def load_plain():
+    "The plain-Python reference of the per-report rules, shared with the benchmark's baseline."
+    spec = importlib.util.spec_from_file_location("_plain_concentration", ROOT / "benchmarks" / "_plain_concentration.py")
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod
+
+
+PLAIN = load_plain()
+ref_tokens, ref_norm, ref_quantile = PLAIN.tokens, PLAIN.normalize, PLAIN.quantile
 
 
 def ref_reasons(t, cut=False, r=VALIDITY_RULES):
-    out = []
-    if is_missing(t): out.append("missing")
-    elif not isinstance(t, str): out.append("not_text")
-    else:
-        toks = ref_tokens(t)
-        special = bool(SPECIAL.search(t))
-        words = len(ref_tokens(SPECIAL.sub(" ", t))) if special else len(toks)
-        if t == "": out.append("empty")
-        elif not toks: out.append("no_words")
-        if special: out.append("special_token")
-        if any(c in t for c in r["bad_characters"]): out.append("bad_character")
-        if t and toks and words < r["min_words"]: out.append("too_few_words")
-    if cut: out.append("token_limit")
-    if isinstance(t, str):
-        toks = ref_tokens(t); grams = list(zip(*[toks[j:] for j in range(r["loop_n"])]))
-        if len(grams) >= r["loop_min_ngrams"] and len(grams) - len(set(grams)) >= r["loop_share"] * len(grams): out.append("looping")
-    return ";".join(out)
-
-
-def ref_quantile(vals, q):
-    v = sorted(vals); n = len(v); x = n * q + (1 + q * (1 - 1 - 1)) - 1
-    lo = int(x // 1); hi = min(lo + 1, n - 1); w = x - lo; a, b = v[lo], v[hi]
-    return b - (b - a) * (1 - w) if w >= 0.5 else a + (b - a) * w
+    return ";".join(PLAIN.reasons(t, cut, r))
 
 
 def ref_audit(texts, groups, k=5, prefixes=("no acute cardiopulmonary process",)):

@@ -5,11 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cxr_audit.core import InputError, sha256_frame
+from cxr_audit.core import InputError, config_label, sha256_frame
+from cxr_audit.corpus import to_generations
 from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, LabelAudit, Labeler, TraceAudit, align_labels,
                               check_text_provenance, exclusion_sensitivity, findings_to_labels, from_wide, label_audit,
                               label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
-                              read_chexbert_csv, read_chexpert_csv, reference_texts, state_accuracy, to_binary, to_wide, trace_audit,
+                              read_chexbert_csv, read_chexpert_csv, reference_texts, run_names, state_accuracy, to_binary, to_wide, trace_audit,
                               trace_label_triggers)
 from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.synth import make_demo_corpus
@@ -115,7 +116,7 @@ def test_trace_detects_the_naive_trigger(demo):
     assert row.dominated and row.top_evidence == "the heart size is within normal limits"
     assert row.normal_wording_positives >= 0.8 * row.positives and row.with_term <= 0.2 * row.positives
     # a system that really describes cardiomegaly has positives with the term
-    assert f.loc[("sim-verbose", "Cardiomegaly"), "with_term"] > 0
+    assert f.loc[("sim-verbose+B4", "Cardiomegaly"), "with_term"] > 0
     ours = label_generations(demo.generations)
     assert trace_label_triggers(ours).flags.normal_wording_positives.sum() == 0
 
@@ -282,7 +283,7 @@ def test_label_audit_compare_is_holm_consistent(audit):
     t = res.to_frame()
     assert (t.significant == (t.p_holm < 0.05)).all() and not t.significant.any()
     with pytest.warns(UnderpoweredWarning):
-        assert audit.compare(baseline="sim-verbose", against="truth").to_frame()["first"].eq("sim-verbose").all()
+        assert audit.compare(baseline="sim-verbose+B4", against="truth").to_frame()["first"].eq("sim-verbose+B4").all()
 
 
 def test_label_audit_save_and_plots(tmp_path, audit):
@@ -312,3 +313,14 @@ def test_trace_audit_of_the_official_csv(tmp_path):
     assert files["chart"].name == "trigger_phrases.svg" and pd.read_csv(files["provenance"]).status.eq("different").sum() == 1
     with pytest.raises(InputError, match="pass id_column"):
         trace_audit(FIX / "chexpert_labeled.csv", given.head(3))
+    assert ta.trace.min_positives == 3 and (ta.trace.dominance, ta.trace.by) == (0.5, "sentence")  # trace_label_triggers' defaults
+    with pytest.raises(TypeError):
+        trace_audit(FIX / "chexpert_labeled.csv", given, None, 0.5)       # its options are keyword-only
+
+
+def test_runs_are_named_by_config_label_everywhere(demo):
+    "Every run is `system+policy`, as in the concentration, uncertainty and metrics sections, even with one policy."
+    g = to_generations(demo.generations)
+    assert run_names(g).tolist() == config_label(g.system, g.policy).tolist()
+    assert set(label_generations(g).system) == set(config_label(g.system, g.policy))
+    assert run_names(g.drop(columns="policy")).tolist() == g.system.tolist()      # no policy column: the bare system

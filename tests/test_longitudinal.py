@@ -123,7 +123,7 @@ def test_progression_measures_by_hand():
     gens = pd.DataFrame({"sample_id": ["a1", "b1", "a2", "b2"], "study_id": ["A", "B", "A", "B"], "system": ["x", "x", "y", "y"], "hypothesis": ""})
     ev = progression_evaluation(st, gens, metrics=(), reps=50, reference_sentences=ref, generated_sentences=gen)
     f1 = ev.summary().query("metric == 'progression_micro_f1'").set_index("system").estimate
-    assert f1["x"] == pytest.approx(4 / 6) and f1["y"] == pytest.approx(2 / 7)
+    assert f1["x+default"] == pytest.approx(4 / 6) and f1["y+default"] == pytest.approx(2 / 7)   # to_generations' policy
 
 
 def test_stability_and_agreement_statistics():
@@ -174,10 +174,10 @@ def test_progression_evaluation_on_demo_with_truth(tmp_path):
                                 metrics=("bleu_4", "rouge_l", "meteor"), splitter="regex")
     assert ev.truth.summary()["class"].tolist() == ["no change", "improved", "worsened", "all"]
     assert ev.truth.summary().set_index("class").estimate["all"] >= 0.95
-    assert set(ev.systems) == {"sim-verbose", "sim-terse", "sim-omit", "sim-template+B4", "sim-template+K50"}
+    assert set(ev.systems) == {"sim-verbose+B4", "sim-terse+B4", "sim-omit+B4", "sim-template+B4", "sim-template+K50"}
     assert ("meteor" in ev.results) == bool(shutil.which("java"))
     f1 = ev.summary().query("metric == 'progression_micro_f1'").set_index("system").estimate
-    assert f1["sim-verbose"] > f1["sim-omit"] > f1["sim-template+B4"]
+    assert f1["sim-verbose+B4"] > f1["sim-omit+B4"] > f1["sim-template+B4"]
     # significant follows Holm everywhere, never the interval alone
     bv, cmp = ev.best_vs_runner_up(), ev.comparisons(["progression_micro_f1"])
     assert (bv.significant == (bv.p_holm < 0.05)).all() and (cmp.significant == (cmp.p_holm < 0.05)).all()
@@ -205,6 +205,17 @@ def test_llm_annotator_over_http_records_its_calls(tmp_path):
     pd.testing.assert_frame_equal(a, b)
     with pytest.raises(InputError, match="missing column"):
         progression_evaluation(d.studies, gens, section="impressions")
+
+
+def test_one_system_has_estimates_but_no_comparisons(tmp_path, demo):
+    one = demo.generations[demo.generations.system == "sim-verbose"]
+    ev = progression_evaluation(demo.studies, one, metrics=(), reps=50)
+    assert ev.systems == ["sim-verbose+B4"] and ev.size == 0.95 and ev.reps == 50
+    for call in (ev.compare, ev.comparisons, ev.win_matrix):
+        with pytest.raises(InputError, match="at least two systems"):
+            call()
+    assert len(ev.ranks()) == len(ev.results) and len(ev.best_vs_runner_up()) == 0 and "resamples" in ev.note()
+    assert "sim-verbose+B4" in ev.headline() and "win_probability_chart" not in ev.save(tmp_path / "o")
 
 
 def test_too_few_resamples_warn_when_comparing(demo):

@@ -309,7 +309,7 @@ def test_longitudinal_section_on_demo_with_truth():
     assert "offline rule-based annotator" in sec.blocks[0] and "patients (`patient_id`)" in sec.blocks[0]
     tables = [b for b in sec.blocks if isinstance(b, pd.DataFrame)]
     assert tables[0]["class"].tolist() == ["no change", "improved", "worsened", "all"]          # the truth
-    assert set(tables[1].system) == {"sim-verbose", "sim-terse", "sim-omit", "sim-template+B4", "sim-template+K50"}
+    assert set(tables[1].system) == {"sim-verbose+B4", "sim-terse+B4", "sim-omit+B4", "sim-template+B4", "sim-template+K50"}
     bv = tables[2]
     assert (bv.significant == (bv.p_holm < 0.05)).all()                                          # Holm, never the interval
     notes = [b for b in sec.blocks if isinstance(b, str) and b.startswith("Two-sided bootstrap p")]
