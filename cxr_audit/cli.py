@@ -15,11 +15,14 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args, get_or
 
 from fastcore.docments import docments
 
-from .core import DEFAULT_SEED, InputError, read_table
+from .core import DEFAULT_SEED, InputError, is_missing, md_table, read_table, write_table
+from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
+                              load_rexrank)
 
 # %% auto #0
-__all__ = ['COMMANDS', 'add_arguments', 'demo', 'audit', 'validate', 'cohort', 'concentration', 'longitudinal', 'labels', 'trace',
-           'review_prepare', 'review_analyse', 'reref', 'score', 'generate', 'llm_cache', 'build_parser', 'main']
+__all__ = ['LOADERS', 'COMMANDS', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort', 'concentration', 'longitudinal',
+           'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score', 'generate', 'llm_cache',
+           'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
 def _arg_spec(anno, default) -> dict:
@@ -81,6 +84,11 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
     return f"Wrote the audit report to {path}"
 
 # %% ../nbs/15_cli.ipynb #cbffb952
+def _flag_list(v) -> list[str]:
+    "A `load_flags` cell as a list, from a list, an array, `;`-separated text or a blank."
+    if isinstance(v, str): return [x for x in v.split(";") if x]
+    return [] if is_missing(v) else [str(x) for x in v]
+
 def validate(studies: str | None = None,      # studies table (.csv/.parquet)
              generations: str | None = None   # generations table (.csv/.parquet)
             ) -> str:
@@ -92,11 +100,37 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     if studies:
         s = to_studies(read_table(studies), studies)
         lines.append(f"{studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets {sorted(s['dataset'].unique())}")
+        if {"view_status", "load_flags"} <= set(s.columns):    # written by `cxr-audit load`: say what it flagged
+            lines.append(load_report(s.assign(load_flags=s["load_flags"].map(_flag_list))).headline())
     if generations:
         g = to_generations(read_table(generations), generations)
         lines.append(f"{generations}: {len(g)} generations, systems {sorted(g['system'].unique())}")
     if studies and generations: check_pair(s, g, (studies, generations))
     return "\n".join(lines + ["ok"])
+
+# %% ../nbs/15_cli.ipynb #67b43b83
+LOADERS: dict[str, Callable] = {"iu-xray": load_iu_xray, "mimic-cxr": load_mimic_cxr,
+                                "chexpert-plus": load_chexpert_plus, "rexgradient": load_rexgradient}
+
+def _joined(v) -> str:
+    "A list cell as `;`-separated text for a CSV (missing entries left empty)."
+    return ";".join("" if x is None else str(x) for x in v)
+
+def load(path: str,                                  # the dataset's file or folder, as the source distributes it
+         *, dataset: Literal["iu-xray", "mimic-cxr", "chexpert-plus", "rexgradient"] = "iu-xray", # which loader reads it
+         rexrank: bool = False,                      # `path` is a ReXrank benchmark JSON of that dataset
+         out: str = "studies.parquet",               # the studies table to write (.parquet or .csv)
+         image_root: str | None = None               # folder put in front of every image path
+        ) -> str:
+    "Load a dataset's files into the `studies` table; say how many studies were flagged and why."
+    if Path(out).suffix not in (".parquet", ".csv"): raise InputError(f"load: --out must end in .parquet or .csv, got {out!r}")
+    studies = load_rexrank(path, dataset, image_root=image_root) if rexrank else LOADERS[dataset](path, image_root=image_root)
+    table = studies if Path(out).suffix == ".parquet" else studies.assign(
+        **{c: studies[c].map(_joined) for c in ("image_paths", "image_views", "frontal_lateral", "load_flags") if c in studies})
+    write_table(table, out)
+    report = load_report(studies)
+    flags = md_table(report.to_frame()[["flag", "n_studies", "examples"]]) if report.n_flagged else ""
+    return "\n".join(x for x in (report.headline(), flags, f"Wrote {out} ({dataset}, {len(studies)} studies)") if x)
 
 # %% ../nbs/15_cli.ipynb #5ec4a343
 def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 004_iu, 000_test or 003_lmimic
@@ -462,7 +496,7 @@ def llm_cache(path: str | None = None, # cache file (default: $CXR_AUDIT_CACHE o
     return out
 
 # %% ../nbs/15_cli.ipynb #831458f4
-COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "cohort": cohort,
+COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load, "cohort": cohort,
                                         "concentration": concentration,
                                         "longitudinal": longitudinal,
                                         "labels": labels, "trace": trace, "reref": reref,

@@ -5,17 +5,21 @@
 # %% ../nbs/00_core.ipynb #34340960
 from __future__ import annotations
 
+import codecs
 import copy
 import datetime as _dt
+import gzip
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.resources
+import io
 import json
 import math
 import os
 import platform
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -25,7 +29,7 @@ import pandas as pd
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'rng', 'as_pandas', 'is_missing',
            'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file', 'sha256_frame', 'md_table',
-           'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text', 'read_json',
+           'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text', 'read_text', 'read_json',
            'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
@@ -181,13 +185,50 @@ def _suffix(path: Path) -> str:
     s = "".join(path.suffixes[-2:]).lower()
     return s if s in (".csv.gz", ".tsv.gz") else path.suffix.lower()
 
-def _read_csv(path: Path, sep: str, text: bool, encoding: str) -> pd.DataFrame:
-    return pd.read_csv(path, sep=sep, dtype=str if text else None, keep_default_na=False, na_values=[""], encoding=encoding)
+def _cp1252(e: UnicodeDecodeError):
+    "Codec error handler: undecodable bytes read as cp1252 (latin-1 where cp1252 has no character)."
+    return "".join(bytes([b]).decode("cp1252", "ignore") or chr(b) for b in e.object[e.start:e.end]), e.end
+
+def _decode(raw: bytes, encoding: str, fallback: bool, what: str, errors: str = "cxr_audit.cp1252") -> tuple[str, list[int]]:
+    "`raw` as text, and the 1-based lines not in `encoding` (decoded with `errors`); UTF-16 when a UTF-16 BOM starts it."
+    if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE): return raw.decode("utf-16"), []
+    try: return raw.decode(encoding), []
+    except UnicodeDecodeError as e:
+        if not fallback: raise InputError(f"{what}: not {encoding} text ({e.reason} at byte {e.start}); pass encoding= (e.g. 'latin-1')") from None
+    codecs.register_error("cxr_audit.cp1252", _cp1252)
+    out, bad = [], []
+    for i, line in enumerate(raw.split(b"\n")):
+        try: out.append(line.decode(encoding))
+        except UnicodeDecodeError: out.append(line.decode(encoding, errors)); bad.append(i + 1)
+    return "\n".join(out), bad
+
+def _warn_mixed(what: str, encoding: str, bad: list[int]):
+    warnings.warn(f"{what}: {len(bad)} line(s) are not {encoding} text (first: line {bad[0]}); "
+                  "their stray bytes were read as cp1252", UserWarning, stacklevel=3)
+
+def _raw_bytes(path: Path) -> bytes:
+    raw = path.read_bytes()
+    return gzip.decompress(raw) if path.name.lower().endswith(".gz") else raw
+
+def _read_csv(path: Path, sep: str, text: bool, encoding: str, fallback: bool, what: str, repaired: str | None) -> pd.DataFrame:
+    kw = dict(sep=sep, dtype=str if text else None, keep_default_na=False, na_values=[""])
+    try: return pd.read_csv(path, encoding=encoding, **kw).assign(**({repaired: False} if repaired else {}))
+    except UnicodeDecodeError: raw = _raw_bytes(path)
+    txt, bad = _decode(raw, encoding, fallback, what)
+    df = pd.read_csv(io.StringIO(txt), **kw)
+    if bad: _warn_mixed(what, encoding, bad)
+    if repaired:        # the same text with U+FFFD for the stray bytes: rows that differ held them
+        ref = pd.read_csv(io.StringIO(_decode(raw, encoding, True, what, "replace")[0]), **kw)
+        differs = (df.astype(object) != ref.astype(object)) & ~(df.isna() & ref.isna())
+        df[repaired] = differs.any(axis=1).to_numpy() if bad else False
+    return df
 
 def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv or .tsv.gz
                what: str | None = None,      # name used in error messages (default: the path)
                *, text: bool = False,        # keep every CSV cell as text (IDs keep leading zeros)
-               encoding: str = "utf-8-sig"   # CSV text encoding; the default also drops a UTF-8 byte-order mark
+               encoding: str = "utf-8-sig",  # CSV text encoding; the default also drops a UTF-8 byte-order mark
+               fallback: bool = True,        # read bytes that are not `encoding` as cp1252 (with a warning) instead of refusing
+               repaired_column: str | None = None # add a boolean column of this name marking rows that held such bytes
               ) -> pd.DataFrame:
     "Read a parquet or CSV file into pandas; a clear `InputError` naming the file when it is missing or unreadable."
     path = Path(path).expanduser(); what = what or str(path)
@@ -196,10 +237,9 @@ def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv
     if sfx not in _TABLE_SUFFIXES:
         raise InputError(f"{what}: unsupported file type {sfx!r}; use {', '.join(_TABLE_SUFFIXES)}")
     try:
-        if sfx in (".parquet", ".pq"): return pd.read_parquet(path)
-        return _read_csv(path, "\t" if sfx.startswith(".tsv") else ",", text, encoding)
-    except UnicodeDecodeError as e:
-        raise InputError(f"{what}: not {encoding} text ({e.reason} at byte {e.start}); pass encoding= (e.g. 'latin-1')") from None
+        if sfx in (".parquet", ".pq"): return pd.read_parquet(path).assign(**({repaired_column: False} if repaired_column else {}))
+        return _read_csv(path, "\t" if sfx.startswith(".tsv") else ",", text, encoding, fallback, what, repaired_column)
+    except InputError: raise
     except Exception as e: raise InputError(f"{what}: could not be read as {sfx[1:]} ({type(e).__name__}: {e})") from e
 
 # %% ../nbs/00_core.ipynb #d3b4e1c6
@@ -239,18 +279,32 @@ def resource_text(name: str # a file name in cxr_audit/resources/
     "The text of a data file packaged in `cxr_audit/resources/`."
     return (importlib.resources.files("cxr_audit") / "resources" / name).read_text("utf-8")
 
+# %% ../nbs/00_core.ipynb #72615540
+def read_text(path: str | os.PathLike,       # a text file (.gz is decompressed)
+              what: str | None = None,       # name used in messages (default: the path)
+              encoding: str = "utf-8-sig",   # text encoding; the default also drops a UTF-8 byte-order mark
+              fallback: bool = True          # read bytes that are not `encoding` as cp1252 (with a warning) instead of refusing
+             ) -> str:
+    "A text file's content; stray non-UTF-8 bytes read as cp1252 with a warning; `InputError` naming the file otherwise."
+    p = Path(path).expanduser(); what = what or str(p)
+    if not p.is_file(): raise InputError(f"{what}: file not found")
+    text, bad = _decode(_raw_bytes(p), encoding, fallback, what)
+    if bad: _warn_mixed(what, encoding, bad)
+    return text
+
 # %% ../nbs/00_core.ipynb #14558ef9
 def read_json(source,                     # a mapping (copied) or a path to a JSON file
               what: str = "JSON",         # what the file holds, for messages ("phrase", "taxonomy", ...)
-              encoding: str = "utf-8-sig" # text encoding; the default also drops a UTF-8 byte-order mark
+              encoding: str = "utf-8-sig", # text encoding; the default also drops a UTF-8 byte-order mark
+              *, pairs_hook=None          # `object_pairs_hook` for `json.loads`, e.g. to catch repeated keys
              ) -> Any:
     "A user's JSON data: a deep copy of a mapping, or the parsed file; `InputError` naming the file otherwise."
     if isinstance(source, Mapping): return copy.deepcopy(dict(source))
     p = Path(source).expanduser()
     if not p.is_file(): raise InputError(f"{p}: {what} file not found")
-    try: return json.loads(p.read_text(encoding))
-    except UnicodeDecodeError as e: raise InputError(f"{p}: not {encoding} text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e: raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    text = read_text(p, str(p), encoding)
+    try: return json.loads(text, object_pairs_hook=pairs_hook)
+    except json.JSONDecodeError as e: raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
 
 # %% ../nbs/00_core.ipynb #827af161
 _SECRET = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)

@@ -6,23 +6,26 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Mapping
 
 import numpy as np
 import pandas as pd
 
-from .core import InputError, as_pandas, is_missing, read_json, read_table, require_columns
+from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_table, read_text,
+                            require_columns)
 
 # %% auto #0
-__all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES',
-           'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS', 'CHEXPERT_PLUS_SECTIONS',
-           'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies', 'to_generations', 'normalize_view', 'load_table',
-           'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient',
-           'load_generations']
+__all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'MIMIC_METADATA_FILES',
+           'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS',
+           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies', 'to_generations',
+           'normalize_view', 'load_table', 'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus',
+           'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
 
 # %% ../nbs/02_corpus.ipynb #483b8527
 STUDIES_COLUMNS = ("study_id", "patient_id", "dataset", "split", "view", "image_paths", "study_time",
@@ -121,21 +124,62 @@ def _path(path: str | os.PathLike, what: str = "file") -> Path:
     if not p.exists(): raise InputError(f"{path}: {what} not found")
     return p
 
+def _read_rows(path, what: str | None = None) -> pd.DataFrame:
+    "A CSV/parquet file as text cells, with a `load_flags` list per row (`encoding_repaired` where bytes were read as cp1252)."
+    df = read_table(path, what, text=True, repaired_column="__repaired__")
+    df["load_flags"] = [["encoding_repaired"] if r else [] for r in df.pop("__repaired__")]
+    return df
+
+class _Entries(dict):
+    "A parsed JSON object; `repeated` lists the keys it held more than once, with the same value."
+    repeated: list
+
+def _pairs(pairs: list) -> _Entries:
+    "`object_pairs_hook`: a repeated key with the same value is listed, one with another value is an error."
+    out, pos = _Entries(), {}
+    out.repeated = []
+    for i, (k, v) in enumerate(pairs):
+        if k not in out: out[k], pos[k] = v, i
+        elif json.dumps(out[k], sort_keys=True) != json.dumps(v, sort_keys=True):
+            raise ValueError(f"key {k!r} appears twice with different content (items {pos[k]} and {i} of one object)")
+        else: out.repeated.append(k)
+    return out
+
+def _read_entries(path: Path):
+    "A JSON file with repeated keys caught: identical repeats in `.repeated` of each object, conflicting ones an `InputError`."
+    try: return read_json(path, pairs_hook=_pairs)
+    except InputError: raise
+    except ValueError as e: raise InputError(f"{path}: {e}") from None
+
 # %% ../nbs/02_corpus.ipynb #6cff6f96
 def _text(v) -> str:
     "A cell as stripped text; `''` when missing."
     return "" if is_missing(v) else str(v).strip()
 
 def _as_list(v) -> list:
-    "A list from a list or array, a list literal written as text, a `;`-separated string, or a missing value."
+    "A list from a list or array, a Python or JSON list literal written as text, a `;`-separated string, or a missing value."
     if isinstance(v, (list, tuple, np.ndarray)): return [None if is_missing(x) else x for x in v]
     if is_missing(v) or not str(v).strip(): return []
     s = str(v).strip()
     if s.startswith("["):
         try: out = ast.literal_eval(s)
-        except (ValueError, SyntaxError): raise ValueError(f"cannot read the list {s[:60]!r}") from None
+        except (ValueError, SyntaxError):
+            try: out = json.loads(s)
+            except ValueError: raise ValueError(f"cannot read the list {s[:60]!r}") from None
+        if not isinstance(out, (list, tuple)): raise ValueError(f"not a list: {s[:60]!r}")
         return [None if is_missing(x) else x for x in out]
     return [p.strip() for p in s.split(";") if p.strip()]
+
+def _try_list(v) -> tuple[list, bool]:
+    "`(_as_list(v), True)`, or `([], False)` when `v` is a list literal that cannot be read."
+    try: return _as_list(v), True
+    except ValueError: return [], False
+
+def _add_flag(df: pd.DataFrame, mask, flag: str) -> pd.DataFrame:
+    "`df` with `flag` added to the `load_flags` list of each row where `mask` holds."
+    old = df["load_flags"] if "load_flags" in df.columns else [[]] * len(df)
+    df["load_flags"] = [list(f) + [flag] if m else list(f) for f, m in zip(old, mask)]
+    return df
 
 # %% ../nbs/02_corpus.ipynb #26525108
 def _convert(values: Iterable, fn, where: str, col: str) -> list:
@@ -189,17 +233,89 @@ def normalize_view(view # a view label as the source writes it (ViewPosition, "F
     s = " ".join(str(view).strip().upper().split())
     return _VIEW_SYNONYMS.get(s, s)
 
+# %% ../nbs/02_corpus.ipynb #cdf4ddcc
+VIEW_STATUS = {
+    "ok": "one view per image (a view may still be None where the source leaves it blank)",
+    "fewer_views": "fewer views than images: no image gets a view, since nothing says which image a view belongs to",
+    "more_views": "more views than images: an image gets a view only where every order-keeping way of dropping the extra entries agrees",
+    "no_views": "images, but the source gives no view for any of them (Open-i XML, R2Gen, a table without views)",
+    "no_images": "the study has no image",
+}
+
+def _view_status(views: list, n: int) -> str:
+    "How a view list of the source matches `n` images (a key of `VIEW_STATUS`)."
+    if n == 0: return "no_images"
+    if all(is_missing(v) for v in views): return "no_views"
+    return "ok" if len(views) == n else "fewer_views" if len(views) < n else "more_views"
+
+def _align_views(views: list, n: int) -> list:
+    "One view per image from a view list of any length; None where the list does not fix an image's view."
+    k = len(views)
+    if k == n: return list(views)
+    if k < n: return [None] * n
+    return [views[i] if len(set(views[i:i + k - n + 1])) == 1 else None for i in range(n)]
+
+# %% ../nbs/02_corpus.ipynb #89df85a6
+LOAD_FLAGS = {
+    "view_mismatch": "the source lists a different number of views than images (see view_status)",
+    "no_images": "the study has no image",
+    "empty_report": "no report text at all",
+    "empty_findings": "the source has a findings section, and it is empty for this study",
+    "empty_impression": "the source has an impression section, and it is empty for this study",
+    "masked_findings": "the findings section is nothing but XXXX de-identification marks",
+    "masked_impression": "the impression is nothing but XXXX de-identification marks",
+    "duplicate_id": "the source gives the study (or one of its image rows) twice with the same content; one copy kept",
+    "bad_list": "a list of image paths or views that could not be read (kept as an empty list)",
+    "encoding_repaired": "the study's rows held bytes that are not UTF-8, read as cp1252",
+}
+_MASKS = re.compile(r"X{2,}")
+
+def _masked(s: str) -> bool:
+    "Whether a section holds nothing but `XXXX` marks and punctuation."
+    return bool(s.strip()) and not re.search(r"[A-Za-z]", _MASKS.sub("", s))
+
+def _study_flags(flags: Iterable[str], status: str, r: Mapping, sections: Iterable[str]) -> list[str]:
+    "A study's flags: those the reader gave, the view mismatch, empty and masked sections, in `LOAD_FLAGS` order."
+    f = set(flags) | ({"view_mismatch"} if status in ("fewer_views", "more_views") else set()) \
+        | ({"no_images"} if status == "no_images" else set())
+    if not any(r[c].strip() for c in (*SECTION_COLUMNS, "text")): f.add("empty_report")
+    else: f |= {f"empty_{c}" for c in sections if not r[c].strip()} | {f"masked_{c}" for c in sections if _masked(r[c])}
+    return [k for k in LOAD_FLAGS if k in f] + sorted(f - set(LOAD_FLAGS))
+
 # %% ../nbs/02_corpus.ipynb #09567e57
 def _join_root(root, p) -> str | None:
     "`p` under the folder `root` (paths kept as written when `root` is None)."
     if is_missing(p): return None
     return str(p) if root is None else os.path.normpath(os.path.join(str(root), str(p).lstrip("/")))
 
+def _cell_key(v):
+    "A cell in a comparable form (lists as tuples, missing as None)."
+    if isinstance(v, (list, tuple, np.ndarray)): return tuple(_cell_key(x) for x in v)
+    return None if is_missing(v) else str(v)
+
+def _drop_repeats(df: pd.DataFrame, what: str, strict: bool = True) -> pd.DataFrame:
+    "Rows repeating an earlier row of their study exactly dropped, the kept one flagged `duplicate_id`; `strict`: other repeats are an error."
+    ids = df["study_id"].map(_cell_key)
+    rep = np.flatnonzero(ids.duplicated(keep=False).to_numpy() & ids.notna().to_numpy())
+    cols, first, seen, drop, kept = [c for c in df.columns if c != "load_flags"], {}, {}, [], []
+    for i in rep:
+        sid, key = ids.iloc[i], tuple(_cell_key(df[c].iloc[i]) for c in cols)
+        if (sid, key) in seen: drop.append(i); kept.append(seen[sid, key]); continue
+        if strict and sid in first:
+            j = first[sid]
+            diff = [c for c in cols if _cell_key(df[c].iloc[i]) != _cell_key(df[c].iloc[j])]
+            raise InputError(f"{what}: rows {j} and {i} (study_id={sid!r}): the same study given twice with different {', '.join(diff[:4])}")
+        seen[sid, key] = i; first.setdefault(sid, i)
+    if not drop: return df
+    df = _add_flag(df.copy(), np.isin(np.arange(len(df)), kept), "duplicate_id")
+    return df.drop(index=df.index[drop]).reset_index(drop=True)
+
 def _group_images(df: pd.DataFrame, what: str,
                   lists: Iterable[str] = ("image_paths", "image_views"), # per-image list columns to concatenate
                   agree: Iterable[str] = ()                              # study-level columns that must agree
                  ) -> pd.DataFrame:
     "One row per study from several rows per study, in order of first appearance."
+    df = _drop_repeats(df.reset_index(drop=True), what, strict=False)
     first = ~df["study_id"].duplicated()
     for c in agree:
         vals = df[c].map(_text)
@@ -207,23 +323,26 @@ def _group_images(df: pd.DataFrame, what: str,
         _bad_row(df, vals.ne(ref).to_numpy(), what, f"{c} differs between images of the same study")
     codes, uniques = pd.factorize(df["study_id"])   # numbered in order of first appearance, like df[first]
     out = df[first].copy()
-    for c in (c for c in lists if c in df.columns):
+    for c in dict.fromkeys(c for c in (*lists, "load_flags") if c in df.columns):
         acc = [[] for _ in range(len(uniques))]
         for k, l in zip(codes, df[c]): acc[k].extend(l)
         out[c] = acc
     return out.reset_index(drop=True)
 
 def _finish(df: pd.DataFrame, what: str, **defaults) -> pd.DataFrame:
-    "The canonical `studies` table from a loader's frame: `view` from the first image, lengths checked."
-    df = df.copy()
-    if "image_views" in df.columns and "view" not in df.columns:
-        df["view"] = [v[0] if len(v) else None for v in df["image_views"]]
-    out = to_studies(df, what, **defaults)
+    "The canonical `studies` table from a loader's frame: repeats dropped, views lined up with images, `view_status` and `load_flags`."
+    sections = [c for c in ("findings", "impression") if c in df.columns]
+    out = to_studies(_drop_repeats(df.reset_index(drop=True), what), what, **defaults)
+    n = out["image_paths"].map(len).tolist()
+    raw = [_as_list(v) for v in out["image_views"]] if "image_views" in out.columns else [[]] * len(out)
+    out["view_status"] = [_view_status(v, k) for v, k in zip(raw, n)]
     if "image_views" in out.columns:
-        out["image_views"] = [list(v) for v in out["image_views"]]
-        bad = [len(v) != len(p) for v, p in zip(out["image_views"], out["image_paths"])]
-        _bad_row(out, bad, what, "image_views and image_paths have different lengths")
-    return out
+        out["image_views"] = [_align_views(v, k) for v, k in zip(raw, n)]
+        if "view" not in df.columns: out["view"] = pd.Series([v[0] if v else None for v in out["image_views"]], dtype=object)
+    old = out["load_flags"] if "load_flags" in out.columns else [[]] * len(out)
+    texts = out[list(SECTION_COLUMNS) + ["text"]].to_dict("records")
+    out["load_flags"] = [_study_flags(f, s, t, sections) for f, s, t in zip(old, out["view_status"], texts)]
+    return out[[c for c in out.columns if c not in ("view_status", "load_flags")] + ["view_status", "load_flags"]]
 
 # %% ../nbs/02_corpus.ipynb #48e84ae8
 def _rename(df: pd.DataFrame, columns: Mapping[str, str] | None, what: str) -> pd.DataFrame:
@@ -234,7 +353,7 @@ def _rename(df: pd.DataFrame, columns: Mapping[str, str] | None, what: str) -> p
     return df.drop(columns=clash).rename(columns={v: k for k, v in columns.items()})
 
 def _per_image_lists(df: pd.DataFrame, what: str) -> pd.DataFrame:
-    "Per-image `image_path`/`image_view` columns as one-element lists, list-valued columns parsed."
+    "Per-image `image_path`/`image_view` columns as one-element lists, list-valued columns parsed (`bad_list` where they cannot be)."
     df = df.copy()
     if "image_path" in df.columns:
         _bad_row(df, df["image_path"].map(is_missing).to_numpy(), what, "empty image_path")
@@ -242,7 +361,10 @@ def _per_image_lists(df: pd.DataFrame, what: str) -> pd.DataFrame:
         views = df.pop("image_view") if "image_view" in df.columns else [None] * len(df)
         df["image_views"] = [[normalize_view(v)] for v in views]
     for c in ("image_paths", "image_views"):
-        if c in df.columns: df[c] = _convert(df[c], _as_list, what, c)
+        if c in df.columns:
+            got = [_try_list(v) for v in df[c]]
+            df[c] = [l for l, _ in got]
+            df = _add_flag(df, [not ok for _, ok in got], "bad_list")
     if "image_views" in df.columns: df["image_views"] = [[normalize_view(v) for v in l] for l in df["image_views"]]
     return df
 
@@ -256,7 +378,7 @@ def load_table(path: str | os.PathLike,            # .csv, .csv.gz or .parquet
               ) -> pd.DataFrame:
     "The `studies` table from any CSV or parquet file, with a column mapping."
     what = str(path)
-    df = _per_image_lists(_rename(read_table(path, text=True), columns, what), what)
+    df = _per_image_lists(_rename(_read_rows(path), columns, what), what)
     if "dataset" not in df.columns and dataset is None:
         raise InputError(f"{what}: no 'dataset' column; pass dataset='name' (or map a column to it)")
     df = require_columns(df, ["study_id"], what)
@@ -314,7 +436,7 @@ def _mimic_file(root, given, names: tuple, what: str) -> Path | None:
 def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.DataFrame:
     "One row per image of the metadata file, in file order, with IDs, split, time, path and view."
     where = str(meta_p)
-    meta = require_columns(read_table(meta_p, text=True), ["dicom_id", "subject_id", "study_id", "ViewPosition"], where)
+    meta = require_columns(_read_rows(meta_p), ["dicom_id", "subject_id", "study_id", "ViewPosition"], where)
     pid = _convert(meta["subject_id"], lambda v: _mimic_id(v, "p"), where, "subject_id")
     sid = _convert(meta["study_id"], lambda v: _mimic_id(v, "s"), where, "study_id")
     dicom = _convert(meta["dicom_id"], _required_text, where, "dicom_id")
@@ -328,7 +450,8 @@ def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.Dat
     return pd.DataFrame({"study_id": sid, "patient_id": pid, "split": split, "study_time": times,
                          "image_paths": [[_join_root(image_root, f"files/{p[:3]}/{p}/{s}/{d}.jpg")] for p, s, d in zip(pid, sid, dicom)],
                          "image_views": [[normalize_view(v)] for v in meta["ViewPosition"]],
-                         "dicom_ids": [[d] for d in dicom], "metadata_rows": [[i] for i in range(len(meta))]})
+                         "dicom_ids": [[d] for d in dicom], "metadata_rows": [[i] for i in range(len(meta))],
+                         "load_flags": meta["load_flags"].tolist()})
 
 # %% ../nbs/02_corpus.ipynb #2aabb6ff
 def _mimic_report_dir(root, reports) -> Path:
@@ -397,7 +520,7 @@ def load_mimic_cxr(root: str | os.PathLike | None = None,      # MIMIC-CXR-JPG f
         files = _mimic_report_dir(root, reports)
         def get(p, s):
             f = files / p[:3] / p / f"{s}.txt"
-            if f.exists(): return _mimic_report(f.read_text(encoding="utf-8"))
+            if f.exists(): return _mimic_report(read_text(f))
             if missing_reports == "error":
                 raise InputError(f"{f}: report file not found (study {s}); pass missing_reports='empty' or 'drop' to go on without it")
             return None
@@ -428,7 +551,7 @@ def _json_kind(obj) -> str | None:
     "'r2gen' or 'rexrank' when a parsed JSON has that shape, else None."
     if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()) \
        and set(obj) <= {"train", "val", "valid", "validate", "test"}: return "r2gen"
-    if isinstance(obj, dict) and obj and all(isinstance(v, dict) and "image_path" in v for v in obj.values()): return "rexrank"
+    if isinstance(obj, dict) and any(isinstance(v, dict) and "image_path" in v for v in obj.values()): return "rexrank"
     return None
 
 def _iu_format(p: Path) -> str | None:
@@ -454,16 +577,17 @@ def _iu_csv(src: Path, image_root=None) -> pd.DataFrame:
     folder = src if src.is_dir() else src.parent
     rep_p = src if src.is_file() and "projection" not in src.name.lower() else folder / "indiana_reports.csv"
     proj_p = folder / "indiana_projections.csv"
-    rep = require_columns(read_table(rep_p, text=True), ["uid", "findings", "impression"], str(rep_p))
-    proj = require_columns(read_table(proj_p, text=True), ["uid", "filename", "projection"], str(proj_p))
+    rep = require_columns(_read_rows(rep_p), ["uid", "findings", "impression"], str(rep_p))
+    proj = require_columns(_read_rows(proj_p), ["uid", "filename", "projection"], str(proj_p))
     rep["study_id"] = _convert(rep["uid"], _iu_uid, str(rep_p), "uid")
     proj["study_id"] = _convert(proj["uid"], _iu_uid, str(proj_p), "uid")
     proj["image_paths"] = [[_join_root(image_root, f)] for f in proj["filename"]]
     proj["image_views"] = [[normalize_view(v)] for v in proj["projection"]]
-    imgs = _group_images(proj[["study_id", "image_paths", "image_views"]], str(proj_p)).set_index("study_id")
+    imgs = _group_images(proj[["study_id", "image_paths", "image_views", "load_flags"]], str(proj_p)).set_index("study_id")
     out = rep.rename(columns={"MeSH": "mesh", "Problems": "problems"}).drop(columns=["uid", "image"], errors="ignore")
     out["image_paths"] = [imgs["image_paths"].get(s, []) for s in out["study_id"]]
     out["image_views"] = [imgs["image_views"].get(s, []) for s in out["study_id"]]
+    out["load_flags"] = [f + imgs["load_flags"].get(s, []) for f, s in zip(out["load_flags"], out["study_id"])]
     return out
 
 # %% ../nbs/02_corpus.ipynb #391270d7
@@ -491,17 +615,18 @@ def _iu_openi(src: Path, image_root=None) -> pd.DataFrame:
 def _iu_r2gen(src: Path, image_root=None) -> pd.DataFrame:
     "Studies from an R2Gen `annotation.json` (its `report` is the findings section)."
     path = src / "annotation.json" if src.is_dir() else src
-    obj = read_json(path)
+    obj = _read_entries(path)
     if _json_kind(obj) != "r2gen": raise InputError(f"{path}: not an R2Gen annotation file (expected {{'train': [...], ...}})")
     rows = []
     for part, entries in obj.items():
         for i, e in enumerate(entries):
             miss = [k for k in ("id", "report", "image_path") if k not in e]
             if miss: raise InputError(f"{path}: entry {part}[{i}]: missing key(s) {', '.join(map(repr, miss))}")
-            paths = _as_list(e["image_path"])
+            paths, ok = _try_list(e["image_path"])
             rows.append({"study_id": _iu_study_id(e["id"]), "source_id": str(e["id"]), "split": e.get("split") or part,
                          "findings": _text(e["report"]), "text": _text(e["report"]),
-                         "image_paths": [_join_root(image_root, p) for p in paths], "image_views": [None] * len(paths)})
+                         "image_paths": [_join_root(image_root, p) for p in paths], "image_views": [None] * len(paths),
+                         "load_flags": [] if ok else ["bad_list"]})
     return pd.DataFrame(rows)
 
 # %% ../nbs/02_corpus.ipynb #a110c532
@@ -514,7 +639,7 @@ def _split_context(ctx) -> dict:
     "Indication, comparison and technique read out of a ReXrank `context` string."
     s = _text(ctx)
     marks = list(_CONTEXT_LABEL.finditer(s))
-    if not marks: return {"indication": "" if s.lower() == "nan" else s}
+    if not marks: return {"indication": "" if s.lower() == "nan" else s, "comparison": "", "technique": ""}
     found = {}
     for m, nxt in zip(marks, marks[1:] + [None]):
         val = s[m.end(): nxt.start() if nxt else len(s)].strip()
@@ -540,12 +665,10 @@ def _rexrank_ids(key: str, e: Mapping, dataset: str) -> tuple[str, str | None]:
 
 # %% ../nbs/02_corpus.ipynb #3dbb6f86
 def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None) -> dict:
-    "One study from a ReXrank entry."
-    paths = _as_list(e.get("image_path"))
-    fl, appa = _as_list(e.get("frontal_lateral")), _as_list(e.get("ap_pa"))
-    if fl and len(fl) != len(paths):
-        raise InputError(f"{where}: entry {key!r}: frontal_lateral has {len(fl)} items but image_path has {len(paths)}")
-    views = [_chexpert_view(f, appa[i] if i < len(appa) else None) for i, f in enumerate(fl)] or [None] * len(paths)
+    "One study from a ReXrank entry; its views are lined up with its images by `_finish`."
+    if not isinstance(e, Mapping): raise InputError(f"{where}: entry {key!r} is not an object but {type(e).__name__}")
+    (paths, ok_p), (fl, ok_v), (appa, _) = (_try_list(e.get(k)) for k in ("image_path", "frontal_lateral", "ap_pa"))
+    views = [_chexpert_view(f, appa[i] if i < len(appa) else None) for i, f in enumerate(fl)]
     ctx = _split_context(e.get("context"))
     sid, pid = _rexrank_ids(key, e, dataset)
     sec = lambda k: _text(e.get(f"section_{k}"))
@@ -554,7 +677,9 @@ def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None
             "comparison": sec("comparison") or ctx["comparison"], "technique": sec("technique") or ctx["technique"],
             "findings": sec("findings"), "impression": sec("impression"), "text": _text(e.get("report")),
             "image_paths": [_join_root(image_root, p) for p in paths], "image_views": views,
-            "key_image_path": _join_root(image_root, e.get("key_image_path"))}
+            "frontal_lateral": [None if is_missing(f) else str(f) for f in fl],
+            "key_image_path": _join_root(image_root, e.get("key_image_path")),
+            "load_flags": [] if ok_p and ok_v else ["bad_list"]}
 
 def load_rexrank(path: str | os.PathLike,           # a ReXrank JSON file, or a folder holding exactly one
                  dataset: str = "iu-xray",           # "iu-xray", "mimic-cxr" or "chexpert-plus" (any name is accepted)
@@ -567,11 +692,12 @@ def load_rexrank(path: str | os.PathLike,           # a ReXrank JSON file, or a 
         jsons = sorted(p.glob("*.json"))
         if len(jsons) != 1: raise InputError(f"{path}: expected one ReXrank .json file in the folder, found {len(jsons)}")
         p = jsons[0]
-    obj = read_json(p)
+    obj = _read_entries(p)
     if _json_kind(obj) != "rexrank": raise InputError(f"{p}: not a ReXrank file (expected {{study: {{'image_path': [...], ...}}}})")
-    rows = [_rexrank_row(k, e, dataset, str(p), image_root) for k, e in obj.items()]
+    rows = pd.DataFrame([_rexrank_row(k, e, dataset, str(p), image_root) for k, e in obj.items()])
+    rows = _add_flag(rows, [k in set(obj.repeated) for k in obj], "duplicate_id")
     restricted = dataset in RESTRICTED_DATASETS if restricted is None else restricted
-    return _finish(pd.DataFrame(rows), str(p), dataset=dataset, restricted=restricted)
+    return _finish(rows, str(p), dataset=dataset, restricted=restricted)
 
 # %% ../nbs/02_corpus.ipynb #56661efe
 _IU_READERS = {"csv": _iu_csv, "openi": _iu_openi, "r2gen": _iu_r2gen}
@@ -617,13 +743,14 @@ def load_chexpert_plus(csv_path: str | os.PathLike,   # df_chexpert_plus_240401.
                       ) -> pd.DataFrame:
     "The `studies` table from the CheXpert Plus per-image table, grouped by study folder."
     where = str(csv_path)
-    df = require_columns(read_table(csv_path, text=True), ["path_to_image", "frontal_lateral", "report"], where)
+    df = require_columns(_read_rows(csv_path), ["path_to_image", "frontal_lateral", "report"], where)
     ids = _convert(df["path_to_image"], _chexpert_ids, where, "path_to_image")
     ap_pa = df["ap_pa"] if "ap_pa" in df.columns else [None] * len(df)
     frame = pd.DataFrame({"study_id": [f"{p}_{s}" for p, s in ids], "patient_id": [p for p, _ in ids],
                           "image_paths": [[_join_root(image_root, x)] for x in df["path_to_image"]],
                           "image_views": [[_chexpert_view(f, a)] for f, a in zip(df["frontal_lateral"], ap_pa)],
-                          **{k: _first_text(df, cols) for k, cols in CHEXPERT_PLUS_SECTIONS.items()}})
+                          **{k: _first_text(df, cols) for k, cols in CHEXPERT_PLUS_SECTIONS.items()},
+                          "load_flags": df["load_flags"].tolist()})
     if "split" in df.columns: frame["split"] = df["split"].map(lambda v: None if is_missing(v) else str(v)).tolist()
     if "patient_report_date_order" in df.columns:
         frame["visit_order"] = _convert(df["patient_report_date_order"], lambda v: None if is_missing(v) else int(float(v)),
@@ -654,12 +781,12 @@ def _rexgradient_files(p: Path) -> list[Path]:
 def _rexgradient_frame(f: Path) -> pd.DataFrame:
     "One metadata file as a table (JSON keys become `id`), with the split taken from the file name."
     if f.name.lower().endswith(".json"):
-        obj = read_json(f)
+        obj = _read_entries(f)
         if isinstance(obj, list) and all(isinstance(v, dict) for v in obj): df = pd.DataFrame(obj)
         elif isinstance(obj, dict) and all(isinstance(v, dict) for v in obj.values()):
-            df = pd.DataFrame([{"id": k, **v} for k, v in obj.items()])
+            df = pd.DataFrame([{"id": k, **v, "load_flags": ["duplicate_id"] if k in obj.repeated else []} for k, v in obj.items()])
         else: raise InputError(f"{f}: expected a JSON object of studies keyed by id, or a list of study objects")
-    else: df = read_table(f, text=True)
+    else: df = _read_rows(f)
     m = re.match(r"^(train|valid|test)_", f.name)
     if m and "split" not in df.columns: df["split"] = m.group(1)
     return df
@@ -701,3 +828,58 @@ def load_generations(path: str | os.PathLike,            # .csv, .csv.gz or .par
     for c in ("seed", "n_tokens"):
         if c in df.columns: df[c] = _convert(df[c], lambda v: None if is_missing(v) else int(float(v)), what, c)
     return to_generations(df, what, **defaults)
+
+# %% ../nbs/02_corpus.ipynb #a1ae1875
+_FLAG_WORDS = {"no_images": "without images", "empty_report": "with no report text", "empty_findings": "with an empty findings section",
+               "empty_impression": "with an empty impression", "masked_findings": "with findings that are only XXXX",
+               "masked_impression": "with an impression that is only XXXX", "duplicate_id": "given twice in the source (kept once)",
+               "bad_list": "with a list that could not be read", "encoding_repaired": "with bytes read as cp1252"}
+_STATUS_WORDS = {"fewer_views": "with fewer views than images", "more_views": "with more views than images"}
+
+@dataclass(frozen=True, eq=False, repr=False)
+class LoadReport:
+    "What a loader flagged: studies per flag and per view status, with example study IDs."
+    n_studies: int             # studies in the table
+    n_flagged: int             # studies with at least one flag
+    flags: pd.DataFrame        # one row per flag that occurs: flag, n_studies, share, examples, meaning
+    view_status: pd.DataFrame  # one row per view status that occurs: view_status, n_studies, share, examples, meaning
+
+    def to_frame(self) -> pd.DataFrame:
+        "One row per flag that occurs: `flag, n_studies, share, examples, meaning` (in `LOAD_FLAGS` order)."
+        return self.flags.copy()
+
+    def summary(self) -> pd.DataFrame:
+        "Studies per view status: `view_status, n_studies, share, examples, meaning`."
+        return self.view_status.copy()
+
+    def headline(self) -> str:
+        "One line: studies loaded, how many flagged, and why."
+        n = dict(zip(self.flags["flag"], self.flags["n_studies"]))
+        v = dict(zip(self.view_status["view_status"], self.view_status["n_studies"]))
+        why = [f"{v[s]} {w}" for s, w in _STATUS_WORDS.items() if s in v] + [f"{n[f]} {w}" for f, w in _FLAG_WORDS.items() if f in n]
+        why += [f"{n[f]} flagged {f}" for f in n if f not in _FLAG_WORDS and f != "view_mismatch"]
+        return f"{self.n_studies} studies loaded; " + (f"{self.n_flagged} flagged: {', '.join(why)}" if self.n_flagged else "none flagged")
+
+    def __repr__(self): return f"LoadReport({self.headline()})"
+    def _repr_markdown_(self): return f"**{self.headline()}**\n\n" + (md_table(self.to_frame()) if len(self.flags) else "")
+
+# %% ../nbs/02_corpus.ipynb #022fd281
+def _tally(ids: list, keys: list, col: str, meanings: Mapping, n: int, examples: int) -> pd.DataFrame:
+    "Studies per key (in `meanings` order, then by name) with up to `examples` study IDs."
+    t = pd.DataFrame({col: keys, "study_id": ids}, dtype=object)
+    order = sorted(set(keys), key=lambda k: (list(meanings).index(k) if k in meanings else len(meanings), k))
+    rows = [{col: k, "n_studies": len(s := list(dict.fromkeys(t.study_id[t[col] == k]))), "share": len(s) / n,
+             "examples": ", ".join(s[:examples]), "meaning": meanings.get(k, "")} for k in order]
+    return pd.DataFrame(rows, columns=[col, "n_studies", "share", "examples", "meaning"])
+
+def load_report(studies,          # a table returned by one of the loaders (pandas or polars)
+                examples: int = 3 # example study IDs per row
+               ) -> LoadReport:
+    "Counts of the `view_status` and `load_flags` columns a loader added, with example study IDs."
+    df = require_columns(as_pandas(studies, "load_report"), ["study_id", "view_status", "load_flags"], "load_report")
+    ids = df["study_id"].astype(str).tolist()
+    flags = [list(f) if isinstance(f, (list, tuple, np.ndarray)) else [] for f in df["load_flags"]]
+    pairs = [(i, f) for i, fs in zip(ids, flags) for f in fs]
+    return LoadReport(n_studies=len(df), n_flagged=sum(bool(f) for f in flags),
+                      flags=_tally([i for i, _ in pairs], [f for _, f in pairs], "flag", LOAD_FLAGS, len(df), examples),
+                      view_status=_tally(ids, df["view_status"].astype(str).tolist(), "view_status", VIEW_STATUS, len(df), examples))

@@ -62,12 +62,14 @@ def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool)
     return base
 
 # %% ../nbs/06_labels.ipynb #8cf405fe
-PHRASE_KINDS = ("exclude", "normal", "uncertain", "mention")
+PHRASE_KINDS = ("exclude", "normal", "stable", "uncertain", "mention")
+_SILENT_KINDS = ("exclude", "stable")   # kinds that match but give no state
 OTHER_FINDING = "Other Finding"   # internal name of `other_findings`; never an output label
 
-def _expand(pattern: str, macros: Mapping) -> str:
-    "`pattern` with every `<NAME>` replaced by `macros[NAME]`."
-    return re.sub(r"<([A-Z0-9_]+)>", lambda m: macros[m.group(1)] if m.group(1) in macros else m.group(0), pattern)
+def _expand(pattern: str, macros: Mapping, depth: int = 4) -> str:
+    "`pattern` with every `<NAME>` replaced by `macros[NAME]` (a macro may use other macros, `depth` levels deep)."
+    out = re.sub(r"<([A-Z0-9_]+)>", lambda m: macros[m.group(1)] if m.group(1) in macros else m.group(0), pattern)
+    return out if out == pattern or depth == 0 else _expand(out, macros, depth - 1)
 
 def _check_pattern(p, where: str, macros: Mapping) -> str:
     if not isinstance(p, str) or not p.strip(): raise InputError(f"{where}: a pattern must be a non-empty string, got {p!r}")
@@ -235,10 +237,10 @@ def _find_triggers(self: Labeler, low: str) -> tuple[list[_Trigger], list[int], 
 
 @patch
 def _find_phrases(self: Labeler, low: str) -> list[tuple[str, str, int, int]]:
-    "(observation, kind, start, end) of every non-excluded phrase in a lower-cased sentence."
+    "(observation, kind, start, end) of every phrase in a lower-cased sentence that gives a state (not `exclude` or `stable`)."
     out = []
     for o, mt, cues in self._obs:
-        if cues is None or cues.search(low): out += [(o, k, s, e) for s, e, k in mt.find(low) if k != "exclude"]
+        if cues is None or cues.search(low): out += [(o, k, s, e) for s, e, k in mt.find(low) if k not in _SILENT_KINDS]
     return out
 
 # %% ../nbs/06_labels.ipynb #a4a7939e
@@ -825,8 +827,17 @@ def _row_hash(r) -> str:
             None if pd.isna(r.get("end", None)) else int(r["end"]), r.get("text_sha256")]
     return sha256_text(json.dumps(vals, ensure_ascii=False, default=str))
 
-def _kinds_in(labeler: Labeler, sentence, label: str) -> set:
-    return {m.kind for m in labeler.sentence_mentions(sentence) if m.label == label} if isinstance(sentence, str) else set()
+def _wording_spans(labeler: Labeler, sentence, label: str) -> list[tuple[int, int]]:
+    "Spans of `sentence` that `labeler` reads as normal or stability wording about `label`."
+    mt = next((mt for o, mt, _ in labeler._obs if o == label), None)
+    if mt is None or not isinstance(sentence, str): return []
+    return [(s, e) for s, e, k in mt.find(_lower(sentence)) if k in ("normal", "stable")]
+
+def _from_normal_wording(labeler: Labeler, sentence, phrase, label: str) -> bool:
+    "Whether `phrase` (else any part of `sentence`) lies in normal or stability wording about `label`."
+    spans = _wording_spans(labeler, sentence, label)
+    i = sentence.find(phrase) if spans and isinstance(phrase, str) and phrase else -1
+    return bool(spans) and (i < 0 or any(_overlaps(i, i + len(phrase), s, e) for s, e in spans))
 
 def _has_term(labeler: Labeler, text, label: str) -> bool:
     "Whether `text` holds an abnormal (`mention` or `uncertain`) phrase of `label`, whatever its context."
@@ -849,7 +860,7 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
     df["evidence_sentence"], df["evidence_phrase"] = sents, phrases
     df["sentence_norm"] = [normalize_evidence(s) for s in sents]
     df["phrase_norm"] = [normalize_evidence(p) for p in phrases]
-    df["normal_wording"] = [("normal" in _kinds_in(ref, s, l)) and st == 1.0 for s, l, st in zip(sents, df["label"], df["state"])]
+    df["normal_wording"] = [st != 0.0 and _from_normal_wording(ref, s, p, l) for s, p, l, st in zip(sents, phrases, df["label"], df["state"])]
     df["with_term"] = [_has_term(ref, texts[str(t)], l) if st == 1.0 and str(t) in texts else None
                        for t, l, st in zip(df["text_id"], df["label"], df["state"])]
     df["row_sha256"] = [_row_hash(r) for r in df.to_dict("records")]
@@ -863,20 +874,29 @@ def _phrase_counts(rows: pd.DataFrame, group: list, key: str) -> pd.DataFrame:
     t["share"] = t["count"] / t.groupby(group + ["label", "state"])["count"].transform("sum")
     return t.sort_values(group + ["label", "state", "count"], ascending=[True] * (len(group) + 2) + [False], kind="stable").reset_index(drop=True)
 
+_FLAG_COLUMNS = ["positives", "uncertain", "top_evidence", "top_count", "top_share", "normal_wording_positives",
+                 "normal_wording_uncertain", "with_term"]
+
+def _flag_row(g: pd.DataFrame, top) -> dict:
+    "The flag counts of one group and label (`top`: its most frequent positive evidence, or None)."
+    pos, unc = g[g["state"] == 1.0], g[g["state"] == -1.0]
+    n = len(pos)
+    return {"positives": n, "uncertain": len(unc), "top_evidence": None if top is None else top["evidence"],
+            "top_count": 0 if top is None else int(top["count"]), "top_share": float(top["count"]) / n if n else np.nan,
+            "normal_wording_positives": int(pos["normal_wording"].sum()), "normal_wording_uncertain": int(unc["normal_wording"].sum()),
+            "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any() else None}
+
 def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int) -> pd.DataFrame:
-    pos = rows[rows["state"] == 1.0]
     out = []
-    for key, g in pos.groupby(group + ["label"], sort=False):
+    for key, g in rows[rows["state"] != 0.0].groupby(group + ["label"], sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c, v in zip(group + ["label"], key)])].iloc[0]
-        n = len(g)
-        out.append({**dict(zip(group + ["label"], key)), "positives": n, "top_evidence": top["evidence"], "top_count": int(top["count"]),
-                    "top_share": float(top["count"]) / n, "normal_wording_positives": int(g["normal_wording"].sum()),
-                    "with_term": int(g["with_term"].fillna(False).astype(bool).sum()) if g["with_term"].notna().any() else None})
-    f = pd.DataFrame(out, columns=group + ["label", "positives", "top_evidence", "top_count", "top_share", "normal_wording_positives", "with_term"])
+        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c, v in zip(group + ["label"], key)])]
+        out.append({**dict(zip(group + ["label"], key)), **_flag_row(g, top.iloc[0] if len(top) else None)})
+    f = pd.DataFrame(out, columns=group + ["label"] + _FLAG_COLUMNS)
     f["dominated"] = (f["top_share"] >= dominance) & (f["positives"] >= min_positives)
-    f["verdict"] = [", ".join(v for v, on in (("dominated by one sentence", d), ("positives from normal wording", nw > 0)) if on) or "-"
-                    for d, nw in zip(f["dominated"], f["normal_wording_positives"])]
+    f["verdict"] = [", ".join(v for v, on in (("dominated by one sentence", d), ("positives from normal wording", nw > 0),
+                                              ("uncertain from normal or stability wording", nu > 0)) if on) or "-"
+                    for d, nw, nu in zip(f["dominated"], f["normal_wording_positives"], f["normal_wording_uncertain"])]
     return f
 
 # %% ../nbs/06_labels.ipynb #13ef4ca7
@@ -884,7 +904,7 @@ def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominanc
 class LabelTrace:
     rows: pd.DataFrame       # one row per labeled (text, label): evidence, normalized evidence, flags, hashes
     phrases: pd.DataFrame    # evidence counts per group, label, state and evidence
-    flags: pd.DataFrame      # per group and label: positives, top evidence and share, dominated, normal wording, with_term
+    flags: pd.DataFrame      # per group and label: positives, uncertain, top evidence and share, dominated, normal wording, with_term
     by: str                  # "sentence" or "phrase": what `phrases` counts
     dominance: float
     min_positives: int
@@ -893,12 +913,14 @@ class LabelTrace:
 
     def flagged(self) -> pd.DataFrame:
         "Only the labels with a flag."
-        return self.flags[self.flags["dominated"] | (self.flags["normal_wording_positives"] > 0)]
+        f = self.flags
+        return f[f["dominated"] | (f["normal_wording_positives"] > 0) | (f.get("normal_wording_uncertain", 0) > 0)]
 
     def summary(self) -> pd.DataFrame:
-        "The flagged labels: group, label, positives, top evidence and share, normal-wording positives, `with_term`, verdict."
-        cols = self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term", "verdict"]
-        return self.flagged()[cols].reset_index(drop=True)
+        "The flagged labels: group, label, positives, top evidence and share, positives and uncertains from normal wording, `with_term`, verdict."
+        cols = self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives", "normal_wording_uncertain", "with_term", "verdict"]
+        f = self.flagged()
+        return f[[c for c in cols if c in f.columns]].reset_index(drop=True)
 
     def plot(self, label: str = "Cardiomegaly",      # the label whose evidence is drawn
              state: float = 1.0,                   # its state
@@ -991,7 +1013,8 @@ def probe_labeler(labeler: Callable,          # texts -> labels (long or wide), 
     w = _wide_result(labeler(pr["text"].tolist()), len(pr))
     pr["got"] = [w.at[i, l] for i, l in enumerate(pr["label"])]
     pr["ok"] = [(g == e) or (np.isnan(g) and np.isnan(e)) for g, e in zip(pr["got"], pr["expected"])]
-    pr["trigger"] = (pr["expected"] == 0) & (pr["got"] == 1)
+    claims_nothing = (pr["expected"] == 0) | pr["expected"].isna()
+    pr["trigger"] = claims_nothing & pr["got"].isin([1.0, -1.0]) & (pr["label"] != "No Finding")
     return pr
 
 # %% ../nbs/06_labels.ipynb #f74df3a4
@@ -1008,7 +1031,7 @@ CARDIAC_PHRASES = ("cardiomegaly", "cardiac enlargement", "enlarged heart", "hea
 def naive_cardiac_labeler(source: str = "naive-mention" # the `source` column of its labels
                          ) -> Labeler:
     "Our labeler with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as positive."
-    return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [], "normal": []}}},
+    return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [], "normal": [], "stable": []}}},
                    source=source)
 
 # %% ../nbs/06_labels.ipynb #3b03122e
@@ -1110,7 +1133,8 @@ class TraceAudit:
     def headline(self) -> str:
         "One sentence: texts, provenance counts and the flagged labels."
         counts = self.provenance.status.value_counts()
-        flags = "; ".join(f"{r.label}: {r.verdict} ({r.normal_wording_positives} of {r.positives} positives from normal wording; "
+        flags = "; ".join(f"{r.label}: {r.verdict} ({r.normal_wording_positives} of {r.positives} positives and "
+                          f"{getattr(r, 'normal_wording_uncertain', 0)} of {getattr(r, 'uncertain', 0)} uncertain from normal wording; "
                           f"top: '{r.top_evidence}')" for r in self.trace.flagged().itertuples()) or "none"
         return (f"{self.labels.text_id.nunique()} texts; provenance: " + ", ".join(f"{v} {k}" for k, v in counts.items())
                 + f"; flagged: {flags}")

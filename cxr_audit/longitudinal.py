@@ -46,7 +46,7 @@ __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENT
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
 PROGRESSION_LABELS = PROGRESSION_CLASSES + ("unmentioned",)
 SUPPORT_DEVICES = "support devices"
-SENTENCES_COLUMNS = ("report_id", "sent_idx", "sentence", "is_longitudinal", "keyword", "progression", "annotator")
+SENTENCES_COLUMNS = ("report_id", "sent_idx", "sentence", "is_longitudinal", "keyword", "progression", "masked", "annotator")
 
 # %% ../nbs/10_longitudinal.ipynb #20599fb9
 def _resource(name: str) -> dict: return json.loads(resource_text(name))
@@ -69,7 +69,7 @@ def _checked_keywords(kw: dict) -> dict:
     for i, t in enumerate(kw["terms"]):
         if not isinstance(t, Mapping) or "term" not in t or "patterns" not in t:
             raise InputError(f"keywords: terms[{i}] needs 'term' and 'patterns'")
-        for p in t["patterns"]:
+        for p in list(t["patterns"]) + list(t.get("anatomy", [])):
             try: re.compile(p)
             except re.error as e: raise InputError(f"keywords: term {t['term']!r}: bad pattern {p!r} ({e})") from None
     return kw
@@ -78,7 +78,7 @@ def _terms_of(keywords) -> list: return (_packaged_keywords() if keywords is Non
 
 def load_keywords(keywords: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
                  ) -> dict:
-    "The keyword list with patterns, categories, polarity and families; every pattern checked to compile."
+    "The keyword list with patterns, anatomy patterns, categories, polarity and families; every pattern checked to compile."
     return copy.deepcopy(_packaged_keywords()) if keywords is None else _checked_keywords(_load(keywords, "longitudinal_keywords.json", ["terms"]))
 
 # %% ../nbs/10_longitudinal.ipynb #9096ed04
@@ -100,8 +100,8 @@ def load_lexicon(lexicon: str | os.PathLike | Mapping | None = None # None (pack
     return _load(lexicon, "longitudinal_lexicon.json", ["same", "better", "worse", "more", "less", "reference", "negation",
                                                          "clause_breaks", "inverting_quantities"])
 
-CUE_KINDS = ("same", "better", "worse", "more", "less", "reference")  # the order in which cues are matched
-_CHANGE = ("better", "worse", "more", "less")
+CUE_KINDS = ("same", "better", "worse", "more", "less", "change", "reference")  # the order in which cues are matched
+_CHANGE = ("better", "worse", "more", "less", "change")
 
 def _word_regex(patterns: Iterable[str]) -> re.Pattern:
     "One case-insensitive regex for `patterns`, each matched as a whole word or phrase."
@@ -114,20 +114,25 @@ class Cue:
     "One change cue found in a sentence."
     start: int      # offset of the cue in the sentence
     end: int        # offset just after it
-    kind: str       # same, better, worse, more, less or reference
+    kind: str       # same, better, worse, more, less, change or reference
     negated: bool   # a negation stands among the few words before it, in its clause
     text: str       # the words matched
 
 @dataclass(frozen=True)
 class _Reading:
     sentence: str
-    terms: tuple    # (start, end, term), in keyword order
+    terms: tuple    # (start, end, term) of every term named, by position
     cues: tuple     # Cue, by position
     breaks: tuple   # clause break positions
+    findings: tuple = ()  # the terms that name a finding here (an anatomy word with nothing abnormal said of it does not)
+    masks: tuple = ()     # (start, end) of de-identification masks (XXXX)
 
     def clause(self, pos: int) -> int: return int(np.searchsorted(self.breaks, pos, side="right"))
 
 # %% ../nbs/10_longitudinal.ipynb #b060765a
+def _alt(patterns: Iterable[str], flags=re.I) -> re.Pattern:
+    return re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!x)x", flags)
+
 class RuleAnnotator:
     "Offline, deterministic longitudinal annotation from the keyword list and a cue lexicon."
     def __init__(self, lexicon: str | os.PathLike | Mapping | None = None,  # cue lexicon override (see `load_lexicon`)
@@ -142,9 +147,12 @@ class RuleAnnotator:
         lex, kw = load_lexicon(self.lexicon), load_keywords(self.keywords)
         terms = [(t["term"], _word_regex(t["patterns"]), int(t.get("polarity", 1))) for t in kw["terms"]]
         return {"terms": terms, "rank": {t: i for i, (t, _, _) in enumerate(terms)}, "polarity": {t: p for t, _, p in terms},
-                "cues": [(k, _word_regex(lex[k])) for k in CUE_KINDS], "ignore": _word_regex(lex.get("ignore", [])),
+                "cues": [(k, _word_regex(lex.get(k, []))) for k in CUE_KINDS], "ignore": _word_regex(lex.get("ignore", [])),
                 "negation": _word_regex(lex["negation"]), "window": int(lex.get("negation_window", 3)),
-                "breaks": re.compile(lex["clause_breaks"], re.I), "invert": _word_regex(lex["inverting_quantities"])}
+                "breaks": re.compile(lex["clause_breaks"], re.I), "invert": _word_regex(lex["inverting_quantities"]),
+                "anatomy": {t["term"]: _alt(t["anatomy"]) for t in kw["terms"] if t.get("anatomy")},
+                "normal": _word_regex(lex.get("normal", [])), "abnormal": _word_regex(lex.get("abnormal", [])),
+                "copula": _word_regex(lex.get("copula", [])), "masks": _alt(lex.get("masks", []), 0)}
 
 # %% ../nbs/10_longitudinal.ipynb #f0b6ef93
 @patch
@@ -173,7 +181,9 @@ def _read(self: RuleAnnotator, sentence: str) -> _Reading:
         for m in r.finditer(work):
             cues.append(Cue(m.start(), m.end(), kind, kind in _CHANGE and self._negated(work, m.start(), breaks), m.group()))
             _masked(chars, m.start(), m.end())
-    return _Reading(text, tuple(terms), tuple(sorted(cues, key=lambda c: c.start)), breaks)
+    cues = tuple(sorted(cues, key=lambda c: c.start))
+    masks = tuple(m.span() for m in rx["masks"].finditer(text))
+    return _Reading(text, tuple(terms), cues, breaks, self._findings(text, tuple(terms), cues), masks)
 
 @patch
 def _negated(self: RuleAnnotator, work: str, pos: int, breaks: tuple) -> bool:
@@ -188,8 +198,43 @@ def find_cues(self: RuleAnnotator, sentence: str # one sentence
     "The change cues of `sentence`, by position."
     return list(self._read(sentence).cues)
 
+# %% ../nbs/10_longitudinal.ipynb #a17f1nd5
+def _gap(a: int, b: int, qa: int, qb: int) -> int:
+    "Characters between a term `[a, b)` and a qualifier `[qa, qb)` (0 when they overlap)."
+    return max(qa - b, a - qb, 0)
+
+@patch
+def _qualifiers(self: RuleAnnotator, text: str, cues: tuple) -> list[tuple[int, int, bool]]:
+    "`(start, end, abnormal)` of the words that call a structure normal or not (an unnegated change cue counts as abnormal)."
+    rx = self._rx
+    normal = [(m.start(), m.end(), False) for m in rx["normal"].finditer(text)]
+    def free(a): return not any(s <= a < e for s, e, _ in normal)
+    abnormal = [(m.start(), m.end(), True) for m in rx["abnormal"].finditer(text) if free(m.start())]
+    return normal + abnormal + [(c.start, c.end, True) for c in cues if c.kind in _CHANGE and not c.negated and free(c.start)]
+
+@patch
+def _described(self: RuleAnnotator, text: str, terms: tuple, q: tuple) -> list[int]:
+    "Which terms a qualifier speaks of: the nearest; after a copula, the whole coordinated group before it."
+    gaps = [_gap(a, b, q[0], q[1]) for a, b, _ in terms]
+    i = min(range(len(terms)), key=lambda j: (gaps[j], terms[j][0] > q[0]))   # nearest; on a tie, the one before
+    if terms[i][1] > q[0] or not self._rx["copula"].search(text[terms[i][1]:q[0]]): return [i]
+    lo = i
+    while lo > 0 and re.fullmatch(r"[\s,]*(?:(?:and|or)\b\s*)?(?:the\s+)?", text[terms[lo - 1][1]:terms[lo][0]], re.I): lo -= 1
+    return list(range(lo, i + 1))
+
+@patch
+def _findings(self: RuleAnnotator, text: str, terms: tuple, cues: tuple) -> tuple:
+    "The terms that name a finding: every finding word, and an anatomy word called abnormal and never normal."
+    anatomy = self._rx["anatomy"]
+    is_anat = [t in anatomy and bool(anatomy[t].fullmatch(text[a:b])) for a, b, t in terms]
+    if not any(is_anat): return terms
+    said = [set() for _ in terms]
+    for q in self._qualifiers(text, cues):
+        for i in self._described(text, terms, q): said[i].add(q[2])
+    return tuple(t for t, anat, s in zip(terms, is_anat, said) if not anat or s == {True})
+
 # %% ../nbs/10_longitudinal.ipynb #c23d152a
-_DIRECTION = {"worse": "worsened", "better": "improved"}
+_DIRECTION = {"worse": "worsened", "better": "improved", "change": "worsened"}
 
 @patch
 def _inverted(self: RuleAnnotator, r: _Reading, term: str | None, clause: int) -> bool:
@@ -207,19 +252,44 @@ def _direction(self: RuleAnnotator, r: _Reading, term: str | None, pos: int | No
         if not cs: continue
         change = [c for c in cs if c.kind in _CHANGE and not c.negated]
         if not change: return "no change"
-        kind = change[0].kind
+        kind = next((c.kind for c in change if c.kind != "change"), "change")   # a stated direction beats a bare "change"
         if kind in _DIRECTION: return _DIRECTION[kind]
         return "worsened" if (kind == "more") != self._inverted(r, term, j) else "improved"
     return "no change"
 
 # %% ../nbs/10_longitudinal.ipynb #b1455096
 @patch
+def _mask_dependent(self: RuleAnnotator, r: _Reading) -> bool:
+    "Does the reading hang on a mask: a comparison that says not how, a mask just before a cue, or just after one that names nothing?"
+    if not r.masks or not r.cues: return False
+    told = [c for c in r.cues if c.kind != "reference"]
+    if not told: return True
+    def near(a: int, b: int, words: int) -> bool: return a <= b and len(re.findall(r"[\w']+", r.sentence[a:b])) <= words
+    return any(near(b, c.start, 0) or (not r.terms and near(c.end, a, 2)) for a, b in r.masks for c in told)
+
+@patch
+def is_masked(self: RuleAnnotator, sentence: str # one sentence
+             ) -> bool:
+    "Does the annotation of `sentence` depend on a de-identification mask (`XXXX`)?"
+    return self._mask_dependent(self._read(sentence))
+
+# %% ../nbs/10_longitudinal.ipynb #a17f3ann
+@patch
+def _keyword_at(self: RuleAnnotator, r: _Reading) -> tuple:
+    "`(term, position)` of the finding a sentence follows: the first finding, unless only normal anatomy shares a clause with a cue."
+    told = {r.clause(c.start) for c in r.cues if c.kind != "reference"}
+    def compared(ts) -> bool: return any(r.clause(t[0]) in told for t in ts)
+    if not r.findings or (not compared(r.findings) and compared(t for t in r.terms if t not in r.findings)): return None, None
+    return r.findings[0][2], r.findings[0][0]
+
+@patch
 def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
                      ) -> tuple[bool, str | None, str | None]:
-    "`(is_longitudinal, keyword, progression)` of one sentence (keyword and progression None when not longitudinal)."
+    "`(is_longitudinal, keyword, progression)` of one sentence (keyword and progression None when not longitudinal or masked)."
     r = self._read(sentence)
     if not r.cues: return False, None, None
-    term, pos = (r.terms[0][2], r.terms[0][0]) if r.terms else (None, None)
+    if self._mask_dependent(r): return True, None, None
+    term, pos = self._keyword_at(r)
     return True, term, self._direction(r, term, pos)
 
 # %% ../nbs/10_longitudinal.ipynb #06f3d951
@@ -227,20 +297,23 @@ def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
 def progression(self: RuleAnnotator, sentence: str, # one sentence
                 keyword: str | None # a term of the keyword list; None: any finding
                ) -> str:
-    "Progression of `keyword` in `sentence`; `unmentioned` when the sentence does not name it or describes no course."
+    "Progression of `keyword` in `sentence`; `unmentioned` when the sentence does not name it, describes no course or hangs on a mask."
     r = self._read(sentence)
+    if self._mask_dependent(r): return "unmentioned"
     if keyword is None: return self._direction(r, None, None) or "unmentioned"
-    hits = [t for t in r.terms if t[2] == keyword]
+    hits = [t for t in r.findings if t[2] == keyword]
     return (self._direction(r, keyword, hits[0][0]) if hits else None) or "unmentioned"
 
 # %% ../nbs/10_longitudinal.ipynb #832861db
 @patch
 def explain(self: RuleAnnotator, sentence: str # one sentence
             ) -> pd.DataFrame:
-    "Findings and cues of a sentence: `kind, text, start, end, clause, negated`."
+    "Findings (anatomy named with nothing abnormal said of it shows as `anatomy`), cues and masks: `kind, text, start, end, negated, clause`."
     r = self._read(sentence)
-    rows = [{"kind": "finding: " + t, "text": sentence[a:b], "start": a, "end": b, "negated": False} for a, b, t in r.terms]
+    rows = [{"kind": ("finding: " if t in r.findings else "anatomy: ") + t[2], "text": sentence[t[0]:t[1]], "start": t[0], "end": t[1],
+             "negated": False} for t in r.terms]
     rows += [{"kind": "cue: " + c.kind, "text": c.text, "start": c.start, "end": c.end, "negated": c.negated} for c in r.cues]
+    rows += [{"kind": "mask", "text": sentence[a:b], "start": a, "end": b, "negated": False} for a, b in r.masks]
     df = pd.DataFrame(rows, columns=["kind", "text", "start", "end", "negated"]).sort_values("start", kind="stable")
     return df.assign(clause=[r.clause(p) for p in df.start]).reset_index(drop=True)
 
@@ -309,13 +382,17 @@ def annotate_reports(reports,                      # Series/dict report_id -> te
                      id_col: str = "report_id",    # column of a table holding the report ID
                      text_col: str = "text"        # column of a table holding the report text
                     ) -> pd.DataFrame:
-    "The `sentences` table: every sentence of every report with its longitudinal annotation."
+    "The `sentences` table: every sentence of every report with its longitudinal annotation; mask-dependent ones flagged, unkeyed."
     annotator = annotator if annotator is not None else RuleAnnotator()
     sents = report_sentences(reports, splitter, id_col, text_col)
     if sents.empty:   # no text at all: an empty table of the right shape
-        return pd.DataFrame({c: pd.Series(dtype="boolean" if c == "is_longitudinal" else object) for c in SENTENCES_COLUMNS})
+        kinds = {"is_longitudinal": "boolean", "masked": bool}
+        return pd.DataFrame({c: pd.Series(dtype=kinds.get(c, object)) for c in SENTENCES_COLUMNS})
     uniq = sents.groupby("sentence", sort=False)["restricted"].any()
     ann = annotator.annotate(list(uniq.index), restricted=list(uniq.values)).drop_duplicates("sentence")
+    rules = annotator if isinstance(annotator, RuleAnnotator) else RuleAnnotator()
+    ann["masked"] = [rules.is_masked(s) for s in ann["sentence"]]
+    ann.loc[ann["masked"], ["keyword", "progression"]] = None   # not guessed, whoever annotated
     out = sents.drop(columns="restricted").merge(ann, on="sentence", how="left")
     out["is_longitudinal"] = out["is_longitudinal"].astype("boolean")
     return out.assign(annotator=annotator.name)[list(SENTENCES_COLUMNS)]

@@ -28,7 +28,7 @@ def demo_runs(tmp_path_factory):
 def test_help_lists_subcommands():
     r = cli("--help")
     assert r.returncode == 0
-    for sub in ("demo", "audit", "validate", "cohort", "concentration", "labels", "trace", "review", "score", "reref",
+    for sub in ("demo", "audit", "validate", "load", "cohort", "concentration", "labels", "trace", "review", "score", "reref",
                 "longitudinal", "generate", "llm-cache"):
         assert sub in r.stdout
 
@@ -122,6 +122,26 @@ def test_validate(demo_runs):
     r = cli("validate", "--studies", demo_runs[0] / "studies.parquet", "--generations", demo_runs[0] / "generations.parquet")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("ok")
+
+
+def test_load_real_iu_file_then_validate_and_build_a_cohort(tmp_path):
+    "Real IU X-ray reports (ReXrank JSON): every study loads, the 22 view/image mismatches are flagged, the table is usable."
+    src = ROOT / "tests" / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"
+    r = cli("load", src, "--out", tmp_path / "iu.parquet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("50 studies loaded; 22 flagged"), r.stdout
+    assert "view_mismatch" in r.stdout
+    v = cli("validate", "--studies", tmp_path / "iu.parquet")
+    assert v.returncode == 0 and "22 flagged" in v.stdout, v.stderr
+    c = cli("cohort", "--recipe", "004_iu", "--studies", tmp_path / "iu.parquet", "--out", tmp_path / "cohort")
+    assert c.returncode == 0, c.stderr
+
+
+def test_load_refuses_an_unreadable_file_in_one_line(tmp_path):
+    (tmp_path / "bad.json").write_text('{"CXR1_IM-0001": {"image_path": ["a.png"], ')
+    r = cli("load", tmp_path / "bad.json", "--out", tmp_path / "s.parquet")
+    assert r.returncode == 2 and "bad.json" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "s.parquet").exists()
 
 
 def test_cohort_subcommand(demo_runs, tmp_path):

@@ -1,4 +1,5 @@
 "Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, readers, the entry points."
+import json
 from pathlib import Path
 
 import numpy as np
@@ -324,3 +325,109 @@ def test_runs_are_named_by_config_label_everywhere(demo):
     assert run_names(g).tolist() == config_label(g.system, g.policy).tolist()
     assert set(label_generations(g).system) == set(config_label(g.system, g.policy))
     assert run_names(g.drop(columns="policy")).tolist() == g.system.tolist()      # no policy column: the bare system
+
+
+# --- real wording (issue 17): stability statements, No Finding, probes, the official sample ---------------------
+
+IU = Path(__file__).parent / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"
+OFFICIAL = FIX / "chexpert_official_sample.csv"
+PATHOLOGY = [lab for lab in CHEXPERT_13 if lab != "Support Devices"]
+
+
+@pytest.fixture(scope="module")
+def iu_texts():
+    raw = json.loads(IU.read_text())
+    return reference_texts(pd.DataFrame({"study_id": list(raw), "findings": [v["section_findings"] for v in raw.values()],
+                                         "impression": [v["section_impression"] for v in raw.values()]}))
+
+
+# normal or stability statements about normal anatomy, written after real wording: never positive or uncertain
+STABLE_NORMAL = ["Stable cardiomediastinal silhouette.", "Stable cardiomediastinal silhouette with normal heart size.",
+                 "The cardiomediastinal silhouette is unchanged.", "Heart size and mediastinal contours are stable.",
+                 "The mediastinum is stable.", "Unchanged mediastinal contours.", "Mediastinal contours appear similar to the prior.",
+                 "No interval change in the cardiac silhouette.", "No interval change.", "Stable appearance of the chest.",
+                 "Heart size normal.", "Heart size and pulmonary vascular markings appear within limits of normal."]
+# stability of an abnormality is still the abnormality
+STABLE_ABNORMAL = [("Stable cardiomegaly.", "Cardiomegaly"), ("Stable enlarged heart.", "Cardiomegaly"),
+                   ("Unchanged small left effusion.", "Pleural Effusion"), ("Stable prominent mediastinal contours.", "Enlarged Cardiomediastinum"),
+                   ("Mild cardiomegaly, unchanged from prior.", "Cardiomegaly"),
+                   # a stability word first, the abnormality after it in the same clause
+                   ("Cardiac silhouette is unchanged and enlarged.", "Cardiomegaly"),
+                   ("The heart remains stable in size, mildly enlarged.", "Cardiomegaly"),
+                   ("Stable and widened mediastinal contours.", "Enlarged Cardiomediastinum")]
+
+
+@pytest.mark.parametrize("text", STABLE_NORMAL)
+def test_normal_and_stability_wording_claims_no_finding(text):
+    w = to_wide(label_reports([text])).iloc[0]
+    assert not w[PATHOLOGY].isin([1.0, -1.0]).any(), w.dropna()
+    assert w["No Finding"] == 1.0
+
+
+@pytest.mark.parametrize("text,label", STABLE_ABNORMAL)
+def test_stable_abnormality_stays_positive(text, label):
+    w = to_wide(label_reports([text])).iloc[0]
+    assert w[label] == 1.0 and np.isnan(w["No Finding"])
+
+
+def test_probes_cover_every_label_and_all_pass():
+    pb = probe_labeler(label_reports)
+    assert set(pb.label) == set(CHEXPERT_14)
+    for lab in CHEXPERT_13:
+        e = pb[pb.label == lab]
+        assert {1.0, 0.0, -1.0} <= set(e.expected.dropna()) and (e.kind == "stable").any(), lab
+    assert pb.ok.all(), pb[~pb.ok]
+    assert not pb.trigger.any()
+
+
+def test_probes_catch_stability_read_as_doubt():
+    # the rule the labeler had before issue 17: stability wording as uncertain cardiomegaly
+    doubt = Labeler(phrases={"observations": {"Cardiomegaly": {"stable": [], "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
+    ps = probe_summary(probe_labeler(doubt)).set_index("label")
+    assert ps.loc["Cardiomegaly", "triggers"] >= 2 and ps.drop("Cardiomegaly").triggers.sum() == 0
+
+
+def test_real_reports_trace_shows_no_normal_or_stability_trigger(iu_texts):
+    assert len(iu_texts) == 50
+    tr = trace_label_triggers(label_reports(iu_texts), texts=iu_texts, min_positives=5)
+    assert len(tr.flagged()) == 0
+    assert tr.flags.normal_wording_positives.sum() == 0 and tr.flags.normal_wording_uncertain.sum() == 0
+    assert tr.flags.set_index("label").loc["Cardiomegaly", "positives"] > 0      # real findings are still found
+
+
+def test_trace_catches_stability_read_as_doubt_on_real_reports(iu_texts):
+    back = ["<STABLE>(?: appearance of)?(?: the)? <CM>", "<CM>(?: <BE>)? <STABLE>"]
+    doubt = Labeler(phrases={"observations": {"Enlarged Cardiomediastinum": {"stable": [], "uncertain": back}}})
+    tr = trace_label_triggers(doubt(iu_texts), texts=iu_texts, min_positives=5)
+    row = tr.flagged().set_index("label").loc["Enlarged Cardiomediastinum"]
+    assert row.normal_wording_uncertain >= 5 and "stability wording" in row.verdict
+
+
+def test_real_reports_no_finding_consistent_with_the_labels(iu_texts):
+    w = to_wide(label_reports(iu_texts))
+    pathology = w[PATHOLOGY].isin([1.0, -1.0]).any(axis=1)
+    assert ((w["No Finding"] == 1.0) == ~pathology).all()
+    assert w["No Finding"].isin([1.0]).sum() >= 10 and pathology.sum() >= 10       # both kinds of report are there
+    assert not w["No Finding"].isin([0.0, -1.0]).any()                           # never 0 or -1: blank otherwise
+
+
+def test_other_findings_block_no_finding_only_when_asked():
+    text = ["Degenerative changes of the thoracic spine. Lungs are clear."]
+    assert to_wide(label_reports(text)).iloc[0]["No Finding"] == 1.0
+    strict = Labeler(phrases={"no_finding_ignores": ["Support Devices"]})
+    assert np.isnan(to_wide(strict(text)).iloc[0]["No Finding"])
+    assert to_wide(label_reports(["Pacemaker in place. Lungs are clear."])).iloc[0]["No Finding"] == 1.0
+
+
+def test_agreement_with_the_official_labelers_sample():
+    official = read_chexpert_csv(OFFICIAL)
+    assert official.text_id.nunique() == 4
+    ours = label_reports(official.groupby("text_id", sort=False).text.first())
+    pl = align_labels(official, ours).per_label().set_index("label")
+    assert pl[["fp", "fn"]].sum().sum() == 0 and pl.tp.sum() == 6
+    wo, wu = to_wide(official), to_wide(ours)
+    differ = ~((wo == wu) | (wo.isna() & wu.isna()))
+    cells = sorted((i, lab) for i, lab in zip(*np.nonzero(differ.to_numpy())))
+    assert [(int(i), wo.columns[j]) for i, j in cells] == [(0, "Lung Opacity"), (0, "Consolidation"), (3, "Lung Opacity"), (3, "Consolidation")]
+    d = differ.to_numpy()
+    assert np.isnan(wo.to_numpy()[d]).all() and (wu.to_numpy()[d] == 0.0).all()      # blank there, 0 here

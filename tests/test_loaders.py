@@ -6,19 +6,25 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import InputError, sha256_frame
-from cxr_audit.corpus import (STUDIES_COLUMNS, load_chexpert_plus, load_generations, load_iu_xray, load_mimic_cxr,
-                              load_rexgradient, load_rexrank, load_table, normalize_view)
+from cxr_audit.corpus import (LOAD_FLAGS, STUDIES_COLUMNS, VIEW_STATUS, LoadReport, load_chexpert_plus, load_generations,
+                              load_iu_xray, load_mimic_cxr, load_report, load_rexgradient, load_rexrank, load_table,
+                              normalize_view)
 
 FIX = Path(__file__).parent / "fixtures"
 MIMIC, IU, CHEX, REXG = FIX / "mimic", FIX / "iu_xray", FIX / "chexpert_plus", FIX / "rexgradient"
+MESSY, REAL = FIX / "messy", FIX / "iu_real" / "iu_valid_rexrank_sample.json"
 
 
 def _aligned(df):
     "Every study has one view per image and `view` is the first one."
     assert list(df.columns[:len(STUDIES_COLUMNS)]) == list(STUDIES_COLUMNS)
-    for paths, views, view in zip(df.image_paths, df.image_views, df.view):
+    views_of = df.image_views if "image_views" in df.columns else [[None] * len(p) for p in df.image_paths]  # load_table without views
+    for paths, views, view in zip(df.image_paths, views_of, df.view):
         assert isinstance(paths, list) and isinstance(views, list) and len(paths) == len(views)
-        assert view == (views[0] if views else None)
+        assert view == (views[0] if views else None) or "image_views" not in df.columns
+    assert list(df.columns[-2:]) == ["view_status", "load_flags"]
+    assert set(df.view_status) <= set(VIEW_STATUS)
+    assert all(isinstance(f, list) and set(f) <= set(LOAD_FLAGS) for f in df.load_flags)
 
 
 # ---------------------------------------------------------------- MIMIC-CXR
@@ -125,7 +131,7 @@ def test_iu_malformed_inputs_name_file_and_row(tmp_path):
     with pytest.raises(InputError, match=r"indiana_reports\.csv: missing column\(s\) 'impression'"):
         load_iu_xray(tmp_path)
     (tmp_path / "indiana_reports.csv").write_text("uid,findings,impression\n1,a,b\n1,c,d\n")
-    with pytest.raises(InputError, match=r"row 1 \(study_id='CXR1'\): duplicate study_id"):
+    with pytest.raises(InputError, match=r"rows 0 and 1 \(study_id='CXR1'\): the same study given twice with different findings"):
         load_iu_xray(tmp_path)
 
 
@@ -227,3 +233,114 @@ def test_loading_is_deterministic():
 def test_normalize_view_vocabulary():
     assert [normalize_view(v) for v in ["PA", "antero-posterior", "Lateral", "LEFT LATERAL", "POSTERO_ANTERIOR"]] == \
         ["PA", "AP", "LATERAL", "LL", "PA"]
+
+
+# ---------------------------------------------------------------- every loader flags the same way
+@pytest.mark.parametrize("load", [lambda: load_mimic_cxr(MIMIC), lambda: load_iu_xray(IU / "csv"),
+                                  lambda: load_iu_xray(IU / "ecgen-radiology"), lambda: load_iu_xray(IU / "r2gen"),
+                                  lambda: load_iu_xray(IU / "rexrank"), lambda: load_chexpert_plus(CHEX / "df_chexpert_plus_240401.csv"),
+                                  lambda: load_rexgradient(REXG), lambda: load_table(FIX / "table/studies.csv",
+                                                                                     columns={"study_id": "accession"}, dataset="x")])
+def test_every_loader_adds_view_status_and_load_flags(load):
+    df = load()
+    _aligned(df)
+    views_of = df.image_views if "image_views" in df.columns else [[None] * len(p) for p in df.image_paths]
+    for views, paths, status in zip(views_of, df.image_paths, df.view_status):
+        expected = "no_images" if not paths else "no_views" if all(v is None for v in views) else "ok"
+        assert status == expected     # the made-up fixtures have no view mismatch
+    assert isinstance(load_report(df), LoadReport)
+
+
+# ---------------------------------------------------------------- real IU X-ray text (50 studies, ReXrank JSON)
+def test_real_iu_fixture_loads_every_study_and_flags_view_mismatches():
+    raw = json.loads(REAL.read_text())
+    df = load_iu_xray(REAL)
+    _aligned(df)
+    assert len(df) == len(raw) == 50 and df.source_id.tolist() == list(raw)
+    n_views = [len(e["frontal_lateral"]) for e in raw.values()]
+    n_images = [len(e["image_path"]) for e in raw.values()]
+    expected = ["ok" if v == i else "fewer_views" if v < i else "more_views" for v, i in zip(n_views, n_images)]
+    assert df.view_status.tolist() == expected
+    assert df.load_flags.map(lambda f: "view_mismatch" in f).tolist() == [s != "ok" for s in expected]
+    assert (df.view_status == "fewer_views").sum() == 11 and (df.view_status == "more_views").sum() == 11
+    for row in df.itertuples():
+        assert row.frontal_lateral == raw[row.source_id]["frontal_lateral"]
+        if row.view_status == "ok": assert row.image_views == [normalize_view(v) for v in row.frontal_lateral]
+        if row.view_status == "fewer_views": assert row.image_views == [None] * len(row.image_paths)
+        given = {normalize_view(v) for v in row.frontal_lateral}
+        assert all(v is None or v in given for v in row.image_views)
+    rep = load_report(df)
+    assert rep.headline() == "50 studies loaded; 22 flagged: 11 with fewer views than images, 11 with more views than images"
+    assert rep.to_frame().flag.tolist() == ["view_mismatch"] and rep.to_frame().n_studies.tolist() == [22]
+
+
+def test_real_iu_more_views_rule_by_example():
+    df = load_iu_xray(REAL).set_index("study_id")
+    assert df.loc["CXR3058", "image_views"] == ["FRONTAL", None]      # Frontal, Frontal, Lateral
+    assert df.loc["CXR2930", "image_views"] == [None, "LATERAL"]      # Frontal, Lateral, Lateral
+    assert df.loc["CXR2398", "image_views"] == [None, None]           # Frontal, Lateral, Frontal
+    assert df.loc["CXR3058", "view"] == "FRONTAL" and df.loc["CXR2930", "view"] is None
+
+
+# ---------------------------------------------------------------- messy made-up files
+def test_messy_rexrank_bom_lists_masks_repeats():
+    df = load_iu_xray(MESSY / "rexrank_messy.json")            # starts with a UTF-8 BOM
+    _aligned(df)
+    got = df.set_index("study_id")
+    assert df.study_id.tolist() == ["CXR9001", "CXR9002", "CXR9003", "CXR9004", "CXR9005", "CXR9006"]   # the repeat kept once
+    assert got.loc["CXR9001", "load_flags"] == ["duplicate_id"]
+    assert got.loc["CXR9002", "view_status"] == "fewer_views" and got.loc["CXR9002", "image_views"] == [None, None]
+    assert got.loc["CXR9003", "view_status"] == "more_views" and got.loc["CXR9003", "image_views"] == ["FRONTAL", None]
+    assert got.loc["CXR9004", "image_paths"] == ["CXR9004_IM-9004/0.png", "CXR9004_IM-9004/1.png"]   # list literals as text
+    assert got.loc["CXR9004", "image_views"] == ["FRONTAL", "LATERAL"] and got.loc["CXR9004", "load_flags"] == ["masked_findings"]
+    assert got.loc["CXR9005", "image_paths"] == [] and got.loc["CXR9005", "load_flags"] == ["no_images", "empty_impression", "bad_list"]
+    rep = load_report(df)
+    assert rep.n_flagged == 6
+    assert dict(zip(rep.summary().view_status, rep.summary().n_studies)) == {"ok": 2, "fewer_views": 1, "more_views": 2, "no_images": 1}
+
+
+def test_messy_json_conflicts_and_broken_files_are_refused_with_names():
+    with pytest.raises(InputError, match=r"rexrank_conflict\.json: key 'CXR9002_IM-9002' appears twice with different content \(items 1 and 2"):
+        load_iu_xray(MESSY / "rexrank_conflict.json")
+    with pytest.raises(InputError, match=r"broken\.json: not valid JSON \(.*line 4, column 1\)"):
+        load_rexrank(MESSY / "broken.json")
+
+
+def test_messy_table_encoding_bom_lists_and_repeats():
+    cols = {"study_id": "accession", "text": "report", "image_paths": "images", "image_views": "views"}
+    with pytest.warns(UserWarning, match=r"studies_messy\.csv: 1 line\(s\) are not utf-8-sig text \(first: line 4\)"):
+        df = load_table(MESSY / "studies_messy.csv", columns=cols, dataset="inhouse")
+    _aligned(df)
+    got = df.set_index("study_id")
+    assert df.study_id.tolist() == ["A1", "A2", "A3", "A4"]            # the BOM is not in the first column's name
+    assert got.loc["A1", "load_flags"] == ["duplicate_id"] and got.loc["A1", "image_views"] == ["PA", "LATERAL"]
+    assert got.loc["A2", "text"] == "Mild cardiomegaly \u2013 stable."     # the cp1252 dash
+    assert got.loc["A2", "load_flags"] == ["view_mismatch", "encoding_repaired"]
+    assert got.loc["A3", "load_flags"] == ["no_images", "bad_list"]
+    assert got.loc["A4", "load_flags"] == ["empty_report"]
+    with pytest.raises(InputError, match=r"studies_conflict\.csv: rows 0 and 2 \(study_id='B1'\): the same study given twice with different text"):
+        load_table(MESSY / "studies_conflict.csv", columns={"study_id": "accession", "text": "report"}, dataset="x")
+
+
+def test_messy_iu_csv_pair_r2gen_chexpert_rexgradient():
+    with pytest.warns(UserWarning, match="indiana_reports.csv: 1 line"):
+        iu = load_iu_xray(MESSY / "indiana_csv").set_index("study_id")
+    assert iu.loc["CXR2", "findings"] == "Heart size normal. Caf\u00e9 au lait spot noted on skin."
+    assert iu.loc["CXR2", "image_paths"] == ["2_IM-0652-1001.dcm.png"]       # the repeated projection row kept once
+    assert iu.loc["CXR2", "load_flags"] == ["masked_impression", "duplicate_id", "encoding_repaired"]
+    assert iu.loc["CXR3", "load_flags"] == ["no_images", "empty_findings"] and iu.loc["CXR1", "load_flags"] == []
+    r2 = load_iu_xray(MESSY / "r2gen_annotation.json").set_index("study_id")
+    assert r2.loc["CXR9102", "load_flags"] == ["no_images", "bad_list"] and r2.loc["CXR9103", "load_flags"] == ["no_images", "empty_report"]
+    assert r2.loc["CXR9101", "view_status"] == "no_views" and r2.loc["CXR9101", "load_flags"] == []   # no impression in R2Gen: not flagged
+    cx = load_chexpert_plus(MESSY / "chexpert_plus_messy.csv").set_index("study_id")
+    assert cx.loc["patient90001_study1", "image_paths"] == ["train/patient90001/study1/view1_frontal.jpg"]
+    assert cx.loc["patient90001_study1", "load_flags"] == ["empty_findings", "duplicate_id"]
+    assert cx.loc["patient90002_study1", "load_flags"] == ["empty_findings", "masked_impression"]
+    rg = load_rexgradient(MESSY / "test_metadata.json", restricted=False)
+    assert rg.study_id.tolist() == ["GRDN9_A", "GRDN9_B"] and rg.load_flags.tolist() == [["duplicate_id"], ["view_mismatch"]]
+    assert rg.view_status.tolist() == ["ok", "fewer_views"]
+
+
+def test_load_report_needs_the_loader_columns():
+    with pytest.raises(InputError, match=r"load_report: missing column\(s\) 'view_status', 'load_flags'"):
+        load_report(pd.DataFrame({"study_id": ["a"]}))
