@@ -166,13 +166,15 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                   unit: str = "study_id",           # the paired unit of the comparisons
                   baseline: str | None = None,      # compare this configuration (system+policy) with each other one
                   scheme: Literal["shares", "recount"] = "shares", # how distinct counts and report groups are resampled
-                  max_new_tokens: int | None = None # generation token cap, for the token-limit check
+                  max_new_tokens: int | None = None, # generation token cap, for the token-limit check
+                  grouping: Literal["normalized", "exact"] = "normalized", # duplicate groups of normalized or exact text (paper 004: exact)
+                  validity_rule: Literal["strict", "surface"] = "strict" # "surface": token-limit, looping and too-short outputs stay valid, flagged (paper 004)
                  ) -> str:
     "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
     a = audit_concentration(read_table(generations), by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
                             top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
-                            scheme=scheme, baseline=baseline)
+                            scheme=scheme, baseline=baseline, grouping=grouping, validity_rule=validity_rule)
     paths = a.save(out, inputs={"generations": Path(generations)}, params={"command": "cxr-audit concentration"})
     msg = (f"concentration: {len(a.flags):,} reports in {len(a.labels)} group(s), {int((~a.flags.valid).sum()):,} not "
            f"surface-valid; " + a.headline().replace("**", ""))
@@ -460,7 +462,7 @@ def generate(model: str,                      # local folder of a saved Hugging 
              batch_size: int = 8,             # samples per model call
              device: str = "cpu",             # torch device
              use_indication: bool = False,    # pass each study's indication to the generator
-             max_images: int = 1,             # images per study, from the start of image_paths
+             max_images: int = 1,             # images per entry: the cohort's chosen image_path first, then the study's others
              image_root: str | None = None,          # folder the image paths are relative to
              checkpoint: str | None = None,          # JSON-lines checkpoint file for resuming a long run
              progress: bool = True,           # progress bar on stderr

@@ -30,10 +30,10 @@ from .stats import (BootstrapResult, PairedResult, bootstrap_distinct, bootstrap
 Scheme = Literal["shares", "recount"]
 
 # %% auto #0
-__all__ = ['Scheme', 'TOKEN_PATTERN', 'REASONS', 'VALIDITY_RULES', 'DEFAULT_PREFIXES', 'PlotKind', 'tokenize',
-           'normalize_for_matching', 'surface_validity', 'distinct_n', 'has_repeated_ngram', 'ConcentrationAudit',
-           'audit_concentration', 'configuration_units', 'ConfigurationComparison', 'compare_configurations',
-           'plot_top_k_share', 'plot_concentration_profile', 'plot_distinct_n']
+__all__ = ['Scheme', 'TOKEN_PATTERN', 'REASONS', 'ValidityRule', 'FLAG_COLUMNS', 'VALIDITY_RULES', 'DEFAULT_PREFIXES', 'PlotKind',
+           'tokenize', 'normalize_for_matching', 'surface_validity', 'distinct_n', 'has_repeated_ngram',
+           'ConcentrationAudit', 'audit_concentration', 'configuration_units', 'ConfigurationComparison',
+           'compare_configurations', 'plot_top_k_share', 'plot_concentration_profile', 'plot_distinct_n']
 
 # %% ../nbs/05_concentration.ipynb #b6019675
 TOKEN_PATTERN = r"[^\W_]+"   # a token: a maximal run of Unicode letters and digits
@@ -204,6 +204,11 @@ REASONS: dict[str, str] = {
     "looping": "at least `loop_share` of its `loop_n`-grams repeat an earlier one (degenerate repetition)",
 }
 
+ValidityRule = Literal["strict", "surface"]
+_FLAGGED_ONLY = {"strict": (),                                          # every reason code makes an output invalid
+                 "surface": ("too_few_words", "token_limit", "looping")}  # paper 004: kept and flagged
+FLAG_COLUMNS = {"hit_token_limit": "token_limit", "looping": "looping", "too_few_words": "too_few_words"}  # column -> code
+
 VALIDITY_RULES: dict = {
     "special_tokens": tuple(SPECIAL_TOKENS),            # literal strings (from `cxr_audit.reports.SPECIAL_TOKENS`)
     "special_patterns": (r"<\|[^<>|\s]{0,40}\|>",),     # regular expressions for families of special tokens
@@ -225,6 +230,17 @@ def _rules(rules: Mapping | None) -> dict:
     unknown = sorted(set(r["flag_only"]) - set(REASONS))
     if unknown: raise ValueError(f"flag_only: unknown reason code(s) {unknown}; codes are {list(REASONS)}")
     return r
+
+def _hard_bits(r: dict, validity_rule: str) -> int:
+    "The reason bits that make an output invalid under `rules` and the named `validity_rule`."
+    if validity_rule not in _FLAGGED_ONLY:
+        raise InputError(f"validity_rule must be one of {list(_FLAGGED_ONLY)}, got {validity_rule!r}")
+    soft = set(r["flag_only"]) | set(_FLAGGED_ONLY[validity_rule])
+    return sum(b for c, b in _BIT.items() if c not in soft)
+
+def _flag_columns(bits: np.ndarray) -> dict:
+    "The boolean flag columns (`FLAG_COLUMNS`) of per-row reason bits."
+    return {col: (bits & _BIT[code]) != 0 for col, code in FLAG_COLUMNS.items()}
 
 def _special_regex(r: dict) -> str | None:
     "One regular expression for every special token of the rules (literals escaped)."
@@ -283,13 +299,15 @@ def surface_validity(texts,                          # reports: strings, None, o
                      max_new_tokens: int | None = None, # the generation token cap
                      truncated=None,                 # per report: whether generation stopped at the cap
                      n_tokens=None,                  # per report: tokens the model generated (with `max_new_tokens`)
-                     rules: Mapping | None = None    # changes to `VALIDITY_RULES`
+                     rules: Mapping | None = None,   # changes to `VALIDITY_RULES`
+                     validity_rule: ValidityRule = "strict" # "strict": every reason invalidates; "surface": paper 004's rule
                     ) -> pd.DataFrame:
-    "Per report: `valid`, `reasons` (codes of `REASONS` joined by ';') and `words`."
+    "Per report: `valid`, `reasons` (codes of `REASONS` joined by ';'), `words` and the flags `hit_token_limit`, `looping`, `too_few_words`."
     r = _rules(rules); corpus = _Corpus.of(texts)
     bits, words = _row_bits(corpus, r, max_new_tokens, truncated, n_tokens)
-    hard = sum(b for c, b in _BIT.items() if c not in r["flag_only"])
-    return pd.DataFrame({"valid": (bits & hard) == 0, "reasons": _reason_text(bits), "words": words.astype(np.int64)})
+    hard = _hard_bits(r, validity_rule)
+    return pd.DataFrame({"valid": (bits & hard) == 0, "reasons": _reason_text(bits), "words": words.astype(np.int64),
+                         **_flag_columns(bits)})
 
 # %% ../nbs/05_concentration.ipynb #8801d5c1
 def _total_ngrams(corpus: _Corpus, n: int) -> int:
@@ -496,7 +514,7 @@ def _flags(self: ConcentrationAudit) -> pd.DataFrame:
     R, src = self._rows, self._source
     ids = [c for c in ("sample_id", "study_id") if c in src.columns and c not in self.by]
     out = src[ids + list(self.by)]
-    return out.assign(valid=R["valid"], reasons=_reason_text(R["bits"]), words=R["words"].astype(np.int64),
+    return out.assign(valid=R["valid"], reasons=_reason_text(R["bits"]), **_flag_columns(R["bits"]), words=R["words"].astype(np.int64),
                       duplicate_group=R["nid"], duplicate_group_size=R["size"],
                       **{f"in_top_{self.top_k}": R["top"], "prefix_hit": R["prefix"], f"repeated_{self.repeat_n}gram": R["repeat"]},
                       length=R["length"].astype(np.int64))
@@ -557,7 +575,9 @@ def audit_concentration(generations,                      # a `generations` tabl
                         repeat_n: int = 4,                # n of the repeated-n-gram flag and rate
                         max_new_tokens: int | None = None, # generation token cap, for the token-limit check
                         rules: Mapping | None = None,     # changes to `VALIDITY_RULES`
-                        normalization: Mapping | None = None, # options of `normalize_for_matching`
+                        normalization: Mapping | None = None, # options of `normalize_for_matching` (prefixes; groups unless exact)
+                        grouping: Literal["normalized", "exact"] = "normalized", # duplicate groups of normalized or exact text
+                        validity_rule: ValidityRule = "strict", # "strict": every reason invalidates; "surface": paper 004's rule
                         text: str = "hypothesis",         # the column holding the reports
                         reps: int = 5000,                 # bootstrap resamples of the intervals and comparisons
                         seed: int | np.random.Generator | None = DEFAULT_SEED, # seed of every resample
@@ -576,13 +596,16 @@ def audit_concentration(generations,                      # a `generations` tabl
     top_k, repeat_n = _positive_int(top_k, "top_k"), _positive_int(repeat_n, "repeat_n")
     distinct = tuple(_positive_int(n, "distinct n") for n in distinct)
     r, norm = _rules(rules), _normalization(normalization)
+    if grouping not in ("normalized", "exact"): raise InputError(f"grouping must be 'normalized' or 'exact', got {grouping!r}")
+    _hard_bits(r, validity_rule)
     corpus, gid, keys = _Corpus.of(df[text]), *_group_codes(df, by)
-    rows = _row_measures(df, corpus, r, norm, prefixes, repeat_n, max_new_tokens)
+    rows = _row_measures(df, corpus, r, norm, prefixes, repeat_n, max_new_tokens, grouping, validity_rule)
     counts = _report_counts(gid, rows["nid"])
     rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
     rows["duplicate"] = rows["size"] >= 2
     params = {"prefixes": [prefixes] if isinstance(prefixes, str) else list(prefixes), "max_new_tokens": max_new_tokens,
-              "rules": r, "normalization": norm, "text": text, "clusters": _clusters_given(clusters)}
+              "rules": r, "normalization": norm, "grouping": grouping,
+              "validity_rule": validity_rule, "text": text, "clusters": _clusters_given(clusters)}
     audit = ConcentrationAudit(by=by, top_k=top_k, distinct=distinct, repeat_n=repeat_n, params=params,
                                reps=_positive_int(reps, "reps"), seed=seed, clusters=_resolved_clusters(df, clusters, unit),
                                unit=unit, scheme=scheme, size=size, method=method, compare_metrics=tuple(compare_metrics),
@@ -592,15 +615,17 @@ def audit_concentration(generations,                      # a `generations` tabl
     corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
     return audit
 
-def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, norm: dict, prefixes, repeat_n: int, max_new_tokens) -> dict:
+def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, norm: dict, prefixes, repeat_n: int, max_new_tokens,
+                  grouping: str = "normalized", validity_rule: str = "strict") -> dict:
     "Per row: validity bits and flag, words, normalized-text id, prefix hit, repeated n-gram, length."
     bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
     normed = _normalize(corpus.uniq, **norm)
     hit = np.zeros(len(normed), bool)
     for p in _prefixes(prefixes, norm): hit |= normed.str.starts_with(p).to_numpy()
-    hard = sum(b for c, b in _BIT.items() if c not in r["flag_only"])
+    hard = _hard_bits(r, validity_rule)
+    texts = corpus.uniq.fill_null("") if grouping == "exact" else normed      # what makes two reports the same report
     return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid],
-            "nid": _index_of(normed, normed.unique(maintain_order=True))[corpus.uid],
+            "nid": _index_of(texts, texts.unique(maintain_order=True))[corpus.uid],
             "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.tokens[2][corpus.uid]}
 
 def _clusters_given(clusters) -> str | None:

@@ -98,7 +98,7 @@ def to_generations(df,                        # a table with at least `study_id`
                    what: str = "generations", # named in error messages (e.g. a file name)
                    **defaults                 # values for absent columns, e.g. policy="B4"
                   ) -> pd.DataFrame:
-    "A table in the canonical `generations` shape (`sample_id` defaults to `system/policy/seed/study_id`)."
+    "A table in the canonical `generations` shape (`sample_id` defaults to `system/policy/seed/entry_id`, or `.../study_id` without entries)."
     df = as_pandas(df, what).copy()
     for k, v in {"policy": "default", "seed": 0, "n_tokens": None, "truncated": False, **defaults}.items():
         if k not in df.columns: df[k] = [v] * len(df)
@@ -108,8 +108,9 @@ def to_generations(df,                        # a table with at least `study_id`
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").fillna(0).astype("int64")
     df["n_tokens"] = pd.to_numeric(df["n_tokens"], errors="coerce").astype("Int64")
     df["truncated"] = df["truncated"].fillna(False).astype(bool)
-    if "sample_id" not in df.columns:
-        df["sample_id"] = [f"{r.system}/{r.policy}/{r.seed}/{r.study_id}" for r in df.itertuples()]
+    if "sample_id" not in df.columns:       # one cohort entry per row when the table has `entry_id` (several per study)
+        key = df["entry_id"].where(df["entry_id"].notna(), df["study_id"]) if "entry_id" in df.columns else df["study_id"]
+        df["sample_id"] = [f"{s}/{p}/{n}/{k}" for s, p, n, k in zip(df["system"], df["policy"], df["seed"], key)]
     dup = df["sample_id"].duplicated()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -123,9 +123,11 @@ def _first_image(paths) -> str | None:
     return str(paths[0]) if len(paths) else None
 
 def _study_record(i: int, row: Mapping, ref_section: str, indication_section: str, use_indication: bool, clusters) -> dict:
-    "The record of one `studies` row."
+    "The record of one `studies` (or cohort) row: keyed by `entry_id` when the row has one, the cohort's chosen `image_path` first."
     cl = None if clusters is None else row[clusters]
-    return {"sample_id": str(row["study_id"]), "img": _first_image(row.get("image_paths")),
+    entry, chosen = row.get("entry_id"), row.get("image_path")
+    return {"sample_id": str(row["study_id"] if entry is None or is_missing(entry) else entry),
+            "img": _first_image(row.get("image_paths")) if chosen is None or is_missing(chosen) else str(chosen),
             "reference": study_section(row, ref_section),
             "indication": (study_section(row, indication_section) or None) if use_indication else None,
             "cluster": row["study_id"] if clusters is not None and (cl is None or is_missing(cl)) else cl}
@@ -435,8 +437,8 @@ def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str
 DEFAULT_CLUSTERS = "patient_id"   # resample whole patients when a table has this column
 
 def _units(g: pd.DataFrame, unit: str | None, single: bool, what: str) -> pd.Series:
-    "The pairing unit of each row."
-    if unit is None: unit = "study_id" if "study_id" in g.columns else "sample_id" if "sample_id" in g.columns and single else None
+    "The pairing unit of each row: `entry_id` (one cohort entry), else `study_id`, else `sample_id` for a single configuration."
+    if unit is None: unit = next((c for c in ("entry_id", "study_id") if c in g.columns), "sample_id" if "sample_id" in g.columns and single else None)
     if unit is None:
         if not single: raise InputError(f"{what}: several configurations need a 'study_id' column to pair their reports")
         return pd.Series([str(i) for i in range(len(g))], index=g.index)
@@ -485,6 +487,7 @@ class SystemScores:
     reps: int = 0                     # resamples
     seed: int = DEFAULT_SEED          # seed of the resamples
     size: float = 0.95                # interval coverage; `significant` means p_holm < 1 - size
+    conventions: tuple = ()           # conventions the metrics follow, stated beside their numbers (e.g. CheXpert-F1's uncertain)
 
     @property
     def configs(self) -> list: return list(dict.fromkeys(self.estimates["config"]))
@@ -576,7 +579,8 @@ def _score_configs(g, metrics, reps, seed, baseline, skip, size, method) -> Syst
         if not -len(cfgs) <= baseline < len(cfgs): raise InputError(f"baseline: position {baseline} but {len(cfgs)} configuration(s)")
         baseline = cfgs[baseline]
     run = dict(reps=reps, seed=seed, size=size)
-    return _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run)
+    conv = tuple(dict.fromkeys(f"{m.name}: {m.note}" for m in metrics if getattr(m, "note", "")))
+    return replace(_bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run), conventions=conv)
 
 def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, run: dict) -> SystemScores:
     "Estimates (and with `reps > 0` intervals and the Holm family of comparisons) of every leaf and configuration."
@@ -610,7 +614,7 @@ def score_systems(generations,                    # generations table: hypothesi
                   baseline: str | int | None = None, # compare every configuration with this one (a label, or a position: 0 = the first); None: all pairs
                   ref_section: str = "findings",  # section of the studies used as the reference
                   by: Sequence[str] | str | None = None, # columns defining configurations (default: system, policy, seed)
-                  unit: str | None = None,        # pairing column (default: study_id, else sample_id)
+                  unit: str | None = None,        # pairing column (default: entry_id, else study_id, else sample_id)
                   clusters=DEFAULT_CLUSTERS,      # a column (generations, else studies), one label per row, or unit -> label; None: units
                   first_seed: bool = False,       # keep each configuration's lowest seed only
                   skip_unavailable: bool = False, # leave out metrics that fail to compute (noted) instead of raising
@@ -631,6 +635,8 @@ def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed,
                  _hyp=[h if isinstance(h, str) else "" for h in g["hypothesis"]])
     g["_unit"] = _units(g, unit, g["_cfg"].nunique() == 1, what[0]).to_numpy()
     cl = _row_clusters(g, studies, clusters, what)
+    if cl is None and unit is None and "entry_id" in g.columns and "study_id" in g.columns:
+        cl = g["study_id"].astype(str).to_numpy()     # entries of one study are not independent: resample whole studies
     if cl is not None: g["_cluster"] = cl
     if first_seed and "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates(["_cfg", "_unit"]).sort_index()
     dup = g.duplicated(["_cfg", "_unit"])
@@ -674,8 +680,8 @@ def headline(self: SystemScores) -> str:
 # %% ../nbs/12_evaluator.ipynb #31ced5b2
 @patch
 def caveats(self: SystemScores) -> list[str]:
-    "Sentences a reader needs beside the numbers: metrics not computed, and how CIDEr-D is resampled."
-    return list(self.notes) + ([CIDER_NOTE] if any(str(m).startswith("cider") for m in self.metrics) else [])
+    "Sentences a reader needs beside the numbers: metrics not computed, the metrics' conventions, how CIDEr-D is resampled."
+    return list(self.notes) + list(self.conventions) + ([CIDER_NOTE] if any(str(m).startswith("cider") for m in self.metrics) else [])
 
 # %% ../nbs/12_evaluator.ipynb #790082a8
 @patch

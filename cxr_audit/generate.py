@@ -28,13 +28,14 @@ from .corpus import to_generations
 from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, load_phrases, mentions_of
 
 # %% auto #0
-__all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'KINDS', 'TINY_VOCAB', 'SIM_SYSTEMS',
-           'DecodingPolicy', 'policies_frame', 'policy_from_dict', 'get_policy', 'parse_policies', 'load_policies',
-           'template_phrases', 'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression', 'EOSReweight',
-           'processor_to_dict', 'build_logits_processors', 'sample_seed', 'ReportGenerator', 'Generation',
-           'accepts_indications', 'call_report_generator', 'with_indication', 'load_image', 'SeededSampler',
-           'sampling_processors', 'tiny_tokenizer', 'TinyModel', 'tiny_model', 'infer_kind', 'HFReportGenerator',
-           'simulated_response', 'SimulatedGenerator', 'generate_table', 'policy_summary', 'plot_policy_summary']
+__all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'KINDS', 'TINY_VOCAB', 'SIM_SYSTEMS', 'ENTRY_ID',
+           'CHOSEN_IMAGE', 'DecodingPolicy', 'policies_frame', 'policy_from_dict', 'get_policy', 'parse_policies',
+           'load_policies', 'template_phrases', 'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression',
+           'EOSReweight', 'processor_to_dict', 'build_logits_processors', 'sample_seed', 'ReportGenerator',
+           'Generation', 'accepts_indications', 'call_report_generator', 'with_indication', 'load_image',
+           'SeededSampler', 'sampling_processors', 'tiny_tokenizer', 'TinyModel', 'tiny_model', 'infer_kind',
+           'HFReportGenerator', 'simulated_response', 'SimulatedGenerator', 'generation_inputs', 'generate_table',
+           'policy_summary', 'plot_policy_summary']
 
 # %% ../nbs/11_generate.ipynb #3ca8fa93
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -865,6 +866,16 @@ def simulated_response(policy # a decoding policy (name, dict or DecodingPolicy)
             "unk": r["k50_unk"] * heat, "loop": r["k50_loop"] * heat * loop}
 
 # %% ../nbs/11_generate.ipynb #ffbf1cdb
+def _path_list(v, image_root=None) -> list[str]:
+    "A cell of `image_paths` (list, or `;`-joined string) as paths, with `image_root` put in front of relative ones."
+    ps = [] if v is None or (not isinstance(v, (list, tuple, np.ndarray)) and is_missing(v)) else \
+         [p for p in str(v).split(";") if p] if isinstance(v, str) else [str(p) for p in v]
+    return [str(Path(image_root) / p) if image_root is not None and not Path(p).is_absolute() else p for p in ps]
+
+def _sim_studies(corpus) -> pd.DataFrame:
+    "The studies table of a DemoCorpus, a Cohort, or a plain studies table."
+    return require_columns(getattr(corpus, "studies", corpus), ["study_id", "image_paths"], "SimulatedGenerator: corpus studies")
+
 def _finding(r, patient: str) -> Finding:
     "A ground-truth `Finding` from one row of the corpus's findings table."
     scale = FINDING_MODEL[r.observation][2]
@@ -875,7 +886,8 @@ def _finding(r, patient: str) -> Finding:
                    anchor=int(sha256_text(f"{patient}/{r.observation}")[:8], 16) % 1_000_000)
 
 def _corpus_mentions(corpus) -> dict:
-    "study_id -> the mentions (findings and changes) a report of that study should describe."
+    "study_id -> the mentions (findings and changes) a report of that study should describe (none without a findings table)."
+    if not isinstance(getattr(corpus, "findings", None), pd.DataFrame): return {str(sid): [] for sid in _sim_studies(corpus).study_id}
     s, f, pr = corpus.studies, corpus.findings, corpus.progression
     patient = dict(zip(s.study_id, s.patient_id))
     states = {sid: {} for sid in s.study_id}
@@ -889,9 +901,9 @@ def _corpus_mentions(corpus) -> dict:
 
 # %% ../nbs/11_generate.ipynb #6f18f6e9
 class SimulatedGenerator:
-    "A SYNTHETIC report generator of the demo corpus (`sim-*`), behind the report-generator contract."
+    "A SYNTHETIC report generator (`sim-*`) of the demo corpus, or of any studies table, behind the report-generator contract."
     def __init__(self, system: str,          # one of SIM_SYSTEMS
-                 corpus,                     # a DemoCorpus (studies, findings, progression)
+                 corpus,                     # a DemoCorpus (studies, findings, progression); or a studies table or Cohort (no findings known)
                  policy=POLICIES["B4"],      # decoding policy of direct calls
                  seed: int = DEFAULT_SEED,   # run seed of direct calls under sampling policies
                  phrases=None,               # phrase bank override (see `synth.load_phrases`)
@@ -900,14 +912,15 @@ class SimulatedGenerator:
         if system not in SIM_SYSTEMS: raise InputError(f"SimulatedGenerator: system must be one of {SIM_SYSTEMS}, got {system!r}")
         self.system, self.corpus, self.policy, self.seed, self.batch_size = system, corpus, get_policy(policy), int(seed), batch_size
         self.phrases, self._mentions = load_phrases(phrases), _corpus_mentions(corpus)
-        self._study = {str(sid): str(sid) for sid in corpus.studies.study_id}
-        self._study.update({str(p): str(sid) for sid, ps in zip(corpus.studies.study_id, corpus.studies.image_paths) for p in ps})
+        studies = _sim_studies(corpus)
+        self._study = {str(sid): str(sid) for sid in studies.study_id}
+        self._study.update({p: str(sid) for sid, ps in zip(studies.study_id, studies.image_paths) for p in _path_list(ps)})
 
     def __call__(self, imgs: Sequence, indications: Sequence | None = None) -> list[str]:
         "One synthetic report per image path (or study ID), under the generator's own policy."
         return [g.text for g in self.generate_batch(imgs, indications)]
 
-    def generate_batch(self, imgs: Sequence,                  # image paths or study IDs of the demo corpus
+    def generate_batch(self, imgs: Sequence,                  # image paths or study IDs of the corpus
                        indications: Sequence | None = None,   # accepted and not used
                        *,
                        policy=None,                           # a policy (default: the generator's)
@@ -931,7 +944,7 @@ def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Ge
     "The synthetic report for one image path or study ID."
     ref = key[0] if isinstance(key, (list, tuple)) and key else key
     sid = self._study.get(str(ref))
-    if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of the demo corpus")
+    if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
     ms, P, resp = self._mentions[sid], self.phrases, simulated_response(policy)
     g = rng(seed if policy.do_sample else sample_seed(0, f"{self.system}/{policy.fingerprint}/{sid}"))
     truth = [m.observation for m in ms if m.kind != "resolved"]
@@ -979,21 +992,45 @@ class _Checkpoint:
     def put(self, key: str, row: dict):
         with open(self.path, "a", encoding="utf-8") as f: f.write(json.dumps({"key": key, "row": row}, default=str) + "\n")
 
-# %% ../nbs/11_generate.ipynb #268bc726
-def _study_inputs(studies, max_images: int | None, image_root, use_indication: bool) -> list[tuple]:
-    "(study_id, image input, indication) per study."
-    def paths(v) -> list[str]:
-        ps = [] if v is None or (not isinstance(v, (list, tuple, np.ndarray)) and is_missing(v)) else \
-             [p for p in str(v).split(";") if p] if isinstance(v, str) else [str(p) for p in v]
-        ps = [str(Path(image_root) / p) if image_root is not None and not Path(p).is_absolute() else p for p in ps]
-        return ps[:max_images] if max_images else ps
-    out = []
-    for r in studies.to_dict("records"):
-        ps = paths(r["image_paths"])
-        out.append((str(r["study_id"]), (ps[0] if ps else None) if max_images == 1 else ps,
-                    (None if _blank(r.get("indication")) else str(r["indication"])) if use_indication else None))
-    return out
+# %% ../nbs/11_generate.ipynb #2bad9059
+ENTRY_ID, CHOSEN_IMAGE = "entry_id", "image_path"   # the cohort's entry key and chosen-image column (see `cohort`)
 
+def _entry_images(r: dict, max_images, image_root, image_column) -> list[str]:
+    "One entry's images: its chosen image first (when it has one), then the study's other images in order."
+    ps, chosen = _path_list(r.get("image_paths"), image_root), r.get(image_column) if image_column else None
+    if not _blank(chosen):
+        c = _path_list([str(chosen)], image_root)[0]
+        ps = [c] + [p for p in ps if p != c]
+    return ps[:max_images] if max_images else ps
+
+def _entry_ids(s: pd.DataFrame, what: str) -> list[str]:
+    "Each row's `entry_id` (its `study_id` where the table has none), or an `InputError` naming the first repeated one."
+    has = ENTRY_ID in s.columns
+    ids = [str(e) if has and not _blank(e) else str(sid) for e, sid in zip(s[ENTRY_ID] if has else s["study_id"], s["study_id"])]
+    dup = pd.Series(ids).duplicated()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise InputError(f"{what}: row {i}: {'entry_id' if has else 'study_id'} {ids[i]!r} repeats an earlier row; give each row its own "
+                         f"`entry_id` (one row per image: `Cohort.explode_images`)")
+    return ids
+
+def generation_inputs(studies,                      # a studies table or a cohort's table: study_id, image_paths (and entry_id, image_path, indication)
+                      max_images: int | None = 1,   # images per sample (None: all): the chosen image first, then the study's others
+                      image_root: str | os.PathLike | None = None, # folder put in front of relative image paths
+                      use_indication: bool = False, # include each row's indication
+                      image_column: str | None = CHOSEN_IMAGE, # column of each entry's chosen image; None: ignore it
+                      what: str = "studies"         # the table's name in messages
+                     ) -> pd.DataFrame:
+    "What `generate_table` sends the generator, one row per entry: `entry_id, study_id, images, indication`."
+    s = require_columns(studies, ["study_id", "image_paths"] + (["indication"] if use_indication else []), what)
+    recs, ids = s.to_dict("records"), _entry_ids(s, what)
+    imgs = [_entry_images(r, max_images, image_root, image_column if image_column in s.columns else None) for r in recs]
+    return pd.DataFrame({"entry_id": ids, "study_id": s["study_id"].astype(str).tolist(),
+                         "images": [(ps[0] if ps else None) if max_images == 1 else ps for ps in imgs],
+                         "indication": [None if not use_indication or _blank(r.get("indication")) else str(r["indication"]) for r in recs]},
+                        columns=["entry_id", "study_id", "images", "indication"])
+
+# %% ../nbs/11_generate.ipynb #62a4975d
 def _plan(generator, policies, seeds, repeat_deterministic: bool) -> list[tuple]:
     "(policy or None, seed) pairs to run."
     rich = hasattr(generator, "generate_batch")
@@ -1010,7 +1047,7 @@ def _plan(generator, policies, seeds, repeat_deterministic: bool) -> list[tuple]
 
 # %% ../nbs/11_generate.ipynb #f5096b88
 def _call(generator, items, policy, seeds, system) -> list[Generation]:
-    "Generations for (study_id, imgs, indication) items: through generate_batch, or the plain contract."
+    "Generations for (entry_id, imgs, indication, study_id) items: through generate_batch, or the plain contract."
     imgs, inds = [x[1] for x in items], [x[2] for x in items]
     if any(i in (None, []) for i in imgs): raise InputError("study has no image_paths")
     inds = inds if any(i is not None for i in inds) else None
@@ -1021,16 +1058,17 @@ def _call(generator, items, policy, seeds, system) -> list[Generation]:
     return [Generation(t, len(t.split()), False) for t in call_report_generator(generator, imgs, inds, system)]
 
 def _row(item, policy, seed, system, g: Generation | None, error: str | None) -> dict:
+    "One generations row; `sample_id` is `system/policy/seed/entry_id`."
     name = policy.name if policy is not None else "default"
-    row = {"sample_id": f"{system}/{name}/{seed}/{item[0]}", "study_id": item[0], "system": system, "policy": name, "seed": seed,
+    row = {"sample_id": f"{system}/{name}/{seed}/{item[0]}", "study_id": item[3], "system": system, "policy": name, "seed": seed,
            "hypothesis": g.text if g else "", "n_tokens": g.n_tokens if g else None, "truncated": bool(g.truncated) if g else False,
-           "error": error}
+           "error": error, "entry_id": item[0]}
     return {**row, **((g.extra or {}) if g else {})}
 
 # %% ../nbs/11_generate.ipynb #3138ffc3
 def _key(system, policy, seed, item) -> str:
-    return sha256_text(json.dumps([system, policy.fingerprint if policy is not None else "default", seed, list(item)], default=str))
-
+    "Checkpoint key of one sample (an entry whose `entry_id` is its `study_id` keeps the key it had before entries)."
+    return sha256_text(json.dumps([system, policy.fingerprint if policy is not None else "default", seed, list(item[:3])], default=str))
 def _run_chunk(generator, chunk, policy, seed, system, ckpt) -> list[dict]:
     "Rows of one batch: reused from the checkpoint, generated together, or (after a failure) one by one."
     keys = [_key(system, policy, seed, it) for it in chunk]
@@ -1050,22 +1088,23 @@ def _run_chunk(generator, chunk, policy, seed, system, ckpt) -> list[dict]:
 
 # %% ../nbs/11_generate.ipynb #4357bc97
 def generate_table(generator,                 # HFReportGenerator, SimulatedGenerator, or any callable(imgs, indications=None)
-                   studies,                   # a studies table: study_id, image_paths (and indication)
+                   studies,                   # a studies table or a cohort's table: study_id, image_paths (entry_id, image_path, indication)
                    policies=None,             # names, policies, dicts, "B4,G1" or a policy file; None: the generator's own
                    seeds=(DEFAULT_SEED,),     # run seeds (None: each policy's own seed, else DEFAULT_SEED)
                    *, system: str | None = None, # `system` column; default: the generator's `system` or name
                    use_indication: bool = False, # pass each study's indication to the generator
                    batch_size: int | None = None, # samples per call; default: the generator's batch_size, else 8
-                   max_images: int | None = 1,   # images per sample (None: all), from the start of image_paths
+                   max_images: int | None = 1,   # images per sample (None: all): the chosen image first, then image_paths order
                    image_root: str | os.PathLike | None = None, # folder put in front of relative image paths
+                   image_column: str | None = CHOSEN_IMAGE, # column of each entry's chosen image (used when present); None: ignore it
                    repeat_deterministic: bool = False, # also run search policies once per seed
                    checkpoint: str | os.PathLike | None = None, # JSON-lines file: rows saved as they finish, reused on a rerun
                    progress: bool = True         # progress bar on stderr
                   ) -> pd.DataFrame:
-    "Run a report generator over studies under each policy and seed: the canonical `generations` table plus `error`."
-    s = require_columns(studies, ["study_id", "image_paths"] + (["indication"] if use_indication else []), "studies")
+    "Run a report generator over a table's entries under each policy and seed: the canonical `generations` table plus `error` and `entry_id`."
+    inp = generation_inputs(studies, max_images, image_root, use_indication, image_column)
     system = system or getattr(generator, "system", None) or getattr(generator, "__name__", None) or type(generator).__name__
-    plan, items = _plan(generator, policies, seeds, repeat_deterministic), _study_inputs(s, max_images, image_root, use_indication)
+    plan, items = _plan(generator, policies, seeds, repeat_deterministic), list(zip(inp.entry_id, inp.images, inp.indication, inp.study_id))
     bs = int(batch_size or getattr(generator, "batch_size", None) or 8)
     ckpt, bar = _Checkpoint(checkpoint) if checkpoint else None, _Progress(len(plan) * len(items), f"generate {system}", progress)
     rows = []
@@ -1078,7 +1117,7 @@ def generate_table(generator,                 # HFReportGenerator, SimulatedGene
     return _generations_frame(rows)
 
 def _generations_frame(rows: list[dict]) -> pd.DataFrame:
-    cols = ["sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated", "error"]
+    cols = ["sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated", "error", "entry_id"]
     df = to_generations(pd.DataFrame(rows, columns=cols + [c for c in dict.fromkeys(k for r in rows for k in r) if c not in cols]))
     df["error"] = df["error"].astype(object).where(df["error"].notna(), None)
     return df

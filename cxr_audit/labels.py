@@ -29,10 +29,10 @@ from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_
 
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING',
-           'TRIGGER_DIRECTIONS', 'CHEXBERT_CLASSES', 'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS', 'CARDIAC_PHRASES',
-           'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'input_flag',
-           'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
-           'read_chexpert_csv', 'read_chexbert_csv', 'to_binary', 'LabelAlignment', 'align_labels',
+           'TRIGGER_DIRECTIONS', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS',
+           'CARDIAC_PHRASES', 'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler',
+           'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
+           'read_chexpert_csv', 'read_chexbert_csv', 'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels',
            'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes',
            'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
            'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'run_names', 'label_generations',
@@ -547,9 +547,17 @@ def read_chexbert_csv(path: str | os.PathLike, # CheXbert output CSV
     return _read_labeled_csv(path, ("Report Impression", "Reports", "report", "text"), source, ids, id_column,
                              lambda d: _chexbert_recode(d, encoding))
 
+# %% ../nbs/06_labels.ipynb #26ee3f4d
+UNCERTAIN_POSITIVE = False   # the one default of every `uncertain_positive` parameter: uncertain (-1) is negative
+
+def uncertain_note(uncertain_positive: bool = UNCERTAIN_POSITIVE # the binary mapping used
+                  ) -> str:
+    "The binary mapping in words, as the `convention` column of every F1 table states it."
+    return f"uncertain (-1) counted as {'positive' if uncertain_positive else 'negative'}"
+
 # %% ../nbs/06_labels.ipynb #a8be0641
 def to_binary(states,                      # raw states: 1, 0, -1 or NaN (any array-like)
-              uncertain_positive: bool = False # count -1 as positive too
+              uncertain_positive: bool = UNCERTAIN_POSITIVE # count -1 as positive too
              ) -> np.ndarray:
     "0/1 labels from raw states: 1 is positive; -1 too when `uncertain_positive`; 0 and blank are negative."
     v = np.asarray(states, dtype=float)
@@ -590,34 +598,60 @@ def _case_map(case_map) -> dict | None:
     if items is None: raise TypeError("case_map: expected a mapping, a Series or a two-column DataFrame")
     return {str(a): str(b) for a, b in items}
 
-def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | None) -> list[tuple[str, str | None, str]]:
-    "(prediction id, reference id, status) for each predicted case."
+def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | None,
+           entries: dict | None = None) -> list[tuple[str, str | None, str]]:
+    "(prediction id, reference id, status) for each predicted case; with `entries` (prediction id -> entry id) one case per entry."
     out, seen = [], set()
     for p in pred_ids:
         r = p if cmap is None else cmap.get(p)
+        key = r if entries is None else (r, entries.get(p, r))
         if r is None: st = "not mapped"
         elif r not in ref_ids: st = "no reference"
         elif r in ref_dup: st = "duplicate reference"
-        elif r in seen or p in pred_dup: st = "duplicate prediction"
-        else: st = "matched"; seen.add(r)
+        elif key in seen or p in pred_dup: st = "duplicate prediction"
+        else: st = "matched"; seen.add(key)
         out.append((p, r, st))
     return out
+
+def _entry_keys(table, what: str) -> tuple[dict | None, dict | None]:
+    "text id -> entry id, and text id -> study id, from a prediction table's `entry_id` (and `study_id`) columns; (None, None) without `entry_id`."
+    df = table if isinstance(table, pd.DataFrame) else None
+    if df is None or "entry_id" not in df.columns: return None, None
+    ids = (df["text_id"] if "text_id" in df.columns else df.index.to_series()).map(str).to_numpy()
+    e = df["entry_id"]
+    if e.map(is_missing).any(): raise InputError(f"{what}: row {int(np.flatnonzero(e.map(is_missing))[0])}: entry_id is missing")
+    pairs = pd.DataFrame({"text_id": ids, "entry_id": e.map(str).to_numpy()}).drop_duplicates()
+    dup = pairs.text_id.duplicated()
+    if dup.any(): raise InputError(f"{what}: text id {pairs.text_id[dup].iloc[0]!r} has more than one entry_id")
+    studies = dict(zip(ids, df["study_id"].map(str))) if "study_id" in df.columns else None
+    return dict(zip(pairs.text_id, pairs.entry_id)), studies
 
 # %% ../nbs/06_labels.ipynb #867356b4
 @dataclass(frozen=True, eq=False)
 class LabelAlignment:
-    counts: pd.DataFrame        # system, text_id, reference_id, label, ref_state, pred_state, tp, fp, fn, tn
-    matching: pd.DataFrame      # system, text_id, reference_id, status
+    counts: pd.DataFrame        # system, text_id, entry_id, reference_id, label, ref_state, pred_state, tp, fp, fn, tn
+    matching: pd.DataFrame      # system, text_id, entry_id, reference_id, status
     labels: tuple               # observations scored
     uncertain_positive: bool    # the binary mapping used
     reference_ids: tuple = ()   # reference ids in reference order
+    by_entry: bool = False      # scored per entry (`entry_id`; several per reference) rather than per reference
 
     @property
     def systems(self) -> tuple: return tuple(pd.unique(self.matching["system"]))
 
+    @property
+    def convention(self) -> str:
+        "The binary mapping in words (`uncertain_note`)."
+        return uncertain_note(self.uncertain_positive)
+
+    @property
+    def _key(self) -> str:
+        "The column that identifies a case: `entry_id` (the reference id when there are no entries)."
+        return "entry_id" if "entry_id" in self.matching.columns else "reference_id"
+
     def per_label(self, labels: Sequence[str] | None = None # only these aligned labels (default: all)
                  ) -> pd.DataFrame:
-        "Per system and label: `tp, fp, fn, tn, ref_positive, pred_positive, precision, recall, f1`."
+        "Per system and label: `tp, fp, fn, tn, ref_positive, pred_positive, precision, recall, f1, convention`."
         c = self._counts(labels)
         g = c.groupby(["system", "label"], sort=False)[["tp", "fp", "fn", "tn"]].sum().reset_index()
         g["ref_positive"], g["pred_positive"] = g.tp + g.fn, g.tp + g.fp
@@ -625,7 +659,7 @@ class LabelAlignment:
             g["precision"] = g.tp / g.pred_positive.where(g.pred_positive > 0)
             g["recall"] = g.tp / g.ref_positive.where(g.ref_positive > 0)
             g["f1"] = 2 * g.tp / (2 * g.tp + g.fp + g.fn).where(2 * g.tp + g.fp + g.fn > 0)
-        return g
+        return g.assign(convention=self.convention)
 
     def to_frame(self) -> pd.DataFrame:
         "The tidy per-label table (`per_label()`)."
@@ -646,23 +680,25 @@ class LabelAlignment:
 # %% ../nbs/06_labels.ipynb #3b0b580f
 @patch
 def _cases(self: LabelAlignment, systems: Sequence) -> list:
-    "Reference ids matched by every one of `systems`, in reference order."
-    ok = self.matching[self.matching.status == "matched"]
-    common = set.intersection(*[set(ok.reference_id[ok.system == s]) for s in systems]) if len(systems) else set()
-    return [r for r in self.reference_ids if r in common]
+    "Case ids (entry ids, or reference ids) matched by every one of `systems`, in reference order."
+    ok, key = self.matching[self.matching.status == "matched"], self._key
+    common = set.intersection(*[set(ok[key][ok.system == s]) for s in systems]) if len(systems) else set()
+    rows = ok[ok[key].isin(common)].drop_duplicates(key)
+    pos = rows.reference_id.map({r: i for i, r in enumerate(self.reference_ids)}).to_numpy()
+    return rows[key].to_numpy()[np.argsort(pos, kind="stable")].tolist()
 
 @patch
 def case_stats(self: LabelAlignment,
                system,                              # one of `systems`
                labels: Sequence[str] | None = None, # only these aligned labels (default: all)
-               cases: Sequence | None = None,       # reference ids, in order (default: the system's matched cases)
+               cases: Sequence | None = None,       # case ids (entry ids, else reference ids), in order (default: the system's matched cases)
                kind: str = "micro"                  # "micro" (summed over labels) or "macro" (per label)
               ) -> np.ndarray:
     "Per-case sufficient statistics of `system`: `micro_stats` (summed over labels) or `macro_stats` (per label)."
     c = self._counts(labels); c = c[c.system == str(system)]
     labs = list(self.labels if labels is None else labels)
     cases = list(cases) if cases is not None else self._cases([system])
-    M = {k: c.pivot_table(index="reference_id", columns="label", values=k, aggfunc="sum").reindex(index=cases, columns=labs).to_numpy(float)
+    M = {k: c.pivot_table(index=self._key, columns="label", values=k, aggfunc="sum").reindex(index=cases, columns=labs).to_numpy(float)
          for k in ("tp", "fp", "fn")}
     if any(np.isnan(v).any() for v in M.values()): raise InputError(f"alignment: system {system!r} lacks some of the requested cases")
     if kind == "micro": return micro_stats(M["tp"].sum(1), M["fp"].sum(1), M["fn"].sum(1))
@@ -672,14 +708,14 @@ def case_stats(self: LabelAlignment,
 # %% ../nbs/06_labels.ipynb #498bf095
 MATCH_STATUSES = ("matched", "no reference", "not mapped", "duplicate reference", "duplicate prediction")
 
-def _counts_rows(system: str, matched: list, ref: pd.DataFrame, pred: pd.DataFrame, labels, unc: bool) -> pd.DataFrame:
-    pids = [p for p, _, _ in matched]; rids = [r for _, r, _ in matched]
+def _counts_rows(system: str, matched: list, ref: pd.DataFrame, pred: pd.DataFrame, labels, unc: bool, entries: dict) -> pd.DataFrame:
+    pids = [p for p, _, _ in matched]; rids = [r for _, r, _ in matched]; eids = [entries.get(p, r) for p, r, _ in matched]
     R = ref.loc[rids, list(labels)].to_numpy(float) if rids else np.empty((0, len(labels)))
     Pm = pred.loc[pids, list(labels)].to_numpy(float) if pids else np.empty((0, len(labels)))
     rb, pb = to_binary(R, unc).astype(bool), to_binary(Pm, unc).astype(bool)
     n, k = R.shape
     return pd.DataFrame({"system": system, "text_id": np.repeat(np.array(pids, dtype=object), k),
-                         "reference_id": np.repeat(np.array(rids, dtype=object), k), "label": np.tile(list(labels), n),
+                         "entry_id": np.repeat(np.array(eids, dtype=object), k), "reference_id": np.repeat(np.array(rids, dtype=object), k), "label": np.tile(list(labels), n),
                          "ref_state": R.ravel(), "pred_state": Pm.ravel(), "tp": (rb & pb).ravel().astype(np.int64),
                          "fp": (~rb & pb).ravel().astype(np.int64), "fn": (rb & ~pb).ravel().astype(np.int64),
                          "tn": (~rb & ~pb).ravel().astype(np.int64)})
@@ -687,23 +723,26 @@ def _counts_rows(system: str, matched: list, ref: pd.DataFrame, pred: pd.DataFra
 def align_labels(reference,                        # reference labels (long or wide)
                  prediction,                       # predicted labels: one table, {system: table}, or long with `system`
                  labels: Sequence[str] = CHEXPERT_14, # the observations scored (e.g. CHEXPERT_5)
-                 uncertain_positive: bool = False, # binary mapping: count -1 as positive too
+                 uncertain_positive: bool = UNCERTAIN_POSITIVE, # binary mapping: count -1 as positive too
                  case_map=None,                    # prediction id -> reference id (mapping, Series or 2-column table)
                  strict: bool = False              # raise on the first matching problem instead of reporting it
                 ) -> LabelAlignment:
-    "Per system, case and label: raw states and TP/FP/FN/TN, with the case-matching report."
+    "Per system, case (entry, when the predictions carry `entry_id`) and label: raw states and TP/FP/FN/TN, with the case-matching report."
     labels = _check_labels(labels)
     ref, ref_dup = _wide_of(reference, "reference")
-    cmap, counts, matching = _case_map(case_map), [], []
+    cmap, counts, matching, by_entry = _case_map(case_map), [], [], False
     for system, table in _systems_of(prediction).items():
         pred, pred_dup = _wide_of(table, f"prediction {system!r}")
-        res = _match(list(pred.index), set(ref.index), ref_dup, pred_dup, cmap)
+        entries, studies = _entry_keys(table, f"prediction {system!r}")
+        by_entry |= entries is not None
+        res = _match(list(pred.index), set(ref.index), ref_dup, pred_dup, cmap if cmap is not None or entries is None else studies, entries)
+        entries = entries or {}
         bad = next((r for r in res if r[2] != "matched"), None)
         if strict and bad: raise InputError(f"prediction {system!r}: case {bad[0]!r}: {bad[2]} (reference id {bad[1]!r})")
-        matching += [{"system": system, "text_id": p, "reference_id": r, "status": st} for p, r, st in res]
-        counts.append(_counts_rows(str(system), [m for m in res if m[2] == "matched"], ref, pred, labels, uncertain_positive))
-    return LabelAlignment(pd.concat(counts, ignore_index=True), pd.DataFrame(matching, columns=["system", "text_id", "reference_id", "status"]),
-                          labels, uncertain_positive, tuple(ref.index))
+        matching += [{"system": system, "text_id": p, "entry_id": entries.get(p, r), "reference_id": r, "status": st} for p, r, st in res]
+        counts.append(_counts_rows(str(system), [m for m in res if m[2] == "matched"], ref, pred, labels, uncertain_positive, entries))
+    return LabelAlignment(pd.concat(counts, ignore_index=True), pd.DataFrame(matching, columns=["system", "text_id", "entry_id", "reference_id", "status"]),
+                          labels, uncertain_positive, tuple(ref.index), by_entry)
 
 def _check_labels(labels) -> tuple:
     labels = tuple(labels)
@@ -716,15 +755,17 @@ SCORES = ("micro_precision", "micro_recall", "micro_f1", "macro_precision", "mac
 
 @patch
 def _case_clusters(self: LabelAlignment, cases: Sequence, clusters) -> list | None:
-    "One cluster label per case, from a mapping reference id -> cluster or labels aligned with `reference_ids`."
+    "One cluster label per case (an entry takes its reference's), from a mapping reference id -> cluster or labels aligned with `reference_ids`."
     if clusters is None: return None
     if isinstance(clusters, Mapping): clusters = {str(k): v for k, v in clusters.items()}
     elif isinstance(clusters, pd.Series): clusters = pd.Series(clusters.to_numpy(), index=clusters.index.map(str))
     ids = pd.DataFrame({"reference_id": list(self.reference_ids)})
     found = dict(zip(ids.reference_id, resolve_clusters(clusters, ids, key="reference_id")))
-    missing = [c for c in cases if is_missing(found.get(c))]
+    ok = self.matching[self.matching.status == "matched"]
+    ref_of = dict(zip(ok[self._key], ok.reference_id))
+    missing = [ref_of.get(c, c) for c in cases if is_missing(found.get(ref_of.get(c, c)))]
     if missing: raise InputError(f"clusters: no cluster for reference id {missing[0]!r}")
-    return [found[c] for c in cases]
+    return [found[ref_of.get(c, c)] for c in cases]
 
 @patch
 def summary(self: LabelAlignment,
@@ -734,7 +775,7 @@ def summary(self: LabelAlignment,
             clusters=None,                        # reference id -> cluster (mapping), or one label per `reference_ids`
             size: float = 0.95                    # interval coverage
            ) -> pd.DataFrame:
-    "Per system: micro and macro precision, recall and F1 (`SCORES`) with bootstrap percentile intervals."
+    "Per system: micro and macro precision, recall and F1 (`SCORES`) with bootstrap percentile intervals, and the `convention`."
     rows = []
     for s in self.systems:
         cases = self._cases([s])
@@ -745,7 +786,7 @@ def summary(self: LabelAlignment,
         for m in SCORES:
             f = res[m].systems_frame()
             rows.append({"system": s, "metric": m, "estimate": f.estimate[0], "ci_low": f.ci_low[0], "ci_high": f.ci_high[0],
-                         "n_cases": len(cases), "n_labels": len(labels or self.labels), "reps": reps})
+                         "n_cases": len(cases), "n_labels": len(labels or self.labels), "reps": reps, "convention": self.convention})
     return pd.DataFrame(rows)
 
 # %% ../nbs/06_labels.ipynb #da0c9677
@@ -782,7 +823,21 @@ def matching_summary(self: LabelAlignment) -> pd.DataFrame:
 @patch
 def _repr_markdown_(self: LabelAlignment) -> str:
     return (f"**LabelAlignment**: {len(self.systems)} system(s), {len(self.labels)} labels, "
-            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted cases matched")
+            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted {'entries' if self.by_entry else 'cases'} matched; "
+            f"{self.convention}")
+
+# %% ../nbs/06_labels.ipynb #68552d71
+@patch
+def entry_counts(self: LabelAlignment,
+                 labels: Sequence[str] | None = None, # only these aligned labels (default: all)
+                 by_label: bool = True                # one row per entry and label; False: summed over labels, one row per entry
+                ) -> pd.DataFrame:
+    "Per system and scored entry (or reference): `tp, fp, fn, tn`, per label or summed over labels."
+    c = self._counts(labels)
+    c = c.assign(entry_id=c["entry_id"] if "entry_id" in c.columns else c["reference_id"])
+    cols = ["system", "entry_id", "reference_id", "label", "tp", "fp", "fn", "tn"]
+    if by_label: return c[cols].reset_index(drop=True)
+    return c.groupby(cols[:3], sort=False)[cols[4:]].sum().reset_index()
 
 # %% ../nbs/06_labels.ipynb #f8e55fed
 def normalize_evidence(text # an evidence phrase or sentence
@@ -1059,7 +1114,7 @@ def exclusion_sensitivity(alignment: LabelAlignment,                   # from `a
                      "ci_high": f.ci_high if reps else np.nan, "p": f.p if reps else np.nan})
     df = pd.DataFrame(rows)
     df["sign_flip"] = [False, bool(np.sign(df.difference[0]) * np.sign(df.difference[1]) < 0)]
-    return df.assign(metric=metric)
+    return df.assign(metric=metric, convention=alignment.convention)
 
 # %% ../nbs/06_labels.ipynb #f1c4d498
 _COUNT_COLORS = {"TP": "#009E73", "FP": "#D55E00", "FN": "#0072B2"}
@@ -1200,11 +1255,12 @@ def run_names(generations # a `generations` table (system, and policy when there
 def label_generations(generations,                  # a `generations` table
                       labeler: Labeler | None = None # default: the packaged `Labeler`
                      ) -> pd.DataFrame:
-    "The long labels table of the generated reports, with `system` (see `run_names`) and `study_id`."
+    "The long labels table of the generated reports, with `system` (see `run_names`), `study_id` (and `entry_id` when `generations` has it)."
     g = to_generations(generations)
     lab = label_reports(pd.Series(g["hypothesis"].values, index=g["sample_id"].values), labeler=labeler)
     lab["system"] = np.repeat(run_names(g).values, len(CHEXPERT_14))
     lab["study_id"] = np.repeat(g["study_id"].astype(str).values, len(CHEXPERT_14))
+    if "entry_id" in g.columns: lab["entry_id"] = np.repeat(g["entry_id"].astype(str).values, len(CHEXPERT_14))
     return lab
 
 # %% ../nbs/06_labels.ipynb #c9494ff7
@@ -1230,7 +1286,7 @@ def findings_to_labels(findings,                 # study_id, observation (CheXpe
 _AGAINST = {"reference": "reference-report labels", "truth": "ground truth"}
 _PLOTS = ("counts", "triggers")
 _EXCLUSION_COLUMNS = ["scope", "n_labels", "system_a", "system_b", "value_a", "value_b", "difference", "ci_low", "ci_high", "p",
-                      "sign_flip", "metric", "labeler"]
+                      "sign_flip", "metric", "convention", "labeler"]
 
 @dataclass(frozen=True, eq=False)
 class LabelAudit:
@@ -1269,7 +1325,7 @@ class LabelAudit:
             for name, labs in self.label_sets.items():
                 sm = al.summary(self.reps, self.seed, None if len(labs) == len(al.labels) else labs, self.clusters, self.size)
                 parts.append(sm.assign(reference=_AGAINST[against], labels=name))
-        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps"]
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps", "convention"]
         return pd.concat(parts, ignore_index=True)[cols]
 
     @cached_property
@@ -1282,14 +1338,14 @@ class LabelAudit:
                          ignore_index=True)
 
     def to_frame(self) -> pd.DataFrame:
-        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps`."
+        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps, convention`."
         return self.scores
 
     def summary(self, metric: str = "micro_f1" # the score shown (one of `SCORES`)
                ) -> pd.DataFrame:
         "The short table: one score per reference, label set and system, with its interval."
         s = self.scores[self.scores.metric == metric]
-        return s[["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases"]].reset_index(drop=True)
+        return s[["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "convention"]].reset_index(drop=True)
 
     def compare(self,
                 metric: str = "micro_f1",             # one of `SCORES`
@@ -1347,7 +1403,7 @@ def label_audit(studies,                                # `studies`: study_id an
                 seed: int = DEFAULT_SEED,               # random seed of the resamples
                 clusters=None,                          # column of `studies`, labels aligned with its rows, or study_id -> cluster
                 labels: Sequence[str] = CHEXPERT_14,    # the observations aligned and scored
-                uncertain_positive: bool = False,       # count uncertain (-1) as positive
+                uncertain_positive: bool = UNCERTAIN_POSITIVE, # count uncertain (-1) as positive
                 labeler: Labeler | None = None,         # the labeler (default: the packaged one)
                 contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": `naive_cardiac_labeler`)
                 pair: Sequence[str] | None = None,      # the two runs (`system+policy`) of the exclusion sensitivity (default: two policies of one system)
@@ -1382,7 +1438,7 @@ def headline(self: LabelAudit) -> str:
     s = self.summary().query("reference == 'reference-report labels'")
     s = s[s["labels"] == next(iter(self.label_sets))]
     lo, hi, t = s.loc[s.estimate.idxmin()], s.loc[s.estimate.idxmax()], self.trace
-    out = (f"With `{self.labeler}` labels, micro-F1 over {lo['labels']} labels against the reference-report labels runs from "
+    out = (f"With `{self.labeler}` labels ({self.alignment.convention}), micro-F1 over {lo['labels']} labels against the reference-report labels runs from "
            f"{lo.estimate:.3f} (`{lo.system}`) to {hi.estimate:.3f} (`{hi.system}`); the trace finds "
            f"{int(t.flags.normal_wording_positives.sum())} positive label(s) from normal wording and flags {len(t.flagged())} label(s)")
     if self.contrast is not None:
@@ -1406,6 +1462,6 @@ def save(self: LabelAudit,
     paths = {name.split(".")[0]: write_table(t, out / name) for name, t in tables.items()}
     paths["chart"] = save_chart(self.plot("counts"), out / "per_label.svg")
     write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="label_audit",
-                   params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "reps": self.reps, "seed": self.seed,
+                   params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "by_entry": al.by_entry, "reps": self.reps, "seed": self.seed,
                            "size": self.size, "clustered": self.clusters is not None, "labeler": self.labeler})
     return {**paths, "manifest": out / "manifest.json"}

@@ -23,7 +23,7 @@ import pandas as pd
 from .core import InputError, is_missing
 from .reports import clean_report_iu, clean_report_mimic
 from .stats import mean, mean_stats, micro_f1, micro_stats
-from .labels import CHEXPERT_5, CHEXPERT_14, default_labeler, to_binary
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
 __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'REGISTRY', 'RADEVAL_METRICS', 'API_KEY_METRICS', 'FULL_METRICS',
@@ -75,6 +75,7 @@ class MetricBase:
     stat_names: tuple = ()         # one name per statistics column
     extra: str = ""                # what it needs beyond the core install
     pairwise = True                # a pair's statistics do not depend on the other pairs scored with it
+    note: str = ""                 # the convention the value follows, when one must be stated (e.g. CheXpert-F1's)
 
     @property
     def k(self) -> int:
@@ -439,7 +440,7 @@ def _label_states(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.nd
 class CheXpertF1(MetricBase):
     "Micro-F1 of CheXpert labels of hypotheses against references, from per-sample `[tp, fp, fn]`."
     labels: tuple = None              # observations scored (default: all 14)
-    uncertain_positive: bool = True   # count -1 (uncertain) as positive, as RadEval's CheXbert-F1 does
+    uncertain_positive: bool = UNCERTAIN_POSITIVE # count -1 (uncertain) as positive (True: RadEval's CheXbert-F1 convention)
     labeler: object = None            # a `cxr_audit.labels.Labeler` (default: the packaged one)
     name: str = "chexpert_f1_14"
     stat_names: tuple = ("tp", "fp", "fn")
@@ -455,6 +456,9 @@ class CheXpertF1(MetricBase):
         R = to_binary(_label_states(refs, lab, self.labels), self.uncertain_positive).astype(bool)
         H = to_binary(_label_states(hyps, lab, self.labels), self.uncertain_positive).astype(bool)
         return micro_stats((R & H).sum(1), (~R & H).sum(1), (R & ~H).sum(1))
+
+    @property
+    def note(self) -> str: return uncertain_note(self.uncertain_positive)
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(micro_f1(summed))
@@ -511,9 +515,10 @@ def score(references,                   # reference texts
           hypotheses,                   # generated texts, aligned with the references
           metrics=('bleu_4', 'rouge_l') # metric names or Metric objects
          ) -> pd.DataFrame:
-    "Corpus value of each metric: columns `metric, value`."
+    "Corpus value of each metric: columns `metric, value, note`."
     r, h = check_pairs(references, hypotheses)
-    return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0)))} for m in _metrics(metrics)])
+    return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0))), "note": getattr(m, "note", "")}
+                         for m in _metrics(metrics)], columns=["metric", "value", "note"])
 
 # %% ../nbs/07_metrics.ipynb #5364082b
 def sample_stats(references,                    # reference texts

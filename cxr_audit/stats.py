@@ -21,17 +21,18 @@ from scipy import stats as sps
 from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, require_columns, rng
 
 # %% auto #0
-__all__ = ['VALUES', 'CIMethod', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters', 'cluster_codes', 'chunk_rows',
-           'weight_chunks', 'resample_weights', 'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats',
-           'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision',
-           'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision', 'macro_recall', 'corpus_bleu', 'replicate_sums',
-           'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap', 'holm', 'p_value_floor', 'reps_needed',
-           'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult', 'bootstrap_metrics', 'paired_bootstrap',
-           'holm_family', 'systems_from_scores', 'incidence', 'distinct_stats', 'distinct_replicates',
-           'bootstrap_distinct', 'replicate_ranks', 'rank_ci', 'ranking_reversals', 'count_reversals', 'Estimate',
-           'kendalls_w', 'mean_spearman', 'agreement_stats', 'agreement_table', 'percent_agreement', 'within_one',
-           'cohen_kappa', 'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci', 'binomial_cis', 'rater_agreement',
-           'icc2_1', 'plot_forest', 'plot_win_probability']
+__all__ = ['VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
+           'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights', 'as_stats', 'mean_stats',
+           'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts', 'ratio',
+           'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision',
+           'macro_recall', 'corpus_bleu', 'replicate_sums', 'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap',
+           'holm', 'p_value_floor', 'reps_needed', 'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult',
+           'bootstrap_metrics', 'paired_bootstrap', 'holm_family', 'ComparisonFamily', 'comparison_family',
+           'systems_from_scores', 'incidence', 'distinct_stats', 'distinct_replicates', 'bootstrap_distinct',
+           'replicate_ranks', 'rank_ci', 'ranking_reversals', 'count_reversals', 'Estimate', 'kendalls_w',
+           'mean_spearman', 'agreement_stats', 'agreement_table', 'percent_agreement', 'within_one', 'cohen_kappa',
+           'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci', 'binomial_cis', 'rater_agreement', 'icc2_1',
+           'plot_forest', 'plot_win_probability']
 
 # %% ../nbs/04_stats.ipynb #20427941
 def resample_indices(units: int,            # number of resampling units (units, or clusters)
@@ -495,11 +496,25 @@ def holm(pvalues # p-values of one family; `nan` entries are left out of it
     return out
 
 # %% ../nbs/04_stats.ipynb #512048df
-def _p_two_sided(D: np.ndarray) -> np.ndarray:
-    "Two-sided bootstrap p-values of rows of differences (see the definition above)."
+PConvention = Literal["add_one", "floored"]
+
+def _tail_counts(D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "Per row of differences: the smaller tail count `min(#Δ≤0, #Δ≥0)` and `B`, the finite replicates."
     ok = np.isfinite(D); B = ok.sum(-1)
-    le, ge = ((D <= 0) & ok).sum(-1), ((D >= 0) & ok).sum(-1)
-    return np.minimum(1.0, 2 * (np.minimum(le, ge) + 1) / (B + 1))
+    return np.minimum(((D <= 0) & ok).sum(-1), ((D >= 0) & ok).sum(-1)), B
+
+def _p_from_counts(k, B, convention: str = "add_one") -> np.ndarray:
+    "The two-sided p of a smaller tail count `k` out of `B` replicates under `convention` (see `PConvention`)."
+    k, B = np.asarray(k), np.asarray(B)
+    if convention == "add_one": return np.minimum(1.0, 2 * (k + 1) / (B + 1))
+    if convention == "floored":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.minimum(1.0, np.maximum(1, 2 * k) / B)
+    raise InputError(f"p_convention must be 'add_one' or 'floored', got {convention!r}")
+
+def _p_two_sided(D: np.ndarray, convention: str = "add_one") -> np.ndarray:
+    "Two-sided bootstrap p-values of rows of differences (see the definition above)."
+    return _p_from_counts(*_tail_counts(D), convention)
 
 def _win(D: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
     "Share of replicates where the first is better, ties counted half."
@@ -509,32 +524,40 @@ def _win(D: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
 
 # %% ../nbs/04_stats.ipynb #b324ddc3
 def p_value_floor(reps: int,          # resamples B
-                  comparisons: int = 1 # comparisons in the Holm family (m)
+                  comparisons: int = 1, # comparisons in the Holm family (m)
+                  p_convention: PConvention = "add_one" # "add_one": 2/(B+1) per test; "floored": 1/B (see `PConvention`)
                  ) -> float:
-    "The smallest p (one comparison) or Holm-adjusted p (a family) that `reps` resamples can give: `min(1, m·2/(B+1))`."
-    return min(1.0, int(comparisons) * 2 / (_positive(reps, "reps") + 1))
+    "The smallest p (one comparison) or Holm-adjusted p (a family) that `reps` resamples can give: `min(1, m·floor)`."
+    B = _positive(reps, "reps")
+    return min(1.0, int(comparisons) * float(_p_from_counts(0, B, p_convention)))
 
 # %% ../nbs/04_stats.ipynb #ab69a6b7
 def reps_needed(comparisons: int = 1, # comparisons in the Holm family (m)
-                alpha: float = 0.05   # significance level
+                alpha: float = 0.05,  # significance level
+                p_convention: PConvention = "add_one" # the p-value convention (see `PConvention`)
                ) -> int:
-    "The fewest resamples B with which a family of `comparisons` can reach `alpha` after Holm (`2m/(B+1) < alpha`)."
+    "The fewest resamples B with which a family of `comparisons` can reach `alpha` after Holm (`m·floor(B) < alpha`)."
     alpha = _check_size(alpha, "alpha"); B = max(1, int(math.floor(2 * int(comparisons) / alpha)))
-    while p_value_floor(B, comparisons) >= alpha: B += 1                      # guard the float edge
-    while B > 1 and p_value_floor(B - 1, comparisons) < alpha: B -= 1
+    while p_value_floor(B, comparisons, p_convention) >= alpha: B += 1                      # guard the float edge
+    while B > 1 and p_value_floor(B - 1, comparisons, p_convention) < alpha: B -= 1
     return B
 
 # %% ../nbs/04_stats.ipynb #9313af6e
+_P_FORMULA = {"add_one": "min(1, 2·min(1 + #Δ≤0, 1 + #Δ≥0)/(B + 1))",
+              "floored": "max(1/B, min(1, 2·min(#Δ≤0, #Δ≥0)/B))"}
+
 def p_value_note(reps: int,            # resamples B
                  comparisons: int = 1, # comparisons in the Holm family (m)
-                 alpha: float = 0.05   # significance level (1 − size)
+                 alpha: float = 0.05,  # significance level (1 − size)
+                 p_convention: PConvention = "add_one" # the p-value convention (see `PConvention`)
                 ) -> str:
     "One sentence: the p-value convention, its floor for `reps`, and the Holm floor over `comparisons`."
-    alpha = _check_size(alpha, "alpha")
-    s = (f"Two-sided bootstrap p = min(1, 2·min(1 + #Δ≤0, 1 + #Δ≥0)/(B + 1)); with {int(reps):,} resamples the "
-         f"smallest p is {p_value_floor(reps):.2g}")
+    alpha = _check_size(alpha, "alpha"); _p_from_counts(0, 1, p_convention)
+    s = (f"Two-sided bootstrap p = {_P_FORMULA[p_convention]}; with {int(reps):,} resamples the "
+         f"smallest p is {p_value_floor(reps, 1, p_convention):.2g}")
     if comparisons > 1:
-        s += f"; after Holm over {int(comparisons)} comparisons no adjusted p can be below {p_value_floor(reps, comparisons):.2g}"
+        s += (f"; after Holm over {int(comparisons)} comparisons no adjusted p can be below "
+              f"{p_value_floor(reps, comparisons, p_convention):.2g}")
     return s + f"; significant means p_holm < {alpha:g}."
 
 # %% ../nbs/04_stats.ipynb #74806bca
@@ -545,13 +568,15 @@ class UnderpoweredWarning(UserWarning):
 def check_reps(reps: int,              # resamples B
                comparisons: int = 1,   # comparisons in the Holm family (m)
                alpha: float = 0.05,    # significance level
-               what: str = "comparisons" # named in the warning
+               what: str = "comparisons", # named in the warning
+               p_convention: PConvention = "add_one" # the p-value convention (see `PConvention`)
               ) -> bool:
     "Warn (`UnderpoweredWarning`) and return False when `reps` resamples cannot make any of `comparisons` significant."
-    if p_value_floor(reps, comparisons) < _check_size(alpha, "alpha"): return True
+    floor = p_value_floor(reps, comparisons, p_convention)
+    if floor < _check_size(alpha, "alpha"): return True
     warnings.warn(f"{what}: with {int(reps):,} resamples and {int(comparisons)} comparisons no Holm-adjusted p can be below "
-                  f"{p_value_floor(reps, comparisons):.2g}, so none can be significant at {alpha:g}; use reps >= "
-                  f"{reps_needed(comparisons, alpha):,}", UnderpoweredWarning, stacklevel=2)
+                  f"{floor:.2g}, so none can be significant at {alpha:g}; use reps >= "
+                  f"{reps_needed(comparisons, alpha, p_convention):,}", UnderpoweredWarning, stacklevel=2)
     return False
 
 # %% ../nbs/04_stats.ipynb #65478a3e
@@ -730,6 +755,113 @@ def holm_family(results: Mapping,              # key (e.g. metric) -> PairedResu
     df["significant"] = df["p_holm"] < alpha
     if "reps" in df and len(df): check_reps(int(df["reps"].min()), int(df["p"].notna().sum()), alpha, f"holm_family over {key}s")
     return df[[key] + [c for c in df.columns if c != key]]
+
+# %% ../nbs/04_stats.ipynb #f3382d60
+def _inverted_interval(D: np.ndarray,    # (rows × reps) replicate differences
+                       mult: np.ndarray, # per row: the Holm multiplier (1: unadjusted)
+                       alpha: float,     # significance level
+                       convention: str   # p-value convention
+                      ) -> np.ndarray:
+    "`(rows × 2)` bounds `[x_(t), x_(B+1−t)]`, `t` the tail counts whose p·mult is below alpha (`nan`: none is)."
+    out = np.full((len(D), 2), np.nan)
+    for r, (d, m) in enumerate(zip(D, mult)):
+        x = np.sort(d[np.isfinite(d)]); B = len(x)
+        if not B or not np.isfinite(m): continue
+        t = int(np.count_nonzero(_p_from_counts(np.arange(B + 1), B, convention) * m < alpha))
+        if t: out[r] = x[t - 1], x[B - t]
+    return out
+
+def _holm_steps(p: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    "Per p-value: its Holm step (1 = smallest) and the multiplier of its adjusted interval (`nan` for `nan` p)."
+    step, mult = np.full(len(p), np.nan), np.full(len(p), np.nan)
+    ok = np.flatnonzero(np.isfinite(p)); m = len(ok)
+    if not m: return step, mult
+    order = ok[np.argsort(p[ok], kind="mergesort")]                 # the order `holm` uses
+    adj = holm(p)[order]
+    stop = int(np.argmax(adj >= alpha)) if (adj >= alpha).any() else m   # 0-based index of the first non-rejection
+    i = np.arange(m)
+    step[order] = i + 1; mult[order] = m - np.minimum(i, stop)
+    return step, mult
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ComparisonFamily:
+    results: dict                      # metric -> `PairedResult`, all on the same resamples
+    size: float = 0.95                 # interval coverage; alpha = 1 − size
+    p_convention: str = "add_one"      # p-value convention (see `PConvention`)
+
+    @property
+    def alpha(self) -> float: return 1 - self.size
+
+    @property
+    def reps(self) -> int: return next(iter(self.results.values())).replicates.shape[1]
+
+    @cached_property
+    def _table(self) -> pd.DataFrame:
+        frames, D = [], []
+        for metric, r in self.results.items():
+            i, j = r._ij.T
+            first, second = [r.systems[a] for a in i], [r.systems[b] for b in j]
+            frames.append(pd.DataFrame({"metric": metric, "comparison": [f"{a} − {b}" for a, b in zip(first, second)],
+                                        "first": first, "second": second, "estimate": r.estimates[i] - r.estimates[j],
+                                        "n_valid_reps": r.n_valid_reps}))
+            D.append(r.differences)
+        df, D = pd.concat(frames, ignore_index=True), np.vstack(D)
+        p = _p_two_sided(D, self.p_convention)
+        step, mult = _holm_steps(p, self.alpha)
+        ci = _inverted_interval(D, np.ones(len(D)), self.alpha, self.p_convention)
+        adj = _inverted_interval(D, mult, self.alpha, self.p_convention)
+        df = df.assign(ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, p_holm=holm(p), holm_step=step, holm_level=1 - self.alpha / mult,
+                       ci_low_holm=adj[:, 0], ci_high_holm=adj[:, 1])
+        df["significant"] = df.p_holm < self.alpha
+        cols = ["metric", "comparison", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "ci_low_holm",
+                "ci_high_holm", "holm_level", "holm_step", "significant", "n_valid_reps"]
+        return df[cols].assign(reps=self.reps, size=self.size, p_convention=self.p_convention)
+
+    def to_frame(self) -> pd.DataFrame:
+        "One row per comparison: estimate, unadjusted and Holm-adjusted intervals, p, p_holm, Holm step and level, significant, ..."
+        return self._table.copy()
+
+    def summary(self) -> pd.DataFrame:
+        "The short table of the paper: metric, comparison, estimate, Holm-adjusted interval, p_holm, significant."
+        return self._table[["metric", "comparison", "estimate", "ci_low_holm", "ci_high_holm", "p_holm", "significant"]].copy()
+
+    def compare(self, metric: str # one of the family's metrics
+               ) -> PairedResult:
+        "The `PairedResult` of one metric (its own `p` uses the package convention and Holm over its own pairs only)."
+        if metric not in self.results: raise InputError(f"unknown metric {metric!r}; metrics are {list(self.results)}")
+        return self.results[metric]
+
+    def note(self) -> str:
+        "The p-value convention, its floors over this family, and how the adjusted intervals are made."
+        return (p_value_note(self.reps, len(self._table), self.alpha, self.p_convention)
+                + " Holm-adjusted intervals: step i of m at coverage 1 − alpha/(m − i + 1), frozen at the first step not "
+                "rejected; an adjusted interval excludes 0 exactly when p_holm < alpha.")
+
+    def __repr__(self):
+        return f"ComparisonFamily({len(self._table)} comparisons of {list(self.results)}, reps={self.reps}, p={self.p_convention})"
+
+    def _repr_markdown_(self):
+        return "**Comparison family**, first − second\n\n" + md_table(self.summary()) + f"\n\n{self.note()}"
+
+# %% ../nbs/04_stats.ipynb #6250c3b2
+def comparison_family(metrics: Mapping,           # metric name -> ({configuration: per-unit statistics}, value function or name)
+                      comparisons: Sequence,      # (first, second) configuration pairs; effects are first − second
+                      reps: int = 5000,           # number of resamples, shared by every metric and comparison
+                      seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
+                      clusters=None,              # None, one label per unit, or a column name / mapping resolved on `units`
+                      units=None,                 # the table whose rows are the units (for a column name or mapping in `clusters`)
+                      key: str | None = None,     # column of `units` that a `clusters` mapping is keyed by
+                      size: float = 0.95,         # interval coverage; alpha = 1 − size
+                      p_convention: PConvention = "add_one", # "add_one" (package) or "floored" (paper 004's floor)
+                      chunk: int | None = None    # rows of the weight matrix per chunk
+                     ) -> ComparisonFamily:
+    "A family of paired comparisons on shared (clustered) resamples, Holm over the whole family, with Holm-adjusted intervals."
+    _p_from_counts(0, 1, p_convention)
+    if not len(comparisons): raise InputError("comparison_family: no comparisons")
+    labels = resolve_clusters(clusters, units, key, "clusters")
+    res = bootstrap_metrics(metrics, reps, seed, labels, pairs=[tuple(c) for c in comparisons], size=size, chunk=chunk)
+    check_reps(reps, len(res) * len(comparisons), 1 - size, "comparison_family", p_convention)
+    return ComparisonFamily(res, float(size), p_convention)
 
 # %% ../nbs/04_stats.ipynb #f470cdd4
 def systems_from_scores(scores,                   # long table: unit, system, metric, stat_* columns

@@ -149,3 +149,16 @@ def test_the_demo_cohort_of_the_audit_report_is_unchanged():
     c = run_recipe("003_lmimic", studies)
     assert c.flow[["n_in", "n_out", "n_excluded"]].values.tolist() == [[189, 129, 60], [129, 129, 0]]
     assert c.manifest()["sha256"] == "6fa4079a98ee9bd0771a3136437c1117669e84099daa908bfa0519861de43f52"
+
+
+def test_entry_ids_stay_the_same_when_a_later_step_drops_entries():
+    # entry_id is `<study_id>/<image number or dicom_id>` at every size: capping the cohort does not rename an entry
+    text = "Heart size is normal. The lungs are clear without effusion or pneumothorax."
+    studies = pd.DataFrame({"study_id": ["s1", "s2"], "split": ["test", "test"],
+                            "image_paths": [["s1/ap.jpg", "s1/lat.jpg", "s1/pa.jpg"], ["s2/pa.jpg"]],
+                            "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text], "impression": ["", ""]})
+    full = recipe_004_mimic(studies).studies
+    assert full.entry_id.tolist() == ["s1/0", "s1/2", "s2/0"] and full.image_path.tolist() == ["s1/ap.jpg", "s1/pa.jpg", "s2/pa.jpg"]
+    assert recipe_004_mimic(studies, n=1).studies.entry_id.tolist() == ["s1/0"]
+    assert recipe_004_mimic(studies.iloc[::-1]).studies.set_index("entry_id").image_path.sort_index().equals(
+        full.set_index("entry_id").image_path.sort_index())

@@ -314,3 +314,66 @@ def test_result_protocol():
         assert type(a.plot(kind)).__module__.startswith("altair"), kind
     assert "most concentrated" in a._repr_markdown_() and "p_holm < 0.05" in a.note()
     assert a.seed == 4 and audit_concentration(demo.generations).seed == 0     # core.DEFAULT_SEED
+
+
+# ---------------------------------------------------------------- paper 004: exact-text groups and the surface-validity rule
+@pytest.mark.parametrize("seed", [0, 3])
+def test_exact_grouping_equals_plain_counter_of_raw_text(seed):
+    df = random_corpus(seed)
+    df.loc[df.index[:40:2], "hypothesis"] = "No acute cardiopulmonary process."    # variants that normalization merges
+    df.loc[df.index[1:40:2], "hypothesis"] = "no acute cardiopulmonary process "
+    a = audit_concentration(df, by="system", grouping="exact")
+    key = [t if isinstance(t, str) else "" for t in df.hypothesis]
+    got = a.summary().set_index("system")
+    for g, idx in df.groupby("system").indices.items():
+        cnt = Counter(key[i] for i in idx); n = len(idx)
+        assert got.loc[g, "unique_report_ratio"] == pytest.approx(len(cnt) / n, abs=1e-12)
+        assert got.loc[g, "duplicate_rate"] == pytest.approx(sum(v for v in cnt.values() if v > 1) / n, abs=1e-12)
+        assert got.loc[g, "top_5_share"] == pytest.approx(sum(sorted(cnt.values())[-5:]) / n, abs=1e-12)
+        assert a.flags.duplicate_group_size.iloc[idx].tolist() == [cnt[key[i]] for i in idx]
+    normalized = audit_concentration(df, by="system").summary().set_index("system")
+    assert (got.prefix_rate == normalized.prefix_rate).all()                  # the prefix rule still normalizes
+    assert (got.unique_report_ratio > normalized.unique_report_ratio).all()   # the variants are apart only under "exact"
+    assert a.params["grouping"] == "exact" and normalized.shape == got.shape
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_flag_columns_and_the_surface_validity_rule(seed):
+    df = random_corpus(seed)
+    g = np.random.default_rng(seed)
+    df["truncated"] = g.random(len(df)) < 0.1
+    strict = audit_concentration(df, by="system")
+    paper = audit_concentration(df, by="system", validity_rule="surface")
+    codes = [set(r.split(";")) - {""} for r in strict.flags.reasons]
+    for col, code in (("hit_token_limit", "token_limit"), ("looping", "looping"), ("too_few_words", "too_few_words")):
+        assert strict.flags[col].tolist() == [code in c for c in codes]
+        assert paper.flags[col].tolist() == strict.flags[col].tolist()         # the flags do not depend on the rule
+    soft = {"token_limit", "looping", "too_few_words"}
+    assert paper.flags.valid.tolist() == [not (c - soft) for c in codes]
+    assert strict.flags.valid.tolist() == [not c for c in codes]
+    assert (paper.summary().validity_rate >= strict.summary().validity_rate).all()
+    assert (paper.flags.valid != strict.flags.valid).any()                     # the random corpus has flagged outputs
+    sv = surface_validity(df.hypothesis, truncated=df.truncated, validity_rule="surface")
+    assert sv.valid.tolist() == paper.flags.valid.tolist()
+    with pytest.raises(Exception, match="validity_rule must be one of"): audit_concentration(df, by="system", validity_rule="paper")
+
+
+def _corpus_with_counts(sizes, seed):
+    "Reports in groups of the given sizes (each group one exact text), in random order."
+    texts = [f"Report number {i}." for i, s in enumerate(sizes) for _ in range(s)]
+    return list(np.random.default_rng(seed).permutation(np.array(texts, dtype=object)))
+
+
+def test_paper_concentration_counts_recomputed_with_exact_grouping():
+    b4 = _corpus_with_counts([300, 150, 60, 30, 22, 7] + [1] * 6, 0)                         # MIMIC→IU ON+B4
+    k50 = _corpus_with_counts([20, 14, 10, 8, 6] + [3] * 30 + [2] * 30 + [1] * 193, 1)        # IU→MIMIC ON+K50
+    mg = _corpus_with_counts([100, 60, 44, 30, 20, 3] + [2] * 62 + [1] * 194, 2)                 # MedGemma on IU
+    df = pd.DataFrame({"system": ["b4"] * len(b4) + ["k50"] * len(k50) + ["mg"] * len(mg), "hypothesis": b4 + k50 + mg})
+    s = audit_concentration(df, by="system", grouping="exact", reps=10).summary().set_index("system")
+    counts = s[["unique_report_ratio", "duplicate_rate", "top_5_share"]].mul(s.n, axis=0).round().astype(int)
+    assert s.n.tolist() == [575, 401, 575]
+    assert counts.loc["b4"].tolist() == [12, 569, 562] and counts.loc["k50"].tolist() == [258, 208, 58]
+    assert counts.loc["mg", ["duplicate_rate", "top_5_share"]].tolist() == [381, 254]
+    pct = (s[["unique_report_ratio", "duplicate_rate", "top_5_share"]] * 100).round(1)
+    assert pct.loc["b4"].tolist() == [2.1, 99.0, 97.7] and pct.loc["k50"].tolist() == [64.3, 51.9, 14.5]
+    assert round(s.loc["mg", "duplicate_rate"], 4) == 0.6626 and round(s.loc["mg", "top_5_share"], 4) == 0.4417

@@ -20,13 +20,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
+from cxr_audit.cohort import FRONTAL_VIEWS, Cohort, recipe_004_iu, recipe_004_mimic, write_cohort  # noqa: E402
 from cxr_audit.core import InputError, sha256_frame  # noqa: E402
+from cxr_audit.corpus import load_iu_xray  # noqa: E402
 from cxr_audit.generate import (POLICIES, DecodingPolicy, EarlyEOSSuppression, EOSReweight, HFReportGenerator,  # noqa: E402
                                 RecurrencePenalty, SimulatedGenerator, TemplatePhrasePenalty,
-                                generate_table, load_image, policy_summary, tiny_model)
+                                generate_table, generation_inputs, load_image, policy_summary, sample_seed,
+                                tiny_model)
 from cxr_audit.synth import make_demo_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+IU_REAL = ROOT / "tests/fixtures/iu_real/iu_valid_rexrank_sample.json"   # 50 real IU X-ray studies (ReXrank JSON)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -309,6 +313,86 @@ def test_a_crashed_run_resumes_from_its_checkpoint(tmp_path):
     generate_table(Counting("sim-omit", corpus), corpus.studies, dataclasses.replace(POLICIES["K50"], top_k=10), seeds=[0],
                    checkpoint=ck, progress=False)
     assert len(seen) == n
+
+
+# --- entries: the cohort's chosen image, one generation per entry -----------------------------------------------
+
+def which_image(imgs):
+    "A generator that names the image it was given."
+    return [f"Report of {p}." for p in imgs]
+
+
+@pytest.fixture(scope="module")
+def iu_real():
+    return load_iu_xray(IU_REAL)
+
+
+def two_frontal_studies():
+    text = "Heart size is normal. The lungs are clear without effusion or pneumothorax."
+    return pd.DataFrame({"study_id": ["s1", "s2"], "patient_id": ["p1", "p2"], "split": ["test", "test"],
+                         "image_paths": [["s1/ap.jpg", "s1/lat.jpg", "s1/pa.jpg"], ["s2/pa.jpg"]],
+                         "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text], "impression": ["Normal.", "Normal."]})
+
+
+def test_two_frontal_entries_of_one_study_give_two_generations_of_their_own_images():
+    studies = two_frontal_studies()
+    cohort = recipe_004_mimic(studies).studies                 # image level: every PA/AP image is an entry
+    assert cohort.entry_id.tolist() == ["s1/0", "s1/2", "s2/0"]
+    t = generate_table(which_image, cohort, progress=False)
+    assert t.study_id.tolist() == ["s1", "s1", "s2"] and t.entry_id.tolist() == cohort.entry_id.tolist()
+    assert t.hypothesis.tolist() == ["Report of s1/ap.jpg.", "Report of s1/pa.jpg.", "Report of s2/pa.jpg."]
+    assert t.sample_id.tolist() == [f"which_image/default/0/{e}" for e in cohort.entry_id] and t.error.isna().all()
+    # a simulated system under search and sampling: every entry generated, sampled entries of one study seeded apart
+    k = generate_table(SimulatedGenerator("sim-template", studies), cohort, ["B4", "K50"], seeds=[0, 1], progress=False)
+    assert len(k) == 3 * len(cohort) and k.error.isna().all() and k.sample_id.is_unique
+    assert k.groupby(["policy", "seed"]).entry_id.apply(list).map(tuple).nunique() == 1
+    s1 = k[(k.policy == "K50") & (k.study_id == "s1")].sample_id
+    assert len({sample_seed(0, s) for s in s1}) == len(s1)
+    # keyed by study alone the same table is refused up front, naming the row (it used to fail after generating)
+    with pytest.raises(InputError, match=r"studies: row 1: study_id 's1' repeats an earlier row"):
+        generate_table(which_image, cohort.drop(columns="entry_id"), progress=False)
+
+
+def test_a_lateral_first_study_is_generated_from_its_frontal_image(iu_real):
+    lat_first = iu_real[iu_real.image_views.map(lambda v: list(v[:1]) == ["LATERAL"] and "FRONTAL" in list(v))]
+    assert len(lat_first) >= 2                                  # real studies listed [lateral, frontal]
+    chosen = Cohort(lat_first).select_views(FRONTAL_VIEWS, prefer="first", fallback="any").studies
+    frontal = [f"Report of {ps[list(vs).index('FRONTAL')]}." for ps, vs in zip(lat_first.image_paths, lat_first.image_views)]
+    assert generate_table(which_image, chosen, progress=False).hypothesis.tolist() == frontal
+    # a table without a chosen image keeps the old rule (first listed image), and so does image_column=None
+    first = [f"Report of {ps[0]}." for ps in lat_first.image_paths]
+    assert frontal != first
+    assert generate_table(which_image, lat_first, progress=False).hypothesis.tolist() == first
+    assert generate_table(which_image, chosen, image_column=None, progress=False).hypothesis.tolist() == first
+    # with more images per sample the chosen one comes first
+    assert [ps[0] for ps in generation_inputs(chosen, max_images=None).images] == chosen.image_path.tolist()
+
+
+def test_the_real_iu_fixture_runs_through_recipe_004_iu_and_generate_table(iu_real, tmp_path):
+    cohort = recipe_004_iu(iu_real)
+    entries = cohort.studies
+    assert 0 < len(entries) < len(iu_real)
+    run = lambda table: generate_table(SimulatedGenerator("sim-template", iu_real), table, ["B4", "G1", "K50"], seeds=[0, 1],
+                                       progress=False)
+    gen = run(entries)
+    assert len(gen) == 4 * len(entries) and gen.error.isna().all() and gen.sample_id.is_unique
+    assert (gen.hypothesis.str.strip() != "").all()
+    assert gen.entry_id.tolist() == gen.study_id.tolist() == entries.study_id.tolist() * 4   # study level: entry = study
+    assert sha256_frame(run(entries)) == sha256_frame(gen)
+    # every entry went to the generator with the image the cohort chose
+    assert generate_table(which_image, entries, progress=False).hypothesis.tolist() == [f"Report of {p}." for p in entries.image_path]
+    # the cohort as written to disk (what `cxr-audit cohort` writes and `cxr-audit generate` reads) gives the same table
+    write_cohort(cohort, tmp_path / "c")
+    assert sha256_frame(run(pd.read_parquet(tmp_path / "c/cohort.parquet"))) == sha256_frame(gen)
+
+
+def test_every_frontal_image_of_the_real_iu_fixture_is_generated_as_an_entry(iu_real):
+    entries = Cohort(iu_real).explode_images().select_views(FRONTAL_VIEWS, fallback="none").studies
+    t = generate_table(SimulatedGenerator("sim-terse", iu_real), entries, "B4", progress=False)
+    assert len(t) == len(entries) and t.error.isna().all() and t.entry_id.is_unique
+    assert t.entry_id.tolist() == entries.entry_id.tolist() and t.study_id.tolist() == entries.study_id.astype(str).tolist()
+    sent = generate_table(which_image, entries, progress=False).hypothesis
+    assert sent.tolist() == [f"Report of {p}." for p in entries.image_path]
 
 
 # --- simulated systems ------------------------------------------------------------------------------------------

@@ -431,3 +431,83 @@ def test_agreement_with_the_official_labelers_sample():
     assert [(int(i), wo.columns[j]) for i, j in cells] == [(0, "Lung Opacity"), (0, "Consolidation"), (3, "Lung Opacity"), (3, "Consolidation")]
     d = differ.to_numpy()
     assert np.isnan(wo.to_numpy()[d]).all() and (wu.to_numpy()[d] == 0.0).all()      # blank there, 0 here
+
+
+# --- per-entry alignment and one "uncertain" convention (issue 18) ------------------------------------------------
+
+def _entry_generations(studies, texts):
+    "Two runs over every image entry of `studies` (one row per entry, `entry_id` as the cohort gives it)."
+    from cxr_audit.cohort import Cohort
+    e = Cohort(studies).explode_images().studies
+    rows = [{"sample_id": f"m/{p}/0/{r.entry_id}", "study_id": r.study_id, "entry_id": r.entry_id, "system": "m", "policy": p,
+             "hypothesis": texts(p, r)} for p in ("B4", "K50") for r in e.itertuples()]
+    return to_generations(pd.DataFrame(rows)), e
+
+
+def test_two_entries_of_one_study_are_both_scored():
+    refs = pd.Series({"s1": "Mild cardiomegaly. No effusion.", "s2": "Small left pleural effusion."})
+    g = to_generations(pd.DataFrame({"sample_id": ["a", "b", "c"], "study_id": ["s1", "s1", "s2"], "entry_id": ["s1/0", "s1/1", "s2/0"],
+                                     "system": "m", "policy": "B4",
+                                     "hypothesis": ["The heart is enlarged.", "No acute disease.", "Small left pleural effusion."]}))
+    ref_lab, gen_lab = label_reports(refs), label_generations(g)
+    cmap = g[["sample_id", "study_id"]]
+    al = align_labels(ref_lab, gen_lab, case_map=cmap)
+    assert al.by_entry and al.matching.status.tolist() == ["matched"] * 3
+    assert al.matching.entry_id.tolist() == ["s1/0", "s1/1", "s2/0"] and al.matching.reference_id.tolist() == ["s1", "s1", "s2"]
+    ec = al.entry_counts(by_label=False).set_index("entry_id")
+    # the second entry of s1 misses the cardiomegaly; the first finds it; s2 finds its effusion
+    assert ec.loc["s1/0", ["tp", "fn"]].tolist() == [1, 0] and ec.loc["s1/1", "fn"] == 1 and ec.loc["s2/0", "tp"] == 1
+    assert al.summary(reps=50).n_cases.iloc[0] == 3
+    # without entry_id: today's behaviour, the second entry of s1 is a duplicate prediction and is not scored
+    old = align_labels(ref_lab, gen_lab.drop(columns="entry_id"), case_map=cmap)
+    assert not old.by_entry and old.matching.status.tolist() == ["matched", "duplicate prediction", "matched"]
+    assert old.summary(reps=50).n_cases.iloc[0] == 2
+    # the same entry twice is still a duplicate
+    twice = pd.concat([gen_lab, gen_lab[gen_lab.text_id == "a"].assign(text_id="a2")])
+    st = align_labels(ref_lab, twice, case_map={**dict(zip(cmap.sample_id, cmap.study_id)), "a2": "s1"}).matching.status.tolist()
+    assert st == ["matched", "matched", "matched", "duplicate prediction"]
+
+
+def test_entry_counts_sum_to_the_micro_f1_and_resample_by_study():
+    raw = json.loads(IU.read_text())
+    from cxr_audit.corpus import load_iu_xray
+    studies = load_iu_xray(IU)
+    refs = reference_texts(studies)
+    ids = list(refs.index); other = dict(zip(ids, ids[1:] + ids[:1]))
+    g, e = _entry_generations(studies, lambda p, r: refs[other[r.study_id]] if p == "K50" else refs[r.study_id])
+    assert len(raw) == 50 and len(e) > len(studies)                 # the real fixture has several images per study
+    audit = label_audit(studies, g, reps=200, seed=2026, clusters="study_id")
+    al = audit.alignment
+    assert (al.matching.status == "matched").all() and len(al.matching) == len(g)
+    for system, part in al.entry_counts(by_label=False).groupby("system"):
+        assert len(part) == len(e)
+        tp, fp, fn = part[["tp", "fp", "fn"]].sum()
+        est = audit.summary().query("system == @system and labels == '14' and reference == 'reference-report labels'").estimate.item()
+        assert abs(2 * tp / (2 * tp + fp + fn) - est) < 1e-12
+    # per label, the counts are those of per_label()
+    pl = al.per_label().set_index(["system", "label"])[["tp", "fp", "fn"]]
+    by_entry = al.entry_counts().groupby(["system", "label"])[["tp", "fp", "fn"]].sum()
+    assert by_entry.loc[pl.index].equals(pl)
+    # the references as hypotheses score 1 on every entry; clustering by study widens nothing away from 1
+    assert audit.summary().query("system == 'm+B4'").estimate.eq(1.0).all()
+    # clustered by study: one cluster per study, so the interval differs from resampling entries one by one
+    by_entry_ci = al.summary(reps=200, seed=2026).query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
+    by_study_ci = al.summary(reps=200, seed=2026, clusters="reference_id").query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
+    assert not np.allclose(by_entry_ci, by_study_ci)
+
+
+def test_one_uncertain_convention_stated_on_every_f1_table(demo, audit):
+    import inspect
+    from cxr_audit.labels import UNCERTAIN_POSITIVE, uncertain_note
+    from cxr_audit.metrics import CheXpertF1
+    assert UNCERTAIN_POSITIVE is False
+    for f in (to_binary, align_labels, label_audit, CheXpertF1):
+        assert inspect.signature(f).parameters["uncertain_positive"].default is UNCERTAIN_POSITIVE, f
+    note = uncertain_note(False)
+    assert note == "uncertain (-1) counted as negative" and uncertain_note(True) == "uncertain (-1) counted as positive"
+    for table in (audit.to_frame(), audit.summary(), audit.exclusion, audit.alignment.per_label(), audit.alignment.summary(reps=20)):
+        assert set(table.convention) == {note}
+    assert note in audit.headline() and note in audit.alignment._repr_markdown_()
+    flipped = align_labels(from_wide(pd.DataFrame({"Edema": [-1.0]}, index=["s1"])), from_wide(pd.DataFrame({"Edema": [1.0]}, index=["s1"])),
+                           labels=["Edema"], uncertain_positive=True)
+    assert flipped.per_label()[["tp", "fp", "convention"]].values.tolist() == [[1, 0, uncertain_note(True)]]

@@ -220,3 +220,19 @@ def test_radeval_errors_are_surfaced_with_a_hint():
         listed = [n for n in ("bertscore", "radgraph", "f1chexbert") if f"- {n}:" in str(e)]
         assert "cannot run here" in str(e) and listed and str(e).startswith(f"{len(listed)} of 5 metrics")
         assert "- bleu:" not in str(e) and "- rouge:" not in str(e)      # these two run here
+
+
+def test_uncertain_convention_the_issues_example_both_ways():
+    # issue 18: the same two cases score F1 0.5 when uncertain counts as positive and 0.0 under the default (the paper's)
+    refs = ["Possible left basilar atelectasis.", "Small right pleural effusion. No edema."]
+    hyps = ["Left basilar atelectasis.", "Possible mild edema."]
+    assert CheXpertF1().corpus(refs, hyps) == 0.0
+    assert CheXpertF1(uncertain_positive=True).corpus(refs, hyps) == 0.5
+    assert get_metric("chexpert_f1_14", uncertain_positive=True).corpus(refs, hyps) == 0.5
+    assert get_metric("chexpert_f1_14").corpus(refs, hyps) == 0.0
+    # the labels module agrees under both conventions (one default, one parameter name)
+    for unc, f1 in ((False, 0.0), (True, 0.5)):
+        al = align_labels(label_reports(refs), label_reports(hyps), uncertain_positive=unc)
+        assert al.summary(reps=20).query("metric == 'micro_f1'").estimate.item() == f1
+    sc = score(refs, hyps, ["chexpert_f1_14", get_metric("chexpert_f1_5", uncertain_positive=True), "bleu_4"])
+    assert sc.note.tolist() == ["uncertain (-1) counted as negative", "uncertain (-1) counted as positive", ""]

@@ -15,7 +15,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from cxr_audit.core import DEFAULT_SEED, InputError, sha256_frame
-from cxr_audit.stats import (DegenerateIntervalWarning, agreement_stats, agreement_table, binomial_cis, bootstrap,
+from cxr_audit.stats import (DegenerateIntervalWarning, ComparisonFamily, comparison_family, p_value_floor, proportion_stats,
+                             agreement_stats, agreement_table, binomial_cis, bootstrap,
                              bootstrap_distinct, bootstrap_metrics, kendall_tau, micro_precision,
                              spearman,
                              cohen_kappa, corpus_bleu, count_reversals, distinct_replicates, distinct_stats,
@@ -414,3 +415,104 @@ def test_default_seed_is_core_default():
     x = mean_stats(np.random.default_rng(32).normal(size=50))
     assert np.array_equal(bootstrap(x, reps=100).replicates, bootstrap(x, reps=100, seed=DEFAULT_SEED).replicates)
     assert np.array_equal(resample_indices(7, 3), resample_indices(7, 3, seed=DEFAULT_SEED))
+
+
+# --- comparison_family: paper 004's primary family (9 tests, shared clustered resamples, Holm, adjusted intervals) ---
+
+def _family_inputs(seed=0, n_patients=80):
+    "Four configurations on 3 reports per patient; validity, prefix hit and micro-F1 counts with known structure."
+    g = np.random.default_rng(seed); n = 3 * n_patients
+    patients = np.repeat(np.arange(n_patients), 3)
+    tp = {c: g.binomial(4, q, n) for c, q in zip(("ON+B4", "OFF+B4", "ON+G1", "ON+K50"), (0.6, 0.6, 0.3, 0.62))}
+    f1 = {c: micro_stats(t, g.binomial(2, 0.3, n), 4 - t) for c, t in tp.items()}
+    f1["OFF+B4"] = f1["ON+B4"].copy()                                    # identical to ON+B4: effect exactly 0
+    valid = {c: proportion_stats(np.ones(n)) for c in f1}                 # all valid: no difference at all
+    valid["ON+K50"] = proportion_stats(g.random(n) > 0.05)               # K50 loses about 5%
+    prefix = {"ON+B4": proportion_stats(np.zeros(n)), "OFF+B4": proportion_stats(np.ones(n)),   # every resample decides
+              "ON+G1": proportion_stats(g.random(n) < 0.6), "ON+K50": proportion_stats(g.random(n) < 0.4)}
+    metrics = {"surface_valid": (valid, "proportion"), "prefix_hit": (prefix, "proportion"), "micro_f1": (f1, "micro_f1")}
+    return metrics, patients
+
+PAIRS = [("ON+B4", "OFF+B4"), ("ON+B4", "ON+G1"), ("ON+B4", "ON+K50")]
+
+def test_family_of_nine_has_the_known_structure():
+    metrics, patients = _family_inputs()
+    fam = comparison_family(metrics, PAIRS, reps=2000, seed=2026, clusters=patients, p_convention="floored")
+    assert isinstance(fam, ComparisonFamily)
+    t = fam.to_frame().set_index(["metric", "second"])
+    assert len(t) == 9 and (t.reps == 2000).all()
+    # identical statistics: effect 0 in every resample, p = 1, the interval is the point 0
+    for key in [("micro_f1", "OFF+B4"), ("surface_valid", "OFF+B4"), ("surface_valid", "ON+G1")]:
+        assert t.loc[key, "estimate"] == 0 and t.loc[key, "p"] == 1 and not t.loc[key, "significant"]
+        assert t.loc[key, "ci_low_holm"] == 0 == t.loc[key, "ci_high_holm"]
+    # every resample decides: p at the floor 1/B; the prefix effect is -1 exactly
+    assert t.loc[("prefix_hit", "OFF+B4"), "estimate"] == -1 and t.loc[("prefix_hit", "OFF+B4"), "p"] == 1 / 2000
+    # large effects are significant, in the right direction
+    assert t.loc[("prefix_hit", "ON+G1"), "significant"] and t.loc[("prefix_hit", "ON+G1"), "ci_high_holm"] < 0
+    assert t.loc[("micro_f1", "ON+G1"), "significant"] and t.loc[("micro_f1", "ON+G1"), "ci_low_holm"] > 0
+    # Holm over the whole family of 9, not within each metric
+    np.testing.assert_array_equal(t.p_holm.to_numpy(), holm(t.p.to_numpy()))
+    within = np.concatenate([holm(t.loc[m].p.to_numpy()) for m in ("surface_valid", "prefix_hit", "micro_f1")])
+    assert not np.array_equal(within, t.p_holm.to_numpy())
+
+def test_family_recomputes_micro_f1_from_resampled_counts():
+    metrics, patients = _family_inputs(seed=1, n_patients=30)
+    with pytest.warns(UserWarning, match="no Holm-adjusted p"):   # 50 resamples cannot reach 0.05 over 9 tests
+        fam = comparison_family(metrics, PAIRS, reps=50, seed=7, clusters=patients)
+    W = resample_weights(len(patients), reps=50, seed=7, clusters=patients)
+    f1 = metrics["micro_f1"][0]
+    naive = {c: [2 * (w @ s)[0] / (2 * (w @ s)[0] + (w @ s)[1] + (w @ s)[2]) for w in W] for c, s in f1.items()}
+    r = fam.compare("micro_f1")
+    for i, c in enumerate(r.systems): np.testing.assert_allclose(r.replicates[i], naive[c], rtol=1e-12)
+    # and every metric uses the same resamples: the validity replicates are the same weights times the 0/1 column
+    v = fam.compare("surface_valid"); k = v.systems.index("ON+K50")
+    np.testing.assert_allclose(v.replicates[k], W @ metrics["surface_valid"][0]["ON+K50"][:, 0] / len(patients), rtol=1e-12)
+
+@pytest.mark.parametrize("convention", ["add_one", "floored"])
+@pytest.mark.parametrize("seed", range(6))
+def test_holm_adjusted_intervals_are_wider_and_agree_with_p_holm(convention, seed):
+    metrics, patients = _family_inputs(seed=seed, n_patients=25 + 10 * seed)
+    g = np.random.default_rng(100 + seed); n = len(patients); cfg = ("ON+B4", "OFF+B4", "ON+G1", "ON+K50")
+    for name, qs in (("surface_valid", (0.8, 0.74, 0.86, 0.7)), ("prefix_hit", (0.3, 0.36, 0.24, 0.4))):   # p near alpha
+        metrics[name] = ({c: proportion_stats(g.random(n) < q) for c, q in zip(cfg, qs)}, "proportion")
+    sparse_ = np.zeros(n); sparse_[[0, 4]] = 1                            # two reports of two patients: some nan replicates
+    metrics["micro_f1"][0]["ON+K50"] = micro_stats(sparse_, sparse_[::-1], np.zeros(n))
+    fam = comparison_family(metrics, PAIRS, reps=400 + 300 * seed, seed=seed, clusters=patients, p_convention=convention,
+                            size=(0.95, 0.9, 0.8)[seed % 3])
+    t = fam.to_frame(); ok = t.p.notna()
+    assert (t.ci_low_holm[ok] <= t.ci_low[ok]).all() and (t.ci_high_holm[ok] >= t.ci_high[ok]).all()
+    excl = (t.ci_low_holm > 0) | (t.ci_high_holm < 0)
+    assert (t.significant == excl).all()                                  # exact, for both conventions
+    assert ((t.p < fam.alpha) == ((t.ci_low > 0) | (t.ci_high < 0)))[ok].all()   # unadjusted: p < alpha <=> excludes 0
+    m = int(ok.sum()); steps = t.holm_step[ok].astype(int)
+    rejected = t.significant[ok]
+    np.testing.assert_allclose(t.holm_level[ok][rejected], 1 - fam.alpha / (m - steps[rejected] + 1))
+    if (~rejected).any():                                                   # frozen at the first step not rejected
+        s = steps[~rejected].min()
+        np.testing.assert_allclose(t.holm_level[ok][~rejected], 1 - fam.alpha / (m - s + 1))
+
+def test_holm_adjusted_interval_is_strictly_wider_before_the_last_step():
+    metrics, patients = _family_inputs(seed=3)
+    t = comparison_family(metrics, PAIRS, reps=3000, seed=1, clusters=patients).to_frame()
+    varied = t[(t.holm_step < 9) & (t.ci_high > t.ci_low)]
+    assert len(varied) and ((varied.ci_high_holm - varied.ci_low_holm) > (varied.ci_high - varied.ci_low)).all()
+
+def test_p_convention_changes_the_floor_as_in_the_paper():
+    # paper 004: 5,000 resamples, Holm over 9 tests; decisive comparisons print adjusted P = .002
+    assert round(9 * 1 / 5000, 3) == 0.002 and round(9 * 2 / 5001, 3) == 0.004
+    assert p_value_floor(5000, 9, "floored") == pytest.approx(0.0018) and p_value_floor(5000, 9) == pytest.approx(18 / 5001)
+    n = 200; sure = {"a": proportion_stats(np.ones(n)), "b": proportion_stats(np.zeros(n))}
+    fams = {c: comparison_family({f"m{i}": (sure, "proportion") for i in range(9)}, [("a", "b")], reps=5000, seed=2026,
+                                 p_convention=c).to_frame() for c in ("add_one", "floored")}
+    assert np.allclose(fams["floored"].p_holm, 9 / 5000) and (fams["floored"].p_holm.round(3) == 0.002).all()
+    assert np.allclose(fams["add_one"].p_holm, 18 / 5001) and (fams["add_one"].p_holm.round(3) == 0.004).all()
+    assert fams["floored"].significant.all() and fams["add_one"].significant.all()
+
+def test_family_bad_input():
+    metrics, patients = _family_inputs(n_patients=10)
+    with pytest.raises(InputError, match="unknown system 'ON\\+X'"): comparison_family(metrics, [("ON+B4", "ON+X")], reps=10)
+    with pytest.raises(InputError, match="p_convention must be"): comparison_family(metrics, PAIRS, reps=10, p_convention="paper")
+    with pytest.raises(InputError, match="same units"):
+        comparison_family({"v": ({"a": proportion_stats([1, 0]), "b": proportion_stats([1, 0, 1])}, "proportion")}, [("a", "b")], reps=10)
+    with pytest.raises(InputError, match="not a column"): comparison_family(metrics, PAIRS, reps=10, clusters="patient")
+    with pytest.warns(UserWarning, match="no Holm-adjusted p can be below"): comparison_family(metrics, PAIRS, reps=50)
