@@ -21,6 +21,7 @@ CSS = """
 body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;line-height:1.5}
 .layout{display:flex;min-height:100vh}nav.side{width:230px;flex:none;background:#f5f6f8;padding:20px 16px;border-right:1px solid #e2e2e2}
 nav.side a{display:block;color:#0b5cad;text-decoration:none;padding:3px 0}nav.side a.cur{font-weight:700;color:#111}
+nav.side .section{margin-top:14px;font-weight:700;color:#555;text-transform:uppercase;font-size:.8em}
 nav.side .brand{font-size:1.2em;font-weight:700;margin-bottom:12px;color:#111}
 main{flex:1;max-width:980px;padding:24px 40px 80px;overflow-x:auto}
 pre{background:#f6f8fa;padding:10px 12px;border-radius:6px;overflow-x:auto;font-size:.88em}
@@ -32,9 +33,19 @@ svg{max-width:100%;height:auto}img{max-width:100%}
 """
 
 
+SECTIONS = {"papers": "Papers"}   # sub-folders of nbs/ rendered as a sidebar section of their own
+
+
 def notebooks():
+    "The modules' notebooks (index first), then each section's (nbs/papers/: the paper notebooks)."
     nbs = sorted(p for p in NBS.glob("*.ipynb") if not p.name.startswith("_"))
-    return sorted(nbs, key=lambda p: (p.stem != "index", p.name))
+    subs = [p for d in SECTIONS for p in sorted((NBS / d).glob("*.ipynb")) if not p.name.startswith("_")]
+    return sorted(nbs, key=lambda p: (p.stem != "index", p.name)) + subs
+
+
+def section_of(path):
+    "The sidebar section of a notebook (None for the modules)."
+    return SECTIONS.get(path.parent.name) if path.parent != NBS else None
 
 
 def title_of(nb):
@@ -103,12 +114,19 @@ def body_html(node):
                                             "remove_all_outputs_tags": ["remove_output"]}})
     exp = HTMLExporter(config=cfg, template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exp.from_notebook_node(node)
-    return re.sub(r'href="([\w\-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+    # pages are written flat, so a link into or out of a section folder (papers/x.ipynb, ../x.ipynb) goes to x.html
+    return re.sub(r'href="(?:\.\./|[\w\-]+/)*([\w\-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
 
 
 def page(title, body, pages, current):
-    links = "".join(f'<a href="{stem}.html" class="{"cur" if stem == current else ""}">{html.escape(t)}</a>'
-                    for stem, t in pages)
+    "One HTML page; `pages` holds (stem, title) or (stem, title, section), a section heading before its first page."
+    links, seen = [], None
+    for stem, t, *sec in pages:
+        sec = sec[0] if sec else None
+        if sec and sec != seen: links.append(f'<div class="section">{html.escape(sec)}</div>')
+        seen = sec
+        links.append(f'<a href="{stem}.html" class="{"cur" if stem == current else ""}">{html.escape(t)}</a>')
+    links = "".join(links)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)} - cxr_audit</title>'
             f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body>'
             f'<div class="layout"><nav class="side"><div class="brand">cxr_audit</div>{links}</nav>'
@@ -118,9 +136,9 @@ def page(title, body, pages, current):
 def render(out):
     out.mkdir(parents=True, exist_ok=True)
     nbs = notebooks()
-    pages = [(p.stem, title_of(json.loads(p.read_text())) or p.stem) for p in nbs]
+    pages = [(p.stem, title_of(json.loads(p.read_text())) or p.stem, section_of(p)) for p in nbs]
     failed = []
-    for p, (stem, title) in zip(nbs, pages):
+    for p, (stem, title, _) in zip(nbs, pages):
         try: body = body_html(execute_and_process(p))
         except Exception as e:
             failed.append(p.name); print(f"render_docs: {p.name} failed: {type(e).__name__}: {e}", file=sys.stderr); continue
@@ -136,7 +154,7 @@ def readme(dest):
     for c in nb["cells"]:
         src = "".join(c["source"]).strip()
         if c["cell_type"] == "markdown":
-            parts.append(re.sub(r"\]\(([\w\-]+\.ipynb)\)", r"](nbs/\1)", src))
+            parts.append(re.sub(r"\]\(((?:[\w\-]+/)*[\w\-]+\.ipynb)\)", r"](nbs/\1)", src))
         elif src and not src.startswith("#| hide"):
             parts.append("```python\n" + "\n".join(l for l in src.splitlines() if not l.startswith("#|")) + "\n```")
     dest.write_text("\n\n".join(parts) + "\n", encoding="utf-8")

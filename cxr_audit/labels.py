@@ -5,6 +5,7 @@
 # %% ../nbs/06_labels.ipynb #4c789698
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -32,11 +33,11 @@ __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS
            'TRIGGER_DIRECTIONS', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS',
            'CARDIAC_PHRASES', 'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler',
            'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
-           'read_chexpert_csv', 'read_chexbert_csv', 'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels',
-           'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes',
-           'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
-           'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'run_names', 'label_generations',
-           'findings_to_labels', 'LabelAudit', 'label_audit']
+           'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv', 'uncertain_note', 'to_binary',
+           'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace', 'trace_label_triggers',
+           'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary', 'naive_cardiac_labeler',
+           'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit', 'trace_audit',
+           'reference_texts', 'run_names', 'label_generations', 'findings_to_labels', 'LabelAudit', 'label_audit']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -520,6 +521,22 @@ def read_chexpert_csv(path: str | os.PathLike, # the official labeler's output C
                      ) -> pd.DataFrame:
     "The official CheXpert labeler's CSV as a long `labels` table (raw states kept, `text` added)."
     return _read_labeled_csv(path, ("Reports", "Report Impression"), source, ids, id_column)
+
+# %% ../nbs/06_labels.ipynb #5f8c3f95
+def write_chexpert_input(texts,                        # report texts: a sequence, a pandas Series or {id: text}
+                         path: str | os.PathLike,      # the CSV to write (the official `label.py --reports_path`)
+                         ids=None                      # one id per text (default: the Series index, the dict keys or positions)
+                        ) -> list[str]:
+    "Write `texts` in the official CheXpert labeler's input layout (no header, one report per row); return the ids in row order."
+    if isinstance(texts, Mapping): ids, texts = list(texts) if ids is None else ids, list(texts.values())
+    elif isinstance(texts, pd.Series): ids, texts = list(texts.index) if ids is None else ids, texts.tolist()
+    texts = list(texts)
+    ids = [str(i) for i in (range(len(texts)) if ids is None else ids)]
+    if len(ids) != len(texts): raise InputError(f"write_chexpert_input: {len(ids)} ids for {len(texts)} texts")
+    rows = [" " if is_missing(t) or not str(t).strip() else " ".join(str(t).split()) for t in texts]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"Reports": rows}).to_csv(path, header=False, index=False, quoting=csv.QUOTE_ALL)  # quoted: a blank row is kept
+    return ids
 
 # %% ../nbs/06_labels.ipynb #3b3d9994
 CHEXBERT_CLASSES = {0: np.nan, 1: 1.0, 2: 0.0, 3: -1.0}   # CheXbert's class numbers -> CheXpert states

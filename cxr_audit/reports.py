@@ -356,10 +356,14 @@ def _lines(text: str) -> list[str]:
         else: out.append(line)
     return [l for l in out if l]
 
+# a full stop glued to the next sentence ("...lung apex.There are...", "normal.No effusion"): a word of two or more
+# lower-case letters, the stop, then a capitalised word or a de-identification mask; abbreviations stay shielded later
+_GLUED_STOP = re.compile(r"(?<=[a-z]{2}[.?!])(?=[A-Z][a-z]|XXXX)")
+
 def _segments(text, g: _Grammar) -> list[str]:
-    "The report-aware pre-split: headers and banners removed, line and list boundaries applied."
+    "The report-aware pre-split: headers and banners removed, line and list boundaries applied, glued full stops spaced."
     chunks = [c for _, c in _blocks(_newlines(_as_text(text)), g)]
-    return [p for c in chunks for line in _lines(c) for p in _LIST_NUMBER.split(line) if p.strip()]
+    return [_GLUED_STOP.sub(" ", p) for c in chunks for line in _lines(c) for p in _LIST_NUMBER.split(line) if p.strip()]
 
 # %% ../nbs/01_reports.ipynb #5aa398df
 @functools.lru_cache(maxsize=1)

@@ -26,6 +26,10 @@ def test_every_notebook_renders_offline(tmp_path):
     assert "<h1" in core and "sha256_frame" in core and "write_manifest" in core
     assert "from fastcore.test import" not in core                        # hidden cells removed
     assert "data:image/svg+xml" in pages["14_audit"] or "<svg" in pages["14_audit"]  # figures are inline
+    paper = pages["004_crossdomain"]                                      # nbs/papers/ renders under "Papers"
+    assert any(p.parent.name == "papers" for p in rd.notebooks())
+    assert '<div class="section">Papers</div>' in pages["index"] and 'href="004_crossdomain.html"' in pages["index"]
+    assert "SIMULATED" in paper and ("data:image/svg+xml" in paper or "<svg" in paper)
 
 
 def test_readme_is_generated_from_index(tmp_path):

@@ -1,0 +1,194 @@
+"""Tests of cxr_audit.papers: the paper 004 preset, per-entry end points and the primary family.
+
+The notebook (nbs/16_papers.ipynb) holds the worked examples on the SIMULATED demo corpus; these tests use small
+hand-made tables whose end points can be counted by hand.
+"""
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from statsmodels.stats.multitest import multipletests
+
+from cxr_audit.core import InputError
+from cxr_audit.labels import CHEXPERT_14
+from cxr_audit.papers import PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
+from cxr_audit.stats import comparison_family, micro_stats, proportion_stats
+from cxr_audit.synth import make_demo_corpus
+
+CONFIGS = [("ON", "B4"), ("OFF", "B4"), ("ON", "G1"), ("ON", "K50")]
+
+
+def studies_table(n=12):
+    "n studies of n // 2 patients; even studies have cardiomegaly and an effusion, odd ones are normal."
+    return pd.DataFrame({"study_id": [f"s{i}" for i in range(n)], "patient_id": [f"p{i // 2}" for i in range(n)],
+                         "findings": ["Cardiomegaly. Small left pleural effusion." if i % 2 == 0 else "Heart size is normal."
+                                      for i in range(n)],
+                         "impression": ["Enlarged heart." if i % 2 == 0 else "No acute cardiopulmonary process." for i in range(n)]})
+
+
+def generations_table(texts: dict, studies: pd.DataFrame, entries_per_study: int = 1):
+    "One row per configuration and entry; `texts[config]` is a function of the entry index."
+    rows = []
+    for system, policy in CONFIGS:
+        for i, sid in enumerate(studies.study_id):
+            for k in range(entries_per_study):
+                rows.append({"study_id": sid, "entry_id": f"{sid}/{k}", "system": system, "policy": policy,
+                             "sample_id": f"{system}/{policy}/0/{sid}/{k}", "hypothesis": texts[f"{system}+{policy}"](i),
+                             "truncated": False})
+    return pd.DataFrame(rows)
+
+
+TEXTS = {"ON+B4": lambda i: "Cardiomegaly." if i % 2 == 0 else "Heart size is within normal limits.",
+         "OFF+B4": lambda i: "No acute cardiopulmonary process.",
+         "ON+G1": lambda i: "No acute cardiopulmonary process. Cardiomegaly." if i % 3 == 0 else "Lungs are clear.",
+         "ON+K50": lambda i: "" if i == 0 else "Small left pleural effusion."}
+
+
+@pytest.fixture(scope="module")
+def data():
+    s = studies_table()
+    return s, generations_table(TEXTS, s, entries_per_study=2)
+
+
+def test_preset_fields_and_sources():
+    f = PAPER_004.to_frame().set_index("field")
+    assert (PAPER_004.reps, PAPER_004.seed, PAPER_004.p_convention) == (5000, 2026, "floored")
+    assert PAPER_004.clusters == {"MIMIC->IU": "study_id", "IU->MIMIC": "patient_id"}
+    assert PAPER_004.labels == CHEXPERT_14 and PAPER_004.uncertain_positive is False
+    assert (PAPER_004.validity_rule, PAPER_004.grouping, PAPER_004.exclude) == ("surface", "exact", ("Cardiomegaly",))
+    assert set(f.source) == {"paper", "not given in the paper"}
+    assert f.loc["cohort_params.004_iu.fractions", "source"] == "not given in the paper"
+    assert f.loc["reps", "source"] == "paper"
+    assert all(p.split(".")[0] in {x.name for x in dataclasses.fields(Preset)} for p in PAPER_004.not_in_paper)
+    assert "<" not in PAPER_004._repr_markdown_().split("\n")[0]
+
+
+def test_preset_cohort_uses_the_recipe_and_its_params():
+    studies = make_demo_corpus(n_patients=20).studies
+    c = PAPER_004.cohort("MIMIC->IU", studies)
+    base = PAPER_004.cohort("MIMIC->IU", studies, fractions={"train": 0.5, "test": 0.5})
+    assert c.studies.split.eq("test").all() and len(base.studies) > len(c.studies)
+    with pytest.raises(InputError, match="directions are"):
+        PAPER_004.cohort("CheXpert->IU", studies)
+
+
+def test_entry_endpoints_counted_by_hand(data):
+    s, g = data
+    ep = entry_endpoints(g, s)
+    assert len(ep) == len(g) and ep.entry_id.is_unique is False
+    on = ep[ep.config == "ON+B4"].set_index("entry_id")
+    # even studies: reference Cardiomegaly + Pleural Effusion; ON+B4 says Cardiomegaly: tp 1, fn 1
+    assert on.loc["s0/0", ["tp", "fp", "fn"]].tolist() == [1, 0, 1]
+    # odd studies: reference No Finding; "heart size within normal limits" is No Finding too: tp 1
+    assert on.loc["s1/1", ["tp", "fp", "fn"]].tolist() == [1, 0, 0]
+    off = ep[ep.config == "OFF+B4"]
+    assert off.prefix_hit.all() and not ep[ep.config == "ON+B4"].prefix_hit.any()
+    k50 = ep[ep.config == "ON+K50"].set_index("entry_id")
+    assert not k50.loc["s0/0", "valid"] and k50.loc["s1/0", "valid"]
+    assert ep.patient_id.tolist() == [f"p{int(e[1:].split('/')[0]) // 2}" for e in ep.entry_id]
+    assert set(ep.labeler) == {"cxr_audit"} and set(ep.reference_section) == {"both"}
+
+
+def test_surface_rule_keeps_flagged_outputs():
+    s = studies_table(2)
+    loop = " ".join(["the heart is normal"] * 20)
+    g = generations_table({c: (lambda i: loop) for c in TEXTS}, s).assign(truncated=True)
+    surface = entry_endpoints(g, s)
+    strict = entry_endpoints(g, s, preset=dataclasses.replace(PAPER_004, validity_rule="strict"))
+    assert surface.valid.all() and surface.looping.all() and surface.hit_token_limit.all()
+    assert not strict.valid.any()
+
+
+def test_prefix_rule_is_normalized_and_anchored():
+    s = studies_table(3)
+    texts = ["NO ACUTE CARDIOPULMONARY PROCESS.", "There is no acute cardiopulmonary process.", "No acute  cardiopulmonary process, heart normal."]
+    g = generations_table({c: (lambda i: texts[i]) for c in TEXTS}, s)
+    hit = entry_endpoints(g, s).groupby("entry_id", sort=False).prefix_hit.first().tolist()
+    assert hit == [True, False, True]
+
+
+def test_uncertain_convention_and_exclusion():
+    s = studies_table(2).assign(findings="There is possible pneumonia.", impression="")
+    g = generations_table({c: (lambda i: "Possible pneumonia.") for c in TEXTS}, s)
+    neg = entry_endpoints(g, s)
+    pos = entry_endpoints(g, s, preset=dataclasses.replace(PAPER_004, uncertain_positive=True))
+    assert neg.tp.sum() == 0 and pos.tp.sum() == len(g)
+    s2 = studies_table(2)
+    g2 = generations_table({c: (lambda i: "Cardiomegaly.") for c in TEXTS}, s2)
+    full = entry_endpoints(g2, s2)
+    no_cm = entry_endpoints(g2, s2, preset=dataclasses.replace(PAPER_004, labels=tuple(l for l in CHEXPERT_14 if l != "Cardiomegaly")))
+    assert full.tp.sum() > 0 and no_cm.tp.sum() == 0
+
+
+def test_custom_labeler_is_named_and_used():
+    class HeartWords:
+        source = "heart-words"
+        def __call__(self, texts, ids):
+            return pd.DataFrame([{"text_id": i, "source": self.source, "label": l,
+                                  "state": 1.0 if l == "Cardiomegaly" and "heart" in t.lower() else np.nan}
+                                 for t, i in zip(texts, ids) for l in CHEXPERT_14])
+    s = studies_table(2)
+    g = generations_table({c: (lambda i: "Heart is big." if i == 0 else "Lungs clear.") for c in TEXTS}, s)
+    ep = entry_endpoints(g, s, labeler=HeartWords())
+    assert set(ep.labeler) == {"heart-words"}
+    # s0 reference mentions "Enlarged heart." (tp), s1 "Heart size is normal." (fn)
+    assert ep.groupby("study_id")[["tp", "fp", "fn"]].first().to_numpy().tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+def test_family_matches_direct_comparison_family(data):
+    s, g = data
+    ep = entry_endpoints(g, s)
+    fam = family_from_endpoints(ep, direction="IU->MIMIC", reps=400, seed=7)
+    rows = {c: ep[ep.config == c].set_index("entry_id").loc[ep[ep.config == "ON+B4"].entry_id] for c in PAPER_004.configs}
+    metrics = {"validity_rate": ({c: proportion_stats(r.valid.astype(float)) for c, r in rows.items()}, "proportion"),
+               "prefix_rate": ({c: proportion_stats(r.prefix_hit.astype(float)) for c, r in rows.items()}, "proportion"),
+               "micro_f1": ({c: micro_stats(r.tp, r.fp, r.fn) for c, r in rows.items()}, "micro_f1")}
+    clusters = rows["ON+B4"].study_id.map(dict(zip(s.study_id, s.patient_id))).to_numpy()
+    ref = comparison_family(metrics, PAPER_004.comparisons, reps=400, seed=7, clusters=clusters, p_convention="floored")
+    pd.testing.assert_frame_equal(fam.to_frame(), ref.to_frame())
+    t = fam.to_frame()
+    assert len(t) == 9 and np.allclose(t.p_holm, multipletests(t.p, method="holm")[1])
+    sums = ep.groupby("config")[["tp", "fp", "fn"]].sum()
+    f1 = 2 * sums.tp / (2 * sums.tp + sums.fp + sums.fn)
+    est = t[t.metric == "micro_f1"].set_index("second").estimate
+    assert np.allclose([est[c] for c in ("OFF+B4", "ON+G1", "ON+K50")], [f1["ON+B4"] - f1[c] for c in ("OFF+B4", "ON+G1", "ON+K50")])
+
+
+def test_clusters_change_the_intervals_not_the_estimates(data):
+    s, g = data
+    ep = entry_endpoints(g, s)
+    by_patient = family_from_endpoints(ep, direction="IU->MIMIC", reps=400).to_frame()
+    by_study = family_from_endpoints(ep, direction="MIMIC->IU", reps=400).to_frame()
+    assert np.allclose(by_patient.estimate, by_study.estimate)
+    assert not np.allclose(by_patient[["ci_low", "ci_high"]].fillna(9), by_study[["ci_low", "ci_high"]].fillna(9))
+    shuffled = family_from_endpoints(ep.sample(frac=1, random_state=1), direction="IU->MIMIC", reps=400).to_frame()
+    assert np.allclose(shuffled.estimate, by_patient.estimate)
+
+
+def test_primary_family_defaults_and_direction_column(data):
+    s, g = data
+    both = pd.concat([g.assign(direction="IU->MIMIC"), g.assign(direction="MIMIC->IU", study_id="other")], ignore_index=True)
+    fam = primary_family(both, s, direction="IU→MIMIC", reps=300)
+    assert fam.reps == 300 and fam.p_convention == "floored" and len(fam.to_frame()) == 9
+    again = primary_family(g, s, direction="IU->MIMIC", reps=300)
+    pd.testing.assert_frame_equal(fam.to_frame(), again.to_frame())
+    other_seed = primary_family(g, s, direction="IU->MIMIC", reps=300, seed=1)
+    assert not other_seed.to_frame()[["ci_low", "ci_high"]].fillna(9).equals(fam.to_frame()[["ci_low", "ci_high"]].fillna(9))
+
+
+def test_errors(data):
+    s, g = data
+    ep = entry_endpoints(g, s)
+    with pytest.raises(InputError, match="'ON\\+K50' of the preset's comparisons is missing; configurations present: ON\\+B4, OFF\\+B4, ON\\+G1"):
+        family_from_endpoints(ep[ep.config != "ON+K50"], direction="IU->MIMIC")
+    with pytest.raises(InputError, match="differ in their entries"):
+        family_from_endpoints(ep.drop(index=ep.index[ep.config == "ON+G1"][0]), direction="IU->MIMIC")
+    with pytest.raises(InputError, match="cluster column 'patient_id' is missing"):
+        family_from_endpoints(ep.assign(patient_id=None), direction="IU->MIMIC")
+    with pytest.raises(InputError, match="more than once"):
+        entry_endpoints(pd.concat([g, g.head(1)]), s)
+    with pytest.raises(InputError, match="study_id 's0' is not in studies"):
+        entry_endpoints(g, s.iloc[1:])
+    with pytest.raises(InputError, match="unknown direction"):
+        primary_family(g, s, direction="IU->CheXpert")
