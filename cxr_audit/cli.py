@@ -216,7 +216,7 @@ def longitudinal(*, studies: str,                                      # studies
                  reps: int = 1000,                                     # paired bootstrap resamples
                  seed: int = DEFAULT_SEED,                             # seed of the resamples
                  clusters: str | None = None,                          # studies column to resample by (e.g. patient_id); none: studies
-                 families: bool = False,                               # match findings by family instead of exact term
+                 match: Literal["exact", "families"] = "exact",        # how findings of reference and generation are matched (exact term, or keyword families)
                  section: str = "findings"                             # studies column holding the reference text
                 ) -> str:
     "Annotate references and generations longitudinally, evaluate every system, write tables, charts and a manifest."
@@ -227,9 +227,9 @@ def longitudinal(*, studies: str,                                      # studies
     chosen = tuple(metrics or LANGUAGE_METRICS)
     ev = progression_evaluation(to_studies(read_table(studies), what=str(studies), dataset="studies"),
                                 to_generations(read_table(generations), what=str(generations)), annotator=ann, reps=reps,
-                                seed=seed, clusters=clusters, metrics=chosen, families=families, section=section)
+                                seed=seed, clusters=clusters, metrics=chosen, match=match, section=section)
     ev.save(out, inputs={"studies": studies, "generations": generations},
-            params={"annotator": repr(ann), "metrics": list(chosen), "families": families, "section": section})
+            params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
     f1 = ev.summary().query("metric == 'progression_micro_f1'")
     return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name}; "
             "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())

@@ -21,26 +21,28 @@ from fastcore.basics import patch
 
 from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
                             read_table, require_columns, resource_text, rng, save_chart, sha256_text, write_manifest, write_table)
-from .reports import split_sentences
+from .reports import default_splitter_name, split_sentences
 from .corpus import to_generations
 from .cohort import Cohort, recipe_003_lmimic
 from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, holm_family, kendall_tau, kendalls_w,
                              macro_stats, mean_spearman, micro_stats, p_value_note, plot_win_probability, rank_ci,
                              resolve_clusters, spearman)
+from .labels import default_labeler, label_reports, to_binary, to_wide
 from .metrics import get_metric, sample_stats
 from .llm import DECODING, RuleChat, batch_summary, run_batch
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
-           'PAPER_SETTINGS', 'SCOPES', 'LANGUAGE_METRICS', 'PROGRESSION_METRICS', 'load_keywords', 'keyword_terms',
-           'keyword_families', 'load_lexicon', 'Cue', 'RuleAnnotator', 'report_sentences', 'annotate_reports',
-           'load_prompts', 'longitudinal_prompt', 'keyword_prompt', 'progression_prompt', 'parse_choice',
-           'parse_binary', 'parse_progression', 'parse_keyword', 'LLMAnnotator', 'rule_chat', 'read_gold',
-           'annotation_counts', 'AnnotationQuality', 'evaluate_annotators', 'report_progression',
-           'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement', 'ProgressionEvaluation',
-           'progression_evaluation', 'plot_progression_f1', 'plot_progression_wins', 'ranking_stability',
-           'runs_summary', 'ranking_agreement', 'LMimic', 'build_lmimic', 'plot_class_distribution',
-           'plot_lmimic_reports']
+           'PAPER_SETTINGS', 'SCOPES', 'MATCHES', 'LANGUAGE_METRICS', 'PROGRESSION_METRICS', 'TABLE5_METRICS',
+           'load_keywords', 'keyword_terms', 'keyword_families', 'load_lexicon', 'Cue', 'RuleAnnotator',
+           'report_sentences', 'annotate_reports', 'load_prompts', 'longitudinal_prompt', 'keyword_prompt',
+           'progression_prompt', 'parse_choice', 'parse_binary', 'parse_progression', 'parse_keyword', 'LLMAnnotator',
+           'rule_chat', 'read_gold', 'annotation_counts', 'AnnotationQuality', 'evaluate_annotators',
+           'report_progression', 'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement',
+           'ProgressionEvaluation', 'progression_evaluation', 'plot_progression_f1', 'plot_progression_wins',
+           'ranking_stability', 'runs_summary', 'ranking_agreement', 'keyword_counts', 'KeywordDistance',
+           'keyword_distance', 'finding_categories', 'category_results', 'LMimic', 'build_lmimic',
+           'plot_class_distribution', 'plot_lmimic_reports']
 
 # %% ../nbs/10_longitudinal.ipynb #36f216b2
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
@@ -363,6 +365,11 @@ def _report_texts(reports, id_col: str = "report_id", text_col: str = "text") ->
     return df
 
 # %% ../nbs/10_longitudinal.ipynb #9eaabc14
+def _splitter_label(splitter) -> str:
+    "The splitter in words: `default` resolved to the one used here, a callable by its name."
+    if callable(splitter): return getattr(splitter, "__name__", "custom")
+    return default_splitter_name() if splitter == "default" else str(splitter)
+
 def report_sentences(reports,                             # Series/dict report_id -> text, list of texts, or a table
                      splitter: str | Callable = "default", # see `cxr_audit.reports.split_sentences` ("default", "regex", "stanza" or a callable)
                      id_col: str = "report_id",           # column of a table holding the report ID
@@ -411,28 +418,29 @@ def _first(pool: Sequence, n: int, what: str) -> list:
     return list(pool[:n])
 
 def _examples(p: Mapping, n: int, what: str) -> str:
-    "The first `n` worked examples of one step's pool under their header ('' for none); `what` names `n` in the error."
+    "The step's guidance and first `n` worked examples under their header ('' for none: zero-shot); `what` names `n` in the error."
     items = _first(p["task_examples"], n, what)
-    return (p["examples_header"] + "".join(p["example"].format(**e) for e in items)) if items else ""
+    return (p.get("guidance", "") + p["examples_header"] + "".join(p["example"].format(**e) for e in items)) if items else ""
 
-def _step_prompt(step: str, prompts, retry: bool, fields: Callable[[Mapping], dict]) -> str:
-    "One step's template filled with `fields(its prompt entry)`, and the line restating the answer format when `retry`."
+def _step_prompt(step: str, prompts, retry: bool, fields: Callable[[Mapping], dict], suffix: bool = False) -> str:
+    "One step's template filled with `fields(its prompt entry)`, its `binary_suffix` when `suffix`, the answer-format line when `retry`."
     p = load_prompts(prompts)[step]
-    return p["template"].format(**fields(p)) + (p.get("retry", "") if retry else "")
+    return p["template"].format(**fields(p)) + (p.get("binary_suffix", "") if suffix else "") + (p.get("retry", "") if retry else "")
 
 # %% ../nbs/10_longitudinal.ipynb #83cc08e6
 def longitudinal_prompt(sentence: str,                 # the sentence asked about
-                        n_task_examples: int = 3,      # worked examples shown (paper: 0, 3, 5)
-                        n_change_indicators: int = 8,  # signal words shown (paper: 0, 4, 8, 12)
+                        n_task_examples: int = 3,      # worked examples shown (paper: 0, 3, 5; its final prompt: 3 positive)
+                        n_change_indicators: int = 8,  # signal words shown (paper: 0, 4, 8, 12; its final prompt: 8)
                         prompts: str | os.PathLike | Mapping | None = None, # prompt override (see `load_prompts`)
-                        retry: bool = False            # add the line restating the answer format
+                        retry: bool = False,           # add the line restating the answer format
+                        binary_suffix: bool = False    # end with the line asking for <0> or <1> (paper 003 adds it for MedGemma)
                        ) -> str:
     "Step 1: is `sentence` longitudinal? (answer `<1>` or `<0>`)."
     def fields(p: Mapping) -> dict:
         ind = _first(p["change_indicators"], n_change_indicators, "n_change_indicators")
         return {"indicators": p["indicators"].format(items=", ".join(ind)) if ind else "", "sentence": sentence,
                 "examples": _examples(p, n_task_examples, "n_task_examples")}
-    return _step_prompt("longitudinal", prompts, retry, fields)
+    return _step_prompt("longitudinal", prompts, retry, fields, binary_suffix)
 
 # %% ../nbs/10_longitudinal.ipynb #a2681d52
 def keyword_prompt(sentence: str,                 # the (longitudinal) sentence asked about
@@ -446,7 +454,7 @@ def keyword_prompt(sentence: str,                 # the (longitudinal) sentence 
 # %% ../nbs/10_longitudinal.ipynb #319e26e0
 def progression_prompt(sentence: str,                  # the sentence asked about
                        keyword: str,                   # the finding whose course is asked
-                       n_progression_examples: int = 2, # worked examples shown (paper: 0, 2, 4)
+                       n_progression_examples: int = 2, # worked examples shown, with the guidance (paper: 0, 2, 4); 0: zero-shot
                        prompts: str | os.PathLike | Mapping | None = None, # prompt override (see `load_prompts`)
                        retry: bool = False             # add the line restating the answer format
                       ) -> str:
@@ -528,13 +536,15 @@ class LLMAnnotator:
                  keywords=None,                     # keyword list override (see `load_keywords`)
                  prompts=None,                      # prompt override (see `load_prompts`)
                  progress: bool = False,            # progress line of each batch on stderr
-                 name: str | None = None):          # written to the `annotator` column (default "llm:<model>")
+                 name: str | None = None,           # written to the `annotator` column (default "llm:<model>")
+                 binary_suffix: bool | None = None): # end step 1 with the <0>/<1> line; None: only for a model named "medgemma..."
         self.backend, self.n_task_examples, self.n_change_indicators = backend, n_task_examples, n_change_indicators
         self.n_progression_examples, self.decoding, self.seed, self.max_tokens = n_progression_examples, decoding, seed, max_tokens
         self.invalid_retries, self.cache, self.max_concurrency, self.retries = invalid_retries, cache, max_concurrency, retries
         self.timeout_s, self.prices, self.allow_remote_restricted = timeout_s, prices, allow_remote_restricted
         self.keywords, self.prompts, self.progress = keywords, prompts, progress
         self.name = name or f"llm:{getattr(backend, 'model', 'model')}"
+        self.binary_suffix = "medgemma" in str(getattr(backend, "model", "")).lower() if binary_suffix is None else bool(binary_suffix)
 
     def __repr__(self):
         return (f"LLMAnnotator({self.backend!r}, n_task_examples={self.n_task_examples}, n_change_indicators={self.n_change_indicators}, "
@@ -548,7 +558,8 @@ def prompt(self: LLMAnnotator, step: str, # `longitudinal`, `keyword` or `progre
            retry: bool = False            # add the line restating the answer format
           ) -> str:
     "The prompt of `step` (`longitudinal`, `keyword` or `progression`) for one sentence."
-    if step == "longitudinal": return longitudinal_prompt(sentence, self.n_task_examples, self.n_change_indicators, self.prompts, retry)
+    if step == "longitudinal":
+        return longitudinal_prompt(sentence, self.n_task_examples, self.n_change_indicators, self.prompts, retry, self.binary_suffix)
     if step == "keyword": return keyword_prompt(sentence, self.keywords, self.prompts, retry)
     if step == "progression": return progression_prompt(sentence, keyword, self.n_progression_examples, self.prompts, retry)
     raise InputError(f"unknown step {step!r}; use longitudinal, keyword or progression")
@@ -884,19 +895,30 @@ def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
 
 # %% ../nbs/10_longitudinal.ipynb #5b19c15b
 _EVENTFUL = {"worsened": 0, "improved": 1, "no change": 2, "unmentioned": 3}
+MATCHES = ("exact", "families")   # the named ways of matching findings; a mapping term -> name is the third
 
-def _families(families) -> dict | None:
-    if families is True: return keyword_families()
-    return dict(families) if families else None
+def _matching(match, families=None) -> dict | None:
+    "term -> matched name (None: exact terms) for `match` (`families`, the older spelling, wins when given)."
+    m = match if families is None else ("families" if families is True else (families or "exact"))
+    if m == "exact" or m is None or m is False: return None
+    if m == "families" or m is True: return keyword_families()
+    if isinstance(m, Mapping): return {str(k): str(v) for k, v in m.items()}
+    raise InputError(f"match must be one of {MATCHES} or a mapping term -> name, got {m!r}")
+
+def _match_label(match, families=None) -> str:
+    "How findings were matched, in words: `exact`, `families` or `custom map`."
+    m = _matching(match, families)
+    return "exact" if m is None else ("families" if m == keyword_families() else "custom map")
 
 def _eventfulness(label) -> int: return _EVENTFUL.get(label, 9)
 
 def report_progression(sentences,                          # a sentences table (see `annotate_reports`)
-                       families: bool | Mapping = False    # match findings by family (True: the packaged families)
+                       match: str | Mapping = "exact",     # "exact" terms, "families" of synonyms, or a map term -> name
+                       families: bool | Mapping | None = None # older spelling of `match` (True: "families")
                       ) -> pd.DataFrame:
     "`report_id, keyword, progression` per report and finding, from its longitudinal sentences (support devices left out)."
     s = require_columns(sentences, ["report_id", "is_longitudinal", "keyword", "progression"], "sentences")
-    fam = _families(families)
+    fam = _matching(match, families)
     m = s["is_longitudinal"].astype("boolean").fillna(False).astype(bool) & s["keyword"].notna() & (s["keyword"] != SUPPORT_DEVICES)
     d = s.loc[m, ["report_id", "keyword", "progression"]].copy()
     if fam: d["keyword"] = [fam.get(k, k) for k in d["keyword"]]
@@ -909,13 +931,14 @@ def report_progression(sentences,                          # a sentences table (
 def progression_instances(reference,              # sentences table of the reference reports (report_id = study_id)
                           generated,              # sentences table of the generated reports (report_id = sample_id)
                           pairs,                  # sample_id, study_id, system: which generated report answers which study
-                          families: bool | Mapping = False # match findings by family (True: the packaged families)
+                          match: str | Mapping = "exact", # "exact" terms, "families" of synonyms, or a map term -> name
+                          families: bool | Mapping | None = None # older spelling of `match` (True: "families")
                          ) -> pd.DataFrame:
     "One row per generated report and reference finding with a progression class: `..., reference, generated, predicted`."
     p = require_columns(pairs, ["sample_id", "study_id", "system"], "pairs")[["sample_id", "study_id", "system"]].astype(str)
-    ref = report_progression(reference, families)
+    ref = report_progression(reference, match, families)
     ref = ref[ref["progression"].isin(PROGRESSION_CLASSES)].rename(columns={"report_id": "study_id", "progression": "reference"})
-    gen = report_progression(generated, families).rename(columns={"report_id": "sample_id", "progression": "generated"})
+    gen = report_progression(generated, match, families).rename(columns={"report_id": "sample_id", "progression": "generated"})
     inst = p.merge(ref, on="study_id").merge(gen, on=["sample_id", "keyword"], how="left")
     inst["generated"] = inst["generated"].astype(object).where(inst["generated"].notna(), None)
     inst["predicted"] = [g if g in PROGRESSION_CLASSES else "absent" for g in inst["generated"]]
@@ -940,6 +963,7 @@ def progression_counts(instances,         # see `progression_instances`
 LANGUAGE_METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor")
 PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
                        "progression_micro_precision", "progression_micro_recall", "progression_macro_f1")
+TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]  # paper 003's Table 5
 _F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
 def _progression_stats(S: np.ndarray) -> dict:
@@ -992,12 +1016,12 @@ class TruthAgreement:
         return self.changes.copy()
 
     def summary(self) -> pd.DataFrame:
-        "Per class and overall: `class, metric, n, correct, estimate, ci_low, ci_high` (accuracy, exact binomial interval)."
+        "Per class and overall: `class, metric, n, correct, estimate, ci_low, ci_high, annotator` (accuracy, exact binomial interval)."
         per = self.changes.groupby("truth", sort=False).correct.agg(n="size", correct="sum")
         per = per.reindex(list(PROGRESSION_CLASSES)).dropna().astype(int)
         per.loc["all"] = per.sum()
         out = binomial_cis(per.rename_axis("class").reset_index(), "correct", "n", self.size).assign(metric="accuracy")
-        return out[["class", "metric", "n", "correct", "estimate", "ci_low", "ci_high"]]
+        return out[["class", "metric", "n", "correct", "estimate", "ci_low", "ci_high"]].assign(annotator=self.annotator)
 
     def headline(self) -> str:
         "One markdown sentence: the overall accuracy with its interval."
@@ -1012,16 +1036,17 @@ class TruthAgreement:
 # %% ../nbs/10_longitudinal.ipynb #dd60859d
 def truth_agreement(sentences,                  # sentences table of the reference reports (report_id = study_id)
                     truth,                      # study_id, keyword, progression: the true changes
-                    families: bool | Mapping = True, # match findings by family (True: the packaged families)
+                    match: str | Mapping = "families", # "exact" terms, "families" of synonyms, or a map term -> name
+                    families: bool | Mapping | None = None, # older spelling of `match` (True: "families")
                     size: float = 0.95          # coverage of the exact binomial intervals
                    ) -> TruthAgreement:
     "The annotated progression of every true change (support devices left out) against the truth."
     t = require_columns(truth, ["study_id", "keyword", "progression"], "truth")
-    fam = _families(families)
+    fam = _matching(match, families)
     t = t[(t["keyword"] != SUPPORT_DEVICES) & t["progression"].isin(PROGRESSION_CLASSES)]
     t = t.assign(study_id=t.study_id.astype(str), keyword=[fam.get(k, k) for k in t.keyword] if fam else t.keyword)
     t = t.drop_duplicates(["study_id", "keyword"]).rename(columns={"progression": "truth"})[["study_id", "keyword", "truth"]]
-    a = report_progression(sentences, families).rename(columns={"report_id": "study_id", "progression": "annotated"})
+    a = report_progression(sentences, match, families).rename(columns={"report_id": "study_id", "progression": "annotated"})
     m = t.merge(a, on=["study_id", "keyword"], how="left")
     m["annotated"] = m["annotated"].fillna("not found")
     m["correct"] = m["truth"] == m["annotated"]
@@ -1029,6 +1054,11 @@ def truth_agreement(sentences,                  # sentences table of the referen
     return TruthAgreement(m.reset_index(drop=True), size, ", ".join(dict.fromkeys(map(str, who))) or None)
 
 # %% ../nbs/10_longitudinal.ipynb #402e5cd6
+def _who(data) -> str | None:
+    "The annotators named in a sentences table's `annotator` column, joined (None: not known)."
+    if not isinstance(data, pd.DataFrame) or "annotator" not in data: return None
+    return ", ".join(dict.fromkeys(map(str, data["annotator"].dropna()))) or None
+
 @dataclass(frozen=True, eq=False, repr=False)
 class ProgressionEvaluation(_PairedMeasures):
     reference_sentences: pd.DataFrame  # sentences table of the references (report_id = study_id)
@@ -1043,14 +1073,16 @@ class ProgressionEvaluation(_PairedMeasures):
     seed: int = DEFAULT_SEED           # seed of the resamples
     truth: TruthAgreement | None = None   # the references' annotation against known true changes, when given
     llm_calls: pd.DataFrame | None = None # every LLM call of the annotation (column `reports`), when an LLM annotated
+    match: str = "exact"               # how findings were matched: exact, families or custom map
+    splitter: str | None = None        # the sentence splitter used (None: annotations given)
+    labeler: str | None = None         # what labeled the diagnoses (`diagnosis_micro_f1`), when measured
 
     @property
     def systems(self) -> list[str]: return self._members
     @property
     def annotators(self) -> dict:
         "Who annotated the references and the generated reports."
-        return {k: ", ".join(dict.fromkeys(map(str, s["annotator"].dropna()))) or None
-                for k, s in (("references", self.reference_sentences), ("generations", self.generated_sentences))}
+        return {k: _who(s) for k, s in (("references", self.reference_sentences), ("generations", self.generated_sentences))}
 
     def coverage(self) -> dict:
         "How much was evaluated: reference sentences, the longitudinal ones, evaluated studies, systems, instances."
@@ -1058,9 +1090,22 @@ class ProgressionEvaluation(_PairedMeasures):
                 "longitudinal_reference_sentences": int(self.reference_sentences["is_longitudinal"].fillna(False).sum()),
                 "studies": len(self.units), "systems": len(self.systems), "instances": len(self.instances)}
 
+    @property
+    def annotator(self) -> str:
+        "Who annotated, in one label: the one annotator, or `references: ...; generations: ...` when they differ."
+        a = self.annotators
+        return a["references"] if a["references"] == a["generations"] else f"references: {a['references']}; generations: {a['generations']}"
+
+    def provenance(self) -> str:
+        "One sentence: annotator(s), finding matching, sentence splitter and diagnosis labeler behind the numbers."
+        parts = [f"Longitudinal annotation by `{self.annotator}`", f"findings matched `{self.match}`"]
+        if self.splitter: parts.append(f"sentences split by `{self.splitter}`")
+        if self.labeler: parts.append(f"diagnoses labeled by `{self.labeler}`")
+        return "; ".join(parts) + "."
+
     def summary(self) -> pd.DataFrame:
-        "`system, metric, estimate, ci_low, ci_high, se, n` for every system and measure."
-        return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]]
+        "`system, metric, estimate, ci_low, ci_high, se, n, annotator` for every system and measure."
+        return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]].assign(annotator=self.annotator)
 
     def win_matrix(self, metric: str = "progression_micro_f1" # one of `results`
                   ) -> pd.DataFrame:
@@ -1070,7 +1115,7 @@ class ProgressionEvaluation(_PairedMeasures):
     def __repr__(self): return f"ProgressionEvaluation({len(self.systems)} systems, {len(self.units)} studies, {len(self.results)} measures)"
     def _repr_markdown_(self):
         note = [self.note()] if len(self.systems) > 1 else []
-        return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index())] + list(self.notes))
+        return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index()), self.provenance()] + list(self.notes))
 
 # %% ../nbs/10_longitudinal.ipynb #dcaa9467
 def _cluster_labels(clusters, st: pd.DataFrame) -> pd.Series | None:
@@ -1102,7 +1147,23 @@ def _annotated(st, pairs, annotator, reference_annotator, splitter, section, ref
     return reference_sentences, generated_sentences, (pd.concat(calls, ignore_index=True) if calls else None)
 
 # %% ../nbs/10_longitudinal.ipynb #05c7d5ac
-def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict) -> ProgressionEvaluation:
+def _score_blocks(scores: pd.DataFrame, units: list, systems: list, prefix: str = "") -> dict:
+    "metric -> (system -> per-study stats, value function) from a `scores` table whose `sample_id` holds study IDs."
+    blocks = {}
+    for m in (scores["metric"].unique() if len(scores) else []):
+        d = scores[scores["metric"] == m]; cols = [c for c in d.columns if c.startswith("stat_") and d[c].notna().any()]
+        blocks[prefix + m] = ({s: d[d["system"] == s].set_index("sample_id").loc[units, cols].to_numpy(float) for s in systems}, get_metric(m).value)
+    return blocks
+
+def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: list, labeler) -> dict:
+    "`diagnosis_micro_f1`: per-study `[tp, fp, fn]` over the 14 CheXpert labels (uncertain counted as `labels.UNCERTAIN_POSITIVE` says: negative), `hyps[system]` aligned to `units`."
+    def binary(texts): return to_binary(to_wide(label_reports(list(texts), ids=list(units), labeler=labeler)).to_numpy())
+    R = binary(refs)
+    def stats(H): return micro_stats((R & H).sum(1), ((1 - R) & H).sum(1), (R & (1 - H)).sum(1))
+    return {"diagnosis_micro_f1": ({s: stats(binary(hyps[s])) for s in systems}, "micro_f1")}
+
+def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict,
+              section: str = "findings", report_metrics: Sequence[str] = (), labeler=None) -> ProgressionEvaluation:
     "The evaluation on the studies with longitudinal reference content and a report from every system; `fields` go to the result."
     ref_long, gen_long = _joined_longitudinal(ref_s), _joined_longitudinal(gen_s)
     systems = list(dict.fromkeys(pairs["system"]))
@@ -1119,9 +1180,13 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
     order = [(s, u) for s in systems for u in units]
     scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order], [gen_long.get(key[(s, u)], "") for s, u in order],
                                          [u for _, u in order], [s for s, _ in order])
-    for m in (scores["metric"].unique() if len(scores) else []):
-        d = scores[scores["metric"] == m]; cols = [c for c in d.columns if c.startswith("stat_") and d[c].notna().any()]
-        blocks[m] = ({s: d[d["system"] == s].set_index("sample_id").loc[units, cols].to_numpy(float) for s in systems}, get_metric(m).value)
+    blocks |= _score_blocks(scores, units, systems)
+    if report_metrics or labeler is not None:   # whole reports: the reference section against the full generated report
+        text, hyp = st.set_index("study_id")[section].fillna("").astype(str), P.set_index(["system", "study_id"])["hypothesis"].fillna("").astype(str)
+        whole, more = _language_stats(report_metrics, [text[u] for _, u in order], [hyp[k] for k in order], [u for _, u in order], [s for s, _ in order])
+        blocks |= _score_blocks(whole, units, systems, "report_"); lang_notes += more
+        scores = pd.concat([scores, whole.assign(metric="report_" + whole["metric"])] if len(whole) else [scores], ignore_index=True)
+        if labeler is not None: blocks |= _diagnosis_blocks([text[u] for u in units], {s: [hyp[(s, u)] for u in units] for s in systems}, units, systems, labeler)
     clusters = cluster_of.loc[units].to_numpy() if cluster_of is not None else None
     res = bootstrap_metrics(blocks, reps=reps, seed=seed, clusters=clusters, size=size)
     return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res, tuple(notes + lang_notes), **fields)
@@ -1136,14 +1201,18 @@ def progression_evaluation(studies,                       # studies table: study
                            clusters=None,                 # a `studies` column (e.g. "patient_id"), labels per row, or study_id -> label; None: studies
                            metrics: Sequence[str] = LANGUAGE_METRICS, # language metrics on the longitudinal sentences
                            reference_annotator=None,      # annotates the references instead, when given
-                           families: bool | Mapping = False, # match findings by family instead of exact term
+                           match: str | Mapping = "exact", # findings matched by "exact" term, "families" of synonyms, or a map term -> name
+                           families: bool | Mapping | None = None, # older spelling of `match` (True: "families")
                            section: str = "findings",     # column of `studies` holding the reference text
                            splitter: str | Callable = "default", # sentence splitter (see `cxr_audit.reports.split_sentences`)
                            size: float = 0.95,            # interval coverage
                            reference_sentences=None,      # annotations of the references made before (a sentences table)
-                           generated_sentences=None       # annotations of the generated reports made before
+                           generated_sentences=None,      # annotations of the generated reports made before
+                           report_metrics: Sequence[str] = (), # language metrics on the whole reports too (`report_*`; Table 5: bleu_4, meteor)
+                           diagnosis: bool = False,       # add `diagnosis_micro_f1` (14 CheXpert labels of the whole reports)
+                           labeler=None                   # the diagnosis labeler (default: the packaged rule `Labeler`)
                           ) -> ProgressionEvaluation:
-    "Paper 003's evaluation of report generators on longitudinal content: language and progression measures, bootstrapped."
+    "Paper 003's evaluation of report generators (its Table 5): language, diagnosis and progression measures on one set of resamples."
     annotator = annotator if annotator is not None else RuleAnnotator()
     st = require_columns(studies, ["study_id", section], "studies").copy()
     st["study_id"] = st["study_id"].astype(str)
@@ -1152,9 +1221,12 @@ def progression_evaluation(studies,                       # studies table: study
     ref_s, gen_s, calls = _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences)
     truth = truth_agreement(ref_s, progression, size=size) if progression is not None else None
     label = clusters if clusters is None or isinstance(clusters, str) else "given labels"
-    ev = _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families,
-                   {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls})
-    return ev
+    lab = (labeler or default_labeler()) if diagnosis else None
+    fields = {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls, "match": _match_label(match, families),
+              "splitter": None if reference_sentences is not None and generated_sentences is not None else _splitter_label(splitter),
+              "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}"}
+    return _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, _matching(match, families) or "exact", fields,
+                     section, report_metrics, lab)
 
 # %% ../nbs/10_longitudinal.ipynb #1f150a81
 @patch
@@ -1294,9 +1366,10 @@ def save(self: ProgressionEvaluation, out_dir: str | os.PathLike, # folder to wr
 
 # %% ../nbs/10_longitudinal.ipynb #0a854134
 def _estimates(evaluation, metrics=None) -> pd.DataFrame:
-    "metric × system estimates of an evaluation or a summary table."
-    s = evaluation.summary() if hasattr(evaluation, "summary") else require_columns(evaluation, ["system", "metric", "estimate"], "summary")
-    t = s.pivot(index="metric", columns="system", values="estimate")
+    "metric × member estimates of a result (`ProgressionEvaluation`, `AnnotationQuality`) or its summary table; columns named `system` or `annotator`."
+    s = evaluation.summary() if hasattr(evaluation, "summary") else as_pandas(evaluation, "summary")
+    who = "annotator" if "annotator" in s.columns and "system" not in s.columns else "system"
+    t = require_columns(s, [who, "metric", "estimate"], "summary").pivot(index="metric", columns=who, values="estimate")
     return t.loc[[m for m in (metrics or t.index) if m in t.index]]
 
 def ranking_stability(evaluations: Sequence,                 # evaluations (or their `summary()` tables) of repeated runs
@@ -1314,12 +1387,12 @@ def ranking_stability(evaluations: Sequence,                 # evaluations (or t
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #aa8d1ba8
-def runs_summary(evaluations: Sequence,                 # evaluations (or their `summary()` tables) of repeated runs
+def runs_summary(evaluations: Sequence,                 # evaluations, annotation qualities (or their `summary()` tables) of repeated runs
                  metrics: Sequence[str] | None = None   # default: every measure
                 ) -> pd.DataFrame:
-    "Mean and standard deviation of each system's estimate over repeated evaluation runs."
+    "Mean and standard deviation of each system's (or annotator's) estimate over repeated runs: `metric, system|annotator, mean, sd, runs`."
     X = pd.concat({i: _estimates(e, metrics).stack().rename("estimate") for i, e in enumerate(evaluations)}, names=["run"])
-    return X.groupby(["metric", "system"]).agg(mean="mean", sd="std", runs="size").reset_index()
+    return X.groupby(["metric", X.index.names[-1]]).agg(mean="mean", sd="std", runs="size").reset_index()
 
 # %% ../nbs/10_longitudinal.ipynb #c8e40cee
 def ranking_agreement(first,                                # an evaluation (or its `summary()` table)
@@ -1335,6 +1408,139 @@ def ranking_agreement(first,                                # an evaluation (or 
         with np.errstate(divide="ignore", invalid="ignore"): r, t = spearman(x, y), kendall_tau(x, y)  # |rho| = 1: infinite Fisher z
         rows.append({"metric": m, "spearman_rho": r.estimate, "spearman_p": r.p, "kendall_tau": t.estimate, "kendall_p": t.p, "systems": len(x)})
     return pd.DataFrame(rows)
+
+# %% ../nbs/10_longitudinal.ipynb #2487475d
+def keyword_counts(data,                           # a sentences table, or keyword -> count (dict or Series)
+                   match: str | Mapping = "exact"  # "exact" terms, "families" of synonyms, or a map term -> name
+                  ) -> pd.Series:
+    "Keyword -> number of longitudinal sentences annotated with it (support devices included), most frequent first."
+    if isinstance(data, (Mapping, pd.Series)): c = pd.Series(dict(data), dtype=float)
+    else:
+        s = require_columns(data, ["is_longitudinal", "keyword"], "sentences")
+        k = s.loc[s["is_longitudinal"].astype("boolean").fillna(False).astype(bool) & s["keyword"].notna(), "keyword"]
+        fam = _matching(match)
+        c = (k.map(lambda x: fam.get(x, x)) if fam else k).value_counts().astype(float)
+    return c.rename_axis("keyword").rename("n").sort_values(ascending=False, kind="stable")
+
+# %% ../nbs/10_longitudinal.ipynb #51c4a71d
+@dataclass(frozen=True, eq=False, repr=False)
+class KeywordDistance:
+    distributions: pd.DataFrame   # keyword, n_first, n_second, p_first, p_second (shares after smoothing)
+    distance: float               # Jensen-Shannon distance (square root of the divergence)
+    base: float | None = None     # logarithm base (None: natural, SciPy's default)
+    smoothing: float = 0.0        # added to every count before normalising
+    names: tuple = ("first", "second") # what the two distributions are
+    annotator: str | None = None  # who annotated the keywords, when known
+
+    @property
+    def divergence(self) -> float: return self.distance ** 2
+
+    def to_frame(self) -> pd.DataFrame:
+        "Long form: `keyword, set, n, share` (one row per keyword and distribution)."
+        d = self.distributions
+        return pd.concat([pd.DataFrame({"keyword": d.keyword, "set": nm, "n": d[f"n_{k}"], "share": d[f"p_{k}"]})
+                          for nm, k in zip(self.names, ("first", "second"))], ignore_index=True)
+
+    def summary(self) -> pd.DataFrame:
+        "`metric, value`: distance, divergence, its maximum for this base, keywords compared, smoothing, base, annotator."
+        top = np.log(2) / (np.log(self.base) if self.base else 1.0)
+        return pd.DataFrame({"metric": ["js_distance", "js_divergence", "max_divergence", "keywords", "smoothing", "log_base", "annotator"],
+                             "value": [self.distance, self.divergence, top, len(self.distributions), self.smoothing,
+                                       self.base or "e", self.annotator]})
+
+    def __repr__(self): return f"KeywordDistance({self.names[0]!r} vs {self.names[1]!r}: {self.distance:.4f})"
+    def _repr_markdown_(self):
+        return (f"Jensen-Shannon distance between the keyword shares of `{self.names[0]}` and `{self.names[1]}`: **{self.distance:.4f}** "
+                f"(divergence {self.divergence:.4f}; log base {self.base or 'e'}; smoothing {self.smoothing}; "
+                f"annotator `{self.annotator}`).\n\n" + md_table(self.summary()))
+
+# %% ../nbs/10_longitudinal.ipynb #2e09f87e
+def _jensen_shannon(p: np.ndarray, q: np.ndarray, base: float | None) -> float:
+    "Jensen-Shannon distance of two probability vectors (0·log 0 = 0), as SciPy's `jensenshannon`."
+    m = (p + q) / 2
+    def kl(a): return float(np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1) / np.where(m > 0, m, 1)), 0.0)))
+    js = (kl(p) + kl(q)) / 2 / (np.log(base) if base else 1.0)
+    return float(np.sqrt(max(js, 0.0)))
+
+def keyword_distance(first,                            # a sentences table, or keyword -> count
+                     second,                           # another one (e.g. the whole dataset)
+                     names: Sequence[str] = ("first", "second"), # what the two are, for tables and charts
+                     base: float | None = None,        # logarithm base (None: natural, SciPy's and paper 003's)
+                     smoothing: float = 0.0,           # added to every count of the union of keywords (0: none, as the paper)
+                     match: str | Mapping = "exact"    # "exact" terms, "families" of synonyms, or a map term -> name
+                    ) -> KeywordDistance:
+    "Jensen-Shannon distance between the keyword distributions of two annotated sets (paper 003's Appendix A.5)."
+    a, b = keyword_counts(first, match), keyword_counts(second, match)
+    keys = list(dict.fromkeys(list(b.index) + list(a.index)))
+    n1, n2 = a.reindex(keys).fillna(0).to_numpy(float), b.reindex(keys).fillna(0).to_numpy(float)
+    if smoothing < 0 or (n1 + smoothing).sum() <= 0 or (n2 + smoothing).sum() <= 0: raise InputError("keyword_distance: each side needs a positive total count")
+    p1, p2 = (n1 + smoothing) / (n1 + smoothing).sum(), (n2 + smoothing) / (n2 + smoothing).sum()
+    d = pd.DataFrame({"keyword": keys, "n_first": n1, "n_second": n2, "p_first": p1, "p_second": p2})
+    who = ", ".join(dict.fromkeys(w for w in (_who(first), _who(second)) if w)) or None
+    return KeywordDistance(d, _jensen_shannon(p1, p2, base), base, float(smoothing), tuple(names), who)
+
+# %% ../nbs/10_longitudinal.ipynb #4d236112
+@patch
+def plot(self: KeywordDistance,  # noqa: F811 (other results have their own)
+         top: int | None = 30,   # the most frequent keywords of the second set shown (None: all)
+         title: str | None = None # chart title (default: the distance)
+        ):
+    "The two keyword distributions side by side (the kind of paper 003's Figure 8)."
+    alt = enable_theme(svg=False)
+    keep = list(self.distributions.sort_values("p_second", ascending=False, kind="stable").keyword[:top])
+    d = self.to_frame()
+    d = d[d.keyword.isin(keep)]
+    return alt.Chart(d).mark_bar().encode(
+        y=alt.Y("keyword:N", sort=keep, title=None), x=alt.X("share:Q", title="share of longitudinal keywords", axis=alt.Axis(format="%")),
+        yOffset=alt.YOffset("set:N", sort=list(self.names)), color=alt.Color("set:N", sort=list(self.names), title=None),
+        tooltip=["keyword", "set", "n", alt.Tooltip("share:Q", format=".1%")]
+    ).properties(width=360, title=title or f"Keyword shares: Jensen-Shannon distance {self.distance:.3f} (log base {self.base or 'e'})")
+
+# %% ../nbs/10_longitudinal.ipynb #6b42f579
+def finding_categories(keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
+                      ) -> dict[str, str]:
+    "term (and family name) -> category of the keyword list."
+    terms = _terms_of(keywords)
+    out = {t.get("family") or t["term"]: t.get("category", "other") for t in terms}
+    return out | {t["term"]: t.get("category", "other") for t in terms}
+
+# %% ../nbs/10_longitudinal.ipynb #9f37a3bf
+def _weighted(truth: Sequence[str], pred: Sequence[str]) -> dict:
+    "n, micro F1 over the classes, and support-weighted precision, recall and F1 of one stratum."
+    t, p, rows = np.asarray(truth, object), np.asarray(pred, object), []
+    for c in PROGRESSION_CLASSES:
+        tp, fp, fn = float(((t == c) & (p == c)).sum()), float(((t != c) & (p == c)).sum()), float(((t == c) & (p != c)).sum())
+        rows.append((tp, fp, fn, tp / (tp + fp) if tp + fp else 0.0, tp / (tp + fn) if tp + fn else 0.0))
+    tp, fp, fn, P, R = map(np.array, zip(*rows))
+    F, w = np.where(P + R > 0, 2 * P * R / np.where(P + R > 0, P + R, 1), 0.0), tp + fn
+    micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()) if tp.sum() + fp.sum() + fn.sum() else np.nan
+    avg = (lambda v: float(np.dot(v, w) / w.sum())) if w.sum() else (lambda v: np.nan)
+    return {"n": len(t), "micro_f1": micro, "weighted_precision": avg(P), "weighted_recall": avg(R), "weighted_f1": avg(F)}
+
+def _scored(result) -> tuple[pd.DataFrame, str]:
+    "`member, keyword, truth, predicted` of every scored finding of a result, and the member's word."
+    if isinstance(result, ProgressionEvaluation):
+        i = result.instances
+        return pd.DataFrame({"member": i.system, "keyword": i.keyword, "truth": i.reference, "predicted": i.predicted}), "system"
+    g, parts = result.gold, []
+    keep = g.is_longitudinal & g.keyword.notna() & (g.keyword != SUPPORT_DEVICES) & g.progression.isin(PROGRESSION_CLASSES)
+    for name, p in result.predictions.items():
+        pl = p["is_longitudinal"] if "is_longitudinal" in p and result.scope == "end_to_end" else pd.Series(True, index=p.index)
+        pred = [_klass(a, b) or "absent" for a, b in zip(pl, p["progression"])]
+        parts.append(pd.DataFrame({"member": name, "keyword": g.keyword, "truth": g.progression, "predicted": pred})[keep.to_numpy()])
+    return pd.concat(parts, ignore_index=True), "annotator"
+
+def category_results(result,               # an `AnnotationQuality` or a `ProgressionEvaluation`
+                     keywords: str | os.PathLike | Mapping | None = None # the keyword list holding the categories
+                    ) -> pd.DataFrame:
+    "Per member and finding category (and `all`): `n, micro_f1, weighted_precision, weighted_recall, weighted_f1` (paper 003's Table 10)."
+    d, who = _scored(result)
+    cats = finding_categories(keywords)
+    d = d.assign(category=[cats.get(k, "other") for k in d.keyword])
+    rows = [{"member": m, "category": c, **_weighted(x.truth, x.predicted)} for m, dm in d.groupby("member", sort=False)
+            for c, x in list(dm.groupby("category", sort=True)) + [("all", dm)]]
+    out = pd.DataFrame(rows).rename(columns={"member": who})
+    return out.assign(annotator=result.annotator) if who == "system" else out
 
 # %% ../nbs/10_longitudinal.ipynb #fb78d0b4
 _CATEGORY_ORDER = list(PROGRESSION_CLASSES) + [SUPPORT_DEVICES, "unmentioned", "no label"]
@@ -1359,11 +1565,11 @@ class LMimic:
         g.loc["all"] = g.sum()
         g["share_with_longitudinal"] = g.lmimic_reports / g.follow_up_reports
         g["share_longitudinal_sentences"] = g.longitudinal_sentences / g.sentences.where(g.sentences > 0)
-        return g.reset_index()
+        return g.reset_index().assign(annotator=_who(self.sentences))
 
     def to_frame(self) -> pd.DataFrame:
-        "The statistics of `summary()` in long form: `split, metric, value`."
-        return self.summary().melt("split", var_name="metric", value_name="value")
+        "The statistics of `summary()` in long form: `split, annotator, metric, value`."
+        return self.summary().melt(["split", "annotator"], var_name="metric", value_name="value")
 
     def __repr__(self): return f"LMimic({len(self.reports)} follow-up reports, {int(self.reports.has_longitudinal.sum())} with longitudinal content)"
     def _repr_markdown_(self): return md_table(self.summary())
@@ -1398,7 +1604,7 @@ def class_distribution(self: LMimic) -> pd.DataFrame:
     s = s.assign(category=[_category(True, k, p) for k, p in zip(s.keyword, s.progression)],
                  split=s.report_id.map(self.reports.set_index("study_id")["split"].astype(object)).astype(object).fillna("(none)"))
     out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"], sort=False).size().rename("n").reset_index()
-    return out.assign(share=out.n / out.groupby("split").n.transform("sum"))
+    return out.assign(share=out.n / out.groupby("split").n.transform("sum"), annotator=_who(self.sentences))
 
 # %% ../nbs/10_longitudinal.ipynb #1af7d074
 def _distribution_of(data) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from .core import InputError, is_missing, optional_import, read_json, resource_t
 __all__ = ['SECTIONS', 'REFERENCE_SECTIONS', 'SPECIAL_TOKENS', 'DEID_MODES', 'ABBREVIATIONS', 'SPLITTERS', 'load_section_headers',
            'parse_sections', 'extract_section', 'parse_indication', 'standardize_report', 'standardize_reports',
            'clean_report_iu', 'clean_report_mimic', 'pysbd_splitter', 'regex_splitter', 'stanza_splitter',
-           'split_sentences']
+           'default_splitter_name', 'split_sentences']
 
 # %% ../nbs/01_reports.ipynb #14f78025
 SECTIONS = ("examination", "indication", "history", "technique", "comparison", "findings", "impression")
@@ -407,18 +407,29 @@ def stanza_splitter(model_dir: str | os.PathLike | None = None # stanza resource
         return [s.text for s in _stanza_pipeline(str(model_dir) if model_dir else None)(text).sentences]
     return split
 
+# %% ../nbs/01_reports.ipynb #880ac121
+def _stanza_models_dir() -> Path: return Path(os.environ.get("STANZA_RESOURCES_DIR") or "~/stanza_resources").expanduser()
+
+def default_splitter_name() -> str:
+    "`stanza` when stanza and its English tokenize model are installed (paper 003's splitter), else `pysbd`: what `splitter=\"default\"` uses."
+    import importlib.util
+    tok = _stanza_models_dir() / "en" / "tokenize"
+    ready = importlib.util.find_spec("stanza") is not None and tok.is_dir() and any(tok.iterdir())
+    return "stanza" if ready else "pysbd"
+
 # %% ../nbs/01_reports.ipynb #b04da827
 SPLITTERS = ("default", "pysbd", "regex", "stanza")
 
 def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
     if callable(splitter): return splitter
-    if splitter in ("default", "pysbd"): return functools.partial(pysbd_splitter, abbreviations=tuple(abbreviations))
+    if splitter == "default": splitter = default_splitter_name()
+    if splitter == "pysbd": return functools.partial(pysbd_splitter, abbreviations=tuple(abbreviations))
     if splitter == "regex": return functools.partial(regex_splitter, abbreviations=tuple(abbreviations))
     if splitter == "stanza": return stanza_splitter()
     raise ValueError(f"split_sentences: unknown splitter {splitter!r}; use one of {SPLITTERS} or a callable")
 
 def split_sentences(text: str | None,                            # report text (headers allowed)
-                    splitter: str | Callable[[str], list[str]] = "default", # "default"/"pysbd", "regex", "stanza", or a callable
+                    splitter: str | Callable[[str], list[str]] = "default", # "default" (see `default_splitter_name`), "pysbd", "regex", "stanza", or a callable
                     abbreviations: Iterable[str] = ABBREVIATIONS, # for the default splitter: full stops that never end a sentence
                     headers: str | os.PathLike | Mapping | None = None # header table override
                    ) -> list[str]:

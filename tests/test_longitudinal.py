@@ -258,7 +258,8 @@ def test_llm_annotator_over_http_records_its_calls(tmp_path):
     assert rules.llm_calls is None
     # over HTTP the stand-in answers like the rules, except that a longitudinal sentence naming no finding gets no keyword
     a, b = (e.summary().query("metric.str.startswith('bleu')").reset_index(drop=True) for e in (ev, rules))
-    pd.testing.assert_frame_equal(a, b)
+    assert set(a.annotator) == {"llm:rule-chat"} and set(b.annotator) == {"rules"}     # each table says who annotated
+    pd.testing.assert_frame_equal(a.drop(columns="annotator"), b.drop(columns="annotator"))
     with pytest.raises(InputError, match="missing column"):
         progression_evaluation(d.studies, gens, section="impressions")
 
@@ -308,3 +309,95 @@ def test_restricted_reports_are_guarded():
     with pytest.raises(PermissionError, match="restricted data"):
         annotate_reports(reports, remote)
     assert annotate_reports(reports.assign(restricted=False), remote).is_longitudinal.all()
+
+
+# --- issue 20: prompts as in paper 003, matching, runs_summary, JS distance, categories, Table 5, provenance ----------
+
+def test_prompts_follow_the_papers_final_prompts():
+    from cxr_audit.longitudinal import PAPER_SETTINGS, load_prompts, longitudinal_prompt, progression_prompt
+    p = longitudinal_prompt("Stable effusion.")
+    assert all(w in p for w in ("remain", "compare", "similar", "stable", "increased", "still", "new", "again"))
+    assert p.count("gives <1>") == 3 and "gives <0>" not in p                     # 3 positive examples by default
+    zero = longitudinal_prompt("Stable effusion.", 0, 0)
+    assert "gives <" not in zero and "remain" not in zero
+    guidance = load_prompts()["progression"]["guidance"]
+    assert guidance in progression_prompt("x", "atelectasis") and guidance not in progression_prompt("x", "atelectasis", 0)
+    assert longitudinal_prompt("x", binary_suffix=True).endswith(load_prompts()["longitudinal"]["binary_suffix"])
+    assert PAPER_SETTINGS == {"n_task_examples": (0, 3, 5), "n_change_indicators": (0, 4, 8, 12), "n_progression_examples": (0, 2, 4)}
+    from cxr_audit.llm import RuleChat
+    assert LLMAnnotator(RuleChat(lambda m, s: "<0>", name="MedGemma-27B"), cache=False).binary_suffix
+    assert not LLMAnnotator(RuleChat(lambda m, s: "<0>", name="qwen2.5-32b"), cache=False).binary_suffix
+
+
+def test_match_is_explicit_and_changes_the_pairing():
+    ref = pd.DataFrame({"report_id": ["A"], "sent_idx": [0], "is_longitudinal": [True], "keyword": ["opacity"], "progression": ["worsened"]})
+    gen = pd.DataFrame({"report_id": ["g"], "sent_idx": [0], "is_longitudinal": [True], "keyword": ["airspace opacity"], "progression": ["worsened"]})
+    pairs = pd.DataFrame({"sample_id": ["g"], "study_id": ["A"], "system": ["m"]})
+    assert progression_instances(ref, gen, pairs, match="exact").predicted.tolist() == ["absent"]
+    assert progression_instances(ref, gen, pairs, match="families").predicted.tolist() == ["worsened"]
+    assert progression_instances(ref, gen, pairs, match={"opacity": "x", "airspace opacity": "x"}).predicted.tolist() == ["worsened"]
+    assert progression_instances(ref, gen, pairs, families=True).predicted.tolist() == ["worsened"]   # the older spelling
+    with pytest.raises(InputError, match="match must be one of"):
+        progression_instances(ref, gen, pairs, match="fuzzy")
+
+
+def test_runs_summary_on_annotation_quality_and_evaluations(gold, demo):
+    from cxr_audit.longitudinal import runs_summary
+    h = gold[gold.split == "heldout"]
+    qs = [evaluate_annotators(h, {"q": LLMAnnotator(rule_chat(noise=0.1), decoding="sampling", seed=s, cache=False)}, reps=20) for s in (1, 2)]
+    rs = runs_summary(qs, ["longitudinal_f1"])
+    f1 = [q.summary().set_index("metric").estimate["longitudinal_f1"] for q in qs]
+    assert rs.columns.tolist() == ["metric", "annotator", "mean", "sd", "runs"] and rs.runs.tolist() == [2]
+    assert rs["mean"].iloc[0] == pytest.approx(np.mean(f1)) and rs["sd"].iloc[0] == pytest.approx(np.std(f1, ddof=1))
+    evs = [progression_evaluation(demo.studies, demo.generations, metrics=(), reps=20, seed=s) for s in (1, 2)]
+    re_ = runs_summary(evs, ["progression_micro_f1"])
+    assert "system" in re_.columns and (re_.sd == 0).all()      # same annotations: the point estimates agree
+
+
+def test_keyword_distance_by_hand_and_against_scipy():
+    from scipy.spatial.distance import jensenshannon
+    from cxr_audit.longitudinal import keyword_distance
+    a, b = {"x": 3, "y": 1, "z": 0}, {"x": 1, "y": 1, "w": 2}
+    kd = keyword_distance(a, b)
+    keys = kd.distributions.keyword.tolist()
+    p = np.array([a.get(k, 0) for k in keys], float); q = np.array([b.get(k, 0) for k in keys], float)
+    assert kd.distance == pytest.approx(jensenshannon(p / p.sum(), q / q.sum()))
+    assert keyword_distance(a, b, base=2).distance == pytest.approx(jensenshannon(p / p.sum(), q / q.sum(), base=2))
+    assert keyword_distance({"x": 1, "y": 1}, {"y": 1, "z": 1}).divergence == pytest.approx(0.5 * np.log(2))
+
+
+def test_category_results_by_hand(demo):
+    from cxr_audit.longitudinal import category_results
+    inst = pd.DataFrame({"system": "m", "keyword": ["pleural effusion", "pleural effusion", "rib fracture"],
+                         "reference": ["worsened", "improved", "no change"], "predicted": ["worsened", "worsened", "absent"]})
+    ev = progression_evaluation(demo.studies, demo.generations, metrics=(), reps=20)
+    import dataclasses
+    cr = category_results(dataclasses.replace(ev, instances=inst)).set_index("category")
+    # pleura: worsened P=1/2 R=1 F1=2/3 (support 1), improved P=0 R=0 F1=0 (support 1): weighted F1 = 1/3; micro 2/(2+1+1) = 1/2
+    assert cr.loc["pleura", "weighted_f1"] == pytest.approx(1 / 3) and cr.loc["pleura", "micro_f1"] == pytest.approx(0.5)
+    assert cr.loc["bone and chest wall", "weighted_f1"] == 0 and cr.loc["all", "n"] == 3 and (cr.annotator == "rules").all()
+
+
+def test_table5_is_one_evaluation_on_one_set_of_resamples(demo):
+    from cxr_audit.longitudinal import TABLE5_METRICS
+    ev = progression_evaluation(demo.studies, demo.generations, metrics=("bleu_4",), report_metrics=("bleu_4",), diagnosis=True, reps=50)
+    assert {"report_bleu_4", "bleu_4", "diagnosis_micro_f1", "progression_micro_f1"} <= set(ev.results)
+    reps = {m: ev.results[m].replicates.shape for m in ev.results}
+    assert len(set(reps.values())) == 1                               # every measure on the same resamples
+    assert set(ev.table(TABLE5_METRICS).columns) <= set(TABLE5_METRICS)
+    # whole-report BLEU-4 equals the corpus score of the full texts on the evaluated studies
+    from cxr_audit.metrics import score
+    sys0 = ev.systems[0]; P = ev.pairs[ev.pairs.system == sys0].set_index("study_id").loc[list(ev.units)]
+    ref = demo.studies.assign(study_id=demo.studies.study_id.astype(str)).set_index("study_id").loc[list(ev.units), "findings"]
+    val = score(list(ref), list(P.hypothesis), ["bleu_4"]).value.iloc[0]
+    assert ev.summary().set_index(["system", "metric"]).estimate[(sys0, "report_bleu_4")] == pytest.approx(val)
+    assert "annotation by `rules`" in ev.provenance() and "matched `exact`" in ev.provenance() and "split by `pysbd`" in ev.provenance()
+    assert (ev.summary().annotator == "rules").all()
+
+
+def test_default_splitter_falls_back_to_pysbd_without_stanza_models(tmp_path, monkeypatch):
+    from cxr_audit.reports import default_splitter_name, split_sentences
+    monkeypatch.setenv("STANZA_RESOURCES_DIR", str(tmp_path))      # no English models here, whether stanza is installed or not
+    assert default_splitter_name() == "pysbd"
+    t = "Stable effusion. No pneumothorax."
+    assert split_sentences(t) == split_sentences(t, splitter="pysbd")

@@ -1,11 +1,19 @@
-"""The paper notebooks on real files: with CXR_AUDIT_IU pointing at a real IU X-ray file, paper 004's notebook runs end to end."""
+"""The paper notebooks on real inputs: with CXR_AUDIT_IU pointing at a real IU X-ray file, paper 004's notebook runs end to end;
+with an OpenAI-compatible HTTP server as its annotator, paper 003's notebook runs its LLM path end to end."""
+import json
 from pathlib import Path
+
+import pandas as pd
 
 from nbdev.config import get_config
 from nbdev.test import test_nb as run_nb  # renamed so pytest does not collect it
 
+from cxr_audit.llm import LocalEndpoint
+from cxr_audit.longitudinal import rule_chat
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_004 = ROOT / "nbs" / "papers" / "004_crossdomain.ipynb"
+PAPER_003 = ROOT / "nbs" / "papers" / "003_longitudinal.ipynb"
 IU_REAL = ROOT / "tests" / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"
 
 
@@ -25,3 +33,28 @@ def test_a_failing_step_fails_the_run(monkeypatch):
     monkeypatch.setenv("CXR_AUDIT_IU", str(ROOT / "tests" / "fixtures" / "iu_real" / "no_such_file.json"))
     ok, _ = run_nb(PAPER_004, skip_flags=[], showerr=False)
     assert not ok
+
+
+def test_paper_003_llm_path_over_http(monkeypatch, tmp_path):
+    # plumbing and labelling, not quality: the page's LLM path (OpenAIChat -> an OpenAI-compatible HTTP server, PAPER_003's
+    # prompts, the few-shot grid, the sampling runs) on a few demo reports. The server is the module's in-process endpoint
+    # answering by rules (`rule_chat`), not the suite's llama.cpp server: SmolLM2-135M answered no sentence of the few
+    # follow-up reports as longitudinal, so no study was left to evaluate, and the run took over 5 minutes on 2 cores.
+    assert PAPER_003.is_file()
+    out = tmp_path / "ev"
+    with LocalEndpoint(rule_chat()) as ep:
+        for k, v in {"CXR_AUDIT_LLM_MODEL": "rule-chat", "CXR_AUDIT_LLM_BASE_URL": ep.base_url,
+                     "CXR_AUDIT_LLM_CACHE": str(tmp_path / "calls.sqlite"), "CXR_AUDIT_SUBSET": "3", "CXR_AUDIT_DEMO_PATIENTS": "4",
+                     "CXR_AUDIT_REPS": "50", "CXR_AUDIT_OUT": str(out)}.items():
+            monkeypatch.setenv(k, v)
+        skip = get_config(path=ROOT).get("tst_flags", "").split()
+        ok, _ = run_nb(PAPER_003, skip_flags=skip, showerr=True)
+        assert ok, "003_longitudinal.ipynb failed on its LLM path (the traceback is printed above)"
+        assert ep.n_requests > 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["params"]["annotator"] == "llm:rule-chat" and manifest["params"]["annotators"]["generations"] == "llm:rule-chat"
+    calls = pd.read_parquet(out / "llm_calls.parquet")
+    assert set(calls.reports) == {"generations"}   # the references came from the L-MIMIC annotation, made before
+    assert (calls.status == "ok").all() and set(calls.step) == {"longitudinal", "keyword", "progression"}
+    gen = pd.read_parquet(out / "generated_sentences.parquet")
+    assert set(gen.annotator) == {"llm:rule-chat"} and gen.is_longitudinal.any() and gen.progression.notna().any()

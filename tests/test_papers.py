@@ -1,4 +1,4 @@
-"""Tests of cxr_audit.papers: the paper 004 preset, per-entry end points and the primary family.
+"""Tests of cxr_audit.papers: the paper 004 preset, per-entry end points and the primary family; the paper 003 preset and its annotator.
 
 The notebook (nbs/16_papers.ipynb) holds the worked examples on the SIMULATED demo corpus; these tests use small
 hand-made tables whose end points can be counted by hand.
@@ -12,7 +12,7 @@ from statsmodels.stats.multitest import multipletests
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_14
-from cxr_audit.papers import PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
+from cxr_audit.papers import PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
 from cxr_audit.stats import comparison_family, micro_stats, proportion_stats
 from cxr_audit.synth import make_demo_corpus
 
@@ -192,3 +192,41 @@ def test_errors(data):
         entry_endpoints(g, s.iloc[1:])
     with pytest.raises(InputError, match="unknown direction"):
         primary_family(g, s, direction="IU->CheXpert")
+
+
+# --- paper 003 ----------------------------------------------------------------------------------------------------------
+
+def test_paper_003_preset_fields_and_sources():
+    from cxr_audit.longitudinal import keyword_terms
+    p = PAPER_003
+    assert (p.reps, p.size, p.runs, p.annotator_model) == (1000, 0.95, 5, "Qwen2.5-32B")
+    assert dict(p.prompt_settings) == {"n_task_examples": 3, "n_change_indicators": 8, "n_progression_examples": 2}
+    assert p.decoding["greedy"] == {"temperature": 0.0} and p.decoding["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    assert list(p.decoding)[0] == "greedy"                      # the paper's default decoding comes first
+    assert p.keywords == tuple(keyword_terms()) and len(p.keywords) == 50 and "support devices" in p.keywords
+    assert p.classes == ("no change", "improved", "worsened") and p.cohorts == {"L-MIMIC": "003_lmimic"}
+    assert p.cohort_sizes["L-MIMIC"]["test"] == 1863 and len(p.systems) == 7 and p.splitter == "stanza"
+    f = p.to_frame().set_index("field")
+    assert f.loc["match", "source"] == "not given in the paper" and f.loc["seed", "source"] == "not given in the paper"
+    assert f.loc["reps", "source"] == "paper" and f.loc["decoding.sampling.top_k", ["value", "source"]].tolist() == [20, "paper"]
+    assert not set(p.not_used) & {x.split(".")[0] for x in f.index}          # unused fields are left out
+    fields_ = {x.name for x in dataclasses.fields(Preset)}
+    assert all(x.split(".")[0] in fields_ for x in p.not_in_paper + p.not_used)
+    # the older preset keeps every field in its table
+    assert {"prefixes", "validity_rule", "policies"} <= {x.split(".")[0] for x in PAPER_004.to_frame().field}
+
+
+def test_paper_003_llm_annotator_sends_the_papers_prompts(tmp_path):
+    from cxr_audit.llm import RuleChat
+    from cxr_audit.longitudinal import longitudinal_prompt, progression_prompt
+    seen = []
+    def answer(messages, schema, temperature=0.0, seed=None, **kw):
+        seen.append((messages[-1]["content"], temperature)); return "<1>" if "Sentence" in messages[-1]["content"] and len(seen) == 1 else "<0>"
+    a = PAPER_003.llm_annotator(RuleChat(answer, name="probe"), cache=False, invalid_retries=0)
+    a.annotate(["The effusion has increased."])
+    assert seen[0][0] == longitudinal_prompt("The effusion has increased.", 3, 8) and seen[0][1] == 0.0
+    assert a.prompt("progression", "Effusion is larger.", "pleural effusion") == progression_prompt("Effusion is larger.", "pleural effusion", 2)
+    s = PAPER_003.llm_annotator(RuleChat(answer, name="probe"), "sampling", seed=3, cache=False, n_task_examples=0)
+    assert (s.n_task_examples, s.n_change_indicators, s.seed, s.decoding["temperature"]) == (0, 8, 3, 0.7)
+    with pytest.raises(InputError, match="greedy, sampling"):
+        PAPER_003.llm_annotator(RuleChat(answer, name="probe"), "beam")

@@ -335,7 +335,7 @@ def test_longitudinal_command_rules_end_to_end_with_meteor(tmp_path):
     d = make_demo_corpus(8, seed=4)
     write_table(d.studies, tmp_path / "s.parquet"); write_table(d.generations, tmp_path / "g.parquet")
     msg = longitudinal(studies=str(tmp_path / "s.parquet"), generations=str(tmp_path / "g.parquet"), out=str(tmp_path / "o"),
-                       reps=1000, clusters="patient_id", families=True)
+                       reps=1000, clusters="patient_id", match="families")
     summ = pd.read_csv(tmp_path / "o" / "summary.csv")
     assert {"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "progression_micro_f1", "progression_f1_no_change"} <= set(summ.metric)
     if shutil.which("java"): assert "meteor" in set(summ.metric) and "Note:" not in msg
@@ -344,7 +344,7 @@ def test_longitudinal_command_rules_end_to_end_with_meteor(tmp_path):
     bv = pd.read_csv(tmp_path / "o" / "best_vs_runner_up.csv")
     assert (bv.significant == (bv.p_holm < 0.05)).all()
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["params"]["families"] is True and m["params"]["clusters"] == "patient_id" and "generated_sentences" in m["outputs"]
+    assert m["params"]["match"] == "families" and m["params"]["clusters"] == "patient_id" and "generated_sentences" in m["outputs"]
     with pytest.raises(InputError, match="missing column"):
         longitudinal(studies=str(tmp_path / "s.parquet"), generations=str(tmp_path / "g.parquet"), out=str(tmp_path / "x"),
                      section="impressions", reps=50)
@@ -372,7 +372,9 @@ def test_longitudinal_command_with_openai_annotator_over_http(tmp_path):
     assert set(calls.reports) == {"references", "generations"} and set(calls.step) == {"longitudinal", "keyword", "progression"}
     assert longitudinal(**common, out=str(tmp_path / "rules")).startswith("longitudinal: ")
     a, b = (pd.read_csv(tmp_path / o / "summary.csv") for o in ("out", "rules"))
-    pd.testing.assert_frame_equal(a[a.metric.str.startswith("bleu")].reset_index(drop=True), b[b.metric.str.startswith("bleu")].reset_index(drop=True))
+    assert set(a.annotator) == {"llm:rule-chat"} and set(b.annotator) == {"rules"}    # each table says who annotated
+    same = lambda t: t[t.metric.str.startswith("bleu")].drop(columns="annotator").reset_index(drop=True)
+    pd.testing.assert_frame_equal(same(a), same(b))
 
 
 def test_longitudinal_command_options_have_help_and_one_default():
@@ -384,7 +386,7 @@ def test_longitudinal_command_options_have_help_and_one_default():
     a = p.parse_args(["--studies", "s.csv", "--generations", "g.csv", "--out", "o"])
     entry = inspect.signature(progression_evaluation).parameters
     assert a.reps == entry["reps"].default and a.seed == entry["seed"].default and a.clusters is None
-    assert a.annotator == "rules" and a.n_change_indicators == 8 and a.families is False
+    assert a.annotator == "rules" and a.n_change_indicators == 8 and a.match == "exact"
 
 
 
