@@ -15,7 +15,7 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args, get_or
 
 from fastcore.docments import docments
 
-from .core import DEFAULT_SEED, InputError, is_missing, md_table, read_table, write_table
+from .core import DEFAULT_SEED, InputError, md_table, read_table, write_table
 from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
                               load_rexrank)
 
@@ -84,11 +84,6 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
     return f"Wrote the audit report to {path}"
 
 # %% ../nbs/15_cli.ipynb #cbffb952
-def _flag_list(v) -> list[str]:
-    "A `load_flags` cell as a list, from a list, an array, `;`-separated text or a blank."
-    if isinstance(v, str): return [x for x in v.split(";") if x]
-    return [] if is_missing(v) else [str(x) for x in v]
-
 def validate(studies: str | None = None,      # studies table (.csv/.parquet)
              generations: str | None = None   # generations table (.csv/.parquet)
             ) -> str:
@@ -101,7 +96,7 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
         s = to_studies(read_table(studies), studies)
         lines.append(f"{studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets {sorted(s['dataset'].unique())}")
         if {"view_status", "load_flags"} <= set(s.columns):    # written by `cxr-audit load`: say what it flagged
-            lines.append(load_report(s.assign(load_flags=s["load_flags"].map(_flag_list))).headline())
+            lines.append(load_report(s).headline())
     if generations:
         g = to_generations(read_table(generations), generations)
         lines.append(f"{generations}: {len(g)} generations, systems {sorted(g['system'].unique())}")

@@ -879,7 +879,7 @@ def load_report(studies,          # a table returned by one of the loaders (pand
     "Counts of the `view_status` and `load_flags` columns a loader added, with example study IDs."
     df = require_columns(as_pandas(studies, "load_report"), ["study_id", "view_status", "load_flags"], "load_report")
     ids = df["study_id"].astype(str).tolist()
-    flags = [list(f) if isinstance(f, (list, tuple, np.ndarray)) else [] for f in df["load_flags"]]
+    flags = [[str(x) for x in _as_list(f) if x] for f in df["load_flags"]]   # lists, or `a;b` text from a CSV copy
     pairs = [(i, f) for i, fs in zip(ids, flags) for f in fs]
     return LoadReport(n_studies=len(df), n_flagged=sum(bool(f) for f in flags),
                       flags=_tally([i for i, _ in pairs], [f for _, f in pairs], "flag", LOAD_FLAGS, len(df), examples),
