@@ -701,7 +701,7 @@ def read_gold(gold,                # a table or a CSV/parquet path: sentence, is
 SCOPES = ("end_to_end", "isolated")
 
 def _klass(is_long, progression) -> str | None:
-    return progression if bool(is_long) and progression in PROGRESSION_CLASSES else None
+    return progression if not is_missing(is_long) and bool(is_long) and progression in PROGRESSION_CLASSES else None
 
 def annotation_counts(gold,               # gold table (see `read_gold`)
                       predicted,          # predictions aligned to its rows (`is_longitudinal, keyword, progression`)
