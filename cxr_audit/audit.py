@@ -15,10 +15,11 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import DEFAULT_SEED, InputError, as_pandas, chart_svg, enable_theme, write_manifest, write_table
+from .core import DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, config_label, enable_theme, write_manifest, write_table
 from .corpus import to_generations, to_studies
 from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
+from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
 from .labels import label_audit
 from .reref_sensitivity import reference_sensitivity
@@ -31,7 +32,8 @@ from .review import simulate_review
 __all__ = ['STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report', 'n_words', 'dataset_summary',
            'system_summary', 'length_profile', 'plot_lengths', 'plot_counts', 'AuditContext', 'corpus_stage',
            'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage', 'policy_stage', 'uncertainty_stage',
-           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'check_pair', 'run_audit', 'run_demo']
+           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'check_pair', 'run_stage', 'run_audit',
+           'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -43,6 +45,7 @@ class Section:
     title: str                                   # heading of the section
     blocks: list = field(default_factory=list)   # text, DataFrames, Altair charts or `Html`
     note: str | None = None                      # a short line under the heading
+    error: str | None = None                     # why the stage failed (None: it ran)
 
     @property
     def anchor(self) -> str: return re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
@@ -101,6 +104,9 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
     banner = ('<div class="banner"><strong>Synthetic data.</strong> Every study, report and generator in this '
               'report is simulated by <code>cxr_audit.synth</code>; no patient data is shown.</div>') if synthetic else ""
+    failed = [s for s in sections if s.error]
+    if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
+                          + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
     body = []
     for s in sections:
         note = f'<p class="muted">{_inline(s.note)}</p>' if s.note else ""
@@ -197,22 +203,28 @@ class AuditContext:
 
     @property
     def patient_of_study(self) -> pd.Series:
-        "`study_id` -> `patient_id`, the resampling cluster of each study (a study without a patient is its own)."
-        pid = self.studies.set_index("study_id")["patient_id"]
-        return pid.where(pid.notna(), pid.index.to_series())
+        "`study_id` -> the resampling cluster of each study: its patient when known, else the study itself (`stats.resolve_clusters`)."
+        return pd.Series(resolve_clusters("patient_id", self.studies), index=self.studies["study_id"].to_numpy(), dtype=object)
+
+    @property
+    def unit(self) -> str:
+        "The resampling unit of every stage, in words (`stats.resampling_unit`): patients when known, else studies."
+        return resampling_unit(self.studies)
 
 # %% ../nbs/14_audit.ipynb #8b846d36
 def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "The corpus overview: datasets, systems, lengths."
     ds, sy = dataset_summary(ctx.studies), system_summary(ctx.generations)
-    visits = ctx.studies.groupby("patient_id").size()
-    lead = (f"**{len(ctx.studies)} studies** of {visits.size} patients ({visits.min() if visits.size else 0}-"
-            f"{visits.max() if visits.size else 0} studies per patient) in {ds['dataset'].nunique()} dataset(s): "
+    visits = ctx.studies.groupby("patient_id").size()   # studies without a patient ID are not counted here
+    who = f"of {visits.size} patients ({visits.min()}-{visits.max()} studies per patient)" if visits.size else "with no patient IDs"
+    policies = sorted(p for p in sy["policy"].unique() if p)
+    lead = (f"**{len(ctx.studies)} studies** {who} in {ds['dataset'].nunique()} dataset(s): "
             f"{', '.join(f'`{d}`' for d in ds['dataset'].unique())}. **{len(ctx.generations)} generated reports** from "
-            f"{sy['system'].nunique()} system(s) under decoding policies {', '.join(f'`{p}`' for p in sorted(sy['policy'].unique()))}.")
+            f"{sy['system'].nunique()} system(s)" + (f" under decoding policies {', '.join(f'`{p}`' for p in policies)}" if policies else "")
+            + f". **Resampling unit** of every section's intervals and tests: {ctx.unit}.")
     blocks = [lead, ds, plot_counts(ds, "dataset", "studies", "style" if "style" in ds else None, "Studies per dataset"),
-              sy, plot_counts(sy.assign(label=sy.system + " " + sy.policy), "label", "reports", title="Reports per system and policy"),
+              sy, plot_counts(sy.assign(label=config_label(sy.system, sy.policy)), "label", "reports", title="Reports per system and policy"),
               plot_lengths(length_profile(ctx.studies, ctx.generations))]
     return Section("Corpus overview", blocks, note="Counts and lengths only; later sections judge content.")
 
@@ -258,7 +270,7 @@ def concentration_stage(ctx: AuditContext # the run: tables, ground truth and pa
     a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
     main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
     s = a.summary()
-    how = (f"{a.reps:,} resamples of patients per configuration (seed {a.seed}); shares scheme for the distinct and "
+    how = (f"{a.reps:,} resamples per configuration (seed {a.seed}) of {ctx.unit}; shares scheme for the distinct and "
            "group counts (see the `concentration` module)")
     blocks = [a.headline() + " The prefix rate alone can miss this: it only looks at how a report opens.",
               s.assign(**{c: s[c].round(4) for c in a.metrics}), a.plot("top_k"), a.plot("profile", max_reports=15),
@@ -316,7 +328,7 @@ def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and para
     try: cc = compare_configurations(ctx.generations, ctx.studies, "patient_id", reps=ctx.reps(5000), seed=ctx.seed)
     except InputError as e: return Section("Uncertainty", [f"No comparison: {e}."])
     fam = cc.to_frame()
-    lead = (f"{cc.n_units} studies in {cc.n_clusters} patient clusters; {len(cc.results['unique_report_ratio'].systems)} "
+    lead = (f"{cc.n_units} studies in {cc.n_clusters} resampling clusters ({ctx.unit}); {len(cc.results['unique_report_ratio'].systems)} "
             f"configurations; {cc.reps:,} paired resamples (seed {ctx.seed}); {len(fam)} comparisons, Holm-adjusted over the "
             f"family: {int(fam.significant.sum())} significant (p_holm < {1 - cc.size:g}). Intervals are unadjusted.")
     return Section("Uncertainty", [lead, cc.summary()[["metric", "system", "estimate", "ci_low", "ci_high"]], cc.plot("forest"),
@@ -337,7 +349,7 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
         res = score_systems(ctx.generations, ctx.studies, _REPORT_METRICS, reps=reps, seed=seed, baseline=0,
                             by=("system", "policy"), first_seed=True, skip_unavailable=True)
     c, base = res.counts, res.configs[0]
-    cl = f" in {c['clusters']} patient clusters (whole patients are resampled)" if c["clusters"] else ""
+    cl = f" in {c['clusters']} resampling clusters ({ctx.unit})" if c["clusters"] else " (resampled as studies: no `patient_id` column)"
     empty = {k: n for k, n in c["empty_hypothesis"].items() if n}
     lead = (f"**{c['units']} studies**{cl}, references from their `findings`; **{len(res.configs)} configurations** "
             f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are percentile "
@@ -363,7 +375,7 @@ _REREF_NOTE = "Rule-based rewrites: deterministic and offline; an LLM back end (
 def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                 ) -> Section:
     "Rule-based alternative references, metric shifts and ranking reversals of the audited systems."
-    clusters = "patient_id" if "patient_id" in ctx.studies.columns else None
+    clusters = ctx.patient_of_study
     try:
         res = reference_sensitivity(ctx.studies, ctx.generations, "experiment", reps=ctx.reps(1000),
                                     seed=ctx.seed, clusters=clusters,
@@ -380,8 +392,8 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
     comparison = res.compare(top["metric"], top["dataset"])
     blocks += [res.headline(),
                f"**Ranking reversals** (Figure 7b): every pair of systems within a dataset, compared under the original references "
-               f"and under each variation ({res.params['reps']:,} {'patient-clustered ' if clusters else ''}paired bootstrap "
-               "resamples); `comparisons` counts pairs × variations × datasets, and a significant flip is one whose verdict "
+               f"and under each variation ({res.params['reps']:,} paired bootstrap resamples of {ctx.unit}; "
+               "`comparisons` counts pairs × variations × datasets, and a significant flip is one whose verdict "
                "(significant after Holm over the pairs of one variant, or a tie) changes too:",
                res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("reversals"),
                f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: `{top['first']}` − "
@@ -423,8 +435,7 @@ def _intro(ev) -> str:
     return (f"Each reference report's findings and each generated report were split into sentences and annotated by {backend} "
             f"(`cxr_audit.longitudinal`): **{c['longitudinal_reference_sentences']}** of {c['reference_sentences']} reference sentences "
             f"are longitudinal, and **{c['studies']}** studies have longitudinal reference content and a report from every system; "
-            f"they are the evaluated set (paper 003's L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples of "
-            + (f"patients (`{ev.clusters}`)." if ev.clusters else "studies."))
+            f"they are the evaluated set (paper 003's L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples.")
 
 
 def _truth_blocks(ev) -> list:
@@ -453,14 +464,14 @@ def longitudinal_stage(ctx: AuditContext # the run: tables, ground truth and par
                        ) -> Section:
     "Progression-aware evaluation: annotator vs known truth (demo), progression F1 and win probabilities per system."
     st = ctx.studies
-    clusters = "patient_id" if "patient_id" in st.columns and st["patient_id"].notna().all() else None
     try:
         ev = progression_evaluation(st, ctx.generations, progression=ctx.extra.get("progression"),
                                     reps=ctx.reps(1000), seed=ctx.seed,
-                                    clusters=clusters, metrics=_SECTION_METRICS, splitter="regex")
+                                    clusters=ctx.patient_of_study, metrics=_SECTION_METRICS, splitter="regex")
     except InputError as e:
         return Section(_LONGITUDINAL_TITLE, [f"No longitudinal evaluation was possible: {e}."], note=_LONGITUDINAL_NOTE)
-    return Section(_LONGITUDINAL_TITLE, [_intro(ev)] + _truth_blocks(ev) + _system_blocks(ev), note=_LONGITUDINAL_NOTE)
+    return Section(_LONGITUDINAL_TITLE, [_intro(ev) + f" Resampling unit: {ctx.unit}."] + _truth_blocks(ev) + _system_blocks(ev),
+                   note=_LONGITUDINAL_NOTE)
 
 # %% ../nbs/14_audit.ipynb #92e861cd
 def review_stage(ctx: AuditContext # the run: tables, ground truth and parameters
@@ -504,6 +515,18 @@ def check_pair(studies,      # a `studies` table
                          f"{g['study_id'].iloc[i]!r} is not in {what[0]} ({int(unknown.sum())} row(s) affected)")
     return s, g
 
+# %% ../nbs/14_audit.ipynb #00afa33e
+def run_stage(name: str,        # a name in `STAGES`
+              ctx: AuditContext # the run: tables, ground truth and parameters
+             ) -> Section:
+    "One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages still run."
+    try: return STAGES[name](ctx)
+    except Exception as e:   # noqa: BLE001 (any failure of one stage is reported in its section; run_audit then fails the run)
+        why = f"{type(e).__name__}: {e}"
+        return Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
+                                                 "are complete; fix the input it names, or leave the stage out with `--stages`."],
+                       note="This run is incomplete: the command exits with a non-zero status.", error=why)
+
 # %% ../nbs/14_audit.ipynb #9a088e64
 def run_audit(studies,                              # a `studies` table
               generations,                          # a `generations` table on those studies
@@ -514,16 +537,21 @@ def run_audit(studies,                              # a `studies` table
               title: str = "cxr_audit report",      # page title
               what: tuple[str, str] = ("studies", "generations") # names of the two tables in errors
              ) -> Path:
-    "Run the audit stages and write `out_dir/report.html`; return its path."
+    "Run the audit stages and write `out_dir/report.html`; return its path (`IncompleteRunError` after writing it when a stage failed)."
     s, g = check_pair(studies, generations, what)
     ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
     names = list(stages or STAGES)
     bad = [n for n in names if n not in STAGES]
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
-    sections = [STAGES[n](ctx) for n in names]
+    recipe = ctx.params.get("cohort_recipe", "000_test")
+    if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
+    sections = [run_stage(n, ctx) for n in names]
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
     path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params), encoding="utf-8")
+    failed = [n for n, s in zip(names, sections) if s.error]
+    if failed: raise IncompleteRunError(f"audit: {len(failed)} of {len(names)} stage(s) failed ({', '.join(failed)}); the report "
+                                        f"with the other stages and the reason is at {path}", output=path, failed=failed)
     return path
 
 # %% ../nbs/14_audit.ipynb #650547d3

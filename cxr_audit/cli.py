@@ -15,7 +15,7 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args, get_or
 
 from fastcore.docments import docments
 
-from .core import DEFAULT_SEED, InputError, md_table, read_table, write_table
+from .core import DEFAULT_SEED, IncompleteRunError, InputError, md_table, read_table, write_table
 from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
                               load_rexrank)
 
@@ -149,6 +149,19 @@ def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 
     return (f"cohort {recipe}: {c.headline().replace('**', '').split(' selected')[0]} ({len(c.steps)} steps, "
             f"{sum(s.n_excluded for s in c.steps):,} rows excluded, {n_problems} problem(s)); wrote {paths['cohort'].parent}")
 
+# %% ../nbs/15_cli.ipynb #70023333
+def _clusters_arg(clusters, *tables) -> str | None:
+    "The column a command resamples by: `patient_id` when a table has it (a study without one alone), none for '' or 'none'."
+    if clusters is None or str(clusters).strip().lower() in ("", "none"): return None
+    if clusters == "patient_id" and not any(t is not None and "patient_id" in t.columns for t in tables): return None
+    return clusters
+
+
+def _unit_line(table, clusters) -> str:
+    "The resampling unit a command used, in words (`stats.resampling_unit`)."
+    from cxr_audit.stats import resampling_unit
+    return f" Resampling unit: {resampling_unit(table, clusters)}."
+
 # %% ../nbs/15_cli.ipynb #9bc54545
 def concentration(generations: str,                 # CSV/parquet `generations` table (one generated report per row)
                   out: str = "concentration_out",   # output folder
@@ -157,7 +170,7 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                   top_k: int = 5,                   # k of the top-k share
                   reps: int = 5000,                 # bootstrap resamples
                   seed: int = DEFAULT_SEED,         # random seed
-                  clusters: str | None = None,      # column of cluster labels, e.g. patient_id (default: resample reports)
+                  clusters: str = "patient_id",     # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
                   unit: str = "study_id",           # the paired unit of the comparisons
                   baseline: str | None = None,      # compare this configuration (system+policy) with each other one
                   scheme: Literal["shares", "recount"] = "shares", # how distinct counts and report groups are resampled
@@ -167,7 +180,9 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                  ) -> str:
     "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
-    a = audit_concentration(read_table(generations), by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
+    table = read_table(generations)
+    clusters = _clusters_arg(clusters, table)
+    a = audit_concentration(table, by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
                             top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
                             scheme=scheme, baseline=baseline, grouping=grouping, validity_rule=validity_rule)
     paths = a.save(out, inputs={"generations": Path(generations)}, params={"command": "cxr-audit concentration"})
@@ -176,7 +191,7 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
     if "comparisons" in paths:
         t = a.comparison_table()
         msg += f" {int(t.significant.sum())} of {len(t)} paired comparisons significant after Holm (p_holm < {1 - a.size:g})."
-    return msg + f" Wrote {Path(out)}"
+    return msg + _unit_line(table, clusters) + f" Wrote {Path(out)}"
 
 # %% ../nbs/15_cli.ipynb #3b719f7d
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
@@ -210,7 +225,7 @@ def longitudinal(*, studies: str,                                      # studies
                  metrics: list[str] | None = None,                     # language metrics on longitudinal sentences (default: BLEU-1..4, ROUGE-L, METEOR)
                  reps: int = 1000,                                     # paired bootstrap resamples
                  seed: int = DEFAULT_SEED,                             # seed of the resamples
-                 clusters: str | None = None,                          # studies column to resample by (e.g. patient_id); none: studies
+                 clusters: str = "patient_id",                         # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
                  match: Literal["exact", "families"] = "exact",        # how findings of reference and generation are matched (exact term, or keyword families)
                  section: str = "findings"                             # studies column holding the reference text
                 ) -> str:
@@ -220,8 +235,9 @@ def longitudinal(*, studies: str,                                      # studies
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                      n_task_examples, n_change_indicators, n_progression_examples)
     chosen = tuple(metrics or LANGUAGE_METRICS)
-    ev = progression_evaluation(to_studies(read_table(studies), what=str(studies), dataset="studies"),
-                                to_generations(read_table(generations), what=str(generations)), annotator=ann, reps=reps,
+    st = to_studies(read_table(studies), what=str(studies), dataset="studies")
+    clusters = _clusters_arg(clusters, st)
+    ev = progression_evaluation(st, to_generations(read_table(generations), what=str(generations)), annotator=ann, reps=reps,
                                 seed=seed, clusters=clusters, metrics=chosen, match=match, section=section)
     ev.save(out, inputs={"studies": studies, "generations": generations},
             params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
@@ -229,7 +245,7 @@ def longitudinal(*, studies: str,                                      # studies
     return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name}; "
             "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
             + (f". {ev.headline()} {ev.note('progression_micro_f1')}" if len(ev.systems) > 1 else "")
-            + "".join(f" Note: {n}" for n in ev.notes) + f" Wrote {out}")
+            + "".join(f" Note: {n}" for n in ev.notes) + _unit_line(st, clusters) + f" Wrote {out}")
 
 # %% ../nbs/15_cli.ipynb #03362e3f
 def _list_arg(value) -> list[str]:
@@ -268,7 +284,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
            uncertain_positive: bool = False, # count uncertain (-1) as positive
            reps: int = 1000,                 # bootstrap resamples of the intervals
            seed: int = DEFAULT_SEED,         # random seed of the resamples
-           clusters: str | None = None       # column of the references table with cluster labels, e.g. patient_id (default: resample studies)
+           clusters: str = "patient_id"      # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
           ) -> str:
     "Label references and generated reports with the offline labeler, align them on study_id, trace the labels, write the tables."
     from cxr_audit.corpus import to_generations, to_studies
@@ -276,6 +292,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
     refs = to_studies(read_table(references, str(references)), what=str(references), dataset="references")
     gens = to_generations(read_table(predictions, str(predictions)), what=str(predictions))
+    clusters = _clusters_arg(clusters, refs)
     audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters, labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
                         uncertain_positive=uncertain_positive)
     audit.save(out, inputs={"references": Path(references), "predictions": Path(predictions)})
@@ -284,8 +301,8 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     ok = int((al.matching.status == "matched").sum())
     scores = "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
     return (f"labels: {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), {ok}/{len(al.matching)} matched; "
-            f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s); "
-            f"wrote {out}")
+            f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);"
+            + _unit_line(refs, clusters) + f" Wrote {out}")
 
 # %% ../nbs/15_cli.ipynb #346bcd63
 def trace(*, chexpert_csv: str,              # the official labeler's output CSV (Reports column + 14 label columns)
@@ -384,7 +401,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           generations: str | None = None,               # generations table: also score every system under each variant
           metrics: list[str] | None = None,             # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
           reps: int = 1000,                             # paired bootstrap resamples of the gaps
-          clusters: str | None = None,                  # column of the studies table resampled together (default: patient_id when present)
+          clusters: str = "patient_id",                 # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
           section: Literal["findings", "impression", "both"] = "findings" # reference section scored
          ) -> str:
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
@@ -402,15 +419,15 @@ def reref(*, studies: str,                              # studies table (.csv/.p
         run.save(out, inputs={"studies": Path(studies)}, params=params)
         return (f"reref: {run.references.study_id.nunique()} studies x {run.references.variant.nunique() - 1} variant(s); "
                 f"{run.calls['requests']} calls; wrote {Path(out)}")
-    if clusters is None and "patient_id" in table.columns: clusters = "patient_id"
+    clusters = _clusters_arg(clusters, table)
     res = reference_sensitivity(table, read_table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, reps=reps,
                                 seed=seed, clusters=clusters, section=section, rewrite_options=options)
     res.save(out, inputs={"studies": Path(studies), "generations": Path(generations)}, params=params)
     total = res.reversals[["pairs", "flips", "significant_flips"]].sum()
     return (f"reref: {res.params['studies']} studies x {len(res.params['variants'])} variant(s); {res.run.calls['requests']} calls; "
             f"scored {res.scores.sample_id.nunique()} samples; {int(total.flips)} of {int(total.pairs)} system-pair comparisons "
-            f"flip order, {int(total.significant_flips)} significantly (Holm within each variant, p_holm < {1 - res.params['size']:g}); "
-            f"wrote {Path(out)}")
+            f"flip order, {int(total.significant_flips)} significantly (Holm within each variant, p_holm < {1 - res.params['size']:g})."
+            + _unit_line(table, clusters) + f" Wrote {Path(out)}")
 
 # %% ../nbs/15_cli.ipynb #f77833ef
 def score(generations: str,                              # generations table (.csv/.parquet): hypothesis, and reference or study_id
@@ -422,7 +439,7 @@ def score(generations: str,                              # generations table (.c
           ref_section: Literal["findings", "impression", "both", "full"] = "findings", # reference section
           baseline: str | None = None,                          # configuration every other one is compared with (default: all pairs)
           by: list[str] | None = None,                   # columns defining a configuration (default: system policy seed)
-          clusters: str = "patient_id",                  # cluster column (generations or studies); "" resamples studies
+          clusters: str = "patient_id",                  # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies) (generations or studies column)
          ) -> str:
     "Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired differences."
     import warnings
@@ -434,13 +451,15 @@ def score(generations: str,                              # generations table (.c
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = score_systems(g, s, metrics, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
-                            clusters=clusters or None, what=(gpath.name, spath.name if spath else "studies"))
+                            clusters=_clusters_arg(clusters, g, s),
+                            what=(gpath.name, spath.name if spath else "studies"))
     params = {"command": "cxr-audit score", "metrics": list(metrics), "reps": int(reps), "seed": int(seed), "ref_section": ref_section,
               "baseline": baseline, "by": by, "clusters": clusters or None}
     paths = res.save(out, params, {"generations": gpath, **({"studies": spath} if spath else {})})
     cl = f" in {res.counts['clusters']} clusters" if res.counts["clusters"] else ""
     lines = [f"score: {len(res.configs)} configuration(s) x {len(res.metrics)} metric(s) on {res.counts['units']:,} studies{cl}, "
-             f"{int(reps)} resamples (seed {int(seed)}); {res.headline()}. Wrote {paths['systems'].parent}"]
+             f"{int(reps)} resamples (seed {int(seed)}); {res.headline()}."
+             + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
     lines += [f"Not computed: {n}" for n in res.notes]
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
@@ -528,4 +547,7 @@ def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
     except (InputError, FileNotFoundError, ImportError) as e:   # ImportError: a missing optional extra, named in `e`
         print(f"cxr-audit {name}: error: {e}", file=sys.stderr)
         return 2
+    except IncompleteRunError as e:                              # wrote what it could; the job is not done
+        print(f"cxr-audit {name}: incomplete: {e}", file=sys.stderr)
+        return 1
     return 0

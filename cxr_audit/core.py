@@ -21,16 +21,17 @@ import platform
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'rng', 'as_pandas', 'is_missing',
-           'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file', 'sha256_frame', 'md_table',
-           'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text', 'read_text', 'read_json',
-           'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg']
+__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng', 'as_pandas',
+           'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
+           'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text',
+           'read_text', 'read_json', 'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart',
+           'chart_svg']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -39,6 +40,15 @@ class CxrAuditError(Exception):
 # %% ../nbs/00_core.ipynb #41e8036c
 class InputError(CxrAuditError, ValueError):
     "Bad user input: a missing file or column, or a row that cannot be used; the message names it."
+
+# %% ../nbs/00_core.ipynb #64f382cb
+class IncompleteRunError(CxrAuditError):
+    "A run that wrote its output but could not do all of its job; `output` is what it wrote, `failed` what did not run."
+    def __init__(self, message: str,          # what failed, in one line
+                 output=None,                 # the file or folder written anyway
+                 failed: Sequence[str] = ()): # the parts that failed (e.g. audit stages)
+        super().__init__(message)
+        self.output, self.failed = output, tuple(failed)
 
 # %% ../nbs/00_core.ipynb #5d294c74
 def rng(seed: int | np.random.Generator | None = None # an int, a Generator (returned as is) or None

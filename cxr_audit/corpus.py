@@ -105,6 +105,9 @@ def to_generations(df,                        # a table with at least `study_id`
     df = require_columns(df, ["study_id", "system", "hypothesis"], what)
     df["study_id"] = df["study_id"].astype(str)
     df["hypothesis"] = df["hypothesis"].fillna("").astype(str)
+    df["policy"] = df["policy"].map(lambda v: "" if is_missing(v) else str(v))   # a blank policy cell: no policy named
+    no_system = df["system"].map(lambda v: is_missing(v) or not str(v).strip())
+    if no_system.any(): raise InputError(f"{what}: row {int(np.flatnonzero(no_system)[0])}: no system name ({int(no_system.sum())} row(s) affected)")
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").fillna(0).astype("int64")
     df["n_tokens"] = pd.to_numeric(df["n_tokens"], errors="coerce").astype("Int64")
     df["truncated"] = df["truncated"].fillna(False).astype(bool)

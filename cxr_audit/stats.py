@@ -22,9 +22,9 @@ from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing,
 
 # %% auto #0
 __all__ = ['VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
-           'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights', 'as_stats', 'mean_stats',
-           'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts', 'ratio',
-           'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision',
+           'resampling_unit', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights', 'as_stats',
+           'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts',
+           'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision',
            'macro_recall', 'corpus_bleu', 'replicate_sums', 'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap',
            'holm', 'p_value_floor', 'reps_needed', 'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult',
            'bootstrap_metrics', 'paired_bootstrap', 'holm_family', 'ComparisonFamily', 'comparison_family',
@@ -48,28 +48,58 @@ def _positive(v, what: str) -> int:
     return int(v)
 
 # %% ../nbs/04_stats.ipynb #652bf40f
+def _own_units(labels: np.ndarray, df, key: str | None, what: str, given: bool) -> np.ndarray:
+    "Rows without a label become their own cluster, named after their unit (`key`, else `study_id`)."
+    miss = np.array([is_missing(v) or (isinstance(v, str) and not v.strip()) for v in labels], dtype=bool) if labels.ndim == 1 else None
+    if df is None or miss is None or not miss.any(): return labels
+    unit = key if key is not None and key in df.columns else ("study_id" if "study_id" in df.columns else None)
+    if unit is None: return labels   # no unit to fall back on: `cluster_codes` names the row
+    if given and miss.all():
+        raise InputError(f"{what}: no row of the table got a cluster label from the labels given (is the mapping keyed by "
+                         f"`{unit}` values such as {df[unit].iloc[0]!r}?)")
+    out = labels.copy()
+    out[miss] = [f"({unit} {v})" for v in df[unit].to_numpy()[miss]]
+    return out
+
 def resolve_clusters(clusters,          # None, a column name of `table`, a mapping key -> label, or one label per row
                      table=None,        # the table whose rows are the units
                      key: str | None = None, # column of `table` looked up in a mapping (e.g. "study_id")
                      what: str = "clusters" # named in error messages
                     ) -> np.ndarray | None:
-    "One cluster label per row of `table` (object array), or None for unit resampling."
+    "One cluster label per row of `table` (object array), or None for unit resampling; a row without a label is its own cluster."
     if clusters is None: return None
     df = None if table is None else as_pandas(table)
     if isinstance(clusters, str):
         if df is None or clusters not in df.columns:
             cols = [] if df is None else list(df.columns)
             raise InputError(f"{what}: {clusters!r} is not a column of the table (columns: {cols})")
-        return df[clusters].to_numpy(dtype=object)
+        return _own_units(df[clusters].to_numpy(dtype=object), df, key, what, given=False)
     if isinstance(clusters, Mapping) or (isinstance(clusters, pd.Series) and key is not None):
         if df is None or key is None or key not in df.columns:
             raise InputError(f"{what}: a mapping needs the table and its key column (key={key!r})")
         m = clusters if isinstance(clusters, pd.Series) else pd.Series(dict(clusters), dtype=object)
-        return df[key].map(m).to_numpy(dtype=object)
+        return _own_units(df[key].map(m).to_numpy(dtype=object), df, key, what, given=len(m) > 0)
     labels = np.asarray(clusters, dtype=object)
     if df is not None and (labels.ndim != 1 or len(labels) != len(df)):
         raise InputError(f"{what}: expected one label per row ({len(df)}), got shape {labels.shape}")
-    return labels
+    return _own_units(labels, df, key, what, given=True)
+
+# %% ../nbs/04_stats.ipynb #836cda60
+def resampling_unit(table,                   # the table resampled (studies, or generations with a patient column)
+                    clusters="patient_id",   # its cluster column (None: studies)
+                    key: str = "study_id"    # its unit column
+                   ) -> str:
+    "Which unit `resolve_clusters` resamples in this table, in words: patients, studies, or patients where known."
+    df = as_pandas(table)
+    units = df[key].nunique() if key in df.columns else len(df)
+    if clusters is None or clusters not in df.columns: return f"studies ({units:,}; no `{clusters}` column)" if clusters else f"studies ({units:,})"
+    per = df.drop_duplicates(key) if key in df.columns else df
+    known = per[clusters].map(lambda v: not (is_missing(v) or (isinstance(v, str) and not v.strip())))
+    n_pat = per.loc[known, clusters].nunique()
+    if not known.any(): return f"studies ({units:,}; the table gives no `{clusters}`)"
+    if known.all(): return f"patients (`{clusters}`: {n_pat:,} patients, {units:,} studies)"
+    return (f"patients where known (`{clusters}`: {n_pat:,} patient{'s' if n_pat != 1 else ''}), otherwise the study itself "
+            f"({int((~known).sum()):,} of {units:,} studies have no `{clusters}`)")
 
 # %% ../nbs/04_stats.ipynb #133baf21
 def cluster_codes(clusters,   # one label per unit (patient, case, ...); None for unit resampling
