@@ -5,8 +5,11 @@
 # %% ../nbs/14_audit.ipynb #563e039e
 from __future__ import annotations
 
+import contextlib
 import html
 import re
+import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +35,8 @@ from .review import simulate_review
 __all__ = ['STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report', 'n_words', 'dataset_summary',
            'system_summary', 'length_profile', 'plot_lengths', 'plot_counts', 'AuditContext', 'corpus_stage',
            'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage', 'policy_stage', 'uncertainty_stage',
-           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'check_pair', 'run_stage', 'run_audit',
-           'run_demo']
+           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'default_stages', 'check_pair',
+           'run_stage', 'run_audit', 'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -204,7 +207,8 @@ class AuditContext:
     @property
     def patient_of_study(self) -> pd.Series:
         "`study_id` -> the resampling cluster of each study: its patient when known, else the study itself (`stats.resolve_clusters`)."
-        return pd.Series(resolve_clusters("patient_id", self.studies), index=self.studies["study_id"].to_numpy(), dtype=object)
+        col = "patient_id" if "patient_id" in self.studies.columns else "study_id"   # no patient column: every study alone
+        return pd.Series(resolve_clusters(col, self.studies), index=self.studies["study_id"].to_numpy(), dtype=object)
 
     @property
     def unit(self) -> str:
@@ -229,16 +233,26 @@ def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     return Section("Corpus overview", blocks, note="Counts and lengths only; later sections judge content.")
 
 # %% ../nbs/14_audit.ipynb #09c61536
+def _restrict_to_cohort(ctx: AuditContext, keep: set) -> str:
+    "Keep only the cohort's studies (and their generated reports) for the later stages; the sentence that says so."
+    if not keep: return f"**The cohort is empty**, so the sections below analyse all {len(ctx.studies):,} studies given."
+    n_s, n_g = len(ctx.studies), len(ctx.generations)
+    ctx.studies = ctx.studies[ctx.studies["study_id"].isin(keep)].reset_index(drop=True)
+    ctx.generations = ctx.generations[ctx.generations["study_id"].isin(keep)].reset_index(drop=True)
+    return (f"**The sections below analyse this cohort**: {len(ctx.studies):,} of the {n_s:,} studies given, and their "
+            f"{len(ctx.generations):,} of {n_g:,} generated reports.")
+
 def cohort_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
-    "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`) on the studies."
+    "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`); the later stages analyse the cohort's studies."
     name = ctx.params.get("cohort_recipe", "000_test")
     kw = {"split": None} if name == "000_test" and not ctx.studies["split"].eq("test").any() else {}  # no test partition: whole table
     cohort = run_recipe(name, ctx.studies, **kw)
     problems = cohort.check(image_root=ctx.params.get("image_root"))
     verdict = "No integrity problems found." if problems.empty else f"**{len(problems)} integrity problem(s)**:"
     doc = (RECIPES[name].__doc__ or "").strip().splitlines()
-    return Section("Cohort", [cohort.headline(), cohort.summary(), cohort.plot(), verdict] + ([problems] if len(problems) else []),
+    scope = _restrict_to_cohort(ctx, set(cohort.studies["study_id"].astype(str)))
+    return Section("Cohort", [cohort.headline(), scope, cohort.summary(), cohort.plot(), verdict] + ([problems] if len(problems) else []),
                    note=f"Recipe `{name}`" + (f": {doc[0]}" if doc else "") + " Deterministic rules, no model.")
 
 # %% ../nbs/14_audit.ipynb #a8905604
@@ -368,13 +382,14 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
 
 # %% ../nbs/14_audit.ipynb #64a797f3
 _REREF_TITLE = "Reference sensitivity (ReRef)"
-_REREF_NOTE = "Rule-based rewrites: deterministic and offline; an LLM back end (cxr-audit reref --backend openai) covers more variations."
+_REREF_NOTE = ("The back end that rewrote the references is named on every table; the offline rule back end is deterministic, and an LLM "
+               "back end (cxr-audit reref --backend openai) covers more variations. A variation it cannot apply is shown as not applicable, never as 0.")
 
 
 
 def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                 ) -> Section:
-    "Rule-based alternative references, metric shifts and ranking reversals of the audited systems."
+    "Alternative references (rule back end), per-study metric shifts and ranking reversals of the audited systems (paper 000)."
     clusters = ctx.patient_of_study
     try:
         res = reference_sensitivity(ctx.studies, ctx.generations, "experiment", reps=ctx.reps(1000),
@@ -382,9 +397,9 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                                     max_studies=ctx.params.get("reref_max_studies", 80))
     except InputError as e:
         return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE)
-    blocks = [_reref_intro(res), res.run.feasibility().round(3), _reref_label_check(res),
-              "**Score shifts** in units of each metric's standard deviation across (system, dataset) pairs under the original "
-              "references; mean and largest IQR over variations (paper 000, Figure 4):",
+    blocks = [_reref_intro(res), res.caption(), res.run.feasibility().round(3), _reref_label_check(res),
+              "**Score shifts** (the mean per-study difference, in units of each metric's standard deviation across (system, dataset) "
+              "pairs under the original references); mean and largest IQR over the applicable variations (paper 000, Figure 4):",
               res.iqr.round(3), res.plot("shifts"), res.plot("systems")]
     if not res.gaps:
         return Section(_REREF_TITLE, blocks + [res.headline()], note=_REREF_NOTE)
@@ -395,7 +410,7 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                f"and under each variation ({res.params['reps']:,} paired bootstrap resamples of {ctx.unit}; "
                "`comparisons` counts pairs × variations × datasets, and a significant flip is one whose verdict "
                "(significant after Holm over the pairs of one variant, or a tie) changes too:",
-               res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("reversals"),
+               res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("flips"), res.plot("reversals"),
                f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: `{top['first']}` − "
                f"`{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} flip(s); Figure 7a):",
                res.plot("gaps"),
@@ -406,11 +421,10 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
 
 def _reref_intro(res) -> str:
     p = res.params
-    return (f"Alternative references from the **{p['backend']}** of ReRef (`cxr_audit.reref_rules`; clinical content checked "
-            f"with the CheXpert-14 rule labeler of `cxr_audit.labels`) for **{p['studies']}** studies and **{len(p['variants'])}** "
+    return (f"Alternative references from the **{p['backend']}** back end of ReRef ({p['backend_note']}) for **{p['studies']}** studies and **{len(p['variants'])}** "
             f"variations of the reporting-practice taxonomy, scored on the **{p['section']}** section with "
-            + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the rules cannot apply, or that would need "
-            "invented content, is infeasible for that study, which keeps its original-reference score (as in paper 000).")
+            + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the back end cannot apply to a study, or that would need "
+            "invented content, is infeasible for that study (as in paper 000); a variation it can apply to no study is not applicable.")
 
 
 def _reref_label_check(res) -> str:
@@ -500,6 +514,12 @@ STAGES: dict[str, Callable[[AuditContext], Section]] = {"corpus": corpus_stage, 
                                                         "longitudinal": longitudinal_stage,
                                                         "labels": labels_stage, "review": review_stage}
 
+# %% ../nbs/14_audit.ipynb #8228d2ab
+def default_stages(synthetic: bool # the tables are the synthetic demo corpus
+                  ) -> list[str]:
+    "The stages run when none are named: all of `STAGES`, the simulated review only for synthetic data."
+    return [n for n in STAGES if synthetic or n != "review"]
+
 # %% ../nbs/14_audit.ipynb #ecb17d28
 def check_pair(studies,      # a `studies` table
                generations,  # a `generations` table on those studies
@@ -516,11 +536,24 @@ def check_pair(studies,      # a `studies` table
     return s, g
 
 # %% ../nbs/14_audit.ipynb #00afa33e
+@contextlib.contextmanager
+def _stage_progress(name: str, counter):
+    "A line on stderr when a stage starts and when it ends (with its time), when `counter` is `[i, n]`; silent when None."
+    if counter is None: yield; return
+    counter[0] += 1; t0 = time.perf_counter()
+    print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} ...", file=sys.stderr, flush=True)
+    try: yield
+    except Exception:
+        print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} FAILED after {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        raise
+    print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
 def run_stage(name: str,        # a name in `STAGES`
               ctx: AuditContext # the run: tables, ground truth and parameters
              ) -> Section:
     "One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages still run."
-    try: return STAGES[name](ctx)
+    try:
+        with _stage_progress(name, ctx.params.get("_progress")): return STAGES[name](ctx)
     except Exception as e:   # noqa: BLE001 (any failure of one stage is reported in its section; run_audit then fails the run)
         why = f"{type(e).__name__}: {e}"
         return Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
@@ -535,17 +568,20 @@ def run_audit(studies,                              # a `studies` table
               extra: dict | None = None,            # extra tables, e.g. the demo's ground truth
               params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root
               title: str = "cxr_audit report",      # page title
-              what: tuple[str, str] = ("studies", "generations") # names of the two tables in errors
+              what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
+              progress: bool | None = None          # a line per stage on stderr (None: when stderr is a terminal)
              ) -> Path:
     "Run the audit stages and write `out_dir/report.html`; return its path (`IncompleteRunError` after writing it when a stage failed)."
     s, g = check_pair(studies, generations, what)
     ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
-    names = list(stages or STAGES)
+    names = list(stages or default_stages(ctx.synthetic))
     bad = [n for n in names if n not in STAGES]
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
     recipe = ctx.params.get("cohort_recipe", "000_test")
     if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
+    if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = [0, len(names)]
     sections = [run_stage(n, ctx) for n in names]
+    ctx.params.pop("_progress", None)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
     path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params), encoding="utf-8")

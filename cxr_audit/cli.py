@@ -70,7 +70,7 @@ def demo(out: str = "demo_out",       # output folder
 def audit(*, studies: str,                   # studies table (.csv/.parquet)
           generations: str,                  # generations table (.csv/.parquet)
           out: str,                          # output folder
-          stages: list[str] | None = None,   # stages to run (default: all)
+          stages: list[str] | None = None,   # stages to run (default: all; the simulated review only for synthetic data)
           cohort_recipe: str = "000_test",   # cohort recipe shown in the report
           reps: int | None = None,           # resamples in every stage (None: each stage's own default)
           seed: int = DEFAULT_SEED           # seed of every resample
@@ -373,7 +373,7 @@ def review_analyse(*, key: str,                      # the review key (OUT/key/r
 
 # %% ../nbs/15_cli.ipynb #3b6f3b4d
 def _reref_loop(backend: str, model: str | None, verifier_model: str | None, base_url: str | None, structured: str,
-                max_rounds: int, seed: int):
+                max_rounds: int, seed: int, generator_max_tokens: int = 16382):
     from cxr_audit.reref import ReRef
     from cxr_audit.reref_rules import rule_reref
     if backend == "rules": return rule_reref(max_rounds=max_rounds)
@@ -382,7 +382,7 @@ def _reref_loop(backend: str, model: str | None, verifier_model: str | None, bas
     from cxr_audit.llm import OpenAIChat
     generator = OpenAIChat(model, base_url=base_url, structured=structured)
     verifier = OpenAIChat(verifier_model, base_url=base_url, structured=structured) if verifier_model else generator
-    return ReRef(generator, verifier, max_rounds=max_rounds, seed=seed)
+    return ReRef(generator, verifier, max_rounds=max_rounds, seed=seed, generator_max_tokens=generator_max_tokens)
 
 
 def reref(*, studies: str,                              # studies table (.csv/.parquet) whose references are rewritten
@@ -394,6 +394,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           base_url: str | None = None,                  # OpenAI-compatible server URL (default: $OPENAI_BASE_URL)
           structured: str = "auto",                     # structured-output mode of the server
           max_rounds: int = 5,                          # generate-verify rounds per study and variation
+          generator_max_tokens: int = 16382,            # the Generator's reply limit (paper 000: 16,382)
           seed: int = DEFAULT_SEED,                     # seed of the bootstrap (and of LLM sampling for the openai back end)
           max_concurrency: int = 8,                     # LLM requests in flight at once
           cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
@@ -402,13 +403,14 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           metrics: list[str] | None = None,             # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
           reps: int = 1000,                             # paired bootstrap resamples of the gaps
           clusters: str = "patient_id",                 # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
-          section: Literal["findings", "impression", "both"] = "findings" # reference section scored
+          section: Literal["findings", "impression", "both"] = "findings", # reference section scored
+          level: Literal["study", "corpus"] = "study"   # shifts: mean per-study difference (paper 000) or of corpus statistics
          ) -> str:
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
     from cxr_audit.reref import rewrite_table
     from cxr_audit.reref_sensitivity import DEFAULT_METRICS, reference_sensitivity
     table = read_table(studies)
-    loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed)
+    loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"
     options = dict(cache=cache or "auto", max_concurrency=max_concurrency, progress=backend == "openai",
                    allow_remote_restricted=allow_remote_restricted)
@@ -421,12 +423,13 @@ def reref(*, studies: str,                              # studies table (.csv/.p
                 f"{run.calls['requests']} calls; wrote {Path(out)}")
     clusters = _clusters_arg(clusters, table)
     res = reference_sensitivity(table, read_table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, reps=reps,
-                                seed=seed, clusters=clusters, section=section, rewrite_options=options)
+                                seed=seed, clusters=clusters, section=section, rewrite_options=options, level=level)
     res.save(out, inputs={"studies": Path(studies), "generations": Path(generations)}, params=params)
     total = res.reversals[["pairs", "flips", "significant_flips"]].sum()
     return (f"reref: {res.params['studies']} studies x {len(res.params['variants'])} variant(s); {res.run.calls['requests']} calls; "
             f"scored {res.scores.sample_id.nunique()} samples; {int(total.flips)} of {int(total.pairs)} system-pair comparisons "
             f"flip order, {int(total.significant_flips)} significantly (Holm within each variant, p_holm < {1 - res.params['size']:g})."
+            + f" Not applicable with this back end: {', '.join(res.params['not_applicable']) or 'none'}."
             + _unit_line(table, clusters) + f" Wrote {Path(out)}")
 
 # %% ../nbs/15_cli.ipynb #f77833ef

@@ -29,9 +29,9 @@ import pandas as pd
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng', 'as_pandas',
            'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
-           'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'cache_dir', 'resource_text',
-           'read_text', 'read_json', 'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart',
-           'chart_svg']
+           'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
+           'resource_text', 'read_text', 'read_json', 'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme',
+           'save_chart', 'chart_svg']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -269,11 +269,16 @@ def optional_import(module: str, # dotted module name, e.g. "transformers"
                     extra: str,  # the cxr_audit extra that installs it, e.g. "generate"
                     caller: str  # who needs it, for the message
                    ):
-    "Import `module`, or raise an `ImportError` naming `caller` and `pip install \"cxr_audit[extra]\"`."
+    "Import `module`, or raise an `ImportError` naming `caller` and the install line of `extra` (`install_hint`)."
     try: return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(f"{caller} needs the optional package '{module.split('.')[0]}', which is not installed "
-                          f"({e}). Install it with: pip install \"cxr_audit[{extra}]\"") from e
+                          f"({e}). Install it with: {install_hint(extra)}") from e
+
+def install_hint(extra: str # the cxr_audit extra, e.g. "metrics"
+                ) -> str:
+    "How to install an extra: from a clone of the repository (how the package is installed), or from a built wheel."
+    return f'pip install -e ".[{extra}]" in a clone of cxr_audit (or pip install "cxr_audit[{extra}]" from a built wheel)'
 
 # %% ../nbs/00_core.ipynb #9b705b17
 def cache_dir(path: str | os.PathLike | None = None # explicit folder; wins over the environment

@@ -23,13 +23,13 @@ from .corpus import SECTION_COLUMNS
 from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
                              plot_forest, plot_win_probability, resolve_clusters)
 from .generate import accepts_indications, call_report_generator
-from .metrics import LIGHT_METRICS, RADEVAL_METRICS, REGISTRY, bundle_metrics, get_metric
+from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
 
 # %% auto #0
-__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'STATUSES', 'ID_COLUMNS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE', 'DEFAULT_SCORE_METRICS',
-           'generator_function', 'generator_arity', 'read_report', 'study_section', 'iter_samples', 'resolve_metrics',
-           'metric_leaves', 'ReportGenerationEvaluator', 'results_frame', 'score_pairs', 'results_summary',
-           'SystemScores', 'pairwise', 'score_systems']
+__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'OFFLINE_METRICS', 'STATUSES', 'ID_COLUMNS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE',
+           'DEFAULT_SCORE_METRICS', 'generator_function', 'generator_arity', 'read_report', 'study_section',
+           'iter_samples', 'resolve_metrics', 'metric_leaves', 'ReportGenerationEvaluator', 'results_frame',
+           'score_pairs', 'results_summary', 'metric_notes', 'SystemScores', 'pairwise', 'score_systems']
 
 # %% ../nbs/12_evaluator.ipynb #36b44d88
 def generator_function(report_generator # a callable, or an object with a `generate` method
@@ -163,19 +163,44 @@ def _radeval_outputs(name: str) -> list:
     for m in ms: m.name = name if len(ms) == 1 else f"{name}.{getattr(m, 'key', m.name)}"
     return ms
 
-def resolve_metrics(metrics # registry names, RadEval names, Metric objects, or "bleu_4,rouge_l"
+def _named_metrics(metrics) -> list[tuple[str, list]]:
+    "`(name asked for, its Metric objects)` per entry (a RadEval metric name first, then a registry name); an unknown name raises at once."
+    out = []
+    for m in _names(metrics):
+        if not isinstance(m, str): out.append((getattr(m, "name", repr(m)), [m]))
+        elif m in RADEVAL_METRICS: out.append((m, _radeval_outputs(m)))     # "radeval_bertscore" is RadEval's metric, not `radeval_<key>`
+        else: out.append((m, [get_metric(m)]))
+    return out
+
+# %% ../nbs/12_evaluator.ipynb #52616941
+OFFLINE_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_5")   # computed here, no weights: the alternative offered when metrics cannot load
+
+def _unavailable_error(bad: list, ok: list, n: int, what: str, default: bool) -> InputError:
+    "One error: each metric that cannot load here and why, then the offline alternative."
+    head = f"{what}: {len(bad)} of the {n} metrics asked for cannot load here" + \
+           (" (metrics defaults to FULL_METRICS, the 16 RadEval metrics paper 001 documents)" if default else "") + ":\n"
+    keep = f"; or keep the ones that load here: metrics={tuple(ok)!r}" if ok else ""
+    return InputError(head + "\n".join(f"- {name}: {why}" for name, why in bad) +
+                      f"\nOffline alternative: metrics={OFFLINE_METRICS!r} (computed here, no weights; chexpert_f1_5 labels with this "
+                      f"package's rules, not CheXbert){keep}. The others run unchanged where their packages, weights and API keys are present.")
+
+def resolve_metrics(metrics,              # registry names, RadEval names, Metric objects, or "bleu_4,rouge_l"
+                    check: bool = True,   # raise one InputError listing every metric that cannot load here
+                    load: bool = True,    # the check builds bridged metrics (their models load once, reused when they run)
+                    what: str = "metrics" # named in the error
                    ) -> list:
-    "Metric objects for `metrics`; an unknown name, or RadEval metrics that cannot run here, raise one `InputError`."
-    names = _names(metrics)
-    bridged = [m for m in names if isinstance(m, str) and m not in REGISTRY and m in RADEVAL_METRICS]
-    if bridged: bundle_metrics(bridged, check=True)
-    ms = []
-    for m in names:
-        ms += [m] if not isinstance(m, str) else _radeval_outputs(m) if m in bridged else [get_metric(m)]
+    "Metric objects for `metrics`; an unknown name, a duplicate, or metrics that cannot load here raise one `InputError`."
+    named = _named_metrics(metrics)
+    ms = [m for _, group in named for m in group]
     if not ms: raise InputError("no metrics given")
     seen = [m.name for m in ms]
     dup = next((n for n in seen if seen.count(n) > 1), None)
     if dup: raise InputError(f"metric {dup!r} is given twice")
+    if check:
+        av = [(name, metric_availability(group[:1], load=load).iloc[0]) for name, group in named]   # one check per entry: its outputs share a model
+        bad = [(name, r.reason) for name, r in av if not r.available]
+        if bad: raise _unavailable_error(bad, [name for name, r in av if r.available], len(named), what,
+                                         isinstance(metrics, tuple) and metrics == FULL_METRICS)
     return ms
 
 # %% ../nbs/12_evaluator.ipynb #e988f0ad
@@ -207,14 +232,14 @@ class ReportGenerationEvaluator:
     "Generate one report per sample, score the (reference, hypothesis) pairs, and bootstrap the scores by weights."
     def __init__(self, report_generator,           # generator(imgs[, indications]) -> list[str], or an object with `generate`
                  dataset=None,                     # indexable of sample dicts, or a table (report column, or a studies table)
-                 metrics=LIGHT_METRICS,            # metric names or Metric objects
+                 metrics=FULL_METRICS,             # metric names or Metric objects (paper 001's default: all 16 RadEval metrics)
                  ref_section: str = "findings",    # "findings", "impression", "both" or "full"
                  use_indication: bool = False,     # pass each sample's indication to the generator
                  indication_section: str = "indication", # section read as the indication
                  device: str = "cuda",             # recorded only (see the table above)
                  batch_size: int = 8,              # samples per generator call
                  num_workers: int = 4,             # threads reading dataset[i]
-                 max_samples: int | None = None,   # cap on generated (hence scored) pairs
+                 max_samples: int | None = None,   # cap on scored pairs (reference and generation both non-empty)
                  n_bootstrap: int = 0,             # bootstrap resamples of the pairs
                  bootstrap_seed: int = DEFAULT_SEED, # seed of the resamples (paper 001: 0)
                  output_dir: str | os.PathLike | None = None, # folder for save_results
@@ -227,7 +252,7 @@ class ReportGenerationEvaluator:
         self.max_samples = _int_arg(max_samples, "max_samples", 1, none_ok=True)
         self.n_bootstrap, self.bootstrap_seed = _int_arg(n_bootstrap, "n_bootstrap", 0), _int_arg(bootstrap_seed, "bootstrap_seed", 0)
         self.use_indication, self.clusters = bool(use_indication), clusters
-        self.metrics = tuple(resolve_metrics(metrics))
+        self.metrics = tuple(resolve_metrics(metrics, what="ReportGenerationEvaluator"))
         self.arity = generator_arity(report_generator)
         if self.use_indication and self.arity == 1:
             raise InputError(f"ReportGenerationEvaluator: use_indication=True, but {_name(report_generator)} takes only images "
@@ -282,26 +307,28 @@ def _pairs(self: ReportGenerationEvaluator) -> pd.DataFrame:
 # %% ../nbs/12_evaluator.ipynb #ed3d1d91
 @patch
 def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
-    "Run the generator over the dataset once: one row per sample read, with `status` (see `STATUSES`)."
+    "Run the generator over the dataset once (up to `max_samples` scored pairs): one row per sample read, with `status` (see `STATUSES`)."
     if self.dataset is None: raise InputError("ReportGenerationEvaluator: no dataset given")
     fn, what = generator_function(self.report_generator), _name(self.report_generator)
-    rows, todo, n_ref = [], [], 0
+    rows, todo, n_scored, cap = [], [], 0, self.max_samples
     for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters, self.num_workers):
         rows.append(rec)
         if not rec["reference"]:
             rec.pop("img"); rec.update(hypothesis=None, error=None, status="empty_reference"); continue
-        todo.append(rec); n_ref += 1
-        if len(todo) == self.batch_size or n_ref == self.max_samples: self._finish(fn, todo, what); todo = []
-        if n_ref == self.max_samples: break
+        todo.append(rec)
+        if len(todo) == self.batch_size or (cap is not None and len(todo) == cap - n_scored):   # never more than the cap still needs
+            n_scored += self._finish(fn, todo, what); todo = []
+            if cap is not None and n_scored >= cap: break
     if todo: self._finish(fn, todo, what)
     return self._keep(rows)
 
 @patch
-def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str):
-    "Generate for a batch of records, in place."
+def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str) -> int:
+    "Generate for a batch of records, in place; the number of pairs it made scorable."
     for rec, (hyp, err) in zip(batch, _call_batch(fn, batch, self.arity, what)):
         rec.pop("img")
         rec.update(hypothesis=hyp, error=err, status="failed" if err else "empty_hypothesis" if not hyp.strip() else "scored")
+    return sum(r["status"] == "scored" for r in batch)
 
 # %% ../nbs/12_evaluator.ipynb #bbfec795
 def _leaf_stats(metrics, references: Sequence[str], hypotheses: Sequence[str]) -> dict[str, tuple[np.ndarray, Callable]]:
@@ -331,7 +358,7 @@ def _score(leaves: Mapping, reps: int, seed, clusters=None) -> tuple[pd.DataFram
 
 def score_pairs(references: Sequence[str],   # reference texts
                 hypotheses: Sequence[str],   # generated texts, aligned with the references
-                metrics=LIGHT_METRICS,       # metric names or Metric objects
+                metrics=FULL_METRICS,        # metric names or Metric objects (the evaluator's default)
                 reps: int = 0,               # resamples of the pairs
                 seed: int = DEFAULT_SEED,    # seed of the resamples
                 clusters: Sequence | None = None # one cluster label per pair, or None
@@ -341,7 +368,7 @@ def score_pairs(references: Sequence[str],   # reference texts
     if len(refs) != len(hyps): raise InputError(f"score_pairs: {len(refs)} references but {len(hyps)} hypotheses")
     if not refs: raise InputError("score_pairs: no pairs")
     cl = resolve_clusters(clusters, pd.DataFrame(index=range(len(refs))), what="score_pairs: clusters")
-    return _score(_leaf_stats(resolve_metrics(metrics), refs, hyps), int(reps), seed, cl)[0]
+    return _score(_leaf_stats(resolve_metrics(metrics, what="score_pairs"), refs, hyps), int(reps), seed, cl)[0]
 
 # %% ../nbs/12_evaluator.ipynb #16cbf547
 @patch
@@ -357,9 +384,10 @@ def evaluate(self: ReportGenerationEvaluator) -> pd.DataFrame:
 ID_COLUMNS = ("label", "fold", "seed", "bootstrap")
 
 def results_summary(df,                 # a results table (see `evaluate`)
-                    size: float = 0.95  # interval coverage
+                    size: float = 0.95, # interval coverage
+                    notes: Mapping[str, str] | None = None # result column -> what it is (see `metric_notes`): adds a `note` column
                    ) -> pd.DataFrame:
-    "Per metric leaf: `estimate`, bootstrap `mean`, `std`, percentile `ci_low`/`ci_high`, `n_bootstrap`."
+    "Per metric leaf: `estimate`, bootstrap `mean`, `std`, percentile `ci_low`/`ci_high`, `n_bootstrap` (and `note`)."
     df = require_columns(df, ID_COLUMNS, "results")
     point, reps, a = df[df.bootstrap < 0], df[df.bootstrap >= 0], (1 - size) / 2
     rows = []
@@ -368,7 +396,14 @@ def results_summary(df,                 # a results table (see `evaluate`)
         lo, hi = np.nanquantile(x, [a, 1 - a]) if np.isfinite(x).any() else (np.nan, np.nan)
         rows.append({"metric": c, "estimate": est, "mean": np.nanmean(x) if np.isfinite(x).any() else est,
                      "std": np.nanstd(x, ddof=1) if np.isfinite(x).sum() > 1 else np.nan, "ci_low": lo, "ci_high": hi, "n_bootstrap": len(x)})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    return out if notes is None else out.assign(note=[notes.get(c, "") for c in out.metric])
+
+# %% ../nbs/12_evaluator.ipynb #910b98fa
+def metric_notes(metrics # Metric objects (e.g. an evaluator's `metrics`)
+                ) -> dict[str, str]:
+    "Result column -> the metric's note (a bridged metric's names the RadEval key it read; a convention for others)."
+    return {leaf: getattr(m, "note", "") for m in metrics for leaf, _ in metric_leaves(m)}
 
 # %% ../nbs/12_evaluator.ipynb #73407840
 @patch
@@ -394,7 +429,7 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     if df is None: df = getattr(self, "results_", None)
     if df is None: raise InputError("save_results: nothing to save; run evaluate() first")
     out = self._out(output_dir)
-    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(results_summary(df), out / "results_summary.csv"),
+    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(results_summary(df, notes=metric_notes(self.metrics)), out / "results_summary.csv"),
              "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], out / "generations.csv")}
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}
@@ -624,7 +659,8 @@ def score_systems(generations,                    # generations table: hypothesi
                  ) -> SystemScores:
     "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
     g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
-    return _score_configs(g, resolve_metrics(metrics), int(reps), seed, baseline, skip_unavailable, size, method)
+    return _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,
+                          skip_unavailable, size, method)
 
 def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
     "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."

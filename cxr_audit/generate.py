@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -22,20 +23,22 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, InputError, enable_theme, is_missing, optional_import, read_json, require_columns,
+from .core import (DEFAULT_SEED, InputError, cache_dir, enable_theme, is_missing, optional_import, read_json, require_columns,
                             resource_text, rng, sha256_text)
 from .corpus import to_generations
 from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, load_phrases, mentions_of
 
 # %% auto #0
-__all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'KINDS', 'TINY_VOCAB', 'SIM_SYSTEMS', 'ENTRY_ID',
-           'CHOSEN_IMAGE', 'DecodingPolicy', 'policies_frame', 'policy_from_dict', 'get_policy', 'parse_policies',
+__all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'SECTION_NAMES', 'SECTIONS_HEADER', 'KINDS',
+           'TINY_VOCAB', 'SIM_SYSTEMS', 'ENTRY_ID', 'CHOSEN_IMAGE', 'MEDGEMMA_PROMPT', 'CHEXAGENT_PROMPT',
+           'GENERATOR_RECIPES', 'DecodingPolicy', 'policies_frame', 'policy_from_dict', 'get_policy', 'parse_policies',
            'load_policies', 'template_phrases', 'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression',
            'EOSReweight', 'processor_to_dict', 'build_logits_processors', 'sample_seed', 'ReportGenerator',
-           'Generation', 'accepts_indications', 'call_report_generator', 'with_indication', 'load_image',
-           'SeededSampler', 'sampling_processors', 'tiny_tokenizer', 'TinyModel', 'tiny_model', 'infer_kind',
-           'HFReportGenerator', 'simulated_response', 'SimulatedGenerator', 'generation_inputs', 'generate_table',
-           'policy_summary', 'plot_policy_summary']
+           'Generation', 'accepts_indications', 'call_report_generator', 'report_context', 'with_indication',
+           'load_image', 'image_file', 'SeededSampler', 'sampling_processors', 'tiny_tokenizer', 'TinyModel',
+           'tiny_model', 'infer_kind', 'HFReportGenerator', 'simulated_response', 'SimulatedGenerator',
+           'generation_inputs', 'generate_table', 'policy_summary', 'plot_policy_summary', 'Maira2Inputs',
+           'CheXagentInputs', 'GeneratorRecipe', 'generator_recipe', 'recipes_frame', 'load_generator', 'tiny_gemma3']
 
 # %% ../nbs/11_generate.ipynb #3ca8fa93
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -451,7 +454,10 @@ def accepts_indications(fn # a report generator (callable)
     return npos >= 2 or star or kw
 
 # %% ../nbs/11_generate.ipynb #29109492
-def _blank(v) -> bool: return v is None or is_missing(v) or not str(v).strip()
+def _blank(v) -> bool:
+    "Whether a value (or every value of a mapping of report sections) is missing or empty."
+    if isinstance(v, Mapping): return all(_blank(x) for x in v.values())
+    return v is None or is_missing(v) or not str(v).strip()
 
 def _check_reports(out, n: int, what: str) -> list[str]:
     "The generator's output as a list of `n` strings, or an `InputError` saying what is wrong."
@@ -464,12 +470,12 @@ def _check_reports(out, n: int, what: str) -> list[str]:
 
 def call_report_generator(fn,                                  # a report generator (callable)
                           imgs: Sequence,                      # one entry per sample
-                          indications: Sequence | None = None, # per-sample indications (None entries: none)
+                          indications: Sequence | None = None, # per-sample indications or mappings of report sections (None: none)
                           what: str | None = None              # named in error messages
                          ) -> list[str]:
     "Call a report generator with or without indications (legacy one-argument form) and check its output."
     imgs, what = list(imgs), what or getattr(fn, "__name__", type(fn).__name__)
-    inds = None if indications is None else [None if _blank(i) else str(i) for i in indications]
+    inds = None if indications is None else [None if _blank(i) else i if isinstance(i, Mapping) else str(i) for i in indications]
     if inds is not None and len(inds) != len(imgs): raise InputError(f"{what}: {len(inds)} indications for {len(imgs)} images")
     if inds is not None and not accepts_indications(fn):
         if any(i is not None for i in inds): raise InputError(f"{what}: takes only images (one argument), so it cannot be given indications")
@@ -481,16 +487,36 @@ def call_report_generator(fn,                                  # a report genera
 # %% ../nbs/11_generate.ipynb #d570b0cd
 INDICATION_FORMAT = "Indication: {indication}. "
 DEFAULT_PROMPT = "Write the findings section of the radiology report for this chest radiograph."
+SECTION_NAMES = ("indication", "technique", "comparison")   # report sections a generator may be given as context
+SECTIONS_HEADER = "Sections of this report that are already written, for context:"
+
+def report_context(context,              # None, an indication, or a mapping of `SECTION_NAMES` to text
+                   what: str = "context" # named in error messages
+                  ) -> dict[str, str]:
+    "A sample's context as `{section: text}` in `SECTION_NAMES` order, whitespace tidied, blank sections left out."
+    if _blank(context): return {}
+    d = context if isinstance(context, Mapping) else {"indication": context}
+    bad = [k for k in d if k not in SECTION_NAMES]
+    if bad: raise InputError(f"{what}: unknown report section(s) {', '.join(map(repr, bad))}; use {', '.join(SECTION_NAMES)}")
+    return {k: " ".join(str(d[k]).split()) for k in SECTION_NAMES if k in d and not _blank(d[k])}
+
+def _sections_block(s: Mapping) -> str:
+    "The `{sections}` slot: a header and one `NAME: text` paragraph per given section (empty when none is given)."
+    return "" if not s else "\n\n" + SECTIONS_HEADER + "".join(f"\n\n{k.upper()}: {v}" for k, v in s.items())
 
 def with_indication(prompt: str,                 # the model's instruction ("" for none)
-                    indication: str | None,      # the study's indication, or None
+                    indication,                  # the sample's indication, a mapping of report sections, or None
                     fmt: str = INDICATION_FORMAT, # how a prefix is written
-                    missing: str = "N/A"         # what fills an `{indication}` slot when there is none
+                    missing: str = "N/A"         # what fills a section slot when the sample has no such section
                    ) -> str:
-    "The prompt with the indication in its `{indication}` slot, or in front of it."
-    ind = "" if _blank(indication) else " ".join(str(indication).split()).rstrip(" .")
-    if "{indication}" in prompt: return prompt.replace("{indication}", ind or missing)
-    return (fmt.replace("{indication}", ind) if ind else "") + prompt
+    "The prompt with the sample's context in its slots (`{indication}`, `{technique}`, `{comparison}`, `{sections}`), else the indication in front."
+    s = report_context(indication)
+    if not any("{" + k + "}" in prompt for k in SECTION_NAMES + ("sections",)):
+        ind = s.get("indication", "").rstrip(" .")
+        return (fmt.replace("{indication}", ind) if ind else "") + prompt
+    out = prompt.replace("{sections}", _sections_block(s))
+    for k in SECTION_NAMES: out = out.replace("{" + k + "}", s.get(k, "").rstrip(" .") or missing)
+    return out
 
 # %% ../nbs/11_generate.ipynb #d4eb7802
 def _to_uint8(arr, invert: bool = False) -> np.ndarray:
@@ -533,6 +559,29 @@ def load_image(src,                                      # a path, a Pillow imag
             if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"): return Image.fromarray(_to_uint8(np.asarray(im))).convert("RGB")
             return im.convert("RGB")
     except (OSError, ValueError) as e: raise InputError(f"{p}: cannot be read as an image ({type(e).__name__}: {e})") from None
+
+# %% ../nbs/11_generate.ipynb #06349c3b
+_PLAIN_FILES, _PLAIN_MODES = (".png", ".jpg", ".jpeg"), ("L", "RGB")
+
+def _plain_image_file(p: Path) -> bool:
+    "Whether a file is a PNG/JPEG in 8-bit grey or RGB (what any image reader takes)."
+    if p.suffix.lower() not in _PLAIN_FILES or _is_dicom(p): return False
+    Image = optional_import("PIL.Image", "generate", "image_file")
+    try:
+        with Image.open(p) as im: return im.mode in _PLAIN_MODES
+    except (OSError, ValueError): return False
+
+def image_file(src,                                   # a path, a Pillow image or a numpy array
+               folder: str | os.PathLike | None = None # where converted images are written (None: `core.cache_dir()`/images)
+              ) -> str:
+    "The path of an image file for `src`: a plain PNG/JPEG file as it is, anything else written once as an RGB PNG named by its pixels."
+    if isinstance(src, (str, os.PathLike)) and Path(src).is_file() and _plain_image_file(Path(src)): return str(Path(src).resolve())
+    im = load_image(src)
+    out = Path(folder) if folder is not None else cache_dir() / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    f = out / f"{hashlib.sha256(repr(im.size).encode() + im.tobytes()).hexdigest()[:24]}.png"
+    if not f.is_file(): im.save(f)
+    return str(f)
 
 # %% ../nbs/11_generate.ipynb #0be43bcf
 KINDS = ("encoder-decoder", "chat", "text")   # the kinds of Hugging Face model `HFReportGenerator` wraps
@@ -673,7 +722,9 @@ class HFReportGenerator:
                  system: str | None = None,  # name in the `system` column; None: the model's name
                  seed: int = DEFAULT_SEED,   # run seed of direct calls under sampling policies
                  indication_format: str = INDICATION_FORMAT, # how an indication prefix is written
-                 max_images: int | None = None # chat models: images per sample at most (None: all given)
+                 max_images: int | None = None, # chat models: images per sample at most (None: all given)
+                 system_prompt: str | None = None, # chat models: a system message before the user turn
+                 input_builder=None          # builds a batch's model inputs itself: (gen, imgs, contexts) -> (inputs, prompt length)
                 ):
         if kind is not None and kind not in KINDS: raise InputError(f"HFReportGenerator: kind must be one of {KINDS}, got {kind!r}")
         if not _is_int(batch_size) or batch_size < 1: raise InputError(f"HFReportGenerator: batch_size must be a positive integer, got {batch_size!r}")
@@ -683,6 +734,7 @@ class HFReportGenerator:
         self.prompt = (DEFAULT_PROMPT if self.kind == "chat" else "") if prompt is None else prompt
         self.policy, self.batch_size, self.seed = get_policy(policy), int(batch_size), int(seed)
         self.system, self.indication_format, self.max_images = system or _model_name(model), indication_format, max_images
+        self.system_prompt, self.input_builder = system_prompt, input_builder
 
     def __call__(self, imgs: Sequence, indications: Sequence | None = None) -> list[str]:
         "One report per image, under the generator's own policy."
@@ -692,11 +744,16 @@ class HFReportGenerator:
         return f"HFReportGenerator({self.system!r}, kind={self.kind!r}, policy={self.policy.name!r}, device={self.device!r})"
 
 # %% ../nbs/11_generate.ipynb #6a314381
+def _refs(x, system: str) -> list:
+    "The images of one sample as a list (one image, or several)."
+    refs = list(x) if isinstance(x, (list, tuple)) else [x]
+    if not refs: raise InputError(f"{system}: a sample has no image")
+    return refs
+
 @patch
 def _images(self: HFReportGenerator, x) -> list:
     "The Pillow images of one sample (one for encoder-decoder models, up to `max_images` for chat models)."
-    refs = list(x) if isinstance(x, (list, tuple)) else [x]
-    if not refs: raise InputError(f"{self.system}: a sample has no image")
+    refs = _refs(x, self.system)
     refs = refs[:1] if self.kind == "encoder-decoder" else refs[:self.max_images] if self.max_images else refs
     return [load_image(r) for r in refs] if self.kind != "text" else []
 
@@ -711,7 +768,8 @@ def _special_ids(self: HFReportGenerator) -> tuple[tuple, int]:
 
 @patch
 def _batch(self: HFReportGenerator, imgs, inds, policy, seeds) -> list[Generation]:
-    "Generate one batch: encode, run in groups that need no decoder padding, decode."
+    "Generate one batch: encode (through the `input_builder` when there is one), run in groups that need no decoder padding, decode."
+    if self.input_builder is not None: return self._run(*self.input_builder(self, list(imgs), list(inds)), policy, seeds)
     images = [self._images(x) for x in imgs]
     prompts = [with_indication(self.prompt, i, self.indication_format) for i in inds]
     if self.kind == "chat": return self._run(*self._encode_chat(images, prompts), policy, seeds)
@@ -753,13 +811,13 @@ def _encode_text(self: HFReportGenerator, prompts) -> tuple[dict, int]:
 
 @patch
 def _encode_chat(self: HFReportGenerator, images, prompts) -> tuple[dict, int]:
-    "Chat-template text with one image slot per image, through the model's processor (left padding)."
+    "Chat-template text (after the system message, if any) with one image slot per image, through the model's processor (left padding)."
     if not hasattr(self.processor, "apply_chat_template"): raise InputError(f"{self.system}: a chat model needs a processor with a chat template")
-    msgs = [[{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": p}]}] for ims, p in zip(images, prompts)]
+    sys_msg = [{"role": "system", "content": [{"type": "text", "text": self.system_prompt}]}] if self.system_prompt else []
+    msgs = [sys_msg + [{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": p}]}] for ims, p in zip(images, prompts)]
     texts = [self.processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in msgs]
-    flat = all(len(ims) == 1 for ims in images)
-    with _padding_side(self.tokenizer, "left"):
-        enc = self.processor(text=texts, images=[ims[0] for ims in images] if flat else images, return_tensors="pt", padding=True)
+    with _padding_side(self.tokenizer, "left"):   # images nested per sample: what Gemma 3 needs, and LLaVA takes too
+        enc = self.processor(text=texts, images=[list(ims) for ims in images], return_tensors="pt", padding=True)
     return dict(enc), enc["input_ids"].shape[1]
 
 @patch
@@ -788,7 +846,9 @@ def _run(self: HFReportGenerator, inputs: dict, prompt_length: int, policy: Deco
     if policy.do_sample:
         for k in ("top_k", "top_p", "temperature"): kw.pop(k)
         kw["do_sample"], procs = False, procs + sampling_processors(policy, seeds)
-    inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in inputs.items()}
+    dt = getattr(self.model, "dtype", None)      # pixel values follow the weights (e.g. bfloat16); token ids stay integers
+    inputs = {k: (v.to(self.device, dtype=dt) if dt is not None and v.is_floating_point() else v.to(self.device)) if hasattr(v, "to") else v
+              for k, v in inputs.items()}
     with torch.inference_mode():
         seq = self.model.generate(**inputs, **kw, logits_processor=tf.LogitsProcessorList(procs), pad_token_id=pad, eos_token_id=list(eos))
     return [self._decode(row[prompt_length:], eos, policy.max_new_tokens) for row in seq.cpu().tolist()]
@@ -1148,3 +1208,297 @@ def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
     return alt.Chart(summary, title=title or f"{y} by decoding policy").mark_bar().encode(
         x=alt.X("policy:N", sort=list(dict.fromkeys(summary.policy)), title="policy", axis=alt.Axis(labelAngle=0)), xOffset="system:N",
         y=alt.Y(f"{y}:Q", title=y.replace("_", " ")), color="system:N", tooltip=list(summary.columns))
+
+# %% ../nbs/11_generate.ipynb #04393ffd
+@dataclass(frozen=True)
+class Maira2Inputs:
+    "Model inputs the MAIRA-2 way: its own processor writes the findings prompt around the frontal and lateral images and the report sections."
+    get_grounding: bool = False   # True: ask for findings with boxes (paper 000 used the ungrounded form)
+
+    def call_args(self, refs: Sequence, # the sample's images: frontal, then lateral (optional)
+                  context               # its indication, or a mapping of report sections, or None
+                 ) -> dict:
+        "The keyword arguments of the processor's `format_reporting_input` for one sample."
+        s = report_context(context)
+        return {"current_frontal": load_image(refs[0]), "current_lateral": load_image(refs[1]) if len(refs) > 1 else None,
+                "prior_frontal": None, "indication": s.get("indication"), "technique": s.get("technique"),
+                "comparison": s.get("comparison"), "prior_report": None, "get_grounding": self.get_grounding}
+
+    def __call__(self, gen,              # the HFReportGenerator (its processor and tokenizer)
+                 imgs: Sequence,         # one entry per sample: an image, or [frontal, lateral]
+                 contexts: Sequence      # per sample: an indication, a mapping of report sections, or None
+                ) -> tuple[dict, int]:
+        "A batch's prompts and images through the processor, left-padded: `(inputs, prompt length)`."
+        proc = gen.processor
+        if not hasattr(proc, "format_reporting_input"):
+            raise InputError(f"{gen.system}: the processor ({type(proc).__name__}) has no format_reporting_input; MAIRA-2's processor is code "
+                             "that ships with the checkpoint: load it with load_generator('maira2', ..., trust_remote_code=True)")
+        texts, images = [], []
+        for x, ctx in zip(imgs, contexts):
+            text, ims = proc.format_reporting_input(**self.call_args(_refs(x, gen.system)[:2], ctx))
+            texts.append(text); images += list(ims)
+        with _padding_side(gen.tokenizer, "left"):
+            enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
+        return dict(enc), enc["input_ids"].shape[1]
+
+# %% ../nbs/11_generate.ipynb #acdedf12
+@dataclass(frozen=True)
+class CheXagentInputs:
+    "Model inputs the CheXagent-2 way: image files named in the prompt by its tokenizer's `from_list_format`, in a system/human conversation."
+    image_dir: str | None = None                         # where images that are not plain files yet are written (None: the cache folder)
+    system_message: str = "You are a helpful assistant." # the model card's system turn
+    missing: str = ""                                    # what fills the prompt's `{indication}` slot when a sample has none
+
+    def conversation(self, tokenizer,            # CheXagent-2's tokenizer (it has `from_list_format`)
+                     paths: Sequence[str],       # the sample's image files
+                     prompt: str                 # the instruction, context filled in
+                    ) -> list[dict]:
+        "The system and human turns of one sample; the human turn lists the image files, then the prompt."
+        if not hasattr(tokenizer, "from_list_format"):
+            raise InputError(f"the tokenizer ({type(tokenizer).__name__}) has no from_list_format; CheXagent-2's tokenizer is code that ships "
+                             "with the checkpoint: load it with load_generator('chexagent', ..., trust_remote_code=True)")
+        query = tokenizer.from_list_format([*({"image": p} for p in paths), {"text": prompt}])
+        return [{"from": "system", "value": self.system_message}, {"from": "human", "value": query}]
+
+    def __call__(self, gen,              # the HFReportGenerator (its tokenizer, prompt and max_images)
+                 imgs: Sequence,         # one entry per sample: an image or a list of images
+                 contexts: Sequence      # per sample: an indication, a mapping of report sections, or None
+                ) -> tuple[dict, int]:
+        "A batch's token ids, left-padded: `(inputs, prompt length)`."
+        seqs = []
+        for x, ctx in zip(imgs, contexts):
+            paths = [image_file(r, self.image_dir) for r in _refs(x, gen.system)[:gen.max_images or None]]
+            conv = self.conversation(gen.tokenizer, paths, with_indication(gen.prompt, ctx, gen.indication_format, self.missing))
+            ids = gen.tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
+            seqs.append([int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)])
+        enc = _left_pad(seqs, gen._special_ids()[1])
+        return enc, enc["input_ids"].shape[1]
+
+# %% ../nbs/11_generate.ipynb #573e731c
+@dataclass(frozen=True)
+class GeneratorRecipe:
+    "How to run one published report generator: checkpoint, classes, prompt, images, decoding defaults and environment."
+    name: str                  # registry key and default `system` name
+    title: str                 # the model as the papers name it
+    model_ids: tuple           # Hugging Face checkpoint IDs (you download one once; it is loaded from a local folder)
+    architecture: str          # the model class the checkpoint's configuration names
+    model_class: str           # the transformers class that loads it
+    processor_class: str       # the transformers class that loads its processor ("A+B": an image processor and a tokenizer)
+    kind: str                  # the `HFReportGenerator` kind
+    policy: Any                # decoding defaults (a DecodingPolicy, a preset name or a dict)
+    remote_code: bool = False  # loading runs Python code that ships with the checkpoint (trust_remote_code)
+    prompt: str | None = ""    # instruction with context slots ("": none); None: the model's processor writes the prompt
+    system_prompt: str | None = None # a system message (chat models)
+    indication_format: str = INDICATION_FORMAT # how an indication goes in front of a prompt without slots ("": not given to the model)
+    input_builder: Any = None  # builds the model inputs itself (`Maira2Inputs`, `CheXagentInputs`); None: the kind's own way
+    max_images: int = 1        # images per sample the model takes
+    images: str = ""           # which images, in words
+    preprocessing: str = ""    # what happens to an image before the model sees it, in words
+    context: str = ""          # how the indication and other report sections reach the model, in words
+    dtype: str = "bfloat16"    # the weights' dtype on a GPU (on a CPU: float32)
+    batch_size: int = 1        # samples per `generate` call
+    install: str = 'pip install -e ".[generate]"' # what to install, from the cxr_audit source folder
+    transformers: str = ">=5"  # transformers versions the model's code needs
+    sources: str = ""          # where these settings come from
+
+    def __post_init__(self):
+        object.__setattr__(self, "policy", get_policy(self.policy))
+        object.__setattr__(self, "model_ids", tuple(self.model_ids))
+        if self.kind not in KINDS: raise InputError(f"recipe {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        for f in ("max_images", "batch_size"):
+            if not _is_int(getattr(self, f)) or getattr(self, f) < 1: raise InputError(f"recipe {self.name!r}: {f} must be a positive integer")
+
+    def settings(self) -> dict:
+        "The `HFReportGenerator` keyword arguments this recipe implies (`prompt`, `policy`, `kind`, `input_builder`, ...)."
+        return {"prompt": "" if self.prompt is None else self.prompt, "policy": self.policy, "batch_size": self.batch_size, "kind": self.kind,
+                "system": self.name, "indication_format": self.indication_format, "max_images": self.max_images,
+                "system_prompt": self.system_prompt, "input_builder": self.input_builder}
+
+    def describe(self) -> str:
+        "The recipe in a few sentences."
+        code = "; loading runs code that ships with the checkpoint" if self.remote_code else ""
+        return (f"{self.title} ({', '.join(self.model_ids)}): {self.architecture}, loaded with {self.model_class} and {self.processor_class}{code}. "
+                f"Images: {self.images}. Context: {self.context}. Decoding: {self.policy.describe()}. Needs transformers {self.transformers}.")
+
+    def _repr_markdown_(self) -> str:
+        prompt = "written by the model's processor" if self.prompt is None else f"`{self.prompt!r}`" if self.prompt else "none"
+        rows = [("checkpoint", ", ".join(f"`{m}`" for m in self.model_ids)), ("architecture", self.architecture),
+                ("loaded with", f"`{self.model_class}` + `{self.processor_class}`" + (" (its own code: `trust_remote_code=True`)" if self.remote_code else "")),
+                ("prompt", prompt), ("images", self.images), ("preprocessing", self.preprocessing), ("context", self.context),
+                ("decoding", f"`{self.policy.name}`: {self.policy.describe()}"), ("environment", f"`{self.install}`; transformers {self.transformers}"),
+                ("sources", self.sources)]
+        return f"**Generator recipe `{self.name}`**: {self.title}\n\n" + "\n".join(f"- {k}: {v}" for k, v in rows)
+
+# %% ../nbs/11_generate.ipynb #a1114b54
+MEDGEMMA_PROMPT = ("Write the FINDINGS section of the radiology report for this chest X-ray image.{sections}\n\n"
+                   "Answer with the FINDINGS section alone, without restating any other section.")
+CHEXAGENT_PROMPT = 'Given the indication: "{indication}", write a structured findings section for the CXR.'   # CheXagent-2's demo prompt
+
+GENERATOR_RECIPES = MappingProxyType({r.name: r for r in (
+    GeneratorRecipe(
+        name="medgemma", title="MedGemma 4B, instruction-tuned", model_ids=("google/medgemma-4b-it", "google/medgemma-1.5-4b-it"),
+        architecture="Gemma3ForConditionalGeneration", model_class="AutoModelForImageTextToText", processor_class="AutoProcessor",
+        kind="chat", prompt=MEDGEMMA_PROMPT, max_images=1, policy=DecodingPolicy("greedy-512", max_new_tokens=512), batch_size=4,
+        images="the frontal view only (the model was built for one image)",
+        preprocessing="Gemma 3's image processor: resized to 896 x 896 and scaled to [-1, 1], 256 image tokens per image",
+        context="the indication, technique and comparison that a study has, listed after the instruction",
+        transformers=">=4.50 (Gemma 3); the generate extra has 5",
+        sources="paper 000 App. D.2 (checkpoint, frontal view only, its own prompt with the three sections); paper 004 (MedGemma 1.5 4B at "
+                "revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b, one fixed prompt, greedy decoding, a 512-token cap, float32 because "
+                "float16 gave unstable first-token logits on its GPUs); paper 001 (the indication as context); model card (classes)"),
+    GeneratorRecipe(
+        name="maira2", title="MAIRA-2", model_ids=("microsoft/maira-2",),
+        architecture="Maira2ForConditionalGeneration (LLaVA-style: RAD-DINO image encoder, Vicuna-7B language model)",
+        model_class="AutoModelForCausalLM", processor_class="AutoProcessor", kind="chat", remote_code=True, prompt=None,
+        input_builder=Maira2Inputs(), max_images=2, policy=DecodingPolicy("greedy-300", max_new_tokens=300),
+        images="the frontal view, then the lateral view when the study has one (a sample's second image is taken as the lateral)",
+        preprocessing="its processor makes each image grey and stretches it to 0-255, then RAD-DINO's image processor resizes and crops it to 518 px",
+        context="indication, technique and comparison in the processor's own slots (N/A when missing); ungrounded findings",
+        install='pip install -e . "torch>=2.3" "transformers>=4.46,<4.47" accelerate pillow pyyaml   # an environment of its own',
+        transformers="4.46 (the release its code was written for; later ones may break it)",
+        sources="paper 000 App. D.1 (official checkpoint, ungrounded findings with the prompts of the MAIRA-2 paper, the three sections with "
+                "N/A when missing, frontal and lateral views); paper 001 (the indication slot); model card (classes, trust_remote_code, "
+                "format_and_preprocess_reporting_input, 300 new tokens)"),
+    GeneratorRecipe(
+        name="chexagent", title="CheXagent-2-3b", model_ids=("StanfordAIMI/CheXagent-2-3b",),
+        architecture="CheXagent-2 (a causal language model with an image encoder, both defined by the checkpoint's code)",
+        model_class="AutoModelForCausalLM", processor_class="AutoTokenizer", kind="chat", remote_code=True, prompt=CHEXAGENT_PROMPT,
+        input_builder=CheXagentInputs(), max_images=2, policy=DecodingPolicy("greedy-512", max_new_tokens=512),
+        images="up to two images per study, as files whose paths go into the prompt (other images are saved as PNG first)",
+        preprocessing="the model's own code reads each image from its path and prepares it",
+        context="the indication in the prompt's slot (empty when missing)",
+        install='pip install -e . "torch>=2.3" "transformers==4.40.0" accelerate pillow pyyaml   # an environment of its own',
+        transformers="==4.40.0 (model card)",
+        sources="paper 000 App. D.5 (checkpoint, the demo's findings prompt with the indication, at most two images); paper 001 (the recipe, "
+                "the indication as context); model card (classes, trust_remote_code, from_list_format, system turn, greedy decoding, 512 "
+                "new tokens, transformers 4.40.0)"),
+    GeneratorRecipe(
+        name="chex-mimic", title="CheX-MIMIC: the CheXpert Plus findings baseline trained on CheXpert Plus and MIMIC-CXR",
+        model_ids=("IAMJB/chexpert-mimic-cxr-findings-baseline",), architecture="VisionEncoderDecoderModel (ViT encoder, BERT decoder)",
+        model_class="VisionEncoderDecoderModel", processor_class="AutoImageProcessor+AutoTokenizer", kind="encoder-decoder", prompt="",
+        indication_format="", max_images=1, policy=DecodingPolicy("B2-128", num_beams=2, max_new_tokens=128), dtype="float32", batch_size=8,
+        images="the frontal (key) view only", preprocessing="the checkpoint's ViT image processor (resize and normalise)",
+        context="none: the model takes no text", transformers=">=4.40; the generate extra has 5",
+        sources="paper 000 App. D.9 (checkpoint, no prompt, frontal view only); decoding is not given by the papers: 2-beam search "
+                "with a 128-token cap, a setting in common use with these baselines"),
+)})
+
+def generator_recipe(name # a key of GENERATOR_RECIPES (any case), or a GeneratorRecipe
+                    ) -> GeneratorRecipe:
+    "One generator recipe by name."
+    if isinstance(name, GeneratorRecipe): return name
+    hit = next((r for k, r in GENERATOR_RECIPES.items() if k == str(name).strip().lower()), None)
+    if hit is None: raise InputError(f"unknown generator recipe {name!r}; known: {', '.join(GENERATOR_RECIPES)} (or give a GeneratorRecipe)")
+    return hit
+
+# %% ../nbs/11_generate.ipynb #30212c04
+def recipes_frame(names=None # recipe names (default: all of GENERATOR_RECIPES)
+                 ) -> pd.DataFrame:
+    "One row per generator recipe: checkpoint, classes, own code, images, context, decoding and environment."
+    rs = [generator_recipe(n) for n in (names or GENERATOR_RECIPES)]
+    return pd.DataFrame([{"name": r.name, "title": r.title, "model_ids": ", ".join(r.model_ids), "architecture": r.architecture,
+                          "model_class": r.model_class, "processor_class": r.processor_class, "remote_code": r.remote_code,
+                          "max_images": r.max_images, "images": r.images, "context": r.context, "policy": r.policy.name,
+                          "decoding": r.policy.describe(), "dtype": r.dtype, "transformers": r.transformers, "install": r.install} for r in rs])
+
+# %% ../nbs/11_generate.ipynb #e62c2946
+def _recipe_dir(r: GeneratorRecipe, path) -> Path:
+    "The checkpoint folder, or an `InputError` that says how to get it."
+    try: return _check_model_dir(path)
+    except InputError as e:
+        raise InputError(f"load_generator({r.name!r}): {e}. {r.title} is {' or '.join(r.model_ids)} on the Hugging Face Hub: download it once "
+                         f"where there is internet (huggingface-cli download {r.model_ids[0]} --local-dir <folder>) and pass that folder") from None
+
+def _recipe_imports(r: GeneratorRecipe) -> tuple:
+    "torch and transformers, or an `ImportError` with the recipe's install line."
+    try: return optional_import("torch", "generate", f"load_generator({r.name!r})"), optional_import("transformers", "generate", f"load_generator({r.name!r})")
+    except ImportError as e: raise ImportError(f"{e}; from the cxr_audit source folder: {r.install}") from e
+
+def _torch_dtype(torch, dtype, r: GeneratorRecipe, device: str):
+    "A torch dtype from a name or a dtype (None: the recipe's on a GPU, float32 otherwise)."
+    if dtype is None: dtype = r.dtype if str(device).startswith("cuda") else "float32"
+    if isinstance(dtype, str):
+        dt = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(dt, torch.dtype): raise InputError(f"load_generator({r.name!r}): unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16' or 'float32'")
+        return dt
+    return dtype
+
+def _fill_special_ids(model, tok) -> None:
+    "Set an encoder-decoder's missing decoder start and end tokens from its tokenizer."
+    gc, cfg = model.generation_config, model.config
+    start = next((v for v in (gc.decoder_start_token_id, getattr(cfg, "decoder_start_token_id", None), getattr(tok, "bos_token_id", None), getattr(tok, "cls_token_id", None)) if v is not None), None)
+    end = next((v for v in (gc.eos_token_id, getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None)) if v is not None), None)
+    gc.decoder_start_token_id, gc.eos_token_id = start, end
+    if gc.pad_token_id is None: gc.pad_token_id = getattr(tok, "pad_token_id", None)
+
+def _load_parts(tf, r: GeneratorRecipe, p: Path, dtype, trust: bool) -> tuple:
+    "The model and its processor (or image processor and tokenizer) from a local folder."
+    kw = {"local_files_only": True, **({"trust_remote_code": True} if trust else {})}
+    missing = [c for c in [r.model_class, *r.processor_class.split("+")] if getattr(tf, c, None) is None]
+    if missing: raise ImportError(f"load_generator({r.name!r}) needs transformers {r.transformers}, but {tf.__version__} has no {', '.join(missing)}; "
+                                  f"from the cxr_audit source folder: {r.install}")
+    model = getattr(tf, r.model_class).from_pretrained(p, **kw, **{"dtype" if int(tf.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype})
+    procs = [getattr(tf, c).from_pretrained(p, **kw) for c in r.processor_class.split("+")]
+    if r.kind == "encoder-decoder": _fill_special_ids(model, procs[-1])
+    return model, procs[0] if len(procs) == 1 else tuple(procs)
+
+def load_generator(name,                               # a key of GENERATOR_RECIPES, or a GeneratorRecipe
+                   model_path: str | os.PathLike,      # local folder holding the checkpoint (nothing is downloaded)
+                   device: str | None = None,          # "cuda", "cuda:1", "cpu"; None: "cuda" when torch sees a GPU, else "cpu"
+                   dtype=None,                         # "bfloat16", "float32" or a torch dtype; None: the recipe's on a GPU, float32 on a CPU
+                   *, trust_remote_code: bool = False, # run the code that ships with the checkpoint (MAIRA-2 and CheXagent-2 need it)
+                   **kwargs                            # HFReportGenerator settings that replace the recipe's (prompt, policy, batch_size, system, ...)
+                  ) -> HFReportGenerator:
+    "A report generator for a published model, loaded from its local checkpoint folder and set up as its recipe says."
+    r = generator_recipe(name)
+    p = _recipe_dir(r, model_path)
+    if r.remote_code and not trust_remote_code:
+        raise InputError(f"load_generator({r.name!r}): {r.title} runs Python code that ships with its checkpoint ({r.architecture}); "
+                         f"read the .py files in {p}, then pass trust_remote_code=True to run them")
+    if r.prompt is None and kwargs.get("prompt"): raise InputError(f"load_generator({r.name!r}): the model's processor writes the prompt, so prompt= cannot be used")
+    torch, tf = _recipe_imports(r)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, proc = _load_parts(tf, r, p, _torch_dtype(torch, dtype, r, device), r.remote_code)
+    return HFReportGenerator(model, proc, **{**r.settings(), "device": device, **kwargs})
+
+# %% ../nbs/11_generate.ipynb #d6e4eddf
+_GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>")
+_TINY_GEMMA3_TEMPLATE = ("{{ bos_token }}{% set sys = messages[0]['content'][0]['text'] if messages[0]['role'] == 'system' else '' %}"
+                         "{% for m in messages if m['role'] != 'system' %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }} "
+                         "{% if loop.first and sys %}{{ sys }} {% endif %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image> "
+                         "{% else %}{{ c['text'] }} {% endif %}{% endfor %}<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn>model {% endif %}")
+
+def _tiny_gemma3_tokenizer():
+    "The tiny word-level tokenizer plus Gemma 3's image and turn markers as special tokens."
+    tokenizers, tf = optional_import("tokenizers", "generate", "tiny_gemma3"), optional_import("transformers", "generate", "tiny_gemma3")
+    vocab = list(TINY_VOCAB) + list(_GEMMA3_TOKENS) + ["model", "system"]
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]",
+                                     extra_special_tokens=dict(zip(("boi_token", "image_token", "eoi_token"), _GEMMA3_TOKENS[:3])))
+    tok.add_tokens(list(_GEMMA3_TOKENS[3:]), special_tokens=True)
+    return tok
+
+def tiny_gemma3(seed: int = DEFAULT_SEED, # initialisation seed
+                init: float = 0.5         # weight scale
+               ) -> TinyModel:
+    "A tiny randomly initialised Gemma 3 image-text model (MedGemma's class) with its processor, built offline."
+    torch, tf = _torch("tiny_gemma3"), optional_import("transformers", "generate", "tiny_gemma3")
+    tok = _tiny_gemma3_tokenizer()
+    ids = [tok.convert_tokens_to_ids(t) for t in _GEMMA3_TOKENS]
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    text = tf.Gemma3TextConfig(vocab_size=len(tok), num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=512,
+                               max_position_embeddings=512, bos_token_id=2, eos_token_id=3, pad_token_id=0, initializer_range=init,
+                               tie_word_embeddings=False, **small)
+    cfg = tf.Gemma3Config(vision_config=tf.SiglipVisionConfig(image_size=32, patch_size=8, **small), text_config=text, mm_tokens_per_image=4,
+                          boi_token_index=ids[0], image_token_index=ids[1], eoi_token_index=ids[2], initializer_range=init,
+                          tie_word_embeddings=False)   # untied: a tiny tied model mostly repeats its last token
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = tf.Gemma3ForConditionalGeneration(cfg).eval()
+        with torch.no_grad():   # Gemma 3 starts its image projection at zero, which would hide the image from the tiny model
+            for _, w in (x for x in model.named_parameters() if x[0].endswith("mm_input_projection_weight")): w.normal_(0.0, init)
+    gc = model.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id, gc.suppress_tokens = 2, 3, 0, [0, 1, 2, 4, *ids, *tok.convert_tokens_to_ids(["model", "system"])]   # no markers
+    ip = (getattr(tf, "Gemma3ImageProcessorPil", None) or tf.Gemma3ImageProcessor)(size={"height": 32, "width": 32})
+    return TinyModel(model, tf.Gemma3Processor(image_processor=ip, tokenizer=tok, chat_template=_TINY_GEMMA3_TEMPLATE, image_seq_length=4), "chat")

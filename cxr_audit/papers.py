@@ -17,15 +17,19 @@ from .core import DEFAULT_SEED, InputError, as_pandas, config_label, is_missing,
 from .cohort import IU_004_FRACTIONS, MIMIC_004_VIEWS, Cohort, run_recipe
 from .stats import ComparisonFamily, comparison_family, micro_stats, proportion_stats
 from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
-from .labels import CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, default_labeler
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, default_labeler
+from .metrics import metric_availability
 from .evaluator import study_section
 from .generate import SimulatedGenerator, generate_table, get_policy
 from .llm import DECODING
+from .reref import EXPERIMENT_VARIANTS, ReRef
+from .reref_rules import rule_reref
+from .reref_sensitivity import ReferenceSensitivity, reference_sensitivity
 from .longitudinal import PROGRESSION_CLASSES, LLMAnnotator, keyword_terms
 
 # %% auto #0
-__all__ = ['PAPER_004', 'ENDPOINTS', 'PAPER_003', 'Preset', 'entry_endpoints', 'family_from_endpoints', 'primary_family',
-           'simulated_generations']
+__all__ = ['PAPER_004', 'ENDPOINTS', 'PAPER_003', 'PAPER_000', 'Preset', 'entry_endpoints', 'family_from_endpoints',
+           'primary_family', 'simulated_generations']
 
 # %% ../nbs/16_papers.ipynb #d688277f
 def _leaves(prefix: str, value, depth: int = 2) -> list[tuple[str, object]]:
@@ -33,6 +37,8 @@ def _leaves(prefix: str, value, depth: int = 2) -> list[tuple[str, object]]:
     if isinstance(value, Mapping) and value and depth:
         return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v, depth - 1)]
     return [(prefix, value)]
+
+def _empty(v) -> bool: return isinstance(v, (str, tuple, list, Mapping)) and not len(v)
 
 def _show(v) -> str:
     "A preset value as short text."
@@ -78,6 +84,13 @@ class Preset:
     match: str = "exact"                        # how reference and generated findings are matched (`exact` or `families`)
     splitter: str = "default"                   # sentence splitter (`reports.split_sentences`)
     metrics: tuple = ()                         # the measures of the paper's main table
+    metric_names: Mapping = field(default_factory=dict) # metric of `metrics` -> the paper's name for it
+    variations: tuple = ()                      # reference variations of the experiments (`reref.resolve_variants` names)
+    rewriter_model: str = ""                    # the LLM that rewrites and verifies references (a name in words)
+    rewriting: Mapping = field(default_factory=dict)    # `reref.ReRef` settings of the rewriting loop (temperatures, max tokens, rounds)
+    sensitivity: Mapping = field(default_factory=dict)  # how score shifts are taken, normalized and summarised
+    substitutes: Mapping = field(default_factory=dict)  # what the package runs where the paper's part cannot run offline
+    reported: Mapping = field(default_factory=dict)     # numbers the paper reports, for comparison on its page
     not_in_paper: tuple = ()                    # fields (or `field.key` paths) the paper does not give: package choices
     not_used: tuple = ()                        # fields that do not apply to this paper: left out of `to_frame()`
 
@@ -95,9 +108,9 @@ class Preset:
         return "paper" if given else "not given in the paper"
 
     def to_frame(self) -> pd.DataFrame:
-        "One row per field used (mappings opened by key): `field, value, source` (\"paper\" or \"not given in the paper\")."
+        "One row per field used (mappings opened by key; empty fields left out): `field, value, source` (\"paper\" or \"not given in the paper\")."
         rows = [(p, v, self._source(p)) for f in fields(self) if f.name not in ("not_in_paper", "not_used", *self.not_used)
-                for p, v in _leaves(f.name, getattr(self, f.name))]
+                and not _empty(getattr(self, f.name)) for p, v in _leaves(f.name, getattr(self, f.name))]
         return pd.DataFrame(rows, columns=["field", "value", "source"])
 
     def summary(self) -> pd.DataFrame:
@@ -124,9 +137,10 @@ def cohort(self: Preset, direction: str, # one of `directions`
            studies,                       # the studies table of that direction's evaluation dataset
            **overrides                    # recipe parameters that replace the preset's
           ) -> Cohort:
-    "The cohort of `direction`: its recipe (`cohort.run_recipe`) with the preset's parameters."
-    recipe = self.cohorts[self.direction(direction)]
-    return run_recipe(recipe, studies, **{**dict(self.cohort_params.get(recipe, {})), **overrides})
+    "The cohort of `direction`: its recipe (`cohort.run_recipe`) with the preset's parameters (the recipe's, then the direction's own)."
+    key = self.direction(direction)
+    recipe = self.cohorts[key]
+    return run_recipe(recipe, studies, **{**dict(self.cohort_params.get(recipe, {})), **dict(self.cohort_params.get(key, {})), **overrides})
 
 # %% ../nbs/16_papers.ipynb #991c97fb
 PAPER_004 = Preset(
@@ -328,3 +342,97 @@ def llm_annotator(self: Preset, backend,     # a chat back end of `cxr_audit.llm
     name = next(iter(self.decoding)) if decoding is None else decoding
     if name not in self.decoding: raise InputError(f"preset {self.name}: decoding must be one of {', '.join(self.decoding)}, got {name!r}")
     return LLMAnnotator(backend, **{**dict(self.prompt_settings), **kwargs}, decoding=dict(self.decoding[name]), seed=seed)
+
+# %% ../nbs/16_papers.ipynb #74869c8f
+PAPER_000 = Preset(
+    name="000", title="Reporting practice matters: the impact of reference choice on chest X-ray report evaluation",
+    reps=1000, seed=DEFAULT_SEED, size=0.95,
+    clusters={d: "study_id" for d in ("MIMIC-CXR", "CheXpert Plus", "IU X-ray", "ReXGradient-160K")},
+    systems={"MAIRA-2": "frontal and lateral view; indication, technique, comparison",
+             "MedGemma-4B": "frontal view; indication, technique, comparison",
+             "CheXOne": "up to 10 views, frontal first; indication; reasoning mode",
+             "MedVersa": "up to 10 views, frontal first", "CheXagent-2-3B": "up to 2 views; indication",
+             "Med-CXRGen": "up to 4 views side by side, frontal first; indication, technique, comparison",
+             "Libra": "frontal view, repeated as the prior; indication, technique, comparison",
+             "LLaVA-Rad": "frontal view", "CheX-MIMIC": "frontal view; no text"},
+    uncertain_positive=UNCERTAIN_POSITIVE, labels=CHEXPERT_5, labeler="cxr_audit", reference_section="findings",
+    cohorts={d: "000_test" for d in ("MIMIC-CXR", "CheXpert Plus", "IU X-ray", "ReXGradient-160K")},
+    cohort_params={"000_test": {"section": "findings"}, "MIMIC-CXR": {"split": "test"}, "CheXpert Plus": {"split": "valid"},
+                   "IU X-ray": {"split": "test"}, "ReXGradient-160K": {"split": "test"}},
+    cohort_sizes={"MIMIC-CXR": {"set": "official test split", "studies": 3269},
+                  "CheXpert Plus": {"set": "official validation split", "studies": 200},
+                  "IU X-ray": {"set": "test split of Chen et al. (2020), as on ReXrank", "studies": 590},
+                  "ReXGradient-160K": {"set": "official public test set", "studies": 10000}},
+    metrics=("crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l", "bertscore"),
+    metric_names={"crimson": "CRIMSON", "green": "GREEN", "radgraph_f1": "RadGraph-F1", "ratescore": "RaTEScore",
+                  "radcliq_v1_neg": "RadCliQ-v1", "chexbert_f1_5": "CheXbert-F1", "bleu_2": "BLEU-2", "rouge_l": "ROUGE-L",
+                  "bertscore": "BERTScore"},
+    variations=EXPERIMENT_VARIANTS, rewriter_model="o3 (Azure OpenAI), as both Generator and Verifier",
+    rewriting={"generator_temperature": 0.7, "generator_max_tokens": 16382, "verifier_temperature": 0.0, "max_rounds": 5},
+    sensitivity={"level": "study", "shift": "mean over studies of score(rewritten reference) − score(original reference)",
+                 "normalization": "standard deviation of the metric across (model, dataset) pairs under the original references",
+                 "whiskers": (5, 95), "iqr": "mean and largest IQR of the normalized shifts over the variations"},
+    rules={"infeasible rewrite": "a study whose rewrite the Verifier flags as infeasible or does not accept within the rounds is "
+                                 "left out of that variation's shifts",
+           "rankings": "a study without a usable rewrite keeps its original-reference score; averages use every study",
+           "significant": "the 95% bootstrap interval of the gap between two systems excludes 0",
+           "RadCliQ-v1": "sign flipped so that higher is better (not the reciprocal)",
+           "main metrics": "CRIMSON, GREEN, RadCliQ-v1, RaTEScore, RadGraph-F1"},
+    substitutes={"rewriter": "rules", "chexbert_f1_5": "chexpert_f1_5"},
+    reported={"iqr": {"CRIMSON": (0.083, 0.345), "GREEN": (0.245, 0.739), "RadCliQ-v1": (0.512, 1.101),
+                      "RaTEScore": (0.384, 1.443), "RadGraph-F1": (0.741, 1.542)},
+              "figure 5": {"dataset": "IU X-ray", "system": "CheXagent-2-3B", "metric": "GREEN", "variation": "findings_scope:minimal",
+                           "original": 0.833, "rewritten": 0.0},
+              "figure 6": {"dataset": "ReXGradient-160K", "metric": "RadCliQ-v1", "variation": "anatomical_granularity:low",
+                           "shifts": {"MedVersa": 0.07, "Med-CXRGen": 0.03, "MedGemma-4B": -0.13, "CheX-MIMIC": -0.11}},
+              "figure 7a": {"dataset": "MIMIC-CXR", "metric": "RadCliQ-v1", "first": "Libra", "second": "CheXOne",
+                            "original": "first better", "first better": 2, "tie": 4, "second better": 6},
+              "validation": {"radiologists": 13, "pairs": 480, "pairs per dataset and variation": 10, "realism not worse": 445,
+                             "realism agreement": (567, 345, 48), "equivalent share": 0.894, "minor discrepancy share": 0.094,
+                             "major discrepancy": 6, "equivalence agreement": (329, 140, 11)}},
+    not_in_paper=("reps", "seed", "clusters", "labeler", "uncertain_positive", "substitutes"),
+    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
+              "second_model", "official_labeler", "top_k", "distinct", "runs", "match", "splitter"))
+
+# %% ../nbs/16_papers.ipynb #b0f2a48d
+@patch
+def reref_loop(self: Preset, generator=None,   # chat back end of the Generator (`llm.OpenAIChat`, ...); None: the rule back end
+               verifier=None,                   # chat back end of the Verifier (default: the Generator's)
+               **overrides                      # `reref.ReRef` settings that replace the preset's (max_rounds, seed, ...)
+              ) -> ReRef:
+    "A `reref.ReRef` loop with the preset's rewriting settings (temperatures, max tokens, rounds) and seed."
+    if not self.rewriting: raise InputError(f"preset {self.name}: no ReRef loop (the preset has no rewriting settings)")
+    settings = {**dict(self.rewriting), "seed": self.seed, **overrides}
+    if generator is None:
+        if verifier is not None: raise InputError("reref_loop: a Verifier without a Generator; pass both, or neither for the rule back end")
+        return rule_reref(**settings)
+    return ReRef(generator, verifier if verifier is not None else generator, **settings)
+
+# %% ../nbs/16_papers.ipynb #b6d35765
+@patch
+def metric_plan(self: Preset, load: bool = False # also build each bridged metric (loads its model once; slower, surer)
+               ) -> pd.DataFrame:
+    "Per metric of the preset: its name in the paper, whether it runs here (and why not), its substitute and what runs."
+    if not self.metrics: raise InputError(f"preset {self.name}: no metrics")
+    av = metric_availability(list(self.metrics), load=load).reset_index(drop=True)
+    sub = pd.Series([self.substitutes.get(m, "") for m in av.metric])
+    return av.assign(paper_name=[self.metric_names.get(m, m) for m in av.metric], substitute=sub,
+                     runs_as=sub.where(~av.available.astype(bool), av.metric))[
+        ["paper_name", "metric", "kind", "available", "reason", "radeval_key", "substitute", "runs_as"]]
+
+# %% ../nbs/16_papers.ipynb #8635e9cf
+@patch
+def reference_sensitivity(self: Preset,  # noqa: F811 (the module function of the same name does the work)
+                          studies,                # a studies table: study_id, findings, impression [, dataset, ...]
+                          generations,            # a generations table: sample_id, study_id, system, policy, hypothesis
+                          backend=None,           # None: the rule back end; a chat back end (the preset's loop is built around it); or a `ReRef`
+                          metrics=None,           # metric names or objects; None: `metric_plan().runs_as` (what runs here)
+                          **kwargs                # `reref_sensitivity.reference_sensitivity` arguments that replace the preset's
+                         ) -> ReferenceSensitivity:
+    "`reref_sensitivity.reference_sensitivity` with the preset's variations, metrics, ReRef settings, section, resamples and seed."
+    if not self.variations: raise InputError(f"preset {self.name}: no reference variations")
+    loop = backend if isinstance(backend, ReRef) else self.reref_loop(backend)
+    metrics = metrics or [m for m in dict.fromkeys(self.metric_plan().runs_as) if m]
+    options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size, section=self.reference_section,
+                   level=self.sensitivity.get("level", "study"))
+    return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})

@@ -20,14 +20,16 @@ from fastcore.basics import patch
 from .core import (DEFAULT_SEED, InputError, is_missing, md_table, read_json, require_columns, resource_text, write_manifest,
                             write_table)
 from .llm import ChatCache, canonical_json, run_batch
+from .reports import SECTIONS, parse_sections
 
 # %% auto #0
-__all__ = ['VARIANTS', 'EXPERIMENT_VARIANTS', 'ORIGINAL', 'VERDICT_FIELDS', 'REWRITE_SCHEMA', 'VERDICT_SCHEMA', 'TASK_COLUMNS',
-           'ROUND_COLUMNS', 'RESULT_COLUMNS', 'REFERENCES_COLUMNS', 'Variation', 'Axis', 'Taxonomy', 'load_taxonomy',
-           'resolve_variants', 'variant_steps', 'Prompts', 'load_prompts', 'format_report', 'prompt_fields',
-           'fill_template', 'generator_messages', 'verifier_messages', 'pydantic_schemas', 'as_rewrite', 'as_verdict',
-           'is_accepted', 'is_infeasible', 'task_messages', 'read_task', 'ReRef', 'Round', 'FrameResult', 'LoopRun',
-           'RewriteRun', 'rewrite_table']
+__all__ = ['VARIANTS', 'EXPERIMENT_VARIANTS', 'ORIGINAL', 'REPORT_SECTIONS', 'VERDICT_FIELDS', 'REWRITE_SCHEMA', 'VERDICT_SCHEMA',
+           'TASK_COLUMNS', 'ROUND_COLUMNS', 'GENERATOR_MAX_TOKENS', 'RESULT_COLUMNS', 'REFERENCES_COLUMNS', 'Variation',
+           'Axis', 'Taxonomy', 'load_taxonomy', 'resolve_variants', 'variant_steps', 'Prompts', 'load_prompts',
+           'format_report', 'prompt_fields', 'fill_template', 'generator_messages', 'verifier_messages',
+           'pydantic_schemas', 'as_rewrite', 'as_verdict', 'is_accepted', 'is_infeasible', 'task_messages', 'read_task',
+           'ReRef', 'Round', 'FrameResult', 'LoopRun', 'RewriteRun', 'backend_label', 'backend_description',
+           'rewrite_table']
 
 # %% ../nbs/09_reref.ipynb #6ad1f272
 VARIANTS = ("structure:structured", "structure:free_text", "section_assignment:alternative",
@@ -157,7 +159,7 @@ def _one_spec(spec, taxonomy: Taxonomy) -> list[str]:
     if ":" not in spec: return [v.variant for v in taxonomy.axis(spec).targets]
     return [taxonomy.variation(spec).variant]
 
-def resolve_variants(variations="all",                  # "all", "experiment", an axis, a variant, "a+b", or a list of these
+def resolve_variants(variations="experiment",           # "experiment" (the paper's 12), "all" (13), an axis, a variant, "a+b", or a list of these
                      taxonomy: Taxonomy | None = None   # default: the packaged taxonomy
                     ) -> list[str]:
     "Variant names to rewrite, in order, without repeats; compound ones joined by `+`."
@@ -213,12 +215,18 @@ def load_prompts(generator: str | os.PathLike | None = None, # Generator templat
     return p
 
 # %% ../nbs/09_reref.ipynb #6179bce4
+REPORT_SECTIONS = tuple(s for s in SECTIONS if s not in ("findings", "impression"))  # the other sections of a report, in report order
+
+def _in_report_order(other: Mapping) -> list:
+    known = [k for k in REPORT_SECTIONS if k in other]
+    return [(k, other[k]) for k in known + [k for k in other if k not in known]]
+
 def format_report(findings: str,                   # the Findings section
                   impression: str,                 # the Impression section
-                  other: Mapping | None = None     # further sections, e.g. {"indication": ...}, shown first
+                  other: Mapping | None = None     # further sections, e.g. {"indication": ...}, shown first in report order
                  ) -> str:
-    "A report as labelled sections (empty sections left out)."
-    parts = [(k, v) for k, v in (other or {}).items() if isinstance(v, str) and v.strip()]
+    "A report as labelled sections in report order (empty sections left out)."
+    parts = [(k, v) for k, v in _in_report_order(other or {}) if isinstance(v, str) and v.strip()]
     parts += [("findings", findings), ("impression", impression)]
     return "\n".join(f"{k.upper()}: {str(v).strip()}" for k, v in parts if isinstance(v, str) and v.strip())
 
@@ -360,6 +368,8 @@ TASK_COLUMNS = ("task_id", "study_id", "variant", "findings", "impression")
 ROUND_COLUMNS = ("task_id", "study_id", "variant", "round", "findings", "impression", "generator_status", "verifier_status",
                  *VERDICT_FIELDS, "reasoning", "accepted", "error", "tokens_in", "tokens_out", "cost", "cached")
 
+GENERATOR_MAX_TOKENS = 16382  # the Generator's reply limit in paper 000 (Appendix A.3)
+
 class ReRef:
     "The generate-then-verify loop of ReRef over any Generator and Verifier back ends."
     def __init__(self, generator,                      # chat back end that rewrites (OpenAIChat, RuleRewriter, ...)
@@ -370,8 +380,8 @@ class ReRef:
                  prompts: Prompts | None = None,       # templates (default: packaged)
                  taxonomy: Taxonomy | None = None,     # taxonomy (default: packaged)
                  seed: int = DEFAULT_SEED,             # base sampling seed; round r uses seed + r - 1
-                 generator_max_tokens: int = 4096,     # reply limit of the Generator
-                 verifier_max_tokens: int = 2048,      # reply limit of the Verifier
+                 generator_max_tokens: int = GENERATOR_MAX_TOKENS, # reply limit of the Generator (the paper's 16,382)
+                 verifier_max_tokens: int = 2048,      # reply limit of the Verifier (the paper gives none)
                  top_p: float | None = None,           # Generator nucleus truncation (server default when None)
                  top_k: int | None = None              # Generator top-k truncation (server default when None)
                 ):
@@ -392,15 +402,17 @@ def _schema(backend, which: str):
     return REWRITE_SCHEMA if which == "generate" else VERDICT_SCHEMA
 
 def _other_sections(task: Mapping) -> dict:
-    return {k: task.get(k) for k in ("indication", "comparison", "technique") if isinstance(task.get(k), str)}
+    "The task's sections other than Findings and Impression that have text, in report order."
+    return {k: task[k] for k in REPORT_SECTIONS if isinstance(task.get(k), str) and task[k].strip()}
 
 @patch
 def generator_messages(self: ReRef,  # noqa: F811 (the module function of the same name builds the prompt)
                        task: Mapping # a task row (see `TASK_COLUMNS`)
                       ) -> list[dict]:
-    "The Generator's messages for a task (rendered prompts, or the JSON task for a task-reading back end)."
+    "The Generator's messages for a task: the whole reference in the rendered prompt, or the JSON task for a task-reading back end."
     if _reads_tasks(self.generator):
-        return task_messages({"kind": "generate", "variant": task["variant"], "findings": task["findings"], "impression": task["impression"]})
+        return task_messages({"kind": "generate", "variant": task["variant"], "findings": task["findings"], "impression": task["impression"],
+                              "sections": _other_sections(task)})
     report = format_report(task["findings"], task["impression"], _other_sections(task))
     return generator_messages(report, task["variant"], self.prompts, self.taxonomy)
 
@@ -413,7 +425,7 @@ def verifier_messages(self: ReRef,  # noqa: F811 (the module function of the sam
     "The Verifier's messages for a task and a candidate rewrite."
     if _reads_tasks(self.verifier):
         return task_messages({"kind": "verify", "variant": task["variant"], "original": {k: task[k] for k in ("findings", "impression")},
-                              "alternative": dict(sample)})
+                              "alternative": dict(sample), "sections": _other_sections(task)})
     report = format_report(task["findings"], task["impression"], _other_sections(task))
     return verifier_messages(report, task["variant"], sample["findings"], sample["impression"], self.prompts, self.taxonomy)
 
@@ -621,23 +633,25 @@ def rewrite(self: ReRef, findings: str,  # the original Findings
 
 # %% ../nbs/09_reref.ipynb #4cff0fba
 REFERENCES_COLUMNS = ("study_id", "variant", "findings", "impression", "feasible", "accepted", "iterations")
-_EXTRA = ("usable", *VERDICT_FIELDS, "reasoning", "error")
+_EXTRA = ("usable", *VERDICT_FIELDS, "reasoning", "error", "backend")
 
 @dataclass(frozen=True, eq=False)
 class RewriteRun(FrameResult):
-    "The result of `rewrite_table`: the references table (`to_frame()`), the rounds log and the call totals."
+    "The result of `rewrite_table`: the references table (`to_frame()`), the rounds log, the call totals and the back end."
     frame_field = "references"
     references: pd.DataFrame  # the `references` table (see above)
     rounds: pd.DataFrame      # one `ROUND_COLUMNS` row per task and round, plus `task_variant`
     calls: dict               # call totals (see `LoopRun.calls`)
+    backend: str = ""         # what wrote the rewrites (`backend_label`: "rules", "llm:<model>")
 
     def feasibility(self) -> pd.DataFrame:
-        "Per variant: studies, and the share that were feasible, accepted and usable; mean rounds."
+        "Per variant: studies, usable rewrites, the share feasible, accepted and usable; mean rounds; the back end."
         r = self.references[self.references.variant != ORIGINAL]
         g = r.groupby("variant", sort=False)
-        return pd.DataFrame({"studies": g.size(), "feasible": g.feasible.mean(), "accepted": g.accepted.mean(),
-                             "usable": g.usable.mean(), "no_info": g.does_not_contain_required_info.mean(),
-                             "already": g.is_already_in_expected_form.mean(), "mean_rounds": g.iterations.mean()}).reset_index()
+        return pd.DataFrame({"studies": g.size(), "n_usable": g.usable.sum().astype(int), "feasible": g.feasible.mean(),
+                             "accepted": g.accepted.mean(), "usable": g.usable.mean(), "no_info": g.does_not_contain_required_info.mean(),
+                             "already": g.is_already_in_expected_form.mean(), "mean_rounds": g.iterations.mean()}
+                            ).reset_index().assign(backend=self.backend or "not stated")
     def summary(self) -> pd.DataFrame:
         "The short table: `feasibility()`."
         return self.feasibility()
@@ -649,30 +663,64 @@ class RewriteRun(FrameResult):
         paths = {"references": write_table(self.references, out / "references.parquet"),
                  "rounds": write_table(self.rounds, out / "rounds.parquet"),
                  "feasibility": write_table(self.feasibility(), out / "feasibility.csv")}
-        write_manifest(out / "manifest.json", outputs=paths, summary=self.calls, **manifest)
+        write_manifest(out / "manifest.json", outputs=paths, summary=self.calls, reference_backend=self.backend or "not stated", **manifest)
         return {**paths, "manifest": out / "manifest.json"}
     def _repr_markdown_(self):
         c = self.calls
-        return (f"**ReRef run**: {self.references.study_id.nunique()} studies, {self.references.variant.nunique() - 1} variant(s); "
-                f"{c.get('requests', 0)} calls ({c.get('cached', 0)} from cache, {c.get('failed', 0)} failed)\n\n" + md_table(self.feasibility()))
+        return (f"**ReRef run** ({self.backend or 'back end not stated'}): {self.references.study_id.nunique()} studies, "
+                f"{self.references.variant.nunique() - 1} variant(s); {c.get('requests', 0)} calls ({c.get('cached', 0)} from cache, "
+                f"{c.get('failed', 0)} failed)\n\n" + md_table(self.feasibility()))
+
+# %% ../nbs/09_reref.ipynb #856294be
+_RULE_NAMES = {"reref-rules", "reref-rule-verifier"}
+
+def _model_name(backend) -> str: return str(getattr(backend, "model", None) or getattr(backend, "name", None) or type(backend).__name__)
+
+def backend_label(backend # a `ReRef` loop, or one chat back end
+                 ) -> str:
+    "Short name of what writes the rewrites: `rules`, `rules:<names>`, or `llm:<model>` (`llm:<generator>+<verifier>`)."
+    parts = (backend.generator, backend.verifier) if isinstance(backend, ReRef) else (backend,)
+    names = "+".join(dict.fromkeys(_model_name(b) for b in parts))
+    if all(getattr(b, "kind", "") == "rule" for b in parts):
+        return "rules" if set(names.split("+")) <= _RULE_NAMES else f"rules:{names}"
+    return f"llm:{names}"
+
+# %% ../nbs/09_reref.ipynb #e0e4a67c
+def backend_description(label: str # a `backend_label`
+                       ) -> str:
+    "One sentence on what a back-end label means for the rewritten references."
+    if label == "rules": return ("offline rule-based ReRef back end: rules rewrite, and the clinical check is agreement of "
+                                 "CheXpert-14 rule labels (a baseline, not the paper's LLM Verifier)")
+    if label.startswith("rules:"): return f"rule-based back end {label[6:]} (deterministic functions, not an LLM)"
+    if label.startswith("llm:"): return f"LLM back end {label[4:]} as Generator and Verifier (paper 000 used o3)"
+    return label
 
 # %% ../nbs/09_reref.ipynb #57e83ce1
+def _text(v) -> str: return "" if is_missing(v) else str(v).strip()
+
+def _with_sections(s: pd.DataFrame) -> pd.DataFrame:
+    "Every `REPORT_SECTIONS` column: the table's own, else parsed from a full-report `text` column, else empty."
+    parsed = s["text"].map(lambda t: parse_sections(t) if isinstance(t, str) and t.strip() else {}) if "text" in s.columns else None
+    for c in REPORT_SECTIONS:
+        own = s[c].map(_text) if c in s.columns else pd.Series("", index=s.index, dtype=object)
+        s[c] = own if parsed is None else own.where(own != "", parsed.map(lambda d, c=c: d.get(c, "")))
+    return s
+
 def _studies_in(studies) -> pd.DataFrame:
     s = require_columns(studies, ["study_id", "findings", "impression"], "studies").copy()
     if s.study_id.duplicated().any(): raise InputError(f"studies: duplicate study_id {s.study_id[s.study_id.duplicated()].iloc[0]!r}")
-    for c in ("findings", "impression", "indication", "comparison", "technique"):
-        s[c] = s[c].map(lambda v: "" if is_missing(v) else str(v).strip()) if c in s.columns else ""
+    for c in ("findings", "impression"): s[c] = s[c].map(_text)
     s["restricted"] = s["restricted"].fillna(False).astype(bool) if "restricted" in s.columns else False
     s["study_id"] = s.study_id.astype(str)
-    return s
+    return _with_sections(s)
 
 def _reref_of(rewriter, verifier, settings: dict) -> ReRef:
     if isinstance(rewriter, ReRef):
         if verifier is not None: raise InputError("rewrite_table: pass either a ReRef object or a rewriter and a verifier, not both")
         return rewriter
     if rewriter is None or verifier is None:
-        raise InputError("rewrite_table: needs a ReRef, or a rewriter and a verifier back end (offline: RuleRewriter() and "
-                         "RuleVerifier() from cxr_audit.reref_rules; with an LLM: OpenAIChat(...))")
+        raise InputError("rewrite_table: needs a ReRef, or a rewriter and a verifier back end (offline: rule_reref(), or RuleRewriter() "
+                         "and RuleVerifier() from cxr_audit.reref_rules; with an LLM: OpenAIChat(...))")
     return ReRef(rewriter, verifier, **settings)
 
 def _cache_for(cache, reref: ReRef):
@@ -685,7 +733,7 @@ def _compound(study_id: str, variant: str, steps: list) -> dict:
     "One references row of a compound variant from the results of its steps."
     last = steps[-1]
     return {"study_id": study_id, "variant": variant, "findings": last["out_findings"], "impression": last["out_impression"],
-            "feasible": any(st["usable"] for st in steps), "accepted": all(bool(st["accepted"]) for st in steps),
+            "feasible": all(bool(st["feasible"]) for st in steps), "accepted": all(bool(st["accepted"]) for st in steps),
             "iterations": int(sum(st["iterations"] for st in steps)), **{k: last[k] for k in VERDICT_FIELDS},
             "reasoning": " | ".join(f"{st['variant']}: {st['reasoning']}" for st in steps if st["reasoning"]),
             "error": " | ".join(f"{st['variant']}: {st['error']}" for st in steps if st["error"]) or None}
@@ -705,7 +753,7 @@ def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dic
             prev = study if depth == 0 else {"findings": done[(sid, prefix[:-1])]["out_findings"],
                                              "impression": done[(sid, prefix[:-1])]["out_impression"]}
             tid = f"{sid}|{'+'.join(prefix)}"
-            task = {**{k: study[k] for k in ("indication", "comparison", "technique", "restricted")}, "task_id": tid,
+            task = {**{k: study[k] for k in (*REPORT_SECTIONS, "restricted")}, "task_id": tid,
                     "study_id": sid, "variant": prefix[-1], "findings": prev["findings"], "impression": prev["impression"]}
             out[tid] = (sid, prefix, task)
     return out
@@ -715,7 +763,7 @@ def _no_findings_rows(study: Mapping, variants: list) -> list[dict]:
     blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "error": "no findings section to rewrite"}
     return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank} for v in variants]
 
-def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict) -> pd.DataFrame:
+def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict, backend: str) -> pd.DataFrame:
     rows = []
     for sid in studies.study_id:
         study = base[sid]
@@ -729,12 +777,12 @@ def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict) -
     df = pd.DataFrame(rows, columns=list(REFERENCES_COLUMNS) + list(_EXTRA))
     for c in ("feasible", "accepted", "usable"): df[c] = df[c].astype(bool)
     df["iterations"] = df["iterations"].astype(int)
-    return df
+    return df.assign(backend=backend)
 
 # %% ../nbs/09_reref.ipynb #5ed438df
 def rewrite_table(studies,                        # a studies table: study_id, findings, impression [, indication, comparison, technique, restricted]
-                  variations,                     # see `resolve_variants` ("all", "experiment", axes, variants, "a+b" compounds)
-                  rewriter,                       # a configured ReRef, or the Generator back end (RuleRewriter(), OpenAIChat(...), ...)
+                  variations="experiment",        # see `resolve_variants` ("experiment": the paper's 12; "all", axes, variants, "a+b" compounds)
+                  rewriter=None,                  # a configured ReRef (e.g. `rule_reref()`), or the Generator back end (OpenAIChat(...), ...); required
                   verifier=None,                  # the Verifier back end, unless `rewriter` is a ReRef
                   *,
                   max_rounds: int = 5,            # rounds per task (see `ReRef`)
@@ -743,6 +791,8 @@ def rewrite_table(studies,                        # a studies table: study_id, f
                   prompts: Prompts | None = None,     # see `ReRef`
                   taxonomy: Taxonomy | None = None,   # see `ReRef`
                   seed: int = DEFAULT_SEED,       # base sampling seed (see `ReRef`)
+                  generator_max_tokens: int = GENERATOR_MAX_TOKENS, # see `ReRef`
+                  verifier_max_tokens: int = 2048,    # see `ReRef`
                   cache="auto",                   # "auto", a ChatCache or path, None (default file) or False
                   max_concurrency: int = 8,       # see `ReRef.run`
                   retries: int = 4,               # see `ReRef.run`
@@ -753,7 +803,8 @@ def rewrite_table(studies,                        # a studies table: study_id, f
                  ) -> RewriteRun:
     "Rewrite the references of `studies` along the requested variations: a `RewriteRun`."
     reref = _reref_of(rewriter, verifier, dict(max_rounds=max_rounds, generator_temperature=generator_temperature,
-                                               verifier_temperature=verifier_temperature, prompts=prompts, taxonomy=taxonomy, seed=seed))
+                                               verifier_temperature=verifier_temperature, prompts=prompts, taxonomy=taxonomy, seed=seed,
+                                               generator_max_tokens=generator_max_tokens, verifier_max_tokens=verifier_max_tokens))
     studies_in, variants = _studies_in(studies), resolve_variants(variations, reref.taxonomy)
     base = {r["study_id"]: r for r in studies_in.to_dict("records")}
     options = dict(cache=_cache_for(cache, reref), max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s,
@@ -768,4 +819,5 @@ def rewrite_table(studies,                        # a studies table: study_id, f
             sid, prefix, task = steps[row["task_id"]]
             done[(sid, prefix)] = _step_result(row, task)
     rounds = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=[*ROUND_COLUMNS, "task_variant"])
-    return RewriteRun(_references(studies_in, variants, done, base), rounds, _sum_calls(calls))
+    label = backend_label(reref)
+    return RewriteRun(_references(studies_in, variants, done, base, label), rounds, _sum_calls(calls), label)

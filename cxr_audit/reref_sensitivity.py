@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -22,13 +22,16 @@ from .corpus import to_generations
 from .metrics import get_metric, sample_stats
 from .stats import (VALUES, PairedResult, bootstrap_metrics, check_reps, count_reversals, mean_stats, p_value_note,
                              ranking_reversals, resolve_clusters, systems_from_scores)
-from .reref import ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, rewrite_table
+from .reref import (ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, backend_description, backend_label,
+                             rewrite_table)
 from .reref_rules import label_agreement, rule_reref
 
 # %% auto #0
-__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'PLOT_KINDS', 'score_references', 'system_scores', 'score_shifts', 'shift_summary',
-           'iqr_summary', 'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts',
-           'plot_normalized_shifts', 'plot_system_shifts', 'plot_gaps', 'plot_reversals', 'ReferenceSensitivity',
+__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'PLOT_KINDS', 'score_references',
+           'usable_counts', 'system_scores', 'score_shifts', 'shift_summary', 'iqr_summary', 'PairwiseGaps',
+           'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts', 'reversal_distribution', 'study_scores',
+           'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts', 'plot_gaps', 'plot_reversals',
+           'plot_reversal_fractions', 'plot_study_scores', 'StudyExample', 'ReferenceSensitivity', 'metric_source',
            'reference_sensitivity']
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #2cefe5a6
@@ -66,12 +69,22 @@ def _score_rows(rows: pd.DataFrame, texts: list, variant: str, metrics, info: pd
     return out.assign(**extra)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #4b6cb554
-def _scored_generations(generations, originals: Mapping) -> pd.DataFrame:
-    "The generations whose study has a reference text, with their `config` label."
+def _configs(generations) -> pd.DataFrame:
+    "The generations table with its `config` label (`system+policy`) and text study ids."
     gens = to_generations(generations).copy()
     gens["config"] = config_label(gens.system, gens.policy if "policy" in gens else None).values
     gens["study_id"] = gens.study_id.astype(str)
+    return gens
+
+def _scored_generations(generations, originals: Mapping) -> pd.DataFrame:
+    "The generations whose study has a reference text, with their `config` label."
+    gens = _configs(generations)
     return gens[gens.study_id.map(lambda s: bool(originals.get(s, "").strip()))].reset_index(drop=True)
+
+def _backend_of(table: pd.DataFrame) -> str:
+    "The back end named by a table's `backend` column ('not stated' without one)."
+    names = [str(b) for b in pd.unique(table["backend"].dropna())] if "backend" in table.columns else []
+    return " / ".join(names) if names else "not stated"
 
 def score_references(generations,                  # the generations table (sample_id, study_id, system, policy, hypothesis, ...)
                      references,                   # the references table (from `rewrite_table`)
@@ -96,7 +109,31 @@ def score_references(generations,                  # the generations table (samp
                      .assign(perturbed=True) if chosen.any() else None)
         kept = base[~np.tile(chosen, len(base) // max(len(gens), 1))].assign(variant=variant)
         parts.append(_order_like(pd.concat([x for x in (rewritten, kept) if x is not None], ignore_index=True), base))
-    return pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True).assign(backend=_backend_of(refs))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #3ac99b6b
+NOT_APPLICABLE = "not applicable with this back end"   # the status of a variation with no usable rewrite
+
+def _perturbed(table: pd.DataFrame) -> pd.Series:
+    "Whether each row used a rewritten reference (every non-original row, for a table without `perturbed`)."
+    if "perturbed" in table.columns: return table["perturbed"].fillna(False).astype(bool)
+    return table["variant"] != ORIGINAL
+
+def _unit(table: pd.DataFrame) -> str: return "study_id" if "study_id" in table.columns else "sample_id"
+
+def _status(n_usable) -> np.ndarray: return np.where(np.asarray(n_usable) > 0, "ok", NOT_APPLICABLE)
+
+def usable_counts(scores # a scores long table (from `score_references`)
+                 ) -> pd.DataFrame:
+    "Per dataset and variant: studies scored, studies scored against a usable rewrite, whether the variant applies, status, back end."
+    table = require_columns(scores, ["dataset", "variant"], "scores")
+    unit, usable = _unit(table), table[_perturbed(table).to_numpy()]
+    total = table[table.variant == ORIGINAL].groupby("dataset", sort=False)[unit].nunique()
+    counts = usable.groupby(["dataset", "variant"], sort=False)[unit].nunique()
+    out = table.loc[table.variant != ORIGINAL, ["dataset", "variant"]].drop_duplicates().reset_index(drop=True)
+    out["n_studies"] = out.dataset.map(total).fillna(0).astype(int)
+    out["n_usable"] = [int(counts.get((d, v), 0)) for d, v in zip(out.dataset, out.variant)]
+    return out.assign(applicable=out.n_usable > 0, status=_status(out.n_usable), backend=_backend_of(table))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #7113cea9
 def _value_fn(metric: str, values: Mapping | None):
@@ -133,47 +170,124 @@ def system_scores(scores,                        # a scores long table
     return pd.concat(out, ignore_index=True)[["system", "dataset", "variant", "metric", "score", "n"]]
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #f519998a
-def score_shifts(scores,                          # a scores long table
-                 values: Mapping | None = None,   # metric -> value function (see `system_scores`)
-                 flip_lower: bool = True          # negate lower-is-better metrics first, so positive = better
-                ) -> pd.DataFrame:
-    "Per system, dataset, variant and metric: original and alternative scores, shift, SD under the original references, normalized shift."
+SHIFT_LEVELS = ("study", "corpus")
+SHIFT_COLUMNS = ("system", "dataset", "variant", "metric", "level", "n_studies", "n_usable", "n_compared", "applicable", "status",
+                 "score_original", "score_before", "score_after", "shift", "sd_original", "normalized_shift", "backend")
+_KEYS = ["system", "dataset", "variant", "metric"]
+
+def _signed(scores: pd.DataFrame, flip_lower: bool) -> pd.DataFrame:
+    "The scores with `value` negated for lower-is-better metrics (when `flip_lower`), so that positive is always better."
+    sign = {m: 1.0 if not flip_lower or _higher_is_better(m) else -1.0 for m in pd.unique(scores.metric)}
+    return scores.assign(value=scores.value.astype(float) * scores.metric.map(sign))
+
+def _paired(scores: pd.DataFrame) -> pd.DataFrame:
+    "The non-original rows with `before` (the same sample's value under the original reference) and `usable`."
+    orig = scores[scores.variant == ORIGINAL].set_index(["metric", "sample_id"]).value
+    alt = scores[scores.variant != ORIGINAL]
+    before = orig.reindex(pd.MultiIndex.from_frame(alt[["metric", "sample_id"]])).to_numpy()
+    return alt.assign(before=before, usable=_perturbed(alt).to_numpy())
+
+def _study_level(scores: pd.DataFrame) -> pd.DataFrame:
+    "Per system, dataset, variant and metric: usable and compared studies, and the mean per-study scores over the compared ones."
+    pairs = _paired(scores)
+    g = pairs.groupby(_KEYS, sort=False)
+    out = pd.DataFrame({"n_usable": g.usable.sum().astype(int)})
+    compared = pairs[pairs.usable & np.isfinite(pairs.value) & np.isfinite(pairs.before)].groupby(_KEYS, sort=False)
+    out = out.join(pd.DataFrame({"n_compared": compared.size(), "score_before": compared.before.mean(), "score_after": compared.value.mean()}))
+    out["n_compared"] = out.n_compared.fillna(0).astype(int)
+    orig = scores[scores.variant == ORIGINAL].groupby(["system", "dataset", "metric"], sort=False).value
+    base = pd.DataFrame({"n_studies": orig.size(), "score_original": orig.mean()})
+    return out.reset_index().merge(base.reset_index(), on=["system", "dataset", "metric"], how="left").assign(level="study")
+
+def _corpus_level(scores: pd.DataFrame, values: Mapping | None) -> pd.DataFrame:
+    "Per system, dataset, variant and metric: corpus scores (sufficient statistics summed; unusable studies keep their original rows)."
     corpus = system_scores(scores, values)
-    sign = corpus.metric.map(lambda m: 1.0 if not flip_lower or _higher_is_better(m) else -1.0)
-    corpus["score"] = corpus.score * sign
-    original = corpus[corpus.variant == ORIGINAL][["system", "dataset", "metric", "score"]].rename(columns={"score": "score_original"})
-    if original.empty: raise InputError("scores: no rows with variant 'original'")
-    spread = original.groupby("metric").score_original.std(ddof=1)
-    out = corpus[corpus.variant != ORIGINAL].merge(original, on=["system", "dataset", "metric"], how="left")
-    out["shift"] = out.score - out.score_original
-    out["sd_original"] = out.metric.map(spread)
+    orig = corpus[corpus.variant == ORIGINAL].rename(columns={"score": "score_original", "n": "n_studies"}).drop(columns="variant")
+    usable = _paired(scores).groupby(_KEYS, sort=False).usable.sum().astype(int).rename("n_usable").reset_index()
+    out = corpus[corpus.variant != ORIGINAL].drop(columns="n").rename(columns={"score": "score_after"})
+    out = out.merge(orig, on=["system", "dataset", "metric"], how="left").merge(usable, on=_KEYS, how="left")
+    return out.assign(score_before=out.score_original, n_compared=out.n_usable, level="corpus")
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #8cc44860
+def _without_study_score(scores: pd.DataFrame) -> list:
+    "Metrics without a single defined per-study value under the original references (corpus-only)."
+    orig = scores[scores.variant == ORIGINAL]
+    return [m for m, v in orig.groupby("metric", sort=False).value if not np.isfinite(v.to_numpy(dtype=float)).any()]
+
+def _finish_shifts(out: pd.DataFrame, backend: str) -> pd.DataFrame:
+    "Shift, status, SD across (system, dataset) pairs under the original references, normalized shift; NaN where nothing applies."
+    out["applicable"] = out.n_usable > 0
+    out["status"] = np.where(~out.applicable, NOT_APPLICABLE, np.where(out.level == "corpus", "ok (corpus level)", "ok"))
+    out.loc[out.applicable & (out.n_compared == 0), "status"] = "no defined per-study score on the usable studies"
+    out["shift"] = (out.score_after - out.score_before).where(out.applicable & (out.n_compared > 0))
+    pairs = out.drop_duplicates(["system", "dataset", "metric"])
+    out["sd_original"] = out.metric.map(pairs.groupby("metric").score_original.std(ddof=1))
     out["normalized_shift"] = out["shift"] / out.sd_original
-    return out[["system", "dataset", "variant", "metric", "n", "score_original", "score", "shift", "sd_original", "normalized_shift"]]
+    return out.assign(backend=backend)[list(SHIFT_COLUMNS)]
+
+def score_shifts(scores,                          # a scores long table (from `score_references`)
+                 values: Mapping | None = None,   # metric -> value function (see `system_scores`; corpus level only)
+                 flip_lower: bool = True,         # negate lower-is-better metrics first, so positive = better
+                 level: str = "study"             # "study": mean per-study difference (the paper's); "corpus": difference of corpus statistics
+                ) -> pd.DataFrame:
+    "Per system, dataset, variant and metric: usable counts, the shift under the rewritten references, and the shift in SDs across (system, dataset) pairs."
+    if level not in SHIFT_LEVELS: raise InputError(f"score_shifts: level must be 'study' or 'corpus', not {level!r}")
+    table = require_columns(scores, ["sample_id", "system", "dataset", "variant", "metric", "value"], "scores")
+    if not (table.variant == ORIGINAL).any(): raise InputError("scores: no rows with variant 'original'")
+    signed, backend = _signed(table, flip_lower), _backend_of(table)
+    corpus_only = _without_study_score(signed) if level == "study" else list(pd.unique(signed.metric))
+    parts = [_study_level(signed[~signed.metric.isin(corpus_only)])] if len(corpus_only) < signed.metric.nunique() else []
+    if corpus_only:
+        corpus = _corpus_level(table[table.metric.isin(corpus_only)], values)
+        sign = corpus.metric.map(lambda m: -1.0 if flip_lower and not _higher_is_better(m) else 1.0)
+        parts.append(corpus.assign(**{c: corpus[c] * sign for c in ("score_original", "score_before", "score_after")}))
+    return _finish_shifts(pd.concat(parts, ignore_index=True), backend)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ec371b2c
+_BOX = ("mean", "p5", "q1", "median", "q3", "p95", "iqr")
+
 def _box(values: np.ndarray) -> dict:
+    "`n`, mean and the box statistics (5th, 25th, 50th, 75th, 95th percentiles, IQR) of the finite values."
     values = np.asarray(values, dtype=float); values = values[np.isfinite(values)]
-    if not len(values): return {"n": 0, **{k: np.nan for k in ("mean", "p5", "q1", "median", "q3", "p95", "iqr")}}
+    if not len(values): return {"n": 0, **{k: np.nan for k in _BOX}}
     p5, q1, median, q3, p95 = np.percentile(values, [5, 25, 50, 75, 95])
     return {"n": len(values), "mean": float(values.mean()), "p5": p5, "q1": q1, "median": median, "q3": q3, "p95": p95, "iqr": q3 - q1}
+
+def _applicable(table: pd.DataFrame) -> pd.Series:
+    "The `applicable` column, or all true for a table without one."
+    return table["applicable"].fillna(False).astype(bool) if "applicable" in table.columns else pd.Series(True, index=table.index)
+
+def _study_totals(group: pd.DataFrame) -> dict:
+    "Studies and usable studies of a group of shift rows: per dataset the largest count over systems, summed over datasets."
+    if "n_usable" not in group.columns: return {"n_studies": np.nan, "n_usable": np.nan}
+    per = group.groupby("dataset")[["n_studies", "n_usable"]].max()
+    return {"n_studies": int(per.n_studies.sum()), "n_usable": int(per.n_usable.sum())}
 
 def shift_summary(shifts,                          # a shifts table (from `score_shifts`)
                   column: str = "normalized_shift" # which column to summarise ("shift" for raw shifts)
                  ) -> pd.DataFrame:
-    "Per metric and variant: box-plot statistics (5th/95th percentile whiskers) and IQR of the shifts across (system, dataset) pairs."
+    "Per metric and variant: usable counts, and box statistics (5th/95th percentile whiskers) and IQR of the shifts across (system, dataset) pairs."
     table = require_columns(shifts, ["metric", "variant", column], "shifts")
-    return pd.DataFrame([{"metric": m, "variant": v, **_box(g[column])} for (m, v), g in table.groupby(["metric", "variant"], sort=False)])
+    rows = []
+    for (metric, variant), g in table.groupby(["metric", "variant"], sort=False):
+        ok = _applicable(g).any()
+        box = _box(g.loc[_applicable(g), column]) if ok else _box([])
+        rows.append({"metric": metric, "variant": variant, "n": box.pop("n"), **_study_totals(g), "applicable": bool(ok),
+                     "status": "ok" if ok else NOT_APPLICABLE, **box, "backend": _backend_of(g)})
+    return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #03215827
 def iqr_summary(summary # a box table (from `shift_summary`)
                ) -> pd.DataFrame:
-    "Per metric: mean IQR over variants (overall sensitivity), largest IQR and its variant (worst case)."
+    "Per metric: mean IQR over the applicable variants (overall sensitivity), the largest IQR and its variant (worst case), and the variants not applicable."
     table = require_columns(summary, ["metric", "variant", "iqr"], "summary")
     rows = []
     for metric, group in table.groupby("metric", sort=False):
-        worst = group.iqr.idxmax() if group.iqr.notna().any() else None
-        rows.append({"metric": metric, "mean_iqr": group.iqr.mean(), "max_iqr": group.iqr.max(),
-                     "max_variant": None if worst is None else group.variant[worst]})
+        ok = group[_applicable(group) & group.iqr.notna()]
+        worst = ok.iqr.idxmax() if len(ok) else None
+        rows.append({"metric": metric, "mean_iqr": ok.iqr.mean(), "max_iqr": ok.iqr.max(),
+                     "max_variant": None if worst is None else ok.variant[worst], "n_variants": len(ok),
+                     "not_applicable": "; ".join(group.variant[~_applicable(group)]), "backend": _backend_of(group)})
     return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #b7433434
@@ -182,41 +296,68 @@ def _verdicts(table: pd.DataFrame, higher_is_better: bool) -> np.ndarray:
     ahead = table.estimate > 0 if higher_is_better else table.estimate < 0
     return np.where(table.significant, np.where(ahead, "first better", "second better"), "tie")
 
+_REVERSAL_COLUMNS = ["dataset", "metric", "variant", "n_studies", "n_usable", "applicable", "status", "pairs", "flips",
+                     "significant_flips", "verdict_changes", "fraction", "significant_fraction", "backend"]
+_OUTCOMES = ["pairs", "flips", "significant_flips", "verdict_changes"]
+
+def _reversal_rows(counts: pd.DataFrame, usable: Mapping, variants: Sequence[str]) -> pd.DataFrame:
+    "The reversal counts of the compared variants, and NaN rows for the variants that were not applicable."
+    counts = counts.rename(columns={"condition": "variant"}).set_index("variant")
+    rows = []
+    for v in variants:
+        n_usable, n_studies = usable.get(v, (np.nan, np.nan))
+        done = counts.loc[v, _OUTCOMES].astype(float).to_dict() if v in counts.index else dict.fromkeys(_OUTCOMES, np.nan)
+        rows.append({"variant": v, "n_studies": n_studies, "n_usable": n_usable, "applicable": v in counts.index,
+                     "status": "ok" if v in counts.index else NOT_APPLICABLE, **done})
+    out = pd.DataFrame(rows, columns=["variant", "n_studies", "n_usable", "applicable", "status", *_OUTCOMES])
+    return out.assign(fraction=out.flips / out.pairs, significant_fraction=out.significant_flips / out.pairs)
+
 @dataclass(frozen=True, eq=False)
 class PairwiseGaps:
     "Paired differences between systems under each reference variant, on one shared set of resamples."
     metric: str      # the metric compared
     dataset: str     # the dataset whose systems are compared
     results: dict    # variant -> `PairedResult` (effects first − second), the original references first
+    usable: dict = field(default_factory=dict)  # variant -> (studies with a usable rewrite, studies), not-applicable variants included
+    backend: str = "not stated"                 # what wrote the rewritten references
 
     @property
     def reps(self) -> int: return int(self.compare().replicates.shape[1])
     @property
     def pairs(self) -> int: return len(self.compare().pairs)
+    @property
+    def not_applicable(self) -> list:
+        "Variants without a usable rewrite in this dataset (not compared)."
+        return [v for v in self.usable if v not in self.results]
     def compare(self, variant: str = ORIGINAL # the reference variant
                ) -> PairedResult:
         "The paired comparison of the systems under one reference variant."
-        if variant not in self.results: raise InputError(f"gaps: no variant {variant!r}; variants are {list(self.results)}")
+        if variant not in self.results: raise InputError(f"gaps: no variant {variant!r}; variants are {list(self.results)}"
+                                                         + (f" ({', '.join(self.not_applicable)}: {NOT_APPLICABLE})" if self.not_applicable else ""))
         return self.results[variant]
     def to_frame(self) -> pd.DataFrame:
-        "One row per variant and pair: estimate, interval, p, p_holm, `significant` (Holm) and the verdict."
+        "One row per compared variant and pair: usable counts, estimate, interval, p, p_holm, `significant` (Holm) and the verdict."
         parts = []
         for variant, result in self.results.items():
             table = result.to_frame().assign(variant=variant)
             parts.append(table.assign(verdict=_verdicts(table, result.higher_is_better)))
-        table = pd.concat(parts, ignore_index=True).assign(dataset=self.dataset)
-        return table[["dataset", "metric", "variant", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant", "verdict"]]
+        table = pd.concat(parts, ignore_index=True).assign(dataset=self.dataset, backend=self.backend)
+        counts = {v: self.usable.get(v, (np.nan, np.nan)) for v in self.results}
+        table["n_usable"], table["n_studies"] = table.variant.map(lambda v: counts[v][0]), table.variant.map(lambda v: counts[v][1])
+        return table[["dataset", "metric", "variant", "n_studies", "n_usable", "first", "second", "estimate", "ci_low", "ci_high",
+                      "p", "p_holm", "significant", "verdict", "backend"]]
     def summary(self) -> pd.DataFrame:
-        "Per variant: system pairs, flips of order, significant flips and verdict changes against the original references."
+        "Per variant: usable counts, system pairs, flips of order, significant flips, verdict changes and their fractions (NaN where not applicable)."
         others = {v: r for v, r in self.results.items() if v != ORIGINAL}
-        counts = count_reversals(self.compare(), others) if others else pd.DataFrame(columns=["condition", "pairs", "flips", "significant_flips", "verdict_changes"])
-        return counts.rename(columns={"condition": "variant"}).assign(dataset=self.dataset, metric=self.metric)[
-            ["dataset", "metric", "variant", "pairs", "flips", "significant_flips", "verdict_changes"]]
+        counts = count_reversals(self.compare(), others) if others else pd.DataFrame(columns=["condition", *_OUTCOMES])
+        variants = [v for v in dict.fromkeys([*others, *self.usable]) if v != ORIGINAL]
+        table = _reversal_rows(counts, self.usable, variants).assign(dataset=self.dataset, metric=self.metric, backend=self.backend)
+        return table[_REVERSAL_COLUMNS]
     def note(self) -> str:
         "The p-value convention and floors of these comparisons."
         return self.compare().note()
     def _repr_markdown_(self):
-        return f"**{self.metric}** on `{self.dataset}`, first − second\n\n" + md_table(self.to_frame()) + f"\n\n{self.note()}"
+        return f"**{self.metric}** on `{self.dataset}`, first − second (references: {self.backend})\n\n" + md_table(self.to_frame()) + f"\n\n{self.note()}"
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ad87ee7d
 def _with_clusters(scores: pd.DataFrame, clusters, unit: str) -> tuple[pd.DataFrame, str | None]:
@@ -242,12 +383,18 @@ def _gap_rows(scores: pd.DataFrame, metric: str, dataset: str | None, systems: S
     return rows if systems is None else rows[rows.system.isin(systems)]
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #e7727ad4
+def _usable_by_variant(rows: pd.DataFrame, unit: str) -> dict:
+    "variant -> (units scored against a usable rewrite, units) of one metric and dataset; the original counts all its units."
+    total = rows.loc[rows.variant == ORIGINAL, unit].nunique()
+    usable = rows[_perturbed(rows).to_numpy()].groupby("variant", sort=False)[unit].nunique()
+    return {v: (total if v == ORIGINAL else int(usable.get(v, 0)), total) for v in pd.unique(rows.variant)}
+
 def pairwise_gaps(scores,                                # a scores long table
                   metric: str,                           # the metric
                   dataset: str | None = None,            # which dataset (needed when there are several)
                   systems: Sequence[str] | None = None,  # systems to compare (default: all)
                   pairs: Sequence | None = None,         # explicit (first, second) pairs (default: all pairs)
-                  variants: Sequence[str] | None = None, # default: original first, then every other variant
+                  variants: Sequence[str] | None = None, # default: original first, then every variant with a usable rewrite
                   reps: int = 2000,                      # bootstrap resamples
                   seed: int = DEFAULT_SEED,              # random seed
                   size: float = 0.95,                    # interval coverage; significance level is 1 − size
@@ -257,10 +404,11 @@ def pairwise_gaps(scores,                                # a scores long table
                  ) -> PairwiseGaps:
     "The paired differences between systems under each reference variant, on shared resamples."
     table = require_columns(scores, ["system", "dataset", "variant", "metric", "value"], "scores")
-    unit = unit or ("study_id" if "study_id" in table.columns else "sample_id")
+    unit = unit or _unit(table)
     table, cluster_column = _with_clusters(table, clusters, unit)
     rows = _gap_rows(table, metric, dataset, systems)
-    variants = list(variants) if variants is not None else [ORIGINAL] + [v for v in pd.unique(rows.variant) if v != ORIGINAL]
+    usable = _usable_by_variant(rows, unit)
+    variants = list(variants) if variants is not None else [ORIGINAL] + [v for v, (n, _) in usable.items() if v != ORIGINAL and n > 0]
     value = _value_fn(metric, values)
     kind = value if value is not None and _stat_cols(rows) else "mean"
     blocks, labels = {}, None
@@ -270,7 +418,7 @@ def pairwise_gaps(scores,                                # a scores long table
         labels = variant_labels if labels is None else labels
     boot = bootstrap_metrics(blocks, reps, seed, labels, pairs=pairs, size=size, higher_is_better=_higher_is_better(metric))
     results = {v: dataclasses.replace(r, metric=metric) for v, r in zip(variants, boot.values())}
-    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results)
+    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results, usable, _backend_of(rows))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #5ef10891
 def _n_pairs(scores: pd.DataFrame) -> int:
@@ -297,17 +445,31 @@ def all_pairwise_gaps(scores,                                # a scores long tab
             for dataset in (datasets or list(pd.unique(table.dataset))) for metric in (metrics or list(pd.unique(table.metric)))}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #3bad2e38
-_REVERSAL_COLUMNS = ["dataset", "metric", "variant", "pairs", "flips", "significant_flips", "verdict_changes"]
-
 @delegates(all_pairwise_gaps)
 def reversal_counts(scores, # a scores long table
                     **kwargs) -> pd.DataFrame:
-    "Per dataset, metric and variant: system pairs, flips, significant flips and verdict changes against the original references (settings: those of `all_pairwise_gaps`)."
+    "Per dataset, metric and variant: usable counts, system pairs, flips, significant flips, verdict changes and the fractions of pairs that flip (settings: those of `all_pairwise_gaps`)."
     return _reversal_table(all_pairwise_gaps(scores, **kwargs))
 
 def _reversal_table(gaps: Mapping) -> pd.DataFrame:
     parts = [g.summary() for g in gaps.values()]
     return pd.concat(parts, ignore_index=True)[_REVERSAL_COLUMNS] if parts else pd.DataFrame(columns=_REVERSAL_COLUMNS)
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #048af3fb
+def reversal_distribution(reversals,                   # a reversal table (from `reversal_counts`)
+                          by: str | Sequence[str] = "metric", # groups: "metric" (the paper's Figure 7b), or e.g. ["metric", "variant"]
+                          column: str = "fraction"     # "fraction" (any flip) or "significant_fraction" (verdict flips too)
+                         ) -> pd.DataFrame:
+    "Box statistics (5th/95th percentile whiskers) of the fraction of system pairs that reverse, per group, over the other keys (datasets × variations)."
+    keys = [by] if isinstance(by, str) else list(by)
+    table = require_columns(reversals, [*keys, "variant", column], "reversals")
+    rows = []
+    for key, g in table.groupby(keys, sort=False):
+        ok = _applicable(g)
+        box = _box(g.loc[ok, column])
+        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n": box.pop("n"), **box,
+                     "not_applicable": "; ".join(dict.fromkeys(g.variant[~ok])), "backend": _backend_of(g)})
+    return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #d4069be9
 @patch
@@ -324,6 +486,31 @@ def most_reversed(self: PairwiseGaps) -> dict:
     return {"dataset": self.dataset, "metric": self.metric, "first": first, "second": second,
             "significant_flips": int(significant), "flips": int(flips)}
 
+# %% ../nbs/09b_reref_sensitivity.ipynb #c12a3235
+_STUDY_COLUMNS = ["study_id", "sample_id", "system", "variant", "metric", "usable", "score_original", "score_rewritten", "difference", "backend"]
+
+def _chosen_case(pairs: pd.DataFrame, metric: str) -> pd.Series:
+    "The usable (study, system, variant) row with the largest |difference| on `metric` (first in table order on ties)."
+    rows = pairs[(pairs.metric == metric) & pairs.usable & np.isfinite(pairs.value - pairs.before)]
+    if rows.empty: raise InputError(f"study_scores: no usable rewrite with a defined {metric!r} score matches the choice")
+    return rows.loc[(rows.value - rows.before).abs().idxmax()]
+
+def study_scores(scores,                        # a scores long table (from `score_references`)
+                 study_id: str | None = None,   # the study (default: the usable case with the largest |difference| on `metric`)
+                 variant: str | None = None,    # the rewritten reference (default: as for `study_id`)
+                 system: str | None = None,     # the system whose report is scored (default: as for `study_id`)
+                 metric: str | None = None      # the metric that picks the default case (default: the first of `scores`)
+                ) -> pd.DataFrame:
+    "One study's per-study scores of one system against its original and one rewritten reference, every metric (the Figure 5 kind); raw values, not sign-flipped."
+    table = require_columns(scores, ["sample_id", "study_id", "system", "variant", "metric", "value"], "scores")
+    pairs = _paired(table.assign(study_id=table.study_id.astype(str)))
+    for name, chosen in (("study_id", study_id), ("variant", variant), ("system", system)):
+        if chosen is not None: pairs = pairs[pairs[name] == str(chosen)]
+    case = _chosen_case(pairs, metric or str(table.metric.iloc[0]))
+    rows = pairs[(pairs.sample_id == case.sample_id) & (pairs.variant == case.variant)]
+    out = rows.assign(score_original=rows.before, score_rewritten=rows.value, difference=rows.value - rows.before)
+    return out.assign(backend=_backend_of(table))[_STUDY_COLUMNS].reset_index(drop=True)
+
 # %% ../nbs/09b_reref_sensitivity.ipynb #ab667adf
 def _variant_key(variant: str) -> tuple:
     return (variant != ORIGINAL, VARIANTS.index(variant) if variant in VARIANTS else len(VARIANTS), variant)
@@ -333,20 +520,42 @@ def _variant_order(variants) -> list: return sorted(dict.fromkeys(variants), key
 def _zero_rule(alt):
     return alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
 
+def chart_notes(table: pd.DataFrame,        # a result table with `backend` and, optionally, `applicable` and `variant`
+                extra: Sequence[str] = ()   # further lines
+               ) -> list[str]:
+    "The lines under a chart's title: which back end wrote the references, and the variations it could not apply."
+    lines = [f"References: {_backend_of(table)}"] if "backend" in table.columns else []
+    if "applicable" in table.columns and "variant" in table.columns:
+        ok = table.groupby("variant", sort=False).applicable.any()
+        missing = _variant_order(ok.index[~ok])
+        if missing: lines.append(f"{NOT_APPLICABLE.capitalize()} (no usable rewrite, no value shown): {', '.join(missing)}")
+    return lines + list(extra)
+
+def _title(alt, title: str, lines: Sequence[str]):
+    return alt.TitleParams(title, subtitle=list(lines), anchor="start") if lines else title
+
+def _not_applicable_text(alt, table: pd.DataFrame, y, label: str = "not applicable with this back end"):
+    "A grey label in the rows of variations without a usable rewrite (no box, no bar, no zero)."
+    rows = table.groupby("variant", sort=False).applicable.any() if "applicable" in table.columns else pd.Series(dtype=bool)
+    missing = pd.DataFrame({"variant": list(rows.index[~rows])})
+    return alt.Chart(missing).mark_text(align="left", color="#888", fontStyle="italic").encode(y=y, x=alt.value(4), text=alt.value(label))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #58bf001f
 def plot_normalized_shifts(summary,                 # box statistics (from `shift_summary`)
                            title: str | None = None # chart title
                           ):
-    "Box plots (from `shift_summary`) of normalized shifts per variation and metric; whiskers at the 5th/95th percentiles."
+    "Box plots (from `shift_summary`) of normalized shifts per variation and metric; whiskers at the 5th/95th percentiles; no box where a variation was not applicable."
     alt = enable_theme(svg=False)
     table = require_columns(summary, ["metric", "variant", "p5", "q1", "median", "q3", "p95"], "summary")
-    y = alt.Y("variant:N", sort=_variant_order(table.variant), title=None)
-    base = alt.Chart(table).encode(y=y, yOffset=alt.YOffset("metric:N"), color=alt.Color("metric:N", title="metric"),
+    drawn = table[_applicable(table) & table.q1.notna()]
+    y = alt.Y("variant:N", sort=_variant_order(table.variant), title=None, scale=alt.Scale(domain=_variant_order(table.variant)))
+    base = alt.Chart(drawn).encode(y=y, yOffset=alt.YOffset("metric:N"), color=alt.Color("metric:N", title="metric"),
                                    tooltip=["metric", "variant", alt.Tooltip("median:Q", format=".2f"), alt.Tooltip("iqr:Q", format=".2f")])
-    layers = [_zero_rule(alt), base.mark_rule().encode(x=alt.X("p5:Q", title="shift / SD across systems under original references"), x2="p95:Q"),
+    layers = [_zero_rule(alt), base.mark_rule().encode(x=alt.X("p5:Q", title="shift / SD across (system, dataset) pairs under original references"), x2="p95:Q"),
               base.mark_bar(height=7, opacity=0.85).encode(x="q1:Q", x2="q3:Q"),
-              base.mark_tick(color="black", thickness=2, size=9).encode(x="median:Q")]
+              base.mark_tick(color="black", thickness=2, size=9).encode(x="median:Q"), _not_applicable_text(alt, table, y)]
     return alt.layer(*layers).properties(width=420, height=alt.Step(7 * max(1, table.metric.nunique())),
-                                         title=title or "Normalized score shifts per reference variation")
+                                         title=_title(alt, title or "Normalized score shifts per reference variation", chart_notes(table)))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #54bf735d
 def plot_system_shifts(shifts,                     # a shifts table (from `score_shifts`)
@@ -354,18 +563,22 @@ def plot_system_shifts(shifts,                     # a shifts table (from `score
                        dataset: str | None = None, # one dataset (default: all, one row per system and dataset)
                        title: str | None = None    # chart title
                       ):
-    "Heatmap of the shift of each system under each variation, for one metric (and dataset)."
+    "Heatmap of the shift of each system under each variation, for one metric (and dataset); 'n/a' where a variation was not applicable."
     alt = enable_theme(svg=False)
     table = require_columns(shifts, ["system", "dataset", "variant", "metric", "shift"], "shifts")
     table = table[(table.metric == metric) & ((table.dataset == dataset) if dataset is not None else True)].copy()
     table["row"] = table.system if dataset is not None or table.dataset.nunique() == 1 else table.system + " · " + table.dataset
-    table["label"] = table["shift"].map("{:+.3f}".format)
-    largest = float(np.nanmax(np.abs(table["shift"]))) if len(table) else 1.0
+    ok = _applicable(table) & table["shift"].notna()
+    table["label"] = np.where(ok, table["shift"].map("{:+.3f}".format), "n/a")
+    largest = float(np.nanmax(np.abs(table["shift"]))) if ok.any() else 1.0
     axes = dict(x=alt.X("variant:N", sort=_variant_order(table.variant), title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("row:N", title=None))
-    heat = alt.Chart(table).mark_rect().encode(**axes, color=alt.Color("shift:Q", scale=alt.Scale(scheme="redblue", domain=[-largest, largest]), title="shift"),
-                                               tooltip=["system", "dataset", "variant", alt.Tooltip("shift:Q", format="+.4f")])
+    heat = alt.Chart(table[ok]).mark_rect().encode(**axes, color=alt.Color("shift:Q", scale=alt.Scale(scheme="redblue", domain=[-largest, largest]), title="shift"),
+                                                   tooltip=["system", "dataset", "variant", alt.Tooltip("shift:Q", format="+.4f")])
+    blank = alt.Chart(table[~ok]).mark_rect(color="#eeeeee").encode(**axes, tooltip=["system", "dataset", "variant", "label"])
     text = alt.Chart(table).mark_text(fontSize=9).encode(**axes, text="label:N")
-    return (heat + text).properties(width=alt.Step(46), height=alt.Step(22), title=title or f"{metric}: score shift per system and variation")
+    lines = chart_notes(table, ["shift = mean over the studies with a usable rewrite of the per-study score difference (rewritten − original)"])
+    return (heat + blank + text).properties(width=alt.Step(46), height=alt.Step(22),
+                                            title=_title(alt, title or f"{metric}: score shift per system and variation", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #8967bae3
 _VERDICT_COLORS = {"first better": "#0072B2", "tie": "#888888", "second better": "#D55E00"}
@@ -373,9 +586,10 @@ _VERDICT_COLORS = {"first better": "#0072B2", "tie": "#888888", "second better":
 def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame()`)
               first: str | None = None,    # first system of the pair (default: the table's first row)
               second: str | None = None,   # second system of the pair
-              title: str | None = None     # chart title
+              title: str | None = None,    # chart title
+              notes: Sequence[str] | None = None # lines under the title (default: `chart_notes` of the table)
              ):
-    "The gap first − second with its interval under each reference variant, coloured by the (Holm) verdict."
+    "The gap first − second with its interval under each compared reference variant, coloured by the (Holm) verdict."
     alt = enable_theme(svg=False)
     table = require_columns(gaps, ["variant", "first", "second", "estimate", "ci_low", "ci_high", "verdict"], "gaps")
     first, second = first or table["first"].iloc[0], second or table["second"].iloc[0]
@@ -385,9 +599,10 @@ def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame
                        title="verdict (Holm)")
     tips = ["variant", *(alt.Tooltip(f"{c}:Q", format="+.4f") for c in ("estimate", "ci_low", "ci_high")), "verdict"]
     base = alt.Chart(table).encode(y=y, color=colour, tooltip=tips)
+    lines = chart_notes(table) if notes is None else list(notes)
     return alt.layer(_zero_rule(alt), base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title=f"{first} − {second}"), x2="ci_high:Q"),
                      base.mark_point(filled=True, size=60).encode(x="estimate:Q")).properties(
-        width=360, height=alt.Step(18), title=title or f"{first} − {second} under each reference variant")
+        width=360, height=alt.Step(18), title=_title(alt, title or f"{first} − {second} under each reference variant", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #fce8353e
 @patch
@@ -395,47 +610,117 @@ def plot(self: PairwiseGaps, first: str | None = None, # first system (default: 
          second: str | None = None,                      # second system
          title: str | None = None                        # chart title
         ):
-    "The gap between two systems under each reference variant (the Figure 7a kind)."
+    "The gap between two systems under each compared reference variant (the Figure 7a kind); variants not applicable are listed under the title."
     if first is None or second is None:
         top = self.most_reversed() if len(self.results) > 1 else {"first": None, "second": None}
         first, second = first or top["first"], second or top["second"]
-    return plot_gaps(self.to_frame(), first, second, title or f"{self.metric}, {self.dataset}: {first} − {second}")
+    lines = [f"References: {self.backend}", "Studies without a usable rewrite keep their original-reference score; every variant averages all studies"]
+    if self.not_applicable: lines.append(f"{NOT_APPLICABLE.capitalize()} (not compared): {', '.join(_variant_order(self.not_applicable))}")
+    return plot_gaps(self.to_frame(), first, second, title or f"{self.metric}, {self.dataset}: {first} − {second}", lines)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #05389817
 def plot_reversals(counts,                  # reversal counts (from `reversal_counts`)
                    title: str | None = None # chart title
                   ):
-    "Bars of ranking flips (and significant flips) per variation and metric (from `reversal_counts`)."
+    "Bars of ranking flips (and significant flips) per variation and metric (from `reversal_counts`); variations not applicable are not drawn."
     alt = enable_theme(svg=False)
     table = require_columns(counts, ["metric", "variant", "flips", "significant_flips"], "counts")
-    table = table.groupby(["metric", "variant"], sort=False)[["flips", "significant_flips"]].sum().reset_index()
-    table = table.melt(["metric", "variant"], ["flips", "significant_flips"], var_name="kind", value_name="pairs")
-    return alt.Chart(table).mark_bar().encode(
-        x=alt.X("variant:N", sort=_variant_order(table.variant), title=None, axis=alt.Axis(labelAngle=-40)),
+    drawn = table[_applicable(table)].groupby(["metric", "variant"], sort=False)[["flips", "significant_flips"]].sum().reset_index()
+    drawn = drawn.melt(["metric", "variant"], ["flips", "significant_flips"], var_name="kind", value_name="pairs")
+    return alt.Chart(drawn).mark_bar().encode(
+        x=alt.X("variant:N", sort=_variant_order(drawn.variant), title=None, axis=alt.Axis(labelAngle=-40)),
         xOffset="metric:N", y=alt.Y("pairs:Q", title="system pairs"), color=alt.Color("metric:N"),
         row=alt.Row("kind:N", title=None), tooltip=["metric", "variant", "kind", "pairs"]).properties(
-        width=alt.Step(7), height=110, title=title or "Ranking reversals against the original references")
+        width=alt.Step(7), height=110, title=_title(alt, title or "Ranking reversals against the original references", chart_notes(table)))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #d39a20c1
+def plot_reversal_fractions(reversals,                 # a reversal table (from `reversal_counts`)
+                            column: str = "fraction",  # "fraction" (any flip) or "significant_fraction"
+                            title: str | None = None   # chart title
+                           ):
+    "The Figure 7b kind: per metric, the distribution over datasets × variations of the fraction of all system pairs whose order reverses."
+    alt = enable_theme(svg=False)
+    table = require_columns(reversals, ["dataset", "metric", "variant", column], "reversals")
+    boxes, points = reversal_distribution(table, "metric", column), table[_applicable(table)]
+    y = alt.Y("metric:N", title=None, sort=list(pd.unique(table.metric)))
+    box = alt.Chart(boxes.dropna(subset=["q1"])).encode(y=y)
+    dots = alt.Chart(points).mark_circle(size=40, opacity=0.7).encode(
+        y=y, x=alt.X(f"{column}:Q", title="share of system pairs reversed", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("variant:N", sort=_variant_order(points.variant), title="variation"),
+        tooltip=["dataset", "metric", "variant", "pairs", "flips", "significant_flips", alt.Tooltip(f"{column}:Q", format=".2f")])
+    layers = [box.mark_rule().encode(x="p5:Q", x2="p95:Q"), box.mark_bar(height=12, opacity=0.3, color="#555").encode(x="q1:Q", x2="q3:Q"),
+              box.mark_tick(color="black", thickness=2, size=14).encode(x="median:Q"), dots]
+    what = "flip order" if column == "fraction" else "flip order with a changed (Holm) verdict"
+    lines = chart_notes(table, [f"each dot: one dataset and variation, the share of all system pairs that {what}; box: 25-75%, whiskers: 5-95%"])
+    return alt.layer(*layers).properties(width=420, height=alt.Step(26), title=_title(alt, title or "Ranking reversals per metric", lines))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #dda6170c
+def plot_study_scores(table,                   # one study's scores (from `study_scores`)
+                      title: str | None = None # chart title
+                     ):
+    "The Figure 5 kind: one report's score against the original and against the rewritten reference, per metric."
+    alt = enable_theme(svg=False)
+    t = require_columns(table, ["study_id", "system", "variant", "metric", "score_original", "score_rewritten"], "table")
+    long = t.melt(["metric"], ["score_original", "score_rewritten"], var_name="reference", value_name="score")
+    long["reference"] = long.reference.map({"score_original": "original", "score_rewritten": str(t.variant.iloc[0])})
+    bars = alt.Chart(long).mark_bar().encode(y=alt.Y("metric:N", title=None), yOffset="reference:N", x=alt.X("score:Q", title="score of the one report"),
+                                             color=alt.Color("reference:N", title="reference"), tooltip=["metric", "reference", alt.Tooltip("score:Q", format=".3f")])
+    lines = chart_notes(t, [f"study {t.study_id.iloc[0]}, report of {t.system.iloc[0]}; raw metric values"])
+    return bars.properties(width=360, height=alt.Step(12), title=_title(alt, title or "One report, two clinically equivalent references", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ab13fc74
+@dataclass(frozen=True, eq=False)
+class StudyExample(FrameResult):
+    "One report scored against a study's original and one rewritten reference (the paper's Figure 5 kind), with the three texts."
+    frame_field = "scores"
+    study_id: str          # the study
+    system: str            # whose report is scored
+    variant: str           # the rewritten reference
+    backend: str           # what wrote it
+    original: str          # the original reference text (the scored section)
+    rewritten: str         # the rewritten reference text
+    hypothesis: str        # the generated report
+    scores: pd.DataFrame   # `study_scores` rows: every metric under both references
+
+    def summary(self) -> pd.DataFrame:
+        "Per metric: the score against each reference and the difference."
+        return self.scores[["metric", "score_original", "score_rewritten", "difference"]]
+    def plot(self, title: str | None = None # chart title
+            ):
+        "Bars of the two scores per metric (`plot_study_scores`)."
+        return plot_study_scores(self.scores, title)
+    def _repr_markdown_(self):
+        return (f"**Study `{self.study_id}`**, report of `{self.system}`, original vs `{self.variant}` (references: {self.backend})\n\n"
+                f"- original: {self.original}\n- rewritten: {self.rewritten}\n- generated: {self.hypothesis}\n\n" + md_table(self.summary()))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #9995c865
 @dataclass(frozen=True, eq=False)
 class ReferenceSensitivity(FrameResult):
     "What `reference_sensitivity` returns: rewrites, scores, shifts (`to_frame()`) and ranking comparisons under each reference variant."
     frame_field = "shifts"
     run: RewriteRun           # the rewritten references (see `cxr_audit.reref.rewrite_table`)
     scores: pd.DataFrame      # the `scores` long table (`score_references`)
-    shifts: pd.DataFrame      # per system, dataset, variant and metric: shift and normalized shift (`score_shifts`)
+    shifts: pd.DataFrame      # per system, dataset, variant and metric: usable counts, shift and normalized shift (`score_shifts`)
     boxes: pd.DataFrame       # per metric and variant: box statistics of the normalized shifts (`shift_summary`)
     iqr: pd.DataFrame         # per metric: mean and largest IQR (`iqr_summary`)
-    reversals: pd.DataFrame   # per dataset, metric and variant: pairs, flips, significant flips (`reversal_counts`)
+    reversals: pd.DataFrame   # per dataset, metric and variant: pairs, flips, significant flips, fractions (`reversal_counts`)
     gaps: dict                # (dataset, metric) -> `PairwiseGaps`
     agreement: pd.DataFrame   # per variant: label agreement of the rewrites (`cxr_audit.reref_rules.label_agreement`)
-    params: dict              # backend, variants, metrics, section, reps, seed, size, clusters, studies
+    params: dict              # backend, backend_note, variants, metrics, metric_sources, section, level, reps, seed, size, clusters, studies, not_applicable
+    generations: pd.DataFrame | None = None # the scored generations (with their `config` label), for `example`
 
     def summary(self) -> pd.DataFrame:
-        "Per metric: mean and largest IQR of the normalized shifts, and comparisons, flips and significant flips."
-        flips = (self.reversals.groupby("metric", sort=False)[["pairs", "flips", "significant_flips"]].sum()
-                 .reset_index().rename(columns={"pairs": "comparisons"}))
-        return self.iqr.merge(flips, on="metric", how="left")
+        "Per metric: where it comes from, mean and largest IQR of the normalized shifts, variations not applicable, and the ranking reversals."
+        ok = self.reversals[_applicable(self.reversals)]
+        flips = ok.groupby("metric", sort=False).agg(comparisons=("pairs", "sum"), flips=("flips", "sum"),
+                                                     significant_flips=("significant_flips", "sum"), median_fraction=("fraction", "median"))
+        out = self.iqr.merge(flips.reset_index(), on="metric", how="left")
+        out["metric_source"] = out.metric.map(self.params.get("metric_sources", {})).fillna("unknown")
+        return out[["metric", "metric_source", "mean_iqr", "max_iqr", "max_variant", "n_variants", "not_applicable", "comparisons",
+                    "flips", "significant_flips", "median_fraction", "backend"]]
+    def coverage(self) -> pd.DataFrame:
+        "Per dataset and variant: studies, studies with a usable rewrite, applicable, status (`usable_counts`)."
+        return usable_counts(self.scores)
     def note(self) -> str:
         "The p-value convention of the comparisons, with its floors for `reps` and the pairs of a family."
         return p_value_note(self.params["reps"], max(_n_pairs(self.scores), 1), 1 - self.params["size"])
@@ -449,7 +734,7 @@ class ReferenceSensitivity(FrameResult):
                                             f"families are {list(self.gaps)}")
         return self.gaps[keys[0]].compare(variant)
     def _repr_markdown_(self):
-        return f"{self.headline()}\n\n" + md_table(self.summary()) + f"\n\n{self.note()}"
+        return f"{self.headline()}\n\n{self.caption()}\n\n" + md_table(self.summary()) + f"\n\n{self.note()}"
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #dab246d4
 def _backend_loop(backend, options: Mapping) -> ReRef:
@@ -458,14 +743,13 @@ def _backend_loop(backend, options: Mapping) -> ReRef:
     if isinstance(backend, ReRef): return backend
     return ReRef(backend, backend, **options)
 
-def _backend_name(loop: ReRef | None) -> str:
-    if loop is None: return "references given"
-    kinds = {getattr(b, "kind", "") for b in (loop.generator, loop.verifier)}
-    if kinds == {"rule"}: return "offline rule-based back end"
-    names = dict.fromkeys(str(getattr(b, "model", None) or getattr(b, "name", type(b).__name__)) for b in (loop.generator, loop.verifier))
-    return "LLM back end " + " / ".join(names)
+def _run_backend(run: RewriteRun, loop: ReRef | None) -> str:
+    "The label of what wrote the references: the loop's, the given run's, or 'references given'."
+    if loop is not None: return backend_label(loop)
+    return run.backend or _backend_of(run.references).replace("not stated", "references given")
 
-_LOOP_SETTINGS = ("max_rounds", "generator_temperature", "verifier_temperature", "prompts", "taxonomy", "seed")
+_LOOP_SETTINGS = ("max_rounds", "generator_temperature", "verifier_temperature", "prompts", "taxonomy", "seed",
+                  "generator_max_tokens", "verifier_max_tokens", "top_p", "top_k")
 
 def _split_options(rewrite_options: Mapping | None) -> tuple[dict, dict]:
     "(ReRef settings, `rewrite_table` run options) of `rewrite_options`."
@@ -476,6 +760,27 @@ def _cluster_map(clusters, studies: pd.DataFrame) -> dict | None:
     "`{study_id: cluster}` from a column of `studies`, an array aligned with its rows, or a mapping."
     labels = resolve_clusters(clusters, studies, key="study_id", what="reference_sensitivity clusters")
     return None if labels is None else dict(zip(studies.study_id.astype(str), labels))
+
+def metric_source(metric # a metric name or object
+                 ) -> str:
+    "'native' (computed by `cxr_audit.metrics`), 'bridged (RadEval key <key>)', or 'unknown'."
+    try: m = get_metric(metric) if isinstance(metric, str) else metric
+    except (ImportError, InputError): return "unknown"
+    inner = getattr(m, "inner", m)
+    return f"bridged (RadEval key {inner.key})" if getattr(inner, "radeval", None) and getattr(inner, "key", None) else "native"
+
+def _params(run: RewriteRun, loop, scores: pd.DataFrame, metrics, settings: Mapping) -> dict:
+    "The result's parameters: back end, variants, metrics and where they come from, settings, and the variants never applicable."
+    backend = _run_backend(run, loop)
+    counts = usable_counts(scores).groupby("variant", sort=False).n_usable.sum()
+    names = [str(getattr(m, "name", m)) for m in metrics]
+    pairs = scores[["system", "dataset"]].drop_duplicates()
+    return {"backend": backend, "backend_note": backend_description(backend),
+            "variants": [v for v in pd.unique(run.references.variant) if v != ORIGINAL], "metrics": names,
+            "metric_sources": {n: metric_source(m) for n, m in zip(names, metrics)}, **settings,
+            "studies": int(run.references.study_id.nunique()), "not_applicable": [v for v, n in counts.items() if n == 0],
+            "normalization": f"shifts divided by each metric's SD (ddof=1) of the mean score under the original references across "
+                             f"the {len(pairs)} (system, dataset) pairs"}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #8a5b1b36
 def reference_sensitivity(studies,                            # a studies table: study_id, findings, impression [, dataset, patient_id, ...]
@@ -491,7 +796,8 @@ def reference_sensitivity(studies,                            # a studies table:
                           max_studies: int | None = None,     # use only the first studies of the table (run time); None: all
                           values: Mapping | None = None,      # metric -> value function (see `system_scores`)
                           references: RewriteRun | None = None, # an earlier rewrite run of these studies: skips rewriting
-                          rewrite_options: Mapping | None = None # `rewrite_table` options (cache, progress, ...); ReRef settings (max_rounds, seed, ...) when `backend` is not a ReRef
+                          rewrite_options: Mapping | None = None, # `rewrite_table` options (cache, progress, ...); ReRef settings (max_rounds, seed, generator_max_tokens, ...) when `backend` is not a ReRef
+                          level: str = "study"                # shifts: "study" (mean per-study difference, the paper's) or "corpus" (see `score_shifts`)
                          ) -> ReferenceSensitivity:
     "Rewrite the references, score every system under each, and measure shifts and ranking reversals: one result."
     table = require_columns(studies, ["study_id"], "studies")
@@ -500,18 +806,19 @@ def reference_sensitivity(studies,                            # a studies table:
     settings, options = _split_options(rewrite_options)
     loop = None if references is not None else _backend_loop(backend, settings)
     run = references if references is not None else rewrite_table(chosen, variations, loop, **options)
-    scores = score_references(generations, run.references, metrics, studies=chosen, section=section)
+    refs = run.references if "backend" in run.references.columns else run.references.assign(backend=_run_backend(run, loop))
+    scores = score_references(generations, refs, metrics, studies=chosen, section=section)
     if scores.empty: raise InputError(f"reference_sensitivity: no study has both a {section!r} reference and a generated report")
-    shifts = score_shifts(scores, values)
+    shifts = score_shifts(scores, values, level=level)
     boxes = shift_summary(shifts)
     gaps = (all_pairwise_gaps(scores, reps=reps, seed=seed, size=size, values=values, clusters=cluster_map)
             if scores.system.nunique() > 1 else {})
-    params = {"backend": _backend_name(loop), "variants": [v for v in pd.unique(run.references.variant) if v != ORIGINAL],
-              "metrics": [str(getattr(m, "name", m)) for m in metrics], "section": section, "reps": int(reps), "seed": int(seed),
-              "size": float(size), "clusters": clusters if isinstance(clusters, str) or clusters is None else "given",
-              "studies": int(run.references.study_id.nunique())}
+    params = _params(run, loop, scores, metrics, {"section": section, "level": level, "reps": int(reps), "seed": int(seed), "size": float(size),
+                                                  "clusters": clusters if isinstance(clusters, str) or clusters is None else "given"})
+    gens = _configs(generations)
+    gens = gens[gens.sample_id.astype(str).isin(set(scores.sample_id))]
     return ReferenceSensitivity(run, scores, shifts, boxes, iqr_summary(boxes), _reversal_table(gaps), gaps,
-                                label_agreement(run.references), params)
+                                label_agreement(run.references), params, gens[["sample_id", "study_id", "config", "hypothesis"]].reset_index(drop=True))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #77836eb1
 @patch
@@ -535,38 +842,79 @@ def agreement_summary(self: ReferenceSensitivity) -> pd.DataFrame:
 @patch
 def headline(self: ReferenceSensitivity) -> str:
     "One markdown sentence: the most sensitive metric, and how many system comparisons reverse."
-    worst = self.iqr.sort_values("mean_iqr", ascending=False).iloc[0]
-    runs = self.run.references
-    text = (f"Rewriting the references of {runs.study_id.nunique()} studies along {runs.variant.nunique() - 1} variation(s) "
-            f"({self.params['backend']}) moves `{worst.metric}` most: the IQR of its normalized shifts is {worst.mean_iqr:.2f} on "
-            f"average and {worst.max_iqr:.2f} at most (`{worst.max_variant}`).")
+    runs, na = self.run.references, self.params.get("not_applicable", [])
+    text = f"Rewriting the references of {runs.study_id.nunique()} studies along {runs.variant.nunique() - 1} variation(s) ({self.params['backend']})"
+    text += f" ({len(na)} of them not applicable with this back end: {', '.join(na)})" if na else ""
+    ranked = self.iqr.dropna(subset=["mean_iqr"]).sort_values("mean_iqr", ascending=False)
+    if ranked.empty: return text + ": no variation produced a usable rewrite, so there is no shift to report."
+    worst = ranked.iloc[0]
+    text += (f" moves `{worst.metric}` most: the IQR of its normalized shifts is {worst.mean_iqr:.2f} on average and "
+             f"{worst.max_iqr:.2f} at most (`{worst.max_variant}`).")
+    ok = self.reversals[_applicable(self.reversals)]
     if not len(self.reversals): return text + " Ranking reversals need at least two systems."
-    total = self.reversals[["pairs", "flips", "significant_flips"]].sum()
+    total = ok[["pairs", "flips", "significant_flips"]].sum()
     return text + (f" Of {int(total.pairs)} system-pair comparisons, {int(total.flips)} change order under a rewritten reference, "
                    f"{int(total.significant_flips)} of them significant flips (Holm within each variant's pairs, "
                    f"{self.params['reps']:,} resamples).")
 
+# %% ../nbs/09b_reref_sensitivity.ipynb #433307f8
+@patch
+def caption(self: ReferenceSensitivity) -> str:
+    "One line for every table and figure of the result: back end, metrics and their source, section, shift definition, variations not applicable."
+    p = self.params
+    metrics = ", ".join(f"{m} ({p.get('metric_sources', {}).get(m, 'unknown')})" for m in p["metrics"])
+    shift = ("mean over the studies with a usable rewrite of the per-study difference (rewritten − original)" if p.get("level", "study") == "study"
+             else "difference of corpus statistics (studies without a usable rewrite keep their original score)")
+    na = p.get("not_applicable", [])
+    return (f"References: {p['backend']} ({p.get('backend_note', p['backend'])}). Metrics: {metrics}; scored section: {p['section']}. "
+            f"Shift: {shift}; {p.get('normalization', 'normalized by the SD across (system, dataset) pairs')}."
+            + (f" {NOT_APPLICABLE.capitalize()} (no usable rewrite): {', '.join(na)}." if na else ""))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #d7776435
+@patch
+def example(self: ReferenceSensitivity,
+            study_id: str | None = None,  # the study (default: the usable case with the largest |difference| on `metric`)
+            variant: str | None = None,   # the rewritten reference (default: as for `study_id`)
+            system: str | None = None,    # the system whose report is scored (default: as for `study_id`)
+            metric: str | None = None     # the metric that picks the default case (default: the first metric)
+           ) -> StudyExample:
+    "One report scored against a study's original and a rewritten reference, with the texts (the Figure 5 kind)."
+    table = study_scores(self.scores, study_id, variant, system, metric)
+    case = table.iloc[0]
+    refs = self.run.references.assign(study_id=self.run.references.study_id.astype(str)).set_index(["study_id", "variant"])
+    text = {v: _section_text(refs.loc[(case.study_id, v)], self.params["section"]) for v in (ORIGINAL, case.variant)}
+    gens = self.generations if self.generations is not None else pd.DataFrame(columns=["sample_id", "hypothesis"])
+    hyp = gens.loc[gens.sample_id.astype(str) == str(case.sample_id), "hypothesis"]
+    return StudyExample(str(case.study_id), str(case.system), str(case.variant), self.params["backend"], text[ORIGINAL],
+                        text[case.variant], str(hyp.iloc[0]) if len(hyp) else "", table)
+
 # %% ../nbs/09b_reref_sensitivity.ipynb #9ad1e8a7
-PLOT_KINDS = {"shifts": "Figure 4: normalized shifts per variation and metric",
+PLOT_KINDS = {"shifts": "Figure 4: normalized shifts per variation and metric (box 25-75%, whiskers 5-95%)",
               "systems": "Figure 6: shift of each system under each variation",
               "gaps": "Figure 7a: the gap between two systems under each reference variant",
-              "reversals": "Figure 7b: ranking flips per variation and metric"}
+              "reversals": "Figure 7b: per metric, the distribution of the share of system pairs whose order reverses",
+              "flips": "ranking flips and significant flips per variation and metric (counts)",
+              "study": "Figure 5 kind: one report's scores against the original and a rewritten reference"}
 
 @patch
 def plot(self: ReferenceSensitivity,  # noqa: F811 (PairwiseGaps has its own)
          kind: str = "shifts",        # one of `PLOT_KINDS`
-         metric: str | None = None,   # "systems" and "gaps": the metric
+         metric: str | None = None,   # "systems", "gaps": the metric; "study": the metric that picks the default case
          dataset: str | None = None,  # "systems" and "gaps": the dataset
          first: str | None = None,    # "gaps": first system of the pair
          second: str | None = None,   # "gaps": second system of the pair
-         title: str | None = None     # chart title
+         title: str | None = None,    # chart title
+         **case                       # "study": study_id, variant, system (see `example`)
         ):
-    "The chart of one figure of paper 000: `shifts`, `systems`, `gaps` or `reversals`."
+    "The chart of one figure of paper 000: `shifts`, `systems`, `gaps`, `reversals`, `flips` or `study`."
     if kind not in PLOT_KINDS: raise InputError(f"plot: kind must be one of {list(PLOT_KINDS)}, not {kind!r}")
     if kind == "shifts": return plot_normalized_shifts(self.boxes, title)
-    if kind == "reversals": return plot_reversals(self.reversals, title)
+    if kind == "reversals": return plot_reversal_fractions(self.reversals, title=title)
+    if kind == "flips": return plot_reversals(self.reversals, title)
+    if kind == "study": return self.example(metric=metric, **case).plot(title)
     if kind == "systems":
-        metric = metric or self.iqr.sort_values("mean_iqr", ascending=False).metric.iloc[0]
+        ranked = self.iqr.dropna(subset=["mean_iqr"]).sort_values("mean_iqr", ascending=False)
+        metric = metric or (ranked.metric.iloc[0] if len(ranked) else self.iqr.metric.iloc[0])
         dataset = dataset or self.shifts.dataset.iloc[0]
         return plot_system_shifts(self.shifts, metric, dataset, title or f"{metric} on {dataset}: score shift per system and variation")
     if metric is None or dataset is None:
@@ -579,15 +927,15 @@ def plot(self: ReferenceSensitivity,  # noqa: F811 (PairwiseGaps has its own)
 def save(self: ReferenceSensitivity, out_dir: str | os.PathLike, # output folder (created)
          **manifest                                               # further manifest fields, e.g. inputs={...}; params= are added to the result's
         ) -> dict[str, Path]:
-    "Write the result's tables, two charts and a manifest into `out_dir`; return the paths."
+    "Write the result's tables, its charts and a manifest into `out_dir`; return the paths."
     out, params = Path(out_dir), {**self.params, **manifest.pop("params", {})}
     paths = {k: v for k, v in self.run.save(out).items() if k != "manifest"}
-    tables = {"scores": (self.scores, "scores.parquet"), "shifts": (self.shifts, "shifts.csv"),
+    tables = {"scores": (self.scores, "scores.parquet"), "shifts": (self.shifts, "shifts.csv"), "coverage": (self.coverage(), "coverage.csv"),
               "shift_summary": (self.boxes, "shift_summary.csv"), "iqr_summary": (self.iqr, "iqr_summary.csv"),
               "reversals": (self.reversals, "reversals.csv"), "label_agreement": (self.agreement, "label_agreement.csv")}
     paths.update({name: write_table(table, out / file) for name, (table, file) in tables.items()})
     if self.gaps: paths["gaps"] = write_table(pd.concat([g.to_frame() for g in self.gaps.values()], ignore_index=True), out / "gaps.csv")
     paths["normalized_shifts_chart"] = save_chart(self.plot("shifts"), out / "normalized_shifts.svg")
-    if len(self.reversals): paths["reversals_chart"] = save_chart(self.plot("reversals"), out / "reversals.svg")
-    write_manifest(out / "manifest.json", outputs=paths, params=params, summary=self.run.calls, **manifest)
+    if _applicable(self.reversals).any(): paths["reversals_chart"] = save_chart(self.plot("reversals"), out / "reversals.svg")
+    write_manifest(out / "manifest.json", outputs=paths, params=params, summary=self.run.calls, caption=self.caption(), **manifest)
     return {**paths, "manifest": out / "manifest.json"}

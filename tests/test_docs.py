@@ -30,6 +30,9 @@ def test_every_notebook_renders_offline(tmp_path):
     assert any(p.parent.name == "papers" for p in rd.notebooks())
     assert '<div class="section">Papers</div>' in pages["index"] and 'href="004_crossdomain.html"' in pages["index"]
     assert "SIMULATED" in paper and ("data:image/svg+xml" in paper or "<svg" in paper)
+    reref = pages["000_reref"]                                            # paper 000: the back end and infeasible variations are stated
+    assert 'href="000_reref.html"' in pages["index"] and "references: <code>rules</code>" in reref
+    assert "not applicable with this back end" in reref and ("data:image/svg+xml" in reref or "<svg" in reref)
 
 
 def test_readme_is_generated_from_index(tmp_path):

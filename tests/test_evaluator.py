@@ -210,3 +210,55 @@ def test_radeval_names_give_flattened_columns():
     assert ((df.iloc[:, 4:] >= 0) & (df.iloc[:, 4:] <= 1)).all().all()
     with pytest.raises(InputError, match="unknown metric 'no_such_metric'"):
         ReportGenerationEvaluator(lambda imgs: imgs, dataset=[], metrics=["bleu_4", "no_such_metric"])
+
+
+# --- paper 001: the default metrics, and max_samples counting scored pairs ---------------------------------------------
+
+def test_the_default_is_full_metrics_and_fails_early_and_clearly_here():
+    "ReportGenerationEvaluator() without metrics follows paper 001 (FULL_METRICS); here it stops before any generation."
+    from cxr_audit.metrics import FULL_METRICS, metric_availability
+    calls = []
+    def gen(imgs): calls.append(imgs); return ["x"] * len(imgs)
+    ds = [{"img": "a.png", "study_id": "s1", "report": "FINDINGS: Lungs clear."}]
+    av = metric_availability(list(FULL_METRICS), load=True)
+    if av.available.all(): pytest.skip("every FULL_METRICS metric loads on this machine (weights and keys present)")
+    with pytest.raises(InputError) as e:
+        ReportGenerationEvaluator(gen, dataset=ds)
+    msg = str(e.value)
+    assert calls == []                                                          # nothing generated
+    bad = av[~av.available]
+    assert msg.startswith(f"ReportGenerationEvaluator: {len(bad)} of the 16 metrics asked for cannot load here (metrics defaults to FULL_METRICS")
+    for r in bad.itertuples():                                                   # every one, one line each, with its reason
+        assert f"\n- {r.metric}: not available here, because " in msg
+    for r in av[av.available].itertuples():
+        assert f"- {r.metric}:" not in msg
+    assert "Offline alternative: metrics=('bleu_4', 'rouge_l', 'chexpert_f1_5')" in msg
+    # the alternative it names works, on the same data
+    ok = ReportGenerationEvaluator(gen, dataset=ds, metrics=("bleu_4", "rouge_l", "chexpert_f1_5"))
+    assert [m.name for m in ok.metrics] == ["bleu_4", "rouge_l", "chexpert_f1_5"]
+
+
+def test_max_samples_caps_scored_pairs(tmp_path):
+    "Samples with an empty reference, an empty or a failed generation do not count towards max_samples (paper 001)."
+    reports = {f"s{i}": f"FINDINGS: finding number {i} ." for i in range(12)}
+    for i in (1, 2, 5): reports[f"s{i}"] = "INDICATION: Cough."                    # empty references (no findings/impression)
+    ds = pd.DataFrame({"img": [f"{k}.png" for k in reports], "study_id": list(reports), "report": list(reports.values())})
+    asked = []
+    def gen(imgs):
+        asked.extend(imgs)
+        if "s6.png" in imgs and len(imgs) == 1: raise RuntimeError("decoder crashed")   # fails alone (and in its batch)
+        if "s6.png" in imgs: raise RuntimeError("batch failed")
+        return ["" if p == "s3.png" else f"finding number {p[1:-4]} ." for p in imgs]  # empty generation for s3
+    with pytest.warns(UserWarning, match="failed on 1 sample"):
+        ev = ReportGenerationEvaluator(gen, dataset=ds, metrics=["bleu_1"], batch_size=3, max_samples=5, num_workers=0)
+        g = ev.generate()
+    assert ev.counts_["scored"] == 5 and len(ev.pairs_) == 5
+    assert ev.pairs_.sample_id.tolist() == ["s0", "s4", "s7", "s8", "s9"]
+    assert ev.counts_ == {"samples": 10, "scored": 5, "empty_reference": 3, "empty_hypothesis": 1, "failed": 1}
+    assert g.status.tolist() == ["scored", "empty_reference", "empty_reference", "empty_hypothesis", "scored", "empty_reference",
+                                 "failed", "scored", "scored", "scored"]
+    assert "s10.png" not in asked and "s11.png" not in asked                          # nothing generated past the cap
+    assert ev.evaluate().bleu_1[0] == pytest.approx(1.0)
+    paths = ev.save_results(output_dir=tmp_path)
+    assert pd.read_csv(paths["generations"]).shape[0] == 5
+    assert pd.read_csv(paths["results_summary"]).columns[-1] == "note"

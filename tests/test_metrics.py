@@ -1,5 +1,7 @@
 "Integration tests of `cxr_audit.metrics`: equality with pycocoevalcap, METEOR's corpus value, resampling, CheXpert F1, RadEval."
 import importlib
+import json
+import tempfile
 import shutil
 import subprocess
 import sys
@@ -11,12 +13,14 @@ import pytest
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, align_labels, label_reports
-from cxr_audit.metrics import (LIGHT_METRICS, Bleu, CheXpertF1, Meteor, Metric, RadEvalError, bundle_metrics, coco_bleu,
-                               compare_with_pycocoevalcap, get_metric, list_metrics, meteor_value, negated,
-                               radeval_metric, sample_stats, score, tokenizer)
+from cxr_audit.metrics import (AVAILABILITY_COLUMNS, BRIDGED_METRICS, LIGHT_METRICS, Bleu, CheXbertF1, CheXpertF1, Meteor, Metric,
+                               RadEvalError, RadEvalMetric, bundle_metrics, chexbert_counts, coco_bleu, compare_with_pycocoevalcap,
+                               get_metric, list_metrics, meteor_value, metric_availability, metric_kind, negated, radeval_metric,
+                               radeval_values, sample_stats, score, tokenizer)
 from cxr_audit.stats import bootstrap, resample_indices, resample_weights, systems_from_scores
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
+IU_JSON = Path(__file__).parent / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"
 HAVE_JAVA = shutil.which("java") is not None
 needs_java = pytest.mark.skipif(not HAVE_JAVA, reason="METEOR needs Java on PATH")
 COCO = ["bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider"]
@@ -206,18 +210,19 @@ def test_radeval_rouge_through_the_bridge(pairs):
     assert abs(df.value[0] - get_metric("rouge_l").corpus(refs, hyps)) > 1e-3    # not the COCO ROUGE-L
 
 
-def test_radeval_errors_are_surfaced_with_a_hint():
+def test_radeval_errors_are_one_line_with_radevals_own_error():
     m = get_metric("radeval_radgraph_partial")
     try:
         S = m.stats(["No effusion."], ["No effusion."])      # runs only where RadGraph and its weights are present
         assert S.shape == (1, 2)
     except RadEvalError as e:
         msg = str(e)
-        assert msg.startswith("RadEval metric 'radgraph' failed: ") and "\nhint: " in msg
+        assert msg.startswith("RadEval metric 'radgraph' not available here, because ") and "\n" not in msg
+        assert "[RadEval: " in msg and e.reason.startswith("not available here, because ")
     try:
         bundle_metrics(LIGHT_METRICS)
     except InputError as e:
-        listed = [n for n in ("bertscore", "radgraph", "f1chexbert") if f"- {n}:" in str(e)]
+        listed = [n for n in ("bertscore", "radgraph", "f1chexbert") if f"- {n}: not available here, because" in str(e)]
         assert "cannot run here" in str(e) and listed and str(e).startswith(f"{len(listed)} of 5 metrics")
         assert "- bleu:" not in str(e) and "- rouge:" not in str(e)      # these two run here
 
@@ -236,3 +241,218 @@ def test_uncertain_convention_the_issues_example_both_ways():
         assert al.summary(reps=20).query("metric == 'micro_f1'").estimate.item() == f1
     sc = score(refs, hyps, ["chexpert_f1_14", get_metric("chexpert_f1_5", uncertain_positive=True), "bleu_4"])
     assert sc.note.tolist() == ["uncertain (-1) counted as negative", "uncertain (-1) counted as positive", ""]
+
+
+# --- BLEU-2 (paper 000) against pycocoevalcap, on real IU X-ray report pairs ------------------------------------------
+
+@pytest.fixture(scope="module")
+def iu_pairs():
+    "Real IU X-ray wording: each study's findings against another study's findings, and against its own impression."
+    v = list(json.loads(IU_JSON.read_text()).values())
+    f, i = [x["section_findings"] for x in v], [x["section_impression"] for x in v]
+    return f + f, f[1:] + f[:1] + i
+
+
+@pytest.mark.parametrize("tokenize", ["r2gen", "r2gen_iu", None])
+def test_bleu_2_equals_pycocoevalcap_on_real_iu_reports(iu_pairs, tokenize):
+    from pycocoevalcap.bleu.bleu import Bleu as CocoBleu
+    refs, hyps = iu_pairs
+    assert len(refs) == 100 and any("XXXX" in r for r in refs)
+    t = tokenizer(tokenize)
+    gts, res = {k: [t(r)] for k, r in enumerate(refs)}, {k: [t(h)] for k, h in enumerate(hyps)}
+    corpus, per = CocoBleu(2).compute_score(gts, res, verbose=0)
+    m = get_metric("bleu_2", tokenize=tokenize)
+    assert m.name == "bleu_2" and m.stats(refs, hyps).shape == (100, 6)              # per-sample sufficient statistics
+    assert abs(m.corpus(refs, hyps) - corpus[1]) < 1e-12
+    np.testing.assert_allclose(m.per_sample(refs, hyps), per[1], rtol=0, atol=1e-12)
+    assert 0.05 < corpus[1] < 0.6                                                     # a real, non-degenerate value
+    # a bootstrap replicate from the statistics equals pycocoevalcap re-run on the resampled pairs
+    idx = resample_indices(100, 1, seed=5)[0]
+    w = np.bincount(idx, minlength=100).astype(float)
+    gts_b, res_b = {k: [t(refs[j])] for k, j in enumerate(idx)}, {k: [t(hyps[j])] for k, j in enumerate(idx)}
+    assert abs(float(m.value(w @ m.stats(refs, hyps))) - CocoBleu(2).compute_score(gts_b, res_b, verbose=0)[0][1]) < 1e-12
+
+
+# --- the RadEval bridge: mapping RadEval's real per-sample output to the papers' quantities ---------------------------
+
+def radeval_with(name, scorer):
+    """A real `radeval.RadEval` (per-sample mode) whose `name` adapter is RadEval's real class; only the scorer inside it,
+    the part that needs model weights (absent here, never downloaded), is a stand-in returning numbers in that scorer's
+    own return shape. So RadEval's real adapter code builds the real output dict the bridge reads."""
+    from radeval import RadEval
+    from radeval.metrics._registry import get_metric_class
+    ev, adapter = RadEval(metrics=[], per_sample=True, show_progress=False), object.__new__(get_metric_class(name))
+    adapter._scorer = scorer
+    ev._active_metrics.append(adapter)
+    setattr(ev, f"{name}_scorer", scorer)
+    return ev
+
+
+REFS = ["Small left pleural effusion.", "Heart size is normal.", "No pneumothorax."]
+HYPS = ["Left effusion.", "Normal heart size.", "Right pneumothorax."]
+
+
+def test_radgraph_f1_reads_the_partial_level():
+    class StandInF1RadGraph:        # F1RadGraph(reward_level="all") returns (means, [simple, partial, complete], annotations...)
+        def __call__(self, refs, hyps):
+            per = [[0.9, 0.6, 0.3], [0.7, 0.4, 0.1], [0.5, 0.2, 0.0]]
+            return tuple(float(np.mean(p)) for p in per), per, None, None
+    ev = radeval_with("radgraph", StandInF1RadGraph())
+    out = ev(refs=REFS, hyps=HYPS)
+    assert sorted(out) == ["radgraph_complete", "radgraph_partial", "radgraph_simple"]   # RadEval's per-sample keys
+    m = get_metric("radgraph_f1", evaluator=ev)
+    assert (m.name, m.key, metric_kind(m)) == ("radgraph_f1", "radgraph_partial", "bridged")
+    np.testing.assert_allclose(m.per_sample(REFS, HYPS), [0.7, 0.4, 0.1])
+    assert abs(m.corpus(REFS, HYPS) - 0.4) < 1e-12
+    assert m.note.startswith("RadEval radgraph -> radgraph_partial")
+    sc = score(REFS, HYPS, [m])
+    assert sc.note[0] == m.note                                                          # named beside the number
+
+
+def test_radcliq_reads_the_raw_per_sample_values_and_the_paper_flips_the_sign():
+    class StandInComposite:         # CompositeMetric.predict returns (1 / mean, per-sample raw RadCliQ-v1)
+        def predict(self, refs, hyps):
+            raw = np.array([0.5, 1.5, 1.0])[: len(refs)]
+            return 1 / raw.mean(), raw
+    ev = radeval_with("radcliq", StandInComposite())
+    out = ev(refs=REFS, hyps=HYPS)
+    assert list(out) == ["radcliq_v1"] and out["radcliq_v1"] == [0.5, 1.5, 1.0]
+    corpus_ev = radeval_with("radcliq", StandInComposite()); corpus_ev.per_sample = False
+    assert corpus_ev(refs=REFS, hyps=HYPS)["radcliq_v1"] == 1.0                           # RadEval's aggregate: 1/mean
+    raw = get_metric("radcliq_v1", evaluator=ev)
+    assert raw.higher_is_better is False and abs(raw.corpus(REFS, HYPS) - 1.0) < 1e-12
+    paper = get_metric("radcliq_v1_neg", evaluator=ev)
+    assert paper.higher_is_better is True and paper.name == "radcliq_v1_neg"
+    assert abs(paper.corpus(REFS, HYPS) + 1.0) < 1e-12                                  # -mean, not 1/mean
+    np.testing.assert_allclose(paper.per_sample(REFS, HYPS), [-0.5, -1.5, -1.0])
+    assert "1/mean" in paper.note and "sign flipped" in paper.note and "not the reciprocal" in paper.note
+    with pytest.raises(InputError, match="without per_sample=True"):
+        get_metric("radcliq_v1", evaluator=corpus_ev).stats(REFS, HYPS)
+
+
+def test_crimson_leaves_out_samples_radeval_could_not_score():
+    class StandInCRIMSON:           # CRIMSON returns (mean over valid, std, per-sample with NaN for failures, table)
+        def __call__(self, refs, hyps, on_sample_done=None):
+            s = [0.5, float("nan"), -0.25]
+            return float(np.nanmean(s)), 0.0, s, None
+    ev = radeval_with("crimson", StandInCRIMSON())
+    m = get_metric("crimson", evaluator=ev)
+    S = m.stats(REFS, HYPS)
+    np.testing.assert_array_equal(S, [[0.5, 1.0], [0.0, 0.0], [-0.25, 1.0]])
+    assert abs(m.corpus(REFS, HYPS) - 0.125) < 1e-12 and m.range == (-1.0, 1.0)
+
+
+def test_radeval_values_checks_the_shape():
+    assert radeval_values({"green": [1, None]}, "green", 2)[0] == 1.0
+    with pytest.raises(RadEvalError, match="one corpus number"):
+        radeval_values({"f1chexbert_5_micro_f1": 0.41}, "f1chexbert_5_micro_f1", 3)
+    with pytest.raises(RadEvalError, match="not 'radgraph_partial'"):
+        radeval_values({"radgraph_simple": [1.0]}, "radgraph_partial", 1)
+
+
+def tiny_chexbert(texts, seed=0):
+    "RadEval's real CheXbert evaluator code (BaseCheXbertEvaluator, BaseBertLabeler) around a random tiny BERT: no weights."
+    torch = pytest.importorskip("torch")
+    from transformers import BertConfig, BertModel, BertTokenizer
+    from radeval.metrics._chexbert_base import BaseBertLabeler, BaseCheXbertEvaluator
+    torch.manual_seed(seed)
+    words = sorted({w for t in texts for w in t.lower().replace(".", " ").replace(",", " ").split()})
+    backbone = BertModel(BertConfig(vocab_size=len(words) + 5, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32, initializer_range=0.5))
+    state = {f"bert.{k}": v for k, v in backbone.state_dict().items()}
+    for i in range(14):
+        k = 4 if i < 13 else 2
+        state[f"linear_heads.{i}.weight"], state[f"linear_heads.{i}.bias"] = torch.randn(k, 16), torch.randn(k)
+    vocab = Path(tempfile.mkdtemp()) / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words))
+
+    class TinyCheXbert(BaseCheXbertEvaluator):
+        CONDITION_NAMES = ["Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema", "Consolidation",
+                           "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other", "Fracture", "Support Devices"]
+        NO_FINDING, TOP5 = "No Finding", ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
+
+        def __init__(self):
+            super().__init__()
+            model = BaseBertLabeler(device="cpu", backbone=backbone, num_4way_heads=13, state_dict=state).eval()
+            self._init_evaluator(model=model, tokenizer=BertTokenizer(str(vocab)), device="cpu", batch_size=8)
+    return TinyCheXbert()
+
+
+def test_chexbert_f1_is_radevals_micro_f1_over_5_labels_per_report(iu_pairs):
+    "RadEval's f1chexbert_5_micro_f1 is scikit-learn's micro average over the labels of all reports; the per-report counts sum to it."
+    from radeval import RadEval
+    from sklearn.metrics import classification_report
+    refs, hyps = iu_pairs[0][:40], iu_pairs[1][:40]
+    scorer = tiny_chexbert(refs + hyps)
+    ev = RadEval(metrics=[], per_sample=True, show_progress=False)
+    ev.f1chexbert_scorer = scorer                                   # what RadEval(metrics=["f1chexbert"]) exposes
+    m5, m14 = get_metric("chexbert_f1_5", evaluator=ev), get_metric("chexbert_f1_14", evaluator=ev)
+    assert isinstance(m5, CheXbertF1) and m5.key == "f1chexbert_5_micro_f1" and m14.key == "f1chexbert_all_micro_f1"
+    R, H = np.array(scorer.get_labels(refs)), np.array(scorer.get_labels(hyps))
+    S5 = m5.stats(refs, hyps)
+    np.testing.assert_array_equal(S5, chexbert_counts(R, H, scorer.top5_idx))
+    assert S5[:, 0].sum() > 0 and S5[:, 1].sum() > 0 and S5[:, 2].sum() > 0
+    top5 = scorer.top5_idx
+    theirs5 = classification_report(R[:, top5], H[:, top5], output_dict=True, zero_division=0)["micro avg"]["f1-score"]
+    theirs14 = classification_report(R, H, output_dict=True, zero_division=0)["micro avg"]["f1-score"]
+    assert abs(m5.corpus(refs, hyps) - theirs5) < 1e-12 and abs(m14.corpus(refs, hyps) - theirs14) < 1e-12
+    accuracy = (R[:, top5] == H[:, top5]).mean(1).mean()             # RadEval's per-sample f1chexbert_sample_acc_5, averaged
+    assert abs(accuracy - theirs5) > 1e-3                             # ... is another quantity
+    # a bootstrap replicate = scikit-learn on the resampled reports
+    idx = resample_indices(40, 1, seed=2)[0]
+    w = np.bincount(idx, minlength=40).astype(float)
+    rep = classification_report(R[idx][:, top5], H[idx][:, top5], output_dict=True, zero_division=0)["micro avg"]["f1-score"]
+    assert abs(float(m5.value(w @ S5)) - rep) < 1e-12
+
+
+def test_the_paper_names_and_what_they_read():
+    assert BRIDGED_METRICS["radgraph_f1"] == ("radgraph", "radgraph_partial")
+    assert BRIDGED_METRICS["chexbert_f1_5"] == ("f1chexbert", "f1chexbert_5_micro_f1")
+    assert [m.key for m in bundle_metrics(["f1chexbert"], check=False)] == ["f1chexbert_5_micro_f1", "f1chexbert_all_micro_f1"]
+    assert "chexbert_f1_5" not in list_metrics() and "chexbert_f1_5" in list_metrics(radeval=True)
+    assert isinstance(get_metric("radeval_f1chexbert_sample_acc_5"), RadEvalMetric)      # the accuracy stays readable by name
+    assert "ACCURACY" in get_metric("radeval_f1chexbert_sample_acc_5").note
+
+
+# --- what can run here: one line each ------------------------------------------------------------------------------
+
+PAPER_000 = ["crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l", "bertscore"]
+
+
+def test_metric_availability_of_paper_000s_set_here():
+    av = metric_availability(PAPER_000)
+    assert av.columns.tolist() == list(AVAILABILITY_COLUMNS) and av.metric.tolist() == PAPER_000
+    native = av.set_index("metric").loc[["bleu_2", "rouge_l"]]
+    assert native.available.all() and (native.kind == "native").all() and (native.radeval_key == "").all()
+    bridged = av[av.kind == "bridged"]
+    assert bridged.radeval_key.tolist() == ["crimson", "green", "radgraph_partial", "ratescore", "radcliq_v1", "f1chexbert_5_micro_f1", "bertscore"]
+    for r in bridged.itertuples():
+        assert r.note.startswith("RadEval ") and r.radeval_key in r.note
+        if not r.available:
+            assert r.reason.startswith("not available here, because ") and "\n" not in r.reason
+            assert any(w in r.reason for w in ("package", "weights", "API key", "radeval")), r.reason
+
+
+def test_a_metric_whose_weights_are_absent_says_so_in_one_line(monkeypatch, tmp_path):
+    "bertscore's code imports here; its weights (distilbert-base-uncased) are not in the (empty) Hugging Face cache."
+    monkeypatch.setenv("HF_HOME", str(tmp_path)); monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    static = metric_availability(["bertscore"]).iloc[0]
+    assert static.reason == ("not available here, because its weights (distilbert-base-uncased) are not in the local Hugging Face cache, "
+                             "and nothing is downloaded here"), static.reason
+    with pytest.raises(RadEvalError) as e:
+        get_metric("bertscore").stats(["No effusion."], ["No effusion."])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("RadEval metric 'bertscore' not available here, because its weights (distilbert-base-uncased)")
+    assert "[RadEval: " in msg                                                       # RadEval's own error, kept
+    loaded = metric_availability(["bertscore"], load=True).iloc[0]
+    assert not loaded.available and loaded.reason == e.value.reason
+
+
+def test_api_key_metrics_need_a_key(monkeypatch):
+    for k in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"): monkeypatch.delenv(k, raising=False)
+    r = metric_availability(["radfact_ct"]).iloc[0]
+    assert not r.available and "no API key is set" in r.reason
+    crimson_api = radeval_metric("crimson", provider="openai")
+    assert "no API key is set" in metric_availability([crimson_api]).reason[0]

@@ -81,3 +81,58 @@ def test_paper_003_llm_path_with_the_real_llama_server(llama_server, monkeypatch
     assert n > 0 and models == "smollm2"
     assert page["evaluated"] == (page["lmimic_longitudinal_sentences"] > 0)
     assert page["evaluated"] == (out / "manifest.json").is_file()
+
+
+PAPER_000 = ROOT / "nbs" / "papers" / "000_reref.ipynb"
+
+
+def test_paper_000_runs_on_a_real_iu_file(monkeypatch, tmp_path):
+    # 50 real IU X-ray studies (ReXrank JSON; its split is 'val', so the page uses the whole file and says so), SIMULATED
+    # generators writing one report per study, the rule back end: only the paths change
+    out = tmp_path / "page"
+    for k, v in {"CXR_AUDIT_IU": str(IU_REAL), "CXR_AUDIT_REPS": "400", "CXR_AUDIT_OUT": str(out),
+                 "CXR_AUDIT_COMPOUNDS": "findings_scope:minimal+anatomical_granularity:low"}.items():
+        monkeypatch.setenv(k, v)
+    skip = get_config(path=ROOT).get("tst_flags", "").split()
+    ok, _ = run_nb(PAPER_000, skip_flags=skip, showerr=True)
+    assert ok, "000_reref.ipynb failed on the real IU file (the traceback is printed above)"
+    page = json.loads((out / "page.json").read_text())
+    assert page["backend"] == "rules" and page["studies"] == 50 and page["source"].startswith("your files: IU X-ray")
+    assert len(page["variations"]) == 12 and page["any_usable"] and set(page["usable"]) == set(page["variations"])
+    assert all(page["usable"][v] == 0 for v in page["not_applicable"])
+    shifts = pd.read_csv(out / "shifts.csv")
+    assert set(shifts.dataset) == {"IU X-ray"} and set(shifts.backend) == {"rules"}
+    na = shifts[shifts.variant.isin(page["not_applicable"])]
+    assert na.normalized_shift.isna().all()                       # not applicable: no number, never a zero shift
+
+
+def test_paper_000_llm_path_with_the_real_llama_server(llama_server, monkeypatch, tmp_path):
+    # the page's LLM path against a real model (SmolLM2-135M on llama.cpp as Generator and Verifier) on one synthetic study,
+    # two variations and one compound, one round and a short token limit: 4 to 6 calls of about 800 prompt tokens (the
+    # compound's first step is the first variation, answered from the cache). Plumbing and labelling, not quality: such a
+    # small model rarely writes a rewrite its own Verifier accepts, so a variation may have nothing usable; the page must
+    # then say so per variation (and still run), never show a zero shift or stop.
+    cache = tmp_path / "calls.sqlite"
+    out = tmp_path / "page"
+    variations = ["negation:implicit", "findings_scope:minimal"]
+    for k, v in {"CXR_AUDIT_LLM_MODEL": "smollm2", "CXR_AUDIT_LLM_BASE_URL": llama_server.base_url, "CXR_AUDIT_LLM_CACHE": str(cache),
+                 "CXR_AUDIT_SUBSET": "1", "CXR_AUDIT_DEMO_PATIENTS": "1", "CXR_AUDIT_VARIATIONS": ",".join(variations),
+                 "CXR_AUDIT_COMPOUNDS": "negation:implicit+findings_scope:minimal", "CXR_AUDIT_MAX_ROUNDS": "1",
+                 "CXR_AUDIT_MAX_TOKENS": "120", "CXR_AUDIT_REPS": "50", "CXR_AUDIT_OUT": str(out)}.items():
+        monkeypatch.setenv(k, v)
+    skip = get_config(path=ROOT).get("tst_flags", "").split()
+    ok, _ = run_nb(PAPER_000, skip_flags=skip, showerr=True)
+    assert ok, "000_reref.ipynb failed with the llama.cpp server as ReRef back end (the traceback is printed above)"
+    page = json.loads((out / "page.json").read_text())
+    assert page["backend"] == "llm:smollm2" and page["studies"] == 1 and page["variations"] == variations
+    assert "up to 120 tokens" in page["settings"] and "up to 1 rounds" in page["settings"]
+    assert set(page["usable"]) == set(variations) and all(n in (0, 1) for n in page["usable"].values())
+    assert page["any_usable"] == (sum(page["usable"].values()) > 0)
+    assert set(page["not_applicable"]) == {v for v, n in page["usable"].items() if n == 0}
+    with sqlite3.connect(cache) as db:   # the answers came from the real server, under the model's name and the page's token limit
+        n, models, longest = db.execute("select count(*), group_concat(distinct model), max(completion_tokens) from chat_cache").fetchone()
+    assert n > 0 and models == "smollm2" and longest <= 120
+    refs = pd.read_parquet(out / "references.parquet")
+    assert set(refs.backend) == {"llm:smollm2"} and set(refs.variant) == {"original", *variations}
+    shifts = pd.read_csv(out / "shifts.csv")
+    assert shifts[shifts.variant.isin(page["not_applicable"])].normalized_shift.isna().all()

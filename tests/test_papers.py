@@ -1,4 +1,4 @@
-"""Tests of cxr_audit.papers: the paper 004 preset, per-entry end points and the primary family; the paper 003 preset and its annotator.
+"""Tests of cxr_audit.papers: the paper 004 preset, per-entry end points and the primary family; the paper 003 preset and its annotator; the paper 000 preset, its ReRef loop, metric plan and analysis.
 
 The notebook (nbs/16_papers.ipynb) holds the worked examples on the SIMULATED demo corpus; these tests use small
 hand-made tables whose end points can be counted by hand.
@@ -12,7 +12,7 @@ from statsmodels.stats.multitest import multipletests
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_14
-from cxr_audit.papers import PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
+from cxr_audit.papers import PAPER_000, PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
 from cxr_audit.stats import comparison_family, micro_stats, proportion_stats
 from cxr_audit.synth import make_demo_corpus
 
@@ -230,3 +230,133 @@ def test_paper_003_llm_annotator_sends_the_papers_prompts(tmp_path):
     assert (s.n_task_examples, s.n_change_indicators, s.seed, s.decoding["temperature"]) == (0, 8, 3, 0.7)
     with pytest.raises(InputError, match="greedy, sampling"):
         PAPER_003.llm_annotator(RuleChat(answer, name="probe"), "beam")
+
+
+# --- paper 000 ----------------------------------------------------------------------------------------------------------
+
+def test_paper_000_preset_against_the_paper():
+    from cxr_audit.labels import CHEXPERT_5
+    from cxr_audit.reref import EXPERIMENT_VARIANTS, VARIANTS
+    p = PAPER_000
+    # Section 3 / A.1.5: every variation of the taxonomy but Quantitative Granularity (High): 12 of 13
+    assert p.variations == EXPERIMENT_VARIANTS and len(p.variations) == 12 and len(VARIANTS) == 13
+    assert set(VARIANTS) - set(p.variations) == {"quantitative_granularity:high"}
+    # Appendix A.3: o3 as both roles, Generator 0.7 and 16,382 tokens, Verifier 0, up to 5 rounds
+    assert dict(p.rewriting) == {"generator_temperature": 0.7, "generator_max_tokens": 16382, "verifier_temperature": 0.0, "max_rounds": 5}
+    assert p.rewriter_model.startswith("o3")
+    # Section 3: nine metrics; CheXbert-F1 over atelectasis, cardiomegaly, consolidation, edema, pleural effusion
+    assert set(p.metric_names.values()) == {"CRIMSON", "GREEN", "RadGraph-F1", "RaTEScore", "RadCliQ-v1", "CheXbert-F1", "BLEU-2",
+                                            "ROUGE-L", "BERTScore"}
+    assert tuple(p.metric_names) == p.metrics and len(p.metrics) == 9
+    assert p.labels == CHEXPERT_5 == ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Pleural Effusion")
+    assert p.reference_section == "findings" and p.size == 0.95 and p.sensitivity["whiskers"] == (5, 95)
+    # Section 3: nine models on four test sets of 3,269 / 200 / 590 / 10,000 studies; Figure 4 spreads over 36 pairs
+    assert {d: s["studies"] for d, s in p.cohort_sizes.items()} == {"MIMIC-CXR": 3269, "CheXpert Plus": 200, "IU X-ray": 590,
+                                                                   "ReXGradient-160K": 10000}
+    assert len(p.systems) == 9 and len(p.systems) * len(p.cohorts) == 36 and set(p.cohorts.values()) == {"000_test"}
+    assert p.cohort_params["CheXpert Plus"]["split"] == "valid" and p.cohort_params["000_test"]["section"] == "findings"
+    f = p.to_frame().set_index("field")
+    assert {f.loc[k, "source"] for k in ("reps", "seed", "clusters.MIMIC-CXR", "labeler", "substitutes.rewriter")} == {"not given in the paper"}
+    assert f.loc["rewriting.generator_max_tokens", ["value", "source"]].tolist() == [16382, "paper"]
+    assert not set(p.not_used) & {x.split(".")[0] for x in f.index}
+    assert all(x.split(".")[0] in {y.name for y in dataclasses.fields(Preset)} for x in p.not_in_paper + p.not_used)
+
+
+def test_paper_000_reported_numbers_recompute():
+    r = PAPER_000.reported
+    # Section 4.2: CRIMSON is the most stable metric, RadGraph-F1 the least; every mean IQR is below its max
+    iqr = r["iqr"]
+    assert min(iqr, key=lambda m: iqr[m][0]) == "CRIMSON" and max(iqr, key=lambda m: iqr[m][0]) == "RadGraph-F1"
+    assert all(mean < mx for mean, mx in iqr.values()) and max(mx for _, mx in iqr.values()) == iqr["RadGraph-F1"][1] == 1.542
+    # Figure 7(a): Libra behind CheXOne under 6 variations, tied under 4, ahead under 2: the 12 variations
+    f7 = r["figure 7a"]
+    assert (f7["second better"], f7["tie"], f7["first better"]) == (6, 4, 2) and sum((6, 4, 2)) == len(PAPER_000.variations)
+    # Section 2.3 / 4.1: 4 datasets x 12 variations x 10 pairs = 480; the stated percentages follow from the counts
+    v = r["validation"]
+    assert v["pairs"] == 4 * 12 * v["pairs per dataset and variation"] == 480
+    assert round(100 * v["realism not worse"] / v["pairs"], 1) == 92.7 and round(100 * v["major discrepancy"] / v["pairs"], 1) == 1.2
+    assert round(v["equivalent share"] * 480) + round(v["minor discrepancy share"] * 480) + v["major discrepancy"] == 480
+    assert [round(100 * n / 960, 1) for n in v["realism agreement"]] == [59.1, 35.9, 5.0]
+    assert [round(100 * n / 480, 1) for n in v["equivalence agreement"]] == [68.5, 29.2, 2.3]
+    # Figure 6: under Anatomical Granularity (Low), two systems gain and two lose
+    s6 = r["figure 6"]["shifts"]
+    assert {k for k, x in s6.items() if x > 0} == {"MedVersa", "Med-CXRGen"} and r["figure 6"]["variation"] in PAPER_000.variations
+    assert r["figure 5"]["variation"] in PAPER_000.variations and r["figure 5"]["system"] in PAPER_000.systems
+
+
+def test_paper_000_cohort_per_dataset_split():
+    s = pd.DataFrame({"study_id": ["a", "b", "c", "d"], "split": ["valid", "valid", "test", "test"],
+                      "findings": ["Clear lungs.", " ", "Effusion.", "Edema."]})
+    assert PAPER_000.cohort("CheXpert Plus", s).studies.study_id.tolist() == ["a"]          # the validation split
+    assert PAPER_000.cohort("IU X-ray", s).studies.study_id.tolist() == ["c", "d"]          # the test split
+    assert PAPER_000.cohort("IU X-ray", s, split=None).studies.study_id.tolist() == ["a", "c", "d"]
+    with pytest.raises(InputError, match="directions are MIMIC-CXR, CheXpert Plus, IU X-ray, ReXGradient-160K"):
+        PAPER_000.cohort("PadChest", s)
+
+
+def test_paper_000_reref_loop_sends_the_papers_settings():
+    from cxr_audit.llm import RuleChat
+    from cxr_audit.reref import ReRef
+    loop = PAPER_000.reref_loop()
+    assert {getattr(b, "kind", "") for b in (loop.generator, loop.verifier)} == {"rule"}
+    probe = RuleChat(lambda messages, schema, **kw: {}, name="probe")
+    llm = PAPER_000.reref_loop(probe)
+    assert isinstance(llm, ReRef) and llm.generator is probe and llm.verifier is probe
+    task = {"task_id": "t", "study_id": "s", "variant": "terminology:alternative", "findings": "Cardiomegaly.", "impression": "Enlarged heart.",
+            "indication": "Dyspnea.", "restricted": False}
+    g, v = llm.generator_request(task, 1), llm.verifier_request(task, {"findings": "Enlarged cardiac silhouette.", "impression": "Enlarged heart."})
+    assert (g["temperature"], g["max_tokens"], g["seed"], v["temperature"]) == (0.7, 16382, PAPER_000.seed, 0.0)
+    assert llm.max_rounds == 5 and "Dyspnea." in g["messages"][-1]["content"]        # the whole reference, indication included
+    other = PAPER_000.reref_loop(probe, RuleChat(lambda messages, schema, **kw: {}, name="judge"), generator_max_tokens=300)
+    assert other.verifier.model == "judge" and other.generator_max_tokens == 300
+    with pytest.raises(InputError, match="Verifier without a Generator"):
+        PAPER_000.reref_loop(None, probe)
+    with pytest.raises(InputError, match="no ReRef loop"):
+        PAPER_004.reref_loop(probe)
+
+
+def test_paper_000_metric_plan():
+    plan = PAPER_000.metric_plan().set_index("metric")
+    assert list(plan.index) == list(PAPER_000.metrics) and list(plan.paper_name) == [PAPER_000.metric_names[m] for m in PAPER_000.metrics]
+    assert plan.loc[["bleu_2", "rouge_l"], "kind"].tolist() == ["native", "native"] and plan.loc[["bleu_2", "rouge_l"], "available"].all()
+    assert plan.loc["chexbert_f1_5", "radeval_key"] == "f1chexbert_5_micro_f1" and plan.loc["radgraph_f1", "radeval_key"] == "radgraph_partial"
+    for m, r in plan.iterrows():   # what runs: the metric where it can, else its substitute, else nothing
+        assert r.runs_as == (m if r.available else PAPER_000.substitutes.get(m, ""))
+        assert r.available or r.reason.startswith("not available here, because")
+    toy = Preset(name="toy", metrics=("bleu_2", "no_such_metric"), substitutes={"no_such_metric": "rouge_l"}, metric_names={"bleu_2": "BLEU-2"})
+    t = toy.metric_plan()
+    assert t.paper_name.tolist() == ["BLEU-2", "no_such_metric"] and t.runs_as.tolist() == ["bleu_2", "rouge_l"]
+    with pytest.raises(InputError, match="no metrics"):
+        Preset(name="empty").metric_plan()
+
+
+def test_paper_000_reference_sensitivity_uses_the_preset():
+    from cxr_audit.reref import EXPERIMENT_VARIANTS
+    s = pd.DataFrame({"study_id": ["s1", "s2", "s3"], "patient_id": ["p1", "p2", "p3"], "dataset": "d",
+                      "findings": ["No pleural effusion. No pneumothorax. Heart size is normal.",
+                                   "Mild cardiomegaly. No focal consolidation. No pleural effusion.",
+                                   "Small left pleural effusion. No pneumothorax."],
+                      "impression": ["No acute process.", "Mild cardiomegaly.", "Small left effusion."]})
+    hyps = {"A": ["No effusion or pneumothorax.", "Cardiomegaly. No consolidation.", "Left pleural effusion."],
+            "B": ["Lungs are clear.", "Heart is enlarged.", "No acute process."]}
+    g = pd.DataFrame([{"sample_id": f"{sys_}/{sid}", "study_id": sid, "system": sys_, "policy": "B4", "hypothesis": h}
+                      for sys_, hs in hyps.items() for sid, h in zip(s.study_id, hs)])
+    res = PAPER_000.reference_sensitivity(s, g, metrics=["bleu_2"], reps=50)
+    p = res.params
+    assert (p["backend"], p["level"], p["section"], p["seed"], p["size"], p["reps"]) == ("rules", "study", "findings", PAPER_000.seed, 0.95, 50)
+    assert p["variants"] == list(EXPERIMENT_VARIANTS) and p["metrics"] == ["bleu_2"]
+    # the shift is the mean over the studies with a usable rewrite of the per-study difference (not a corpus-level difference)
+    refs = res.run.references.set_index(["study_id", "variant"])
+    sc = res.scores[res.scores.metric == "bleu_2"].set_index(["system", "variant", "study_id"]).value
+    assert res.shifts.applicable.sum() >= 10                      # most of the 12 variations apply to these studies
+    for row in res.shifts[res.shifts.applicable].itertuples():
+        usable = [sid for sid in s.study_id if refs.loc[(sid, row.variant), "usable"]]
+        by_hand = np.mean([sc[(row.system, row.variant, sid)] - sc[(row.system, "original", sid)] for sid in usable])
+        assert row.n_usable == len(usable) and abs(row.shift - by_hand) < 1e-12
+    assert res.shifts[~res.shifts.applicable].normalized_shift.isna().all()
+    # a ReRef passed in is used as it is; keyword arguments replace the preset's choices
+    two = PAPER_000.reference_sensitivity(s, g, backend=PAPER_000.reref_loop(max_rounds=1), metrics=["bleu_2"], reps=50,
+                                          variations=["negation:implicit"])
+    assert two.params["variants"] == ["negation:implicit"] and two.run.references.iterations.max() <= 1
+    with pytest.raises(InputError, match="no reference variations"):
+        PAPER_003.reference_sensitivity(s, g)

@@ -279,8 +279,10 @@ def test_reref_command_rules_with_generations(tmp_path):
     # the numbers are the entry point's (patient clusters by default, the bootstrap seed)
     res = reference_sensitivity(s, pd.read_csv(tmp_path / "gens.csv"), reps=500, clusters="patient_id")
     written = pd.read_csv(tmp_path / "out" / "reversals.csv")
-    assert written.flips.tolist() == res.reversals.flips.tolist()
-    assert written.significant_flips.tolist() == res.reversals.significant_flips.tolist()
+    # a variation the rules cannot apply has no flips to count (NaN, "not applicable"), never 0
+    assert written.flips.fillna(-1).tolist() == res.reversals.flips.fillna(-1).tolist()
+    assert written.significant_flips.fillna(-1).tolist() == res.reversals.significant_flips.fillna(-1).tolist()
+    assert written.loc[written.flips.isna(), "status"].eq("not applicable with this back end").all()
 
 
 def test_reref_command_rewrite_only_and_bad_input(tmp_path):
@@ -306,7 +308,7 @@ def test_longitudinal_section_on_demo_with_truth():
     d = make_demo_corpus(seed=0)
     sec = longitudinal_stage(AuditContext(d.studies, d.generations, extra={"progression": d.progression}, params={"reps": 1000}))
     assert sec.title == "Longitudinal progression" and sec.blocks[0].startswith("Each reference report")
-    assert "offline rule-based annotator" in sec.blocks[0] and "patients (`patient_id`)" in sec.blocks[0]
+    assert "offline rule-based annotator" in sec.blocks[0] and "Resampling unit: patients (`patient_id`: 60 patients, 189 studies)" in sec.blocks[0]
     tables = [b for b in sec.blocks if isinstance(b, pd.DataFrame)]
     assert tables[0]["class"].tolist() == ["no change", "improved", "worsened", "all"]          # the truth
     assert set(tables[1].system) == {"sim-verbose+B4", "sim-terse+B4", "sim-omit+B4", "sim-template+B4", "sim-template+K50"}
@@ -323,7 +325,7 @@ def test_longitudinal_section_without_longitudinal_content():
     sec = longitudinal_stage(AuditContext(d.studies.assign(findings="No effusion."), one, params={"reps": 20}))
     assert sec.blocks == ["No longitudinal evaluation was possible: no study has longitudinal reference content and a report from every system."]
     sec = longitudinal_stage(AuditContext(d.studies.drop(columns="patient_id"), one, params={"reps": 20}))
-    assert "resamples of studies" in sec.blocks[0] and "Best against runner-up" not in " ".join(b for b in sec.blocks if isinstance(b, str))
+    assert "Resampling unit: studies (21; no `patient_id` column)" in sec.blocks[0] and "Best against runner-up" not in " ".join(b for b in sec.blocks if isinstance(b, str))
 
 
 def test_longitudinal_command_rules_end_to_end_with_meteor(tmp_path):
@@ -385,7 +387,8 @@ def test_longitudinal_command_options_have_help_and_one_default():
     p = add_arguments(argparse.ArgumentParser(), longitudinal)
     a = p.parse_args(["--studies", "s.csv", "--generations", "g.csv", "--out", "o"])
     entry = inspect.signature(progression_evaluation).parameters
-    assert a.reps == entry["reps"].default and a.seed == entry["seed"].default and a.clusters is None
+    assert a.reps == entry["reps"].default and a.seed == entry["seed"].default
+    assert a.clusters == "patient_id"   # the one rule: patients when the table has them, else studies (see `cli._clusters_arg`)
     assert a.annotator == "rules" and a.n_change_indicators == 8 and a.match == "exact"
 
 

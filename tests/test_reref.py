@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import write_table
-from cxr_audit.llm import ChatCache, OpenAIChat, RuleChat
+from cxr_audit.llm import ChatCache, LocalEndpoint, OpenAIChat, RuleChat
 from cxr_audit.stats import count_reversals, mean_stats, paired_bootstrap
 from cxr_audit.synth import make_demo_corpus
 from cxr_audit import reref as R
@@ -250,9 +250,157 @@ def test_reference_sensitivity_is_the_seven_steps_and_saves_them(tmp_path, demo)
     assert {"references", "rounds", "feasibility", "scores", "shifts", "shift_summary", "iqr_summary", "reversals", "gaps",
             "label_agreement", "normalized_shifts_chart", "reversals_chart", "manifest"} <= set(paths)
     man = json.loads(paths["manifest"].read_text())
-    assert man["params"]["backend"] == "offline rule-based back end" and set(man["outputs"]) >= {"references", "reversals", "gaps"}
+    assert man["params"]["backend"] == "rules" and set(man["outputs"]) >= {"references", "reversals", "gaps", "coverage"}
+    assert man["caption"] == res.caption() and "References: rules" in man["caption"]
     assert pd.read_csv(paths["reversals"]).flips.sum() == res.reversals.flips.sum()
     for kind in RS.PLOT_KINDS: assert res.plot(kind).to_dict()
+
+
+# --- issue 19: the paper's protocol ------------------------------------------------------------------------------
+
+def test_default_variation_set_is_the_papers_12(demo):
+    assert R.resolve_variants() == list(R.EXPERIMENT_VARIANTS) and len(R.resolve_variants("all")) == 13
+    run = R.rewrite_table(demo.studies.head(3), rewriter=RR.rule_reref())
+    assert set(run.references.variant) == {"original", *R.EXPERIMENT_VARIANTS} and run.backend == "rules"
+    assert (run.references.backend == "rules").all() and (run.feasibility().backend == "rules").all()
+
+
+def test_generator_gets_the_whole_reference_and_the_papers_settings_over_http():
+    """What an OpenAI-compatible server receives (the in-process LocalEndpoint, serving a recording stand-in): the
+    Generator at temperature 0.7 with max_tokens 16,382 and every section of the reference; the Verifier at 0."""
+    received = []
+    def stand_in(messages, schema, temperature=None, max_tokens=None, seed=None):
+        user = messages[-1]["content"]
+        verify = "ALTERNATIVE FINDINGS AND IMPRESSION" in user
+        received.append({"role": "verifier" if verify else "generator", "temperature": temperature, "max_tokens": max_tokens, "prompt": user})
+        if verify:
+            return {"is_clinically_consistent": True, "is_valid_perturbation": True, "does_not_contain_required_info": False,
+                    "is_already_in_expected_form": False, "reasoning": "same content"}
+        return {"findings": "The lungs and pleural spaces are clear.", "impression": "No acute process."}
+    studies = pd.DataFrame({"study_id": ["s1"], "examination": ["Chest, PA and lateral."], "indication": ["Cough for two weeks."],
+                            "technique": ["Two views."], "comparison": ["Radiograph of 2019."],
+                            "findings": ["No focal consolidation. No pleural effusion or pneumothorax."], "impression": ["No acute process."]})
+    with LocalEndpoint(RuleChat(stand_in, name="stand-in")) as ep:
+        llm = OpenAIChat("stand-in", base_url=ep.base_url)
+        run = R.rewrite_table(studies, "negation:implicit", R.ReRef(llm, llm), cache=False, retries=0)
+    gen = [r for r in received if r["role"] == "generator"]
+    ver = [r for r in received if r["role"] == "verifier"]
+    assert len(gen) == len(ver) == 1 and run.backend == "llm:stand-in" and run.references.usable.sum() == 2
+    assert (gen[0]["temperature"], gen[0]["max_tokens"], ver[0]["temperature"]) == (0.7, 16382, 0.0)
+    whole = ("EXAMINATION: Chest, PA and lateral.\nINDICATION: Cough for two weeks.\nTECHNIQUE: Two views.\n"
+             "COMPARISON: Radiograph of 2019.\nFINDINGS: No focal consolidation. No pleural effusion or pneumothorax.\n"
+             "IMPRESSION: No acute process.")
+    assert whole in gen[0]["prompt"] and whole in ver[0]["prompt"]
+
+
+def _hand_scores():
+    """2 systems x 3 studies on dataset d1 (study s3 has no usable rewrite: it keeps its original value) and on d2."""
+    rows = []
+    values = {("A", "d1"): ([0.2, 0.5, 0.9], [0.6, 0.1, 0.9]), ("B", "d1"): ([0.4, 0.4, 0.1], [0.4, 1.0, 0.1]),
+              ("A", "d2"): ([0.7, 0.7, 0.7], [0.8, 0.7, 0.6]), ("B", "d2"): ([0.1, 0.2, 0.3], [0.1, 0.2, 0.9])}
+    for (system, dataset), (orig, alt) in values.items():
+        for k in range(3):
+            usable = not (dataset == "d1" and k == 2)
+            for variant, x, perturbed in (("original", orig[k], False), ("negation:implicit", alt[k], usable)):
+                rows.append({"sample_id": f"{system}-{dataset}-{k}", "study_id": f"{dataset}-s{k + 1}", "system": system, "dataset": dataset,
+                             "variant": variant, "metric": "m", "stat_0": x, "stat_1": 1.0, "value": x, "perturbed": perturbed})
+    return pd.DataFrame(rows)
+
+
+def test_shift_is_the_mean_per_study_difference_over_usable_studies_and_sd_is_over_system_dataset_pairs():
+    t = _hand_scores()
+    sh = RS.score_shifts(t, values={"m": "mean"}).set_index(["system", "dataset"])
+    # by hand, d1 (studies s1 and s2 usable): A: (0.6-0.2 + 0.1-0.5)/2 = 0.0; B: (0.4-0.4 + 1.0-0.4)/2 = 0.3
+    # d2 (all usable): A: (0.1 + 0 - 0.1)/3 = 0.0; B: (0 + 0 + 0.6)/3 = 0.2
+    expected = {("A", "d1"): 0.0, ("B", "d1"): 0.3, ("A", "d2"): 0.0, ("B", "d2"): 0.2}
+    for key, value in expected.items(): assert sh.loc[key, "shift"] == pytest.approx(value)
+    assert sh.loc[("B", "d1"), ["n_studies", "n_usable", "n_compared"]].tolist() == [3, 2, 2]
+    assert sh.loc[("B", "d1"), "score_before"] == pytest.approx(0.4) and sh.loc[("B", "d1"), "score_after"] == pytest.approx(0.7)
+    # SD across the four (system, dataset) pairs of the mean original score: 1.6/3, 0.9/3, 0.7, 0.2 (sample SD)
+    means = np.array([1.6 / 3, 0.9 / 3, 0.7, 0.2])
+    sd = np.sqrt(((means - means.mean()) ** 2).sum() / 3)
+    assert sh.sd_original.unique() == pytest.approx([sd])
+    assert sh.loc[("B", "d1"), "normalized_shift"] == pytest.approx(0.3 / sd)
+    # the corpus reading (an explicit option) averages all studies, the unusable one unchanged: B on d1 gains 0.6 / 3
+    corpus = RS.score_shifts(t, values={"m": "mean"}, level="corpus").set_index(["system", "dataset"])
+    assert corpus.loc[("B", "d1"), "shift"] == pytest.approx(0.2) and (corpus.level == "corpus").all()
+    # a per-study score undefined on a usable study (NaN) is left out of that study's difference
+    holes = t.copy(); holes.loc[(holes.sample_id == "B-d1-1") & (holes.variant == "original"), "value"] = np.nan
+    sh2 = RS.score_shifts(holes).set_index(["system", "dataset"])
+    assert sh2.loc[("B", "d1"), "n_compared"] == 1 and sh2.loc[("B", "d1"), "shift"] == pytest.approx(0.0)
+
+
+def test_box_whiskers_are_the_5th_and_95th_percentiles_and_na_stays_nan():
+    shifts = pd.DataFrame({"metric": "m", "variant": "terminology:alternative", "system": [f"s{k}" for k in range(21)], "dataset": "d",
+                           "normalized_shift": np.arange(21, dtype=float), "n_studies": 10, "n_usable": 4, "applicable": True})
+    na = shifts.head(3).assign(variant="findings_scope:exhaustive", normalized_shift=np.nan, n_usable=0, applicable=False)
+    box = RS.shift_summary(pd.concat([shifts, na], ignore_index=True)).set_index("variant")
+    # 21 values 0..20: the 5th percentile is 1, the quartiles 5 and 15, the 95th percentile 19
+    assert box.loc["terminology:alternative", ["p5", "q1", "median", "q3", "p95", "iqr"]].tolist() == [1.0, 5.0, 10.0, 15.0, 19.0, 10.0]
+    assert box.loc["terminology:alternative", ["n", "n_usable", "n_studies"]].tolist() == [21, 4, 10]
+    assert box.loc["findings_scope:exhaustive", "status"] == RS.NOT_APPLICABLE and box.loc["findings_scope:exhaustive", "n_usable"] == 0
+    assert box.loc["findings_scope:exhaustive", ["p5", "q1", "median", "q3", "p95", "iqr"]].isna().all()
+    iq = RS.iqr_summary(box.reset_index()).iloc[0]
+    assert (iq.mean_iqr, iq.max_iqr, iq.n_variants, iq.not_applicable) == (10.0, 10.0, 1, "findings_scope:exhaustive")
+
+
+def test_reversal_fractions_and_their_distribution_by_hand():
+    rows = []
+    per_system = {"A": [0.9, 0.8, 0.7], "B": [0.5, 0.5, 0.5], "C": [0.1, 0.2, 0.3]}
+    for system, orig in per_system.items():
+        flipped = per_system[{"A": "C", "B": "B", "C": "A"}[system]]
+        for k in range(3):
+            for variant, x, perturbed in (("original", orig[k], False), ("structure:structured", flipped[k], True),
+                                          ("terminology:alternative", orig[k], True), ("hedging:alternative", orig[k], False)):
+                rows.append({"sample_id": f"{system}-{k}", "study_id": f"s{k}", "system": system, "dataset": "d", "variant": variant,
+                             "metric": "m", "stat_0": x, "stat_1": 1.0, "value": x, "perturbed": perturbed})
+    rc = RS.reversal_counts(pd.DataFrame(rows), values={"m": "mean"}, reps=300, seed=1).set_index("variant")
+    # the order A > B > C turns into C > B > A: all 3 pairs flip; unchanged references: none; no usable rewrite: NaN
+    assert rc.loc["structure:structured", ["pairs", "flips", "fraction"]].tolist() == [3.0, 3.0, 1.0]
+    assert rc.loc["terminology:alternative", ["flips", "fraction"]].tolist() == [0.0, 0.0]
+    assert rc.loc["hedging:alternative", "status"] == RS.NOT_APPLICABLE and rc.loc["hedging:alternative", ["pairs", "flips", "fraction"]].isna().all()
+    # the distribution over datasets x variations: hand-made fractions 0.1, 0.3, 0.5, 0.0 and one not applicable
+    table = pd.DataFrame({"dataset": ["d1", "d1", "d2", "d2", "d2"], "metric": "m",
+                          "variant": ["negation:implicit", "terminology:alternative", "negation:implicit", "terminology:alternative", "hedging:alternative"],
+                          "fraction": [0.1, 0.3, 0.5, 0.0, np.nan], "applicable": [True, True, True, True, False]})
+    d = RS.reversal_distribution(table).iloc[0]
+    # sorted 0, 0.1, 0.3, 0.5 with linear interpolation: p5 0.015, q1 0.075, median 0.2, q3 0.35, p95 0.47
+    assert [d.p5, d.q1, d["median"], d.q3, d.p95] == pytest.approx([0.015, 0.075, 0.2, 0.35, 0.47])
+    assert (d.n, d.not_applicable) == (4, "hedging:alternative")
+    chart = RS.plot_reversal_fractions(rc.reset_index()).to_dict()
+    assert any("hedging:alternative" in line for line in chart["title"]["subtitle"])
+
+
+def test_rule_back_end_infeasible_variations_are_never_a_zero_shift(demo):
+    s = demo.studies.head(16)
+    na = ["quantitative_granularity:high", "findings_scope:exhaustive"]
+    res = RS.reference_sensitivity(s, demo.generations, [*na, "negation:implicit"], reps=400, seed=2)
+    assert res.params["not_applicable"] == na and res.params["backend"] == "rules"
+    for table in (res.shifts, res.boxes, res.reversals):
+        rows = table[table.variant.isin(na)]
+        assert len(rows) and not rows.applicable.any() and (rows.status == RS.NOT_APPLICABLE).all() and (rows.n_usable == 0).all()
+        assert (table[table.variant == "negation:implicit"].n_usable > 0).all()
+    assert res.shifts[res.shifts.variant.isin(na)][["shift", "normalized_shift"]].isna().all().all()
+    assert res.boxes[res.boxes.variant.isin(na)][["p5", "q1", "median", "q3", "p95", "iqr"]].isna().all().all()
+    assert res.reversals[res.reversals.variant.isin(na)][["flips", "fraction"]].isna().all().all()
+    assert all(v not in g.results for g in res.gaps.values() for v in na)
+    assert set(res.iqr.not_applicable) == {"quantitative_granularity:high; findings_scope:exhaustive"}
+    assert all(v in res.caption() for v in na) and "not applicable with this back end" in res.headline()
+    for kind in ("shifts", "systems", "gaps", "reversals", "flips"):
+        spec = res.plot(kind).to_dict()
+        assert any(all(v in line for v in na) for line in spec["title"]["subtitle"]), kind
+        drawn = [r for rows in spec.get("datasets", {}).values() for r in rows if "shift" in r or "q1" in r or "estimate" in r or "pairs" in r]
+        assert not [r for r in drawn if r.get("variant") in na and r.get("label") != "n/a"], kind   # no box, bar, dot or zero for them
+
+
+def test_compound_variations_run_end_to_end(demo):
+    s = demo.studies.head(16)
+    both = "findings_scope:minimal+anatomical_granularity:low"
+    res = RS.reference_sensitivity(s, demo.generations, ["findings_scope:minimal", both], reps=400)
+    refs = res.run.references.set_index(["study_id", "variant"])
+    compound_ok = refs.xs(both, level="variant").usable
+    assert compound_ok.any() and (~compound_ok | refs.xs("findings_scope:minimal", level="variant").usable).all()
+    assert both in set(res.shifts.variant) and both in set(res.boxes.variant) and res.plot("shifts").to_dict()
 
 
 # --- the real llama.cpp server -----------------------------------------------------------------------------------

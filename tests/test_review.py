@@ -2,6 +2,7 @@
 agreement -> consensus -> summary), blinding, byte-for-byte reproducible packets, formula neutralisation in CSV and
 XLSX, every validation error of the returned sheets, the one-call entry points, and cross-checks of the agreement numbers."""
 import csv
+import json
 import re
 import zipfile
 
@@ -320,3 +321,238 @@ def test_simulated_review_is_labelled_and_seeded(demo):
     pd.testing.assert_frame_equal(sim.summary(), again.summary())
     other = simulate_review(demo.studies, demo.generations, reps=100)          # DEFAULT_SEED: another sample
     assert set(other.key.study_id) != set(sim.key.study_id)
+
+
+# --- ReRef validation kit (paper 000, Figure 3 kind) ----------------------------------------------------------------
+
+from cxr_audit.reref import rewrite_table  # noqa: E402
+from cxr_audit.reref_rules import RuleRewriter, RuleVerifier  # noqa: E402
+from cxr_audit.review import (REREF_SIMULATED_COMMENT, RerefValidation, load_reref_codebook,  # noqa: E402
+                              prepare_reref_validation, read_reref_validation, simulate_reref_ratings)
+
+RULES = "rules (RuleRewriter + RuleVerifier)"
+
+
+@pytest.fixture(scope="module")
+def reref_refs(demo):
+    return rewrite_table(demo.studies.head(40), "experiment", RuleRewriter(), RuleVerifier())
+
+
+@pytest.fixture(scope="module")
+def reref_packets(demo, reref_refs):
+    return prepare_reref_validation(demo.studies, reref_refs, n_cases=3, seed=2026, rewriter=RULES)
+
+
+def _xlsx_text(path) -> bytes:
+    z = zipfile.ZipFile(path)
+    return b"".join(z.read(n) for n in z.namelist())
+
+
+def test_reref_sheets_do_not_reveal_the_original_and_the_key_does(tmp_path, demo, reref_refs):
+    P = prepare_reref_validation(demo.studies, reref_refs, n_cases=3, seed=2026, out_dir=tmp_path, rewriter=RULES)
+    assert all(re.fullmatch(r"RR-[A-HJ-NP-Z2-9]{8}", r) for r in P.key.report_id)
+    secrets = [s.encode() for s in set(P.key.study_id) | set(P.key.variant) | {RULES}]
+    sheet_files = [p for rel, p in P.paths.items() if rel.startswith("sheets/") and p.suffix in (".csv", ".xlsx")]
+    assert len(sheet_files) == 2 * 3                           # per reviewer: the sheet and the codebook as CSV, one workbook
+    for path in sheet_files:
+        data = _xlsx_text(path) if path.suffix == ".xlsx" else path.read_bytes()
+        assert not any(s in data for s in secrets), path
+    for name, sheet in P.sheets.items():
+        assert not {"study_id", "variant", "stratum", "original", "rewriter", "original_report", "rewritten_report"} & set(sheet.columns)
+    # the key, and only the key, says where the original is; it matches the texts the reviewers see
+    with open(tmp_path / "key" / "reref_key.csv", newline="", encoding="utf-8-sig") as f:
+        key = {r["report_id"]: r for r in csv.DictReader(f)}
+    with open(tmp_path / "sheets" / "R2" / "R2_reref.csv", newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["report_id"] for r in rows} == set(key)
+    for r in rows:
+        k = key[r["report_id"]]
+        assert r["report_" + k["original"].lower()] == k["original_report"]
+        assert r["report_" + ("b" if k["original"] == "A" else "a")] == k["rewritten_report"]
+    # a reviewer who always answers "A" names the original in half the pairs of every stratum (within one)
+    a_share = P.key.groupby("stratum").original.agg(lambda s: (s == "A").sum() - len(s) / 2)
+    assert a_share.abs().le(0.5).all()
+    # no study appears twice, so no original text repeats on a sheet
+    assert not P.key.study_id.duplicated().any()
+    texts = pd.concat([P.sheets["R1_reref"].report_a, P.sheets["R1_reref"].report_b])
+    assert not texts.duplicated().any()
+
+
+def test_reref_packets_are_byte_identical_per_seed_and_differ_across_seeds(tmp_path, demo, reref_refs):
+    runs = [prepare_reref_validation(demo.studies, reref_refs, 3, seed=s, out_dir=tmp_path / d, rewriter=RULES)
+            for s, d in ((2026, "a"), (2026, "b"), (7, "c"))]
+    files = [k for k in runs[0].paths if k != "key/manifest.json"]
+    assert "key/reref_key.xlsx" in files and "sheets/R1/R1_reref.xlsx" in files
+    for k in files: assert runs[0].paths[k].read_bytes() == runs[1].paths[k].read_bytes(), k
+    assert set(runs[0].key.report_id).isdisjoint(runs[2].key.report_id)
+    assert runs[0].sheets["R1_reref"].report_a.tolist() != runs[2].sheets["R1_reref"].report_a.tolist()
+    # the public seed alone regenerates neither the IDs nor the A/B order
+    from cxr_audit.core import rng
+    from cxr_audit.review import _tokens
+    assert set(_tokens(len(runs[0].key), rng(2026), "RR-")).isdisjoint(runs[0].key.report_id)
+    # the order of the input rows does not matter
+    shuffled = prepare_reref_validation(demo.studies.iloc[::-1], reref_refs.references.iloc[::-1], 3, seed=2026, rewriter=RULES)
+    pd.testing.assert_frame_equal(shuffled.key, runs[0].key)
+    with pytest.raises(InputError, match="already holds a different ReRef validation key"):
+        prepare_reref_validation(demo.studies, reref_refs, 3, seed=7, out_dir=tmp_path / "a")
+
+
+def test_reref_key_sheet_is_formula_neutralised(tmp_path, demo, reref_refs):
+    hostile = [p + "cmd|' /C calc'!A0" for p in FORMULA_PREFIXES]
+    studies = demo.studies.assign(study_id=[hostile[i % len(hostile)] + s for i, s in enumerate(demo.studies.study_id)])
+    ids = dict(zip(demo.studies.study_id, studies.study_id))
+    refs = reref_refs.references.assign(study_id=reref_refs.references.study_id.map(ids))
+    P = prepare_reref_validation(studies, refs, 2, seed=1, out_dir=tmp_path, rewriter="=HYPERLINK(\"http://evil\")")
+    with open(tmp_path / "key" / "reref_key.csv", newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["study_id"].startswith("'") and r["rewriter"].startswith("'=") for r in rows)
+    ws = openpyxl.load_workbook(tmp_path / "key" / "reref_key.xlsx")["reref_key"]
+    cells = [c for row in ws.iter_rows() for c in row if c.value is not None]
+    assert not any(c.data_type == "f" for c in cells)
+    assert not any(isinstance(c.value, str) and c.value.startswith(FORMULA_PREFIXES) for c in cells)
+    # the key still reads back, and the analysis names the (neutralised) rewriter
+    res = read_reref_validation(simulate_reref_ratings(P, seed=3), tmp_path / "key" / "reref_key.xlsx", reps=50)
+    assert res.rewriter == "'=HYPERLINK(\"http://evil\")" and len(res.key) == len(P.key)
+
+
+def _hand_sheets():
+    "Three reviewers, five pairs; the original is A in P1, P3, P5 and B in P2, P4."
+    key = pd.DataFrame({"report_id": [f"P{i}" for i in range(1, 6)], "study_id": [f"s{i}" for i in range(1, 6)],
+                        "variant": ["v1", "v1", "v1", "v2", "v2"], "original": ["A", "B", "A", "B", "A"]})
+    def sheet(who, guess, ra, rb, eq):
+        return pd.DataFrame({"reviewer": who, "phase": 1, "report_id": key.report_id, "report_a": "x", "report_b": "y",
+                             "original_guess": guess, "realism_a": ra, "realism_b": rb, "equivalence": eq, "comment": ""})
+    sheets = {"X_reref": sheet("X", [1, 2, 2, 0, 1], [3, 3, 3, 2, 3], [3, 2, 3, 3, 1], [3, 3, 2, 3, 1]),
+              "Y_reref": sheet("Y", [1, 1, 0, 2, 0], [3, 3, 3, 3, 3], [2, 3, 3, 3, 3], [3, 2, 2, 3, 2]),
+              "Z_reref": sheet("Z", [0, 2, 1, 1, 1], [2, 3, 3, 3, 3], [3, 3, 3, 3, 3], [3, 3, 1, 2, 1])}
+    return key, sheets
+
+
+def test_reref_statistics_by_hand():
+    from scipy.stats import binomtest
+    from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
+    key, sheets = _hand_sheets()
+    res = read_reref_validation(sheets, key, reps=300, seed=1)
+    assert isinstance(res, RerefValidation) and not res.simulated and res.rewriter == "not stated"
+    s = res.proportions.set_index(["variant", "reviewer", "metric"])
+    # X: A,B,B,?,A vs originals A,B,A,B,A -> identified P1 P2 P5, missed P3: 3/4, cannot tell 1/5
+    # Y: A,A,?,B,? -> P1 identified, P2 missed, P4 identified: 2/3; cannot tell 2/5
+    # Z: ?,B,A,A,A -> P2 P3 P5 identified, P4 missed: 3/4; cannot tell 1/5
+    assert s.loc[("all", "X", "identified"), ["k", "n"]].tolist() == [3, 4]
+    assert s.loc[("all", "Y", "identified"), ["k", "n"]].tolist() == [2, 3]
+    assert s.loc[("all", "Z", "identified"), ["k", "n"]].tolist() == [3, 4]
+    assert s.loc[("all", "pooled", "identified"), ["k", "n"]].tolist() == [8, 11]
+    assert s.loc[("all", "pooled", "cannot_tell"), ["k", "n"]].tolist() == [4, 15]
+    assert s.loc[("v2", "Y", "identified"), ["k", "n"]].tolist() == [1, 1]
+    ci = binomtest(3, 4).proportion_ci(0.95, method="exact")
+    assert np.allclose(s.loc[("all", "X", "identified"), ["ci_low", "ci_high"]].to_numpy(float), [ci.low, ci.high])
+    # realism (original, rewrite): X (3,3) (2,3) (3,3) (3,2) (3,1): differences 0 +1 0 -1 -2 -> 3 of 5 not less realistic, mean -0.4
+    assert s.loc[("all", "X", "not_less_realistic"), ["k", "n"]].tolist() == [3, 5]
+    assert np.isclose(s.loc[("all", "X", "realism_difference"), "estimate"], -0.4)
+    # Y (3,2) (2,3)... originals: P1 A=3 rew B=2 -> -1; P2 orig B=3 rew A=3 -> 0; then 0, 0, 0 -> 4 of 5
+    assert s.loc[("all", "Y", "not_less_realistic"), ["k", "n"]].tolist() == [4, 5]
+    # equivalence: 3 is equivalent, 1 major discrepancy
+    assert s.loc[("all", "pooled", "equivalent"), ["k", "n"]].tolist() == [7, 15]
+    assert s.loc[("all", "pooled", "major_discrepancy"), ["k", "n"]].tolist() == [3, 15]
+    assert s.loc[("v1", "Z", "major_discrepancy"), ["k", "n"]].tolist() == [1, 3]
+    # agreement: Cohen's kappa of X and Y on the guess outcome, by hand; Fleiss' kappa against statsmodels
+    a = res.agreement.set_index(["endpoint", "raters", "metric"]).estimate
+    x = ["identified", "identified", "missed", "cannot tell", "identified"]
+    y = ["identified", "missed", "cannot tell", "identified", "cannot tell"]
+    po = np.mean([u == v for u, v in zip(x, y)])
+    pe = sum(x.count(c) * y.count(c) for c in set(x) | set(y)) / 25
+    assert np.isclose(a[("outcome", "X vs Y", "percent_agreement")], po)
+    assert np.isclose(a[("outcome", "X vs Y", "cohen_kappa")], (po - pe) / (1 - pe))
+    eq = np.array([[3, 3, 3], [3, 2, 3], [2, 2, 1], [3, 3, 2], [1, 2, 1]])
+    assert np.isclose(a[("equivalence", "all", "fleiss_kappa")], fleiss_kappa(aggregate_raters(eq)[0]))
+    W = res.ratings.pivot(index="report_id", columns="reviewer", values="outcome").to_numpy()
+    assert np.isclose(a[("outcome", "all", "fleiss_kappa")], fleiss_kappa(aggregate_raters(W)[0]))
+    # patterns: equivalence P1 unanimous, the others two against one; the guess outcome splits three ways on P3 and P4
+    pat = res.patterns().set_index(["endpoint", "pattern"])["count"]
+    assert [pat[("equivalence", p)] for p in ("unanimous", "majority", "no majority")] == [1, 4, 0]
+    assert [pat[("outcome", p)] for p in ("unanimous", "majority", "no majority")] == [0, 3, 2]
+    assert res.disagreements().query("endpoint == 'equivalence'").report_id.tolist() == ["P2", "P3", "P4", "P5"]
+
+
+def test_reref_round_trip_on_files(tmp_path, demo, reref_refs):
+    P = prepare_reref_validation(demo.studies, reref_refs, 3, seed=11, out_dir=tmp_path / "v", rewriter=RULES)
+    back = simulate_reref_ratings(P, seed=4, out_dir=tmp_path / "back", formats=("csv", "xlsx"))
+    assert all((s.comment == REREF_SIMULATED_COMMENT).all() for s in back.values())
+    from_csv = read_reref_validation(sorted((tmp_path / "back").glob("*.csv")), tmp_path / "v/key/reref_key.csv", reps=200, seed=3)
+    from_xlsx = read_reref_validation(sorted((tmp_path / "back").glob("*.xlsx")), tmp_path / "v/key/reref_key.xlsx", reps=200, seed=3)
+    from_memory = read_reref_validation(back, P, reps=200, seed=3)
+    pd.testing.assert_frame_equal(from_csv.proportions, from_xlsx.proportions)
+    pd.testing.assert_frame_equal(from_csv.proportions, from_memory.proportions)
+    pd.testing.assert_frame_equal(from_csv.agreement, from_memory.agreement)
+    # the decoded outcome agrees with the sheets and the key, rating by rating
+    sheet = back["R1_reref"].set_index("report_id")
+    k = P.key.set_index("report_id")
+    mine = from_csv.ratings[from_csv.ratings.reviewer == "R1"].set_index("report_id")
+    for rid, r in mine.iterrows():
+        g = int(sheet.loc[rid, "original_guess"])
+        want = "cannot tell" if g == 0 else ("identified" if "AB"[g - 1] == k.loc[rid, "original"] else "missed")
+        assert r.outcome == want, rid
+    summ = from_csv.summary()
+    assert summ.variant.tolist() == [*dict.fromkeys(P.key.variant), "all"] and summ.pairs.iloc[-1] == len(P.key)
+    assert (summ.ratings.str.startswith("SIMULATED")).all() and (summ.rewriter == RULES).all()
+    assert from_csv.headline().startswith("**SIMULATED ratings") and "SIMULATED" in json.dumps(from_csv.plot().to_dict())
+    out = from_csv.save(tmp_path / "out")
+    assert pd.read_csv(out["summary"]).shape[0] == len(summ) and json.loads(out["manifest"].read_text())["params"]["simulated"]
+    # same seed, same numbers; a rewrite that always gives itself away is always identified
+    again = read_reref_validation(back, P, reps=200, seed=3)
+    pd.testing.assert_frame_equal(again.summary(), from_memory.summary())
+    sure = read_reref_validation(simulate_reref_ratings(P, tell=1.0, noise=0.0), P, reps=50)
+    row = sure.proportions.query("variant == 'all' and reviewer == 'pooled' and metric == 'identified'").iloc[0]
+    assert row.k == row.n == 2 * len(P.key)
+    # a reviewer who always answers "A" is right about half the time (the A/B order is balanced)
+    always_a = {n: s.assign(original_guess=1) for n, s in back.items()}
+    half = read_reref_validation(always_a, P, reps=50).proportions.query("variant == 'all' and reviewer == 'R1' and metric == 'identified'").iloc[0]
+    assert abs(half.k - half.n / 2) <= P.key.stratum.nunique() / 2
+
+
+SPOILS = {  # how -> (column, letter, problem text)
+    "guess out of range": ("original_guess", "F", "'3' is out of range; allowed: 0 = cannot tell"),
+    "realism not a number": ("realism_b", "H", "'fine' is not a number"),
+    "equivalence missing": ("equivalence", "I", "missing value (required)"),
+}
+
+
+@pytest.mark.parametrize("how", list(SPOILS))
+@pytest.mark.parametrize("fmt", ["csv", "xlsx"])
+def test_reref_bad_cell_is_named_by_file_row_and_column(tmp_path, reref_packets, how, fmt):
+    sheets = simulate_reref_ratings(reref_packets, seed=2)
+    bad = sheets["R2_reref"].astype(object)
+    column, letter, text = SPOILS[how]
+    bad.loc[4, column] = {"guess out of range": 3, "realism not a number": "fine", "equivalence missing": None}[how]
+    write_sheets({"R2_reref": bad}, tmp_path, "R2_reref", [fmt])
+    write_sheets({"R1_reref": sheets["R1_reref"]}, tmp_path, "R1_reref", [fmt])
+    label = "R2_reref.csv" if fmt == "csv" else "R2_reref.xlsx[R2_reref]"
+    with pytest.raises(InputError, match=re.escape(f"{label} row 6, column {column} ({letter}): {text}")):
+        read_reref_validation(tmp_path, reref_packets.key, reps=50)
+    # a pair missing from a sheet, and a key cell that is not A or B
+    with pytest.raises(InputError, match=r"R1_reref row -, column report_id: 1 report\(s\) of the key are not rated"):
+        read_reref_validation({"R1_reref": sheets["R1_reref"].iloc[1:], "R2_reref": sheets["R2_reref"]}, reref_packets.key)
+    with pytest.raises(InputError, match="row 2, column original: 'a' is not A or B"):
+        read_reref_validation(sheets, reref_packets.key.assign(original=["a"] + reref_packets.key.original.tolist()[1:]))
+
+
+def test_reref_codebook_and_simulation_are_checked(demo, reref_refs, reref_packets):
+    cb = load_reref_codebook()
+    assert cb.columns(1) == ["original_guess", "realism_a", "realism_b", "equivalence"] and cb.get(1, "original_guess")["kind"] == "nominal"
+    with pytest.raises(InputError, match="phase 1 only"):
+        load_reref_codebook(load_codebook())
+    # a variation the back end could not apply anywhere: named in the plan, never silently dropped; alone, an error
+    refs = reref_refs.references.assign(feasible=lambda d: d.feasible & (d.variant != "negation:implicit"))
+    with pytest.raises(InputError, match="nothing to validate"):
+        prepare_reref_validation(demo.studies, refs, 3, variants="negation:implicit")
+    plan = prepare_reref_validation(demo.studies, refs, 3, variants="negation").plan.set_index("variant")
+    assert plan.loc["negation:implicit", "drawn"] == 0 and plan.loc["negation:implicit", "note"].startswith("not applicable with this back end")
+    assert plan.loc["negation:explicit", "drawn"] == 3 and plan.loc["negation:explicit", "note"] == ""
+    # what wrote the rewrites: given, else the references' `backend` column, else said to be unknown
+    named = reref_refs.references.assign(backend="llm:test-model")
+    assert prepare_reref_validation(demo.studies, named, 2).rewriter == "llm:test-model"
+    assert prepare_reref_validation(demo.studies, named, 2, rewriter="mine").key.rewriter.eq("mine").all()
+    assert prepare_reref_validation(demo.studies, named.drop(columns="backend"), 2).rewriter == "not stated"
+    sims = [simulate_reref_ratings(reref_packets, seed=s)["R1_reref"] for s in (1, 1, 2)]
+    pd.testing.assert_frame_equal(sims[0], sims[1])
+    assert not sims[0].equals(sims[2])
