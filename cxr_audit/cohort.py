@@ -728,7 +728,8 @@ def _flow_boxes(cohort: Cohort) -> pd.DataFrame:
         lines = _wrap(s.name, 40, 1) + [_count_text(s.n_out, s.unit, s.n_studies)]
         rows.append({"kind": "step", "y": 2.0 * k, "lines": lines + (_wrap(s.note, 48, 1) if s.kind in _NOTE_KINDS and s.note else [])})
         if s.n_excluded:
-            rows.append({"kind": "excluded", "y": 2.0 * k - 1, "lines": [f"Excluded: {_plural(s.n_excluded, unit)}"] + _wrap(s.rule, 42, 2)})
+            rows.append({"kind": "excluded", "y": 2.0 * k - 1,   # what the box counts: the rows that failed the step's rule
+                         "lines": [f"Excluded: {_plural(s.n_excluded, unit)}"] + _wrap(f"failing: {s.rule}", 42, 2)})
         unit = s.unit
     return pd.DataFrame(rows)
 

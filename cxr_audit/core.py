@@ -368,15 +368,15 @@ def write_manifest(path: str | os.PathLike,  # where the JSON goes
     return m
 
 # %% ../nbs/00_core.ipynb #3f8f5ae3
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000"]   # Okabe-Ito; the two blues far apart
 
 def cxr_theme() -> dict:
     "The project's Altair theme (a Vega-Lite config)."
     return {"config": {
         "view": {"stroke": None, "continuousWidth": 360, "continuousHeight": 220},
         "font": "DejaVu Sans, Helvetica, Arial, sans-serif",
-        "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6", "domainColor": "#888"},
-        "legend": {"labelFontSize": 11, "titleFontSize": 12},
+        "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6", "domainColor": "#888", "labelLimit": 0},
+        "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 0},   # labels are never cut with "…"
         "title": {"fontSize": 14, "anchor": "start"},
         "range": {"category": PALETTE},
         "mark": {"color": PALETTE[0]}, "bar": {"color": PALETTE[0]},
