@@ -202,7 +202,7 @@ class AuditContext:
     def reps(self, default: int # the stage's own number of resamples
             ) -> int:
         "The run's `reps` when one was given, else the stage's own default."
-        return int(self.params.get("reps") or default)
+        return int(default if self.params.get("reps") is None else self.params["reps"])   # 0 is not "unset"
 
     @property
     def patient_of_study(self) -> pd.Series:

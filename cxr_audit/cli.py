@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import inspect
+import io
+import sqlite3
 import sys
 import types
 from pathlib import Path
@@ -15,14 +17,14 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args, get_or
 
 from fastcore.docments import docments
 
-from .core import DEFAULT_SEED, IncompleteRunError, InputError, md_table, read_table, write_table
+from .core import DEFAULT_SEED, CxrAuditError, IncompleteRunError, InputError, md_table, read_table, write_table
 from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
-                              load_rexrank)
+                              load_rexrank, text_flag, typed_generation_columns)
 
 # %% auto #0
-__all__ = ['LOADERS', 'COMMANDS', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort', 'concentration', 'longitudinal',
-           'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score', 'generate', 'llm_cache',
-           'build_parser', 'main']
+__all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort', 'concentration',
+           'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score', 'generate',
+           'llm_cache', 'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
 def _arg_spec(anno, default) -> dict:
@@ -55,7 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser, # the (sub)command's parser
         parser.add_argument(f"--{flag}", dest=name, required=p.default is p.empty, help=help_text, **kw)
     return parser
 
+def _table(path, what: str | None = None):
+    "The table in `path`; one with a header and no rows is an `InputError` (nothing to audit)."
+    t = read_table(path, what or str(path))
+    if len(t) == 0: raise InputError(f"{what or path}: the table has no rows (only a header)")
+    return t
+
 # %% ../nbs/15_cli.ipynb #b09bc5bb
+def _stage_reps(reps: int | None) -> int | None:
+    "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
+    if reps is not None and int(reps) < 1:
+        raise InputError(f"--reps must be >= 1 (every audit stage resamples), got {reps}; leave it out for each stage's own default")
+    return reps
+
 def demo(out: str = "demo_out",       # output folder
          n_patients: int = 60,        # number of synthetic patients
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
@@ -63,7 +77,7 @@ def demo(out: str = "demo_out",       # output folder
         ) -> str:
     "Build the synthetic demo corpus and write the full audit report (offline)."
     from cxr_audit.audit import run_demo
-    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=reps)
+    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=_stage_reps(reps))
     return f"Wrote the demo audit (synthetic data) to {paths['report']}"
 
 # %% ../nbs/15_cli.ipynb #818f5473
@@ -77,9 +91,10 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit
+    reps = _stage_reps(reps)
     params = {"studies": Path(studies).name, "generations": Path(generations).name, "cohort_recipe": cohort_recipe,
               "seed": seed, **({"reps": reps} if reps is not None else {})}
-    path = run_audit(read_table(studies), read_table(generations), out, stages=stages, params=params,
+    path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
                      what=(studies, generations))
     return f"Wrote the audit report to {path}"
 
@@ -93,12 +108,12 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     if not (studies or generations): raise InputError("validate: give --studies and/or --generations")
     lines = []
     if studies:
-        s = to_studies(read_table(studies), studies)
+        s = to_studies(_table(studies), studies)
         lines.append(f"{studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets {sorted(s['dataset'].unique())}")
         if {"view_status", "load_flags"} <= set(s.columns):    # written by `cxr-audit load`: say what it flagged
             lines.append(load_report(s).headline())
     if generations:
-        g = to_generations(read_table(generations), generations)
+        g = to_generations(_table(generations), generations)
         lines.append(f"{generations}: {len(g)} generations, systems {sorted(g['system'].unique())}")
     if studies and generations: check_pair(s, g, (studies, generations))
     return "\n".join(lines + ["ok"])
@@ -143,7 +158,7 @@ def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 
         try: return json.loads(text)
         except json.JSONDecodeError: return text
     params = {k: value(v) for k, v in (p.split("=", 1) for p in param or [])}
-    c = run_recipe(recipe, to_studies(read_table(studies), what=str(studies)), **params)
+    c = run_recipe(recipe, to_studies(_table(studies), what=str(studies)), **params)
     paths = c.save(out, image_root=image_root, params={"recipe": recipe, "studies": str(studies), **params})
     n_problems = len(c.check(image_root=image_root))
     return (f"cohort {recipe}: {c.headline().replace('**', '').split(' selected')[0]} ({len(c.steps)} steps, "
@@ -180,7 +195,7 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                  ) -> str:
     "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
-    table = read_table(generations)
+    table = typed_generation_columns(_table(generations), str(generations))   # truncated 'no' is False, seed 'x' an error
     clusters = _clusters_arg(clusters, table)
     a = audit_concentration(table, by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
                             top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
@@ -235,9 +250,9 @@ def longitudinal(*, studies: str,                                      # studies
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                      n_task_examples, n_change_indicators, n_progression_examples)
     chosen = tuple(metrics or LANGUAGE_METRICS)
-    st = to_studies(read_table(studies), what=str(studies), dataset="studies")
+    st = to_studies(_table(studies), what=str(studies), dataset="studies")
     clusters = _clusters_arg(clusters, st)
-    ev = progression_evaluation(st, to_generations(read_table(generations), what=str(generations)), annotator=ann, reps=reps,
+    ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann, reps=reps,
                                 seed=seed, clusters=clusters, metrics=chosen, match=match, section=section)
     ev.save(out, inputs={"studies": studies, "generations": generations},
             params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
@@ -290,8 +305,10 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, label_audit
     if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
-    refs = to_studies(read_table(references, str(references)), what=str(references), dataset="references")
-    gens = to_generations(read_table(predictions, str(predictions)), what=str(predictions))
+    refs = to_studies(_table(references, str(references)), what=str(references), dataset="references")
+    gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
+    if not gens["study_id"].isin(refs["study_id"]).any():
+        raise InputError(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
     clusters = _clusters_arg(clusters, refs)
     audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters, labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
                         uncertain_positive=uncertain_positive)
@@ -314,7 +331,7 @@ def trace(*, chexpert_csv: str,              # the official labeler's output CSV
          ) -> str:
     "Check that the official CheXpert labeler saw the texts the system wrote, and trace which phrases drive its labels."
     from cxr_audit.labels import trace_audit
-    ta = trace_audit(chexpert_csv, read_table(texts, str(texts)), id_column=id_column, dominance=dominance, min_positives=min_positives)
+    ta = trace_audit(chexpert_csv, _table(texts, str(texts)), id_column=id_column, dominance=dominance, min_positives=min_positives)
     if out: ta.save(out, inputs={"chexpert_csv": Path(chexpert_csv), "texts": Path(texts)})
     return "trace: " + ta.headline() + (f"; wrote {out}" if out else "")
 
@@ -334,7 +351,7 @@ def review_prepare(*, studies: str,                  # studies table (CSV/parque
                   ) -> str:
     "Sample cases and write blinded review packets: phase-1 and phase-2 sheets per reviewer and a private key."
     from cxr_audit.review import prepare_review, simulate_ratings
-    s, g = read_table(studies, str(studies)), read_table(generations, str(generations))
+    s, g = _table(studies, str(studies)), _table(generations, str(generations))
     P = prepare_review(s, g, int(n_cases), seed, _list_arg(strata) or None, _ids_arg(targeted) or None, _ids_arg(exclude) or None,
                        tuple(_list_arg(reviewers)) or ("R1", "R2"), _list_arg(configs) or None, codebook, out)
     if simulate: simulate_ratings(P, g, seed=seed, out_dir=Path(out) / "simulated", formats=("csv",))
@@ -409,7 +426,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
     from cxr_audit.reref import rewrite_table
     from cxr_audit.reref_sensitivity import DEFAULT_METRICS, reference_sensitivity
-    table = read_table(studies)
+    table = _table(studies)
     loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"
     options = dict(cache=cache or "auto", max_concurrency=max_concurrency, progress=backend == "openai",
@@ -419,10 +436,13 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     if not generations:
         run = rewrite_table(table, chosen, loop, **options)
         run.save(out, inputs={"studies": Path(studies)}, params=params)
+        if run.calls["requests"] and not run.calls["ok"]:   # outputs kept; a run where no call succeeded is not a success
+            raise IncompleteRunError(f"reref: none of {run.calls['requests']} LLM calls succeeded (see {Path(out)}); "
+                                     "is the server reachable and the model name right?", output=Path(out), failed=["llm"])
         return (f"reref: {run.references.study_id.nunique()} studies x {run.references.variant.nunique() - 1} variant(s); "
                 f"{run.calls['requests']} calls; wrote {Path(out)}")
     clusters = _clusters_arg(clusters, table)
-    res = reference_sensitivity(table, read_table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, reps=reps,
+    res = reference_sensitivity(table, _table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, reps=reps,
                                 seed=seed, clusters=clusters, section=section, rewrite_options=options, level=level)
     res.save(out, inputs={"studies": Path(studies), "generations": Path(generations)}, params=params)
     total = res.reversals[["pairs", "flips", "significant_flips"]].sum()
@@ -433,6 +453,17 @@ def reref(*, studies: str,                              # studies table (.csv/.p
             + _unit_line(table, clusters) + f" Wrote {Path(out)}")
 
 # %% ../nbs/15_cli.ipynb #f77833ef
+def _flag_line(g, s, ref_section: str) -> list[str]:
+    "A line counting generated reports and references that are empty or de-identification masks only (`corpus.text_flag`)."
+    from cxr_audit.evaluator import study_section
+    if s is not None and "study_id" in g and "study_id" in s:
+        refs = [study_section(r, ref_section) for r in s[s["study_id"].astype(str).isin(g["study_id"].astype(str))].to_dict("records")]
+    else: refs = g["reference"].tolist() if "reference" in g else []
+    n_hyp, n_ref = sum(text_flag(h) != "" for h in g["hypothesis"]), sum(text_flag(r) == "masked" for r in refs)
+    if not (n_hyp or n_ref): return []
+    return [f"Flagged: {n_hyp} generated report(s) empty or only de-identification masks, {n_ref} reference(s) only masks "
+            f"(XXXX, ___, [**...**]); they are scored as written and can agree perfectly on masks."]
+
 def score(generations: str,                              # generations table (.csv/.parquet): hypothesis, and reference or study_id
           out: str = "score_out",                        # output folder
           metrics: list[str] | None = None,              # metric names (default: bleu_4 rouge_l meteor chexpert_f1_5)
@@ -450,7 +481,7 @@ def score(generations: str,                              # generations table (.c
     metrics = tuple(metrics or DEFAULT_SCORE_METRICS)
     if int(reps) < 0: raise InputError(f"score: --reps must be >= 0, got {reps}")
     gpath, spath = Path(generations), Path(studies) if studies else None
-    g, s = read_table(gpath), read_table(spath) if spath else None
+    g, s = typed_generation_columns(_table(gpath), gpath.name), _table(spath) if spath else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = score_systems(g, s, metrics, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
@@ -464,7 +495,7 @@ def score(generations: str,                              # generations table (.c
              f"{int(reps)} resamples (seed {int(seed)}); {res.headline()}."
              + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
-    lines += [f"Not computed: {n}" for n in res.notes]
+    lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(g, s, ref_section)
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
@@ -490,7 +521,7 @@ def generate(model: str,                      # local folder of a saved Hugging 
     seed_list = list(seeds) if seeds else [DEFAULT_SEED]
     pols = parse_policies(policies)
     gen = HFReportGenerator.from_pretrained(model, prompt=prompt, batch_size=batch_size, device=device, **({"system": system} if system else {}))
-    table = generate_table(gen, read_table(studies), pols, seed_list, use_indication=use_indication, max_images=max_images,
+    table = generate_table(gen, _table(studies), pols, seed_list, use_indication=use_indication, max_images=max_images,
                            image_root=image_root, checkpoint=checkpoint, progress=progress)
     dest = write_table(table, out)
     mdir = Path(model)
@@ -509,9 +540,14 @@ def llm_cache(path: str | None = None, # cache file (default: $CXR_AUDIT_CACHE o
              ) -> str:
     "Show (or clear) the statistics of an LLM response cache, as JSON."
     from cxr_audit.llm import ChatCache
-    c = ChatCache(path or None)
-    if clear: c.clear()
-    out = json.dumps(c.stats(), indent=2); c.close()
+    with open(path, "rb") if path and Path(path).is_file() else io.BytesIO() as f: head = f.read(16)
+    if head and head != b"SQLite format 3\x00":     # SQLite would turn a short non-database file into a fresh cache
+        raise InputError(f"llm-cache: {path} is not an SQLite cache file (it is left untouched)")
+    try:
+        c = ChatCache(path or None)
+        if clear: c.clear()
+        out = json.dumps(c.stats(), indent=2); c.close()
+    except sqlite3.DatabaseError as e: raise InputError(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
     return out
 
 # %% ../nbs/15_cli.ipynb #831458f4
@@ -522,15 +558,15 @@ COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate"
                                         "score": score, "generate": generate, "llm-cache": llm_cache,
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 
-def _add_command(sub, name: str, command):
-    "Register `command` (a function, or a mapping of steps) under `name`."
+def _add_command(sub, name: str, command, full: str | None = None):
+    "Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review prepare')."
     if isinstance(command, Mapping):
         group = sub.add_parser(name, help=f"{name}: " + ", ".join(command))
         steps = group.add_subparsers(dest=f"_{name}_step", metavar="STEP", required=True)
-        for step, func in command.items(): _add_command(steps, step, func)
+        for step, func in command.items(): _add_command(steps, step, func, f"{name} {step}")
         return
     doc = (command.__doc__ or name).strip().splitlines()[0]
-    add_arguments(sub.add_parser(name, help=doc, description=doc), command).set_defaults(_command=command, _name=name)
+    add_arguments(sub.add_parser(name, help=doc, description=doc), command).set_defaults(_command=command, _name=full or name)
 
 def build_parser() -> argparse.ArgumentParser:
     "The `cxr-audit` parser, one subparser per entry in `COMMANDS`."
@@ -540,17 +576,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 # %% ../nbs/15_cli.ipynb #73e4d3de
+USER_ERRORS = (CxrAuditError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
+               ImportError)   # bad input, a guard refusal (`llm.RestrictedDataError`), a server that fails, a missing extra
+
+def _check_options(command: Callable, kwargs: dict):
+    "Refuse, before any work, what no command can use: a negative count, an output folder that is a file."
+    for k, v in kwargs.items():
+        bad = [x for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, int) and not isinstance(x, bool) and x < 0]
+        if bad: raise InputError(f"--{k.replace('_', '-')} must be >= 0, got {bad[0]}")
+    out = kwargs.get("out")
+    if out and command not in (load, generate) and Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--out {out!r} is a file; give a folder (it is created when missing)")
+
 def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
         ) -> int:
     "Entry point of the `cxr-audit` command; returns the exit code."
     args = vars(build_parser().parse_args(argv))
     command, name = args.pop("_command"), args.pop("_name")
     kwargs = {k: v for k, v in args.items() if not k.startswith("_")}
-    try: print(command(**kwargs))
-    except (InputError, FileNotFoundError, ImportError) as e:   # ImportError: a missing optional extra, named in `e`
-        print(f"cxr-audit {name}: error: {e}", file=sys.stderr)
-        return 2
+    try:
+        _check_options(command, kwargs)
+        print(command(**kwargs))
     except IncompleteRunError as e:                              # wrote what it could; the job is not done
         print(f"cxr-audit {name}: incomplete: {e}", file=sys.stderr)
         return 1
+    except USER_ERRORS as e:
+        print(f"cxr-audit {name}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     return 0

@@ -324,8 +324,9 @@ def distinct_n(texts,      # reports (None and non-text values have no tokens)
     return len(pl.Series(c.ngrams(n)[0]).unique()) / total if total else float("nan")
 
 def _positive_int(v, what: str) -> int:
+    "`v` as an int; 0, a negative number or a non-integer is an `InputError` (0 never falls back to a default)."
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{what} must be a positive integer, got {v!r}")
+        raise InputError(f"{what} must be a positive integer, got {v!r}")
     return int(v)
 
 # %% ../nbs/05_concentration.ipynb #73548fc0

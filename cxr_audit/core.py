@@ -30,8 +30,8 @@ import pandas as pd
 __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng', 'as_pandas',
            'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
            'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
-           'resource_text', 'read_text', 'read_json', 'package_versions', 'write_manifest', 'cxr_theme', 'enable_theme',
-           'save_chart', 'chart_svg']
+           'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
+           'enable_theme', 'save_chart', 'chart_svg']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -329,8 +329,9 @@ def _redact(params: Any) -> Any:
     if isinstance(params, Mapping):
         return {str(k): ("<redacted>" if _SECRET.search(str(k)) else _redact(v)) for k, v in params.items()}
     if isinstance(params, (list, tuple)): return [_redact(v) for v in params]
-    if isinstance(params, (str, int, float, bool)) or params is None: return params
-    return str(params)
+    if isinstance(params, str): return redact(params)
+    if isinstance(params, (int, float, bool)) or params is None: return params
+    return redact(str(params))
 
 def package_versions(names: Iterable[str] = _VERSIONED # distribution names to look up
                     ) -> dict:
@@ -348,6 +349,21 @@ def _describe(item) -> dict:
         return {"path": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)}
     df = as_pandas(item, "manifest entry")
     return {"rows": len(df), "columns": [str(c) for c in df.columns], "sha256": sha256_frame(df)}
+
+# %% ../nbs/00_core.ipynb #db5ef40d
+_KEY_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY")
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
+
+def redact(text,             # any text (other values are returned unchanged)
+           secrets=()        # further secret values to remove (e.g. a client's api_key)
+          ):
+    "`text` without URL user info, `Bearer` tokens or any configured key value (each replaced by `<redacted>`)."
+    if not isinstance(text, str): return text
+    keys = {s for s in (*secrets, *(os.environ.get(v) for v in _KEY_VARS)) if isinstance(s, str) and len(s) >= 4}
+    for k in sorted(keys, key=len, reverse=True): text = text.replace(k, "<redacted>")
+    text = _USERINFO.sub(r"\g<scheme><redacted>@", text)
+    return _BEARER.sub(r"\1 <redacted>", text)
 
 # %% ../nbs/00_core.ipynb #e46fd0c6
 def write_manifest(path: str | os.PathLike,  # where the JSON goes

@@ -21,11 +21,12 @@ from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_
                             require_columns)
 
 # %% auto #0
-__all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'MIMIC_METADATA_FILES',
-           'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS',
-           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies', 'to_generations',
-           'normalize_view', 'load_table', 'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus',
-           'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
+__all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'DEID_MASKS',
+           'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS',
+           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies',
+           'typed_generation_columns', 'to_generations', 'normalize_view', 'text_flag', 'load_table', 'load_mimic_cxr',
+           'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient', 'load_generations', 'LoadReport',
+           'load_report']
 
 # %% ../nbs/02_corpus.ipynb #483b8527
 STUDIES_COLUMNS = ("study_id", "patient_id", "dataset", "split", "view", "image_paths", "study_time",
@@ -40,6 +41,40 @@ def _bad_row(df: pd.DataFrame, mask, what: str, problem: str):
         sid = df["study_id"].iloc[i] if "study_id" in df.columns else None
         raise InputError(f"{what}: row {i} (study_id={sid!r}): {problem} ({int(mask.sum())} row(s) affected)")
 
+def _convert(values: Iterable, fn, where: str, col: str) -> list:
+    "`fn` applied to each value; a failure is an `InputError` naming `where`, the row and the column."
+    out = []
+    for i, v in enumerate(values):
+        try: out.append(fn(v))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise InputError(f"{where}: row {i}: column {col!r}: {e}") from None
+    return out
+
+def _as_bool(v) -> bool:
+    "A flag from a bool, 0/1, or text such as true/false/yes/no; missing is False."
+    if is_missing(v): return False
+    if isinstance(v, (bool, np.bool_)): return bool(v)
+    s = str(v).strip().lower()
+    if s in ("true", "t", "yes", "y", "1", "1.0"): return True
+    if s in ("false", "f", "no", "n", "0", "0.0", ""): return False
+    raise ValueError(f"not a true/false value: {v!r}")
+
+def _as_int(v) -> int | None:
+    "An integer from an int, a whole float or text such as `3` or `3.0`; missing is None."
+    if is_missing(v): return None
+    try: f = v if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) else float(str(v).strip())
+    except ValueError: f = None
+    if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f): raise ValueError(f"not an integer: {v!r}")
+    return int(f)
+
+def _duplicates(df: pd.DataFrame, col: str, what: str):
+    "Raise an `InputError` naming both rows of the first value of `col` given twice."
+    dup = df[col].duplicated()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0]); v = df[col].iloc[i]
+        first = int(np.flatnonzero((df[col] == v).to_numpy())[0])
+        raise InputError(f"{what}: rows {first} and {i}: duplicate {col} {v!r} ({int(dup.sum())} row(s) repeat an earlier one)")
+
 # %% ../nbs/02_corpus.ipynb #f6874e3e
 def validate_studies(df,                   # a table in the canonical `studies` shape
                      what: str = "studies" # named in error messages (e.g. a file name)
@@ -48,7 +83,7 @@ def validate_studies(df,                   # a table in the canonical `studies` 
     df = require_columns(df, STUDIES_COLUMNS, what)
     ids = df["study_id"]
     _bad_row(df, ids.isna() | ids.astype(str).str.strip().eq(""), what, "empty study_id")
-    _bad_row(df, ids.duplicated(), what, f"duplicate study_id {ids[ids.duplicated()].iloc[0] if ids.duplicated().any() else ''!r}")
+    _duplicates(df, "study_id", what)
     _bad_row(df, df["dataset"].isna() | df["dataset"].astype(str).str.strip().eq(""), what, "empty dataset")
     _bad_row(df, ~df["image_paths"].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what, "image_paths is not a list")
     _bad_row(df, ~df["restricted"].map(lambda v: isinstance(v, (bool, np.bool_))), what, "restricted is not a boolean")
@@ -81,7 +116,7 @@ def to_studies(df,                        # a table with at least `study_id`, `d
         df[c] = pd.Series([None if is_missing(v) else str(v) for v in df[c]], index=df.index, dtype=object) if c in df.columns else None
     df["image_paths"] = [_as_path_list(v) for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))]
     df["study_time"] = pd.to_datetime(df["study_time"], errors="coerce") if "study_time" in df.columns else pd.NaT
-    df["restricted"] = df["restricted"].fillna(False).astype(bool) if "restricted" in df.columns else False
+    df["restricted"] = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else False
     df["study_id"] = pd.Series([None if is_missing(v) else str(v) for v in df["study_id"]], index=df.index, dtype=object)
     df["dataset"] = df["dataset"].astype(str)
     extra = [c for c in df.columns if c not in STUDIES_COLUMNS]
@@ -90,6 +125,17 @@ def to_studies(df,                        # a table with at least `study_id`, `d
 def _join_sections(r: Mapping) -> str:
     parts = [f"{k.upper()}: {r[k].strip()}" for k in SECTION_COLUMNS if str(r.get(k) or "").strip()]
     return "\n".join(parts)
+
+# %% ../nbs/02_corpus.ipynb #a22b0c05
+def typed_generation_columns(df,                        # a generations-like table
+                             what: str = "generations"  # named in error messages
+                            ) -> pd.DataFrame:
+    "The table with its `seed` (blank: 0), `n_tokens` and `truncated` (blank: False) columns, where present, read strictly."
+    df = as_pandas(df, what).copy()
+    if "seed" in df.columns: df["seed"] = pd.Series([v or 0 for v in _convert(df["seed"], _as_int, what, "seed")], index=df.index, dtype="int64")
+    if "n_tokens" in df.columns: df["n_tokens"] = pd.Series(_convert(df["n_tokens"], _as_int, what, "n_tokens"), index=df.index, dtype="Int64")
+    if "truncated" in df.columns: df["truncated"] = pd.Series(_convert(df["truncated"], _as_bool, what, "truncated"), index=df.index, dtype=bool)
+    return df
 
 # %% ../nbs/02_corpus.ipynb #3d54a29b
 GENERATIONS_COLUMNS = ("sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated")
@@ -108,16 +154,11 @@ def to_generations(df,                        # a table with at least `study_id`
     df["policy"] = df["policy"].map(lambda v: "" if is_missing(v) else str(v))   # a blank policy cell: no policy named
     no_system = df["system"].map(lambda v: is_missing(v) or not str(v).strip())
     if no_system.any(): raise InputError(f"{what}: row {int(np.flatnonzero(no_system)[0])}: no system name ({int(no_system.sum())} row(s) affected)")
-    df["seed"] = pd.to_numeric(df["seed"], errors="coerce").fillna(0).astype("int64")
-    df["n_tokens"] = pd.to_numeric(df["n_tokens"], errors="coerce").astype("Int64")
-    df["truncated"] = df["truncated"].fillna(False).astype(bool)
+    df = typed_generation_columns(df, what)
     if "sample_id" not in df.columns:       # one cohort entry per row when the table has `entry_id` (several per study)
         key = df["entry_id"].where(df["entry_id"].notna(), df["study_id"]) if "entry_id" in df.columns else df["study_id"]
         df["sample_id"] = [f"{s}/{p}/{n}/{k}" for s, p, n, k in zip(df["system"], df["policy"], df["seed"], key)]
-    dup = df["sample_id"].duplicated()
-    if dup.any():
-        i = int(np.flatnonzero(dup)[0])
-        raise InputError(f"{what}: row {i}: duplicate sample_id {df['sample_id'].iloc[i]!r}")
+    _duplicates(df, "sample_id", what)
     extra = [c for c in df.columns if c not in GENERATIONS_COLUMNS]
     return df[list(GENERATIONS_COLUMNS) + extra].reset_index(drop=True)
 
@@ -186,24 +227,6 @@ def _add_flag(df: pd.DataFrame, mask, flag: str) -> pd.DataFrame:
     return df
 
 # %% ../nbs/02_corpus.ipynb #26525108
-def _convert(values: Iterable, fn, where: str, col: str) -> list:
-    "`fn` applied to each value; a failure is an `InputError` naming `where`, the row and the column."
-    out = []
-    for i, v in enumerate(values):
-        try: out.append(fn(v))
-        except (ValueError, TypeError, OverflowError) as e:
-            raise InputError(f"{where}: row {i}: column {col!r}: {e}") from None
-    return out
-
-def _as_bool(v) -> bool:
-    "A flag from a bool, 0/1, or text such as true/false/yes/no; missing is False."
-    if is_missing(v): return False
-    if isinstance(v, (bool, np.bool_)): return bool(v)
-    s = str(v).strip().lower()
-    if s in ("true", "t", "yes", "y", "1", "1.0"): return True
-    if s in ("false", "f", "no", "n", "0", "0.0", ""): return False
-    raise ValueError(f"not a true/false value: {v!r}")
-
 def _parse_times(values: Iterable, where: str, col: str) -> pd.Series:
     "Timestamps from `YYYYMMDD`, `YYYYMMDDHHMMSS` or ISO-like text (missing: NaT); an unreadable value is an `InputError`."
     vals = list(values)
@@ -285,6 +308,15 @@ def _study_flags(flags: Iterable[str], status: str, r: Mapping, sections: Iterab
     if not any(r[c].strip() for c in (*SECTION_COLUMNS, "text")): f.add("empty_report")
     else: f |= {f"empty_{c}" for c in sections if not r[c].strip()} | {f"masked_{c}" for c in sections if _masked(r[c])}
     return [k for k in LOAD_FLAGS if k in f] + sorted(f - set(LOAD_FLAGS))
+
+# %% ../nbs/02_corpus.ipynb #a22b0c21
+DEID_MASKS = re.compile(r"X{2,}|_{2,}|\[\*\*[^\]]*\]")   # IU X-ray, MIMIC-CXR and MIMIC-III de-identification marks
+
+def text_flag(text # a report, reference or generated text (None and NaN are empty)
+             ) -> str:
+    "'empty' for a blank text, 'masked' for one made of de-identification masks alone, else ''."
+    if is_missing(text) or not str(text).strip(): return "empty"
+    return "" if re.search(r"[A-Za-z0-9]", DEID_MASKS.sub("", str(text))) else "masked"
 
 # %% ../nbs/02_corpus.ipynb #09567e57
 def _join_root(root, p) -> str | None:

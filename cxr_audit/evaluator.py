@@ -460,7 +460,12 @@ def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str
         return g["reference"].map(_squash)
     s = require_columns(studies, ["study_id"], what[1])
     g = require_columns(g, ["study_id"], what[0])
-    refs = {str(r["study_id"]): study_section(r, ref_section) for r in s.to_dict("records")}
+    refs, first = {}, {}
+    for i, r in enumerate(s.to_dict("records")):   # a study twice with different references: which one is scored is ambiguous
+        k, text = str(r["study_id"]), study_section(r, ref_section)
+        if k in refs and refs[k] != text:
+            raise InputError(f"{what[1]}: rows {first[k]} and {i}: duplicate study_id {k!r} with different {ref_section} references")
+        refs.setdefault(k, text); first.setdefault(k, i)
     sid = g["study_id"].astype(str)
     unknown = ~sid.isin(refs.keys())
     if unknown.any():

@@ -32,16 +32,18 @@ from urllib.parse import urlsplit
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import DEFAULT_SEED, CxrAuditError, InputError, as_pandas, cache_dir, is_missing, md_table, optional_import, rng, sha256_text
+from .core import DEFAULT_SEED, CxrAuditError, InputError, as_pandas, cache_dir, is_missing, md_table, optional_import, redact, rng, sha256_text
+from .corpus import RESTRICTED_DATASETS
 
 # %% auto #0
 __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_params', 'as_messages', 'ChatResult', 'LLMError',
-           'LLMTimeoutError', 'LLMConnectionError', 'LLMHTTPError', 'StructuredOutputError', 'RestrictedDataError',
-           'is_retryable', 'schema_json', 'schema_name', 'extract_json', 'parse_structured', 'schema_instructions',
-           'with_schema_instructions', 'canonical_json', 'backend_identity', 'request_key', 'is_loopback_url',
-           'safe_url', 'check_restricted', 'ChatBackend', 'RuleChat', 'ChatCache', 'cached_chat', 'backoff_delay',
-           'describe_error', 'price_per_1m', 'cost_usd', 'batch_summary', 'format_summary', 'BatchRun', 'run_batch',
-           'OpenAIChat', 'LocalEndpoint', 'TransformersChat', 'LocalServer', 'local_llama_server']
+           'LLMTimeoutError', 'LLMConnectionError', 'LLMHTTPError', 'StructuredOutputError', 'LLMReplyError',
+           'BatchAbortedError', 'RestrictedDataError', 'is_retryable', 'schema_json', 'schema_name', 'extract_json',
+           'parse_structured', 'schema_instructions', 'with_schema_instructions', 'canonical_json', 'backend_identity',
+           'request_key', 'is_loopback_url', 'safe_url', 'check_restricted', 'is_restricted', 'ChatBackend', 'RuleChat',
+           'ChatCache', 'cached_chat', 'backoff_delay', 'describe_error', 'price_per_1m', 'cost_usd', 'batch_summary',
+           'format_summary', 'BatchRun', 'run_batch', 'OpenAIChat', 'LocalEndpoint', 'TransformersChat', 'LocalServer',
+           'local_llama_server']
 
 # %% ../nbs/08_llm.ipynb #bfa1df1c
 _log = logging.getLogger("cxr_audit.llm")  # request IDs and error types only, never message contents
@@ -139,9 +141,18 @@ class StructuredOutputError(LLMError):
         super().__init__(message)
         self.text, self.usage = text, usage or {}
 
+# %% ../nbs/08_llm.ipynb #47519517
+class LLMReplyError(LLMError):
+    "The server answered (HTTP 200) without a usable reply: no content, no choices, or a body that is not a chat completion."
+    retryable = True
+
+# %% ../nbs/08_llm.ipynb #4decea02
+class BatchAbortedError(LLMError, InputError):
+    "A batch stopped early: its first requests all failed the same way (unreachable server, bad key, ...); nothing more was sent."
+
 # %% ../nbs/08_llm.ipynb #01553844
-class RestrictedDataError(CxrAuditError, PermissionError):
-    "Restricted data would have been sent to a back end that is not on this machine."
+class RestrictedDataError(InputError, PermissionError):
+    "Restricted data would have been sent to a back end that is not on this machine (an `InputError`: the CLI exits 2)."
 
 # %% ../nbs/08_llm.ipynb #d86a73f0
 def is_retryable(exc: BaseException # an exception raised by a back end
@@ -282,6 +293,12 @@ def safe_url(url: str | None # a server URL (None: none)
     return f"{p.scheme + '://' if p.scheme else ''}{host}{':' + str(p.port) if p.port else ''}{p.path}"
 
 # %% ../nbs/08_llm.ipynb #802ae8a1
+def _target_url(backend # any back end
+               ):
+    "The URL `backend` really sends requests to (its `target_url()`, else its `endpoint`); a sentinel when it declares none."
+    fn = getattr(backend, "target_url", None)
+    return fn() if callable(fn) else getattr(backend, "endpoint", _NO_ENDPOINT)
+
 def check_restricted(backend,                       # any back end (its `endpoint` is checked)
                      n_restricted: int = 1,         # how many restricted requests are about to be sent
                      allow_remote_restricted: bool = False, # the explicit opt-in
@@ -289,7 +306,7 @@ def check_restricted(backend,                       # any back end (its `endpoin
                     ) -> None:
     "Refuse restricted requests to a back end that is not on this machine, unless explicitly allowed."
     if not n_restricted or allow_remote_restricted: return
-    url = getattr(backend, "endpoint", _NO_ENDPOINT)
+    url = _target_url(backend)
     if url is not _NO_ENDPOINT and is_loopback_url(url): return
     where = "a back end that declares no endpoint" if url is _NO_ENDPOINT else safe_url(url)
     raise RestrictedDataError(
@@ -298,6 +315,27 @@ def check_restricted(backend,                       # any back end (its `endpoin
         + f" would be sent to {where}, which is not a loopback address. Restricted data (e.g. MIMIC-CXR under its data use "
           "agreement) must stay on this machine: use a local server (127.0.0.1 / localhost) or an in-process model. "
           "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. Nothing was sent.")
+
+# %% ../nbs/08_llm.ipynb #38bb4441
+def _norm_dataset(name) -> str: return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+def _restricted_cell(v, i) -> bool:
+    "A `restricted` cell as a boolean (blank: False); an `InputError` names row `i` for unreadable text."
+    if is_missing(v) or (isinstance(v, str) and not v.strip()): return False
+    if not isinstance(v, str): return bool(v)
+    t = v.strip().lower()
+    if t in ("true", "t", "yes", "y", "1"): return True
+    if t in ("false", "f", "no", "n", "0"): return False
+    raise InputError(f"restricted: row {i}: cannot read {v!r} as true/false")
+
+def is_restricted(rows,                   # a table, or a list of dicts, with `restricted` and/or `dataset`
+                  restricted_datasets=()  # datasets to treat as restricted besides `corpus.RESTRICTED_DATASETS`
+                 ) -> list[bool]:
+    "Per row: restricted when its `restricted` cell is true or its `dataset` is a restricted dataset."
+    recs = [dict(r) for r in rows] if isinstance(rows, (list, tuple)) else as_pandas(rows, "rows").to_dict("records")
+    names = {_norm_dataset(d) for d in (*RESTRICTED_DATASETS, *([restricted_datasets] if isinstance(restricted_datasets, str) else restricted_datasets))}
+    return [_restricted_cell(r.get("restricted"), i) or (not is_missing(r.get("dataset")) and _norm_dataset(r.get("dataset")) in names)
+            for i, r in enumerate(recs)]
 
 # %% ../nbs/08_llm.ipynb #59bede0c
 def _validated(res: ChatResult, schema, max_tokens: int) -> ChatResult:
@@ -548,11 +586,12 @@ def _value(r: Mapping, name: str, default):
     v = r.get(name, default)
     return default if is_missing(v) else v
 
-def _batch_rows(requests, backend, defaults: Mapping) -> list[dict]:
+def _batch_rows(requests, backend, defaults: Mapping, restricted_datasets=()) -> list[dict]:
     "Validated requests with defaults filled in and cache keys computed; an `InputError` names the first bad row."
     if isinstance(requests, (list, tuple)): rows = [dict(r) if isinstance(r, Mapping) else r for r in requests]
     else: rows = as_pandas(requests, "requests").to_dict("records")
     out, seen = [], set()
+    flags = is_restricted([r if isinstance(r, Mapping) else {} for r in rows], restricted_datasets)
     for i, r in enumerate(rows):
         if not isinstance(r, Mapping): raise InputError(f"requests: row {i} is a {type(r).__name__}, not a dict")
         rid = r.get("request_id")
@@ -565,7 +604,7 @@ def _batch_rows(requests, backend, defaults: Mapping) -> list[dict]:
         except (InputError, TypeError, ValueError) as e: raise InputError(f"requests: row {i} (request_id={rid!r}): {e}") from None
         schema, sample = _value(r, "schema", None), int(_value(r, "sample", 0))
         out.append({"request_id": rid, "messages": msgs, "schema": schema, "params": params, "sample": sample,
-                    "restricted": bool(_value(r, "restricted", False)), "key": request_key(backend, msgs, schema, params, sample)})
+                    "restricted": flags[i], "key": request_key(backend, msgs, schema, params, sample)})
     return out
 
 # %% ../nbs/08_llm.ipynb #7a461032
@@ -583,13 +622,18 @@ def backoff_delay(attempt: int,                   # the attempt that just failed
 _OWN_WORDS = (StructuredOutputError, LLMTimeoutError, LLMConnectionError)  # messages written here, never quoting a request
 
 def describe_error(exc: BaseException,      # the failure
-                   restricted: bool = False # leave out any text a server could have copied from the request
+                   restricted: bool = False, # leave out any text a server could have copied from the request
+                   secrets=()               # key values to redact besides the configured ones (see `core.redact`)
                   ) -> str:
     "A one-line description of a failure; for restricted requests, no text that a server or library could have copied from the request."
     if restricted and not isinstance(exc, _OWN_WORDS):
         status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
         return type(exc).__name__ + (f" (HTTP {status})" if status else "")
-    return f"{type(exc).__name__}: {exc}"[:500]
+    return redact(f"{type(exc).__name__}: {exc}", secrets)[:500]
+
+def _secrets(backend) -> tuple:
+    "The key values a back end holds (to redact them from errors and logs)."
+    return tuple(s for s in (getattr(backend, "_api_key", None),) if isinstance(s, str))
 
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
              jitter_seed: int, allow: bool, stop: threading.Event) -> dict:
@@ -604,10 +648,10 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
             usage = getattr(e, "usage", None) or {}
             tin, tout = tin + int(usage.get("prompt_tokens") or 0), tout + int(usage.get("completion_tokens") or 0)
             again = is_retryable(e) and attempts <= retries and not stop.is_set()
-            _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts,
-                     describe_error(e, job["restricted"])[:200], "; retrying" if again else "")
+            why = describe_error(e, job["restricted"], _secrets(backend))
+            _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200], "; retrying" if again else "")
             if again and not stop.wait(backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))): continue
-            return {"status": "failed", "attempts": attempts, "error": describe_error(e, job["restricted"]), "text": getattr(e, "text", None),
+            return {"status": "failed", "attempts": attempts, "error": why, "text": getattr(e, "text", None),
                     "parsed": None, "tokens_in": tin, "tokens_out": tout, "cached": False,
                     "latency_s": time.perf_counter() - t0, "model": None, "finish_reason": None}
         if cache is not None:
@@ -673,6 +717,14 @@ class BatchRun:
     wall_s: float = float("nan")   # seconds the batch took
 
     def __len__(self) -> int: return len(self.rows)
+    @property
+    def n_ok(self) -> int: return int((self.rows["status"] == "ok").sum())
+    @property
+    def n_failed(self) -> int: return int((self.rows["status"] == "failed").sum())
+    @property
+    def nothing_succeeded(self) -> bool:
+        "True when the batch had requests and none of them got an answer (a caller should exit non-zero)."
+        return len(self) > 0 and self.n_ok == 0
 
     def to_frame(self) -> pd.DataFrame:
         "One row per request, in input order: `request_id, status, attempts, error, text, parsed, tokens_in, ...`."
@@ -737,34 +789,65 @@ class _Progress:
         if summary and (self.on or self.bar is not None): print(f"{self.label}: {summary}", file=self.stream, flush=True)
 
 # %% ../nbs/08_llm.ipynb #7b9710c6
-def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, *args) -> tuple[dict, _Progress]:
+def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, fail_fast: int, *args) -> tuple[dict, _Progress]:
     "Result rows by key: stored answers first, then the back end for the rest (identical requests sent once)."
     jobs = {r["key"]: r for r in rows}
     hits = cache.get_many(jobs, {k: j["schema"] for k, j in jobs.items()}) if cache is not None else {}
     results = {k: _ok_row(res) for k, res in hits.items()}
     bar = _Progress(len(jobs), progress)
     for row in results.values(): bar.update(row)
-    _run_pool([j for k, j in jobs.items() if k not in results], backend, cache, results, bar, max_concurrency, *args)
+    _run_pool([j for k, j in jobs.items() if k not in results], backend, cache, results, bar, max_concurrency, fail_fast, *args)
     if cache is not None and len(results) > len(hits):
         cache._prune(); cache.checkpoint()  # the pool's threads have ended: close their connections, shrink the log
     return results, bar
 
-def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_concurrency: int, *args) -> None:
-    "Run `todo` on a thread pool, filling `results` as answers arrive; on Ctrl-C cancel what has not started."
+class _StartWatch:
+    "The errors of a batch's first results while none has succeeded; it sets `stop` when they all fail alike."
+    def __init__(self, n: int, stop: threading.Event):
+        self.n, self.stop, self.errors, self.error, self.open, self.lock = n, stop, [], None, n > 0, threading.Lock()
+
+    def record(self, row: Mapping) -> None:
+        with self.lock:
+            if not self.open: return
+            if row["status"] == "ok": self.open = False; return
+            self.errors.append(str(row["error"] or ""))
+            same = len(set(self.errors)) == 1 or all(e.startswith("LLMConnectionError") for e in self.errors)
+            if len(self.errors) < self.n: return
+            self.open = False
+            if same:
+                self.error = BatchAbortedError(
+                    f"llm batch stopped: its first {self.n} requests all failed ({self.errors[0][:300]}); nothing more was sent. "
+                    "Check the server, its URL, key and model, then run again (answers so far are cached).")
+                self.stop.set()
+
+def _watched(watch: _StartWatch, job: dict, *args) -> dict | None:
+    "`_run_one` unless the batch was stopped before this request started (None then)."
+    if watch.stop.is_set(): return None
+    row = _run_one(job, *args, watch.stop); watch.record(row)
+    return row
+
+def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_concurrency: int, fail_fast: int, *args) -> None:
+    "Run `todo` on a thread pool, filling `results` as answers arrive; on Ctrl-C, or a start that fails throughout, cancel what has not started."
     if not todo: return
+    prepare = getattr(backend, "prepare", None)
+    if callable(prepare): prepare()  # e.g. a missing `llm` extra: raise before any call
     stop = threading.Event()
+    watch = _StartWatch(int(fail_fast), stop)
     ex = ThreadPoolExecutor(max_workers=max(1, int(max_concurrency)), thread_name_prefix="cxr-audit-llm")
-    futs = {ex.submit(_run_one, j, backend, cache, *args, stop): j["key"] for j in todo}
+    futs = {ex.submit(_watched, watch, j, backend, cache, *args): j["key"] for j in todo}
     pending = set(futs)
     try:
         while pending:
             done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             for f in done:
-                results[futs[f]] = f.result(); bar.update(results[futs[f]])
+                row = f.result()
+                if row is not None: results[futs[f]] = row; bar.update(row)
+            if watch.error is not None: raise watch.error
             bar.show()
     except BaseException:
         stop.set(); ex.shutdown(wait=False, cancel_futures=True)
-        print(f"\nllm batch interrupted: {len(results)} of {bar.total} answers are in the cache; "
+        n_ok = sum(r["status"] == "ok" for r in results.values())
+        print(f"\nllm batch stopped: {n_ok} of {bar.total} answers are in the cache; "
               "run the same batch again to finish the rest.", file=sys.stderr, flush=True)
         raise
     ex.shutdown(wait=True)
@@ -797,6 +880,8 @@ def run_batch(requests,                              # list of dicts or a table:
               top_k: int | None = None,              # default top-k (None: not set)
               prices=None,                           # price table for the cost column (see `price_per_1m`)
               allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
+              restricted_datasets=(),                # datasets whose rows are restricted besides `corpus.RESTRICTED_DATASETS`
+              fail_fast: int = 5,                    # stop when the first this many requests all fail alike (0: never)
               backoff_s: float = 1.0,                # wait after the first failure, before jitter
               max_backoff_s: float = 60.0,           # longest wait between attempts
               jitter_seed: int = DEFAULT_SEED        # seed of the retry jitter
@@ -804,15 +889,17 @@ def run_batch(requests,                              # list of dicts or a table:
     "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
     t0 = time.perf_counter()
     defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
-    rows = _batch_rows(requests, backend, defaults)
+    if fail_fast is None or int(fail_fast) < 0: raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
+    rows = _batch_rows(requests, backend, defaults, restricted_datasets)
     restricted = [r for r in rows if r["restricted"]]
     check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
     price = price_per_1m(getattr(backend, "model", ""), prices)
     with _open_cache(cache) as c:
-        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, retries, timeout_s, backoff_s,
+        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s, backoff_s,
                                     max_backoff_s, jitter_seed, allow_remote_restricted)
     run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
     bar.close(run.headline())
+    if run.n_failed: _log.warning("llm batch: %d of %d requests failed%s", run.n_failed, len(run), " (none succeeded)" if run.nothing_succeeded else "")
     return run
 
 # %% ../nbs/08_llm.ipynb #63dcab23
@@ -850,13 +937,13 @@ class OpenAIChat(ChatBackend):
         self.model, self.structured, self.strict, self.client_kwargs = model, structured, strict, dict(client_kwargs or {})
         self.is_azure = bool(azure or azure_endpoint)
         if self.is_azure:
-            self.endpoint = azure_endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
+            self._endpoint = azure_endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
             self.api_version = api_version or os.environ.get("OPENAI_API_VERSION")
             if not self.endpoint or not self.api_version:
                 raise InputError("OpenAIChat (Azure): give azure_endpoint= and api_version= or set AZURE_OPENAI_ENDPOINT and OPENAI_API_VERSION")
             key = api_key or os.environ.get("AZURE_OPENAI_API_KEY")
         else:
-            self.endpoint = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+            self._endpoint = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
             self.api_version, key = None, api_key or os.environ.get("OPENAI_API_KEY")
         if not key and is_loopback_url(self.endpoint): key = "no-key-needed-on-loopback"
         if not key and "azure_ad_token_provider" not in self.client_kwargs:
@@ -868,7 +955,14 @@ class OpenAIChat(ChatBackend):
         self.structured_mode_ = structured if structured != "auto" else ("json_schema" if self.is_azure or _is_openai_host(self.endpoint) else None)
 
     kind = property(lambda self: "azure-openai" if self.is_azure else "openai")
-    def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "structured": self.structured}
+    endpoint = property(lambda self: self._endpoint, doc="The server URL given (read-only: the client is made from it).")
+    def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "structured": self.structured, "endpoint": safe_url(self._endpoint)}
+    def target_url(self) -> str:
+        "The URL requests really go to: the client's own base URL once the client exists, else the one it will be made with."
+        return str(self._client.base_url) if self._client is not None else self._endpoint
+    def prepare(self) -> "OpenAIChat":
+        "Make the client now (a missing `llm` extra raises here, before any request)."
+        self.client(); return self
     def __repr__(self): return f"OpenAIChat({self.model!r}, endpoint={safe_url(self.endpoint)!r}, structured={self.structured!r})"
 
     @classmethod
@@ -938,10 +1032,21 @@ def _send(self: OpenAIChat, kw: dict) -> ChatResult:
     except openai.APITimeoutError: raise LLMTimeoutError(f"no answer from {safe_url(self.endpoint)} within {kw.get('timeout')} s") from None
     except openai.APIConnectionError: raise LLMConnectionError(f"could not connect to {safe_url(self.endpoint)}") from None
     except openai.APIStatusError as e:
-        raise LLMHTTPError(e.status_code, _server_message(e), _retry_after(e)) from None
-    choice, u = resp.choices[0], resp.usage
+        raise LLMHTTPError(e.status_code, redact(_server_message(e), _secrets(self)), _retry_after(e)) from None
+    except (openai.APIResponseValidationError, ValueError) as e:  # HTTP 200 with a body that is not JSON
+        raise LLMReplyError(f"{safe_url(self.endpoint)} answered with a body that is not a chat completion ({type(e).__name__})") from None
+    return _reply_result(resp, self, time.perf_counter() - t0)
+
+def _reply_result(resp, backend, latency_s: float) -> ChatResult:
+    "A chat-completion response as a `ChatResult`; an `LLMReplyError` (retried) when it has no choices or no content."
+    where, choices = safe_url(backend.endpoint), getattr(resp, "choices", None)
+    if not isinstance(choices, list) or not choices: raise LLMReplyError(f"{where} answered without choices (not a chat completion)")
+    choice, u = choices[0], getattr(resp, "usage", None)
+    content = getattr(getattr(choice, "message", None), "content", None)
+    if not isinstance(content, str) or not content.strip():
+        raise LLMReplyError(f"{where} answered with no content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
     usage = {"prompt_tokens": int(getattr(u, "prompt_tokens", 0) or 0), "completion_tokens": int(getattr(u, "completion_tokens", 0) or 0)}
-    return ChatResult(choice.message.content or "", None, usage, time.perf_counter() - t0, resp.model or self.model, choice.finish_reason)
+    return ChatResult(content, None, usage, latency_s, getattr(resp, "model", None) or backend.model, choice.finish_reason)
 
 # %% ../nbs/08_llm.ipynb #e2ee9323
 @patch

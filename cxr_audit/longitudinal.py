@@ -29,7 +29,7 @@ from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, h
                              resolve_clusters, spearman)
 from .labels import default_labeler, label_reports, to_binary, to_wide
 from .metrics import get_metric, sample_stats
-from .llm import DECODING, RuleChat, batch_summary, run_batch
+from .llm import DECODING, RuleChat, batch_summary, is_restricted, run_batch
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
@@ -356,7 +356,7 @@ def _report_texts(reports, id_col: str = "report_id", text_col: str = "text") ->
     else:
         t = require_columns(reports, [id_col, text_col], "reports")
         df = pd.DataFrame({"report_id": t[id_col].values, "text": t[text_col].values,
-                           "restricted": t["restricted"].values if "restricted" in t.columns else False})
+                           "restricted": is_restricted(t)})   # the cell, or a restricted dataset (MIMIC-CXR, ...)
     if "restricted" not in df: df["restricted"] = False
     df["report_id"] = df["report_id"].astype(str)
     dup = df["report_id"].duplicated()

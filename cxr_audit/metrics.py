@@ -31,16 +31,16 @@ from .stats import mean, mean_stats, micro_f1, micro_stats
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
-__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS',
-           'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS',
-           'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs', 'MetricBase', 'tokenizer',
-           'ngram_counts', 'bleu_pair_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'RougeL', 'CiderD',
-           'meteor_value', 'meteor_jar', 'java_executable', 'MeteorRun', 'run_meteor', 'Meteor', 'CheXpertF1',
-           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
-           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
-           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
-           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
-           'metric_availability', 'registry_table']
+__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_MAX_TOKENS', 'REGISTRY', 'RADEVAL_METRICS',
+           'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'BRIDGED_METRICS',
+           'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs',
+           'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'coco_bleu', 'Bleu', 'lcs_length',
+           'rouge_l_score', 'RougeL', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'MeteorRun',
+           'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score',
+           'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval',
+           'unavailable_reason', 'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values',
+           'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated',
+           'radeval_status', 'bundle_metrics', 'metric_kind', 'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -365,10 +365,19 @@ class _MeteorJar:
         except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
         self.err.close()
 
+# %% ../nbs/07_metrics.ipynb #a1c22f01
+METEOR_MAX_TOKENS = 1_000   # tokens per text given to the METEOR jar; longer texts are cut and flagged
+
 # %% ../nbs/07_metrics.ipynb #8b364cef
 def _meteor_line(text: str) -> str:
     "Text made safe for the jar's line protocol (pycocoevalcap's clean-up, plus line breaks to spaces)."
     return " ".join(text.splitlines()).replace("|||", "").replace("  ", " ")
+
+def _meteor_cap(text: str, max_tokens: int | None) -> tuple[str, bool]:
+    "`text` cut to its first `max_tokens` tokens (None: no cap), and whether it was cut."
+    toks = text.split()
+    if max_tokens is None or len(toks) <= max_tokens: return text, False
+    return " ".join(toks[:max_tokens]), True
 
 def _chunks_as_summed(row: list[float]) -> list[float]:
     "Zero the chunk count of a perfectly matched segment, as the jar does when it adds statistics."
@@ -382,6 +391,7 @@ class MeteorRun:
     stats: np.ndarray                         # (n × 23) per-pair statistics
     segment_scores: np.ndarray | None = None  # the jar's score of each pair (its EVAL answer), or None
     corpus_score: float | None = None         # the jar's corpus score, or None
+    capped: np.ndarray | None = None          # per pair: was its reference or hypothesis cut to `max_tokens`
 
 # %% ../nbs/07_metrics.ipynb #f714dd99
 def run_meteor(references: Sequence[str],  # tokenized references
@@ -390,11 +400,13 @@ def run_meteor(references: Sequence[str],  # tokenized references
                java: str | None = None,    # the java executable (default: on PATH)
                language: str = "en",       # the jar's -l option
                memory: str = "2G",         # JVM heap (-Xmx)
-               evaluate: bool = False      # also ask the jar for its own segment and corpus scores (EVAL)
+               evaluate: bool = False,     # also ask the jar for its own segment and corpus scores (EVAL)
+               max_tokens: int | None = METEOR_MAX_TOKENS # cap on each text's tokens (None: no cap; long texts exhaust the JVM)
               ) -> MeteorRun:
     "The jar's `(n × 23)` statistics from one JVM, and (with `evaluate`) its own `EVAL` answer."
-    pairs = [(_meteor_line(r), _meteor_line(h)) for r, h in zip(references, hypotheses)]
-    if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None)
+    cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r, h in zip(references, hypotheses)]
+    pairs, capped = [(r, h) for (r, _), (h, _) in cut], np.array([a or b for (_, a), (_, b) in cut], dtype=bool)
+    if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None, capped)
     uniq = list(dict.fromkeys(pairs))
     cmd = [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
     with _MeteorJar(cmd) as jar_:
@@ -402,10 +414,16 @@ def run_meteor(references: Sequence[str],  # tokenized references
         ev = jar_.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
     S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
     if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
-    if ev is None: return MeteorRun(S)
-    return MeteorRun(S, np.array([float(x) for x in ev[:-1]]), float(ev[-1]))
+    if ev is None: return MeteorRun(S, capped=capped)
+    return MeteorRun(S, np.array([float(x) for x in ev[:-1]]), float(ev[-1]), capped)
 
 # %% ../nbs/07_metrics.ipynb #383f2ca9
+def _warn_capped(capped: np.ndarray, max_tokens: int | None):
+    "Warn, naming the rows, when METEOR was given a cut text."
+    rows = np.flatnonzero(capped)
+    if len(rows): warnings.warn(f"METEOR: {len(rows)} pair(s) have a text over {max_tokens} tokens, cut to its first {max_tokens} "
+                                f"(rows {rows[:10].tolist()}{' ...' if len(rows) > 10 else ''}); their METEOR scores that part only", stacklevel=3)
+
 @dataclass(repr=False)
 class Meteor(MetricBase):
     "METEOR 1.5 (the pycocoevalcap jar), corpus value from summed jar statistics."
@@ -413,13 +431,17 @@ class Meteor(MetricBase):
     jar: str | os.PathLike | None = None   # default: the jar shipped in pycocoevalcap
     java: str | None = None                 # default: `java` on PATH
     memory: str = "2G"
+    max_tokens: int | None = METEOR_MAX_TOKENS   # each text cut to this many tokens (a warning names the rows)
     name: str = "meteor"
     stat_names: tuple = METEOR_STATS
     extra: str = "pycocoevalcap (metrics extra) + Java"
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        return run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory).stats
+        run = run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory,
+                         max_tokens=self.max_tokens)
+        _warn_capped(run.capped, self.max_tokens)
+        return run.stats
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(meteor_value(summed))
@@ -429,7 +451,10 @@ class Meteor(MetricBase):
                   ) -> MeteorRun:
         "Statistics, and the jar's own segment and corpus scores, from one JVM: to check `value` against the jar itself."
         r, h = check_pairs(references, hypotheses); t = tokenizer(self.tokenize)
-        return run_meteor([t(x) for x in r], [t(x) for x in h], self.jar, self.java, memory=self.memory, evaluate=True)
+        run = run_meteor([t(x) for x in r], [t(x) for x in h], self.jar, self.java, memory=self.memory, evaluate=True,
+                         max_tokens=self.max_tokens)
+        _warn_capped(run.capped, self.max_tokens)
+        return run
 
     def __repr__(self): return f"Meteor(tokenize={self.tokenize!r})"
 
@@ -750,15 +775,15 @@ def radeval_scores(name: str,                      # a RadEval metric name (see 
                   ) -> dict[str, list]:
     "RadEval's per-sample output `{key: [score per sample]}` for one metric (the last call is reused)."
     r, h = check_pairs(references, hypotheses)
-    key = (name, _options_key(dict(options or {})), id(evaluator), tuple(r), tuple(h))
-    last = _RADEVAL_CACHE["last"]
-    if last is not None and last[0] == key: return last[1]
+    key = (name, _options_key(dict(options or {})), tuple(r), tuple(h))
     ev = evaluator if evaluator is not None else radeval_evaluator(name, options, offline)
+    last = _RADEVAL_CACHE["last"]   # (key, evaluator, output): the entry holds its evaluator, so `is` cannot match a new object
+    if last is not None and last[0] == key and last[1] is ev: return last[2]
     if not getattr(ev, "per_sample", True): raise InputError("the RadEval evaluator given was built without per_sample=True: it returns corpus numbers only")
     with warnings.catch_warnings(), _hub_offline(offline):
         try: out = ev(refs=r, hyps=h) if r else {}
         except Exception as e: raise _radeval_failure(name, e, "run") from e
-    _RADEVAL_CACHE["last"] = (key, out)
+    _RADEVAL_CACHE["last"] = (key, ev, out)
     return out
 
 # %% ../nbs/07_metrics.ipynb #078d8738
@@ -836,10 +861,13 @@ def chexbert_counts(ref_labels,          # (n × labels) 0/1 labels of the refer
 def _chexbert_labels(scorer, texts: list[str]) -> np.ndarray:
     "CheXbert labels of `texts` by RadEval's scorer, each distinct text labelled once per scorer (kept for the process)."
     memo = _RADEVAL_CACHE["labels"]
-    todo = list(dict.fromkeys(t for t in texts if (id(scorer), t) not in memo))
+    entry = memo.get(id(scorer))
+    if entry is None or entry[0] is not scorer: entry = memo[id(scorer)] = (scorer, {})   # holds its scorer: the id cannot be reused
+    seen = entry[1]
+    todo = list(dict.fromkeys(t for t in texts if t not in seen))
     if todo:
-        for t, lab in zip(todo, scorer.get_labels(todo)): memo[(id(scorer), t)] = list(lab)
-    return np.array([memo[(id(scorer), t)] for t in texts], dtype=int)
+        for t, lab in zip(todo, scorer.get_labels(todo)): seen[t] = list(lab)
+    return np.array([seen[t] for t in texts], dtype=int)
 
 @dataclass(repr=False)
 class CheXbertF1(MetricBase):

@@ -84,9 +84,11 @@ class _Grammar:
         titles = "|".join(_flexible_spaces(v) for v in table.get("exam_title", [])) or "(?!x)x"
         self.title = re.compile(rf"(?:{titles}){_TITLE_TAIL}", re.I)
         self.name = re.compile(rf"[ \t]*(?:{alt})[ \t]*:?[ \t]*", re.I)
+        self.slots = {p: [(p.groupindex[g], k) for g, k in self.keys.items()] for p in (self.header, self.name)}
 
     def key_of(self, m: re.Match) -> str:
-        return next(self.keys[g] for g, v in m.groupdict().items() if v is not None and g in self.keys)
+        regs = m.regs   # spans by group number: no dict of every variant per match (1 MB texts have thousands)
+        return next(k for i, k in self.slots[m.re] if regs[i][0] != -1)
 
 # %% ../nbs/01_reports.ipynb #07ca501f
 @functools.lru_cache(maxsize=16)
@@ -371,11 +373,16 @@ def _pysbd():
     import pysbd
     return pysbd.Segmenter(language="en", clean=False)
 
+@functools.lru_cache(maxsize=4096)
+def _pysbd_segment(text: str) -> tuple[str, ...]:
+    "pysbd on one (shielded) piece, remembered: a looping generation repeats the same sentences thousands of times."
+    return tuple(_pysbd().segment(text))
+
 def pysbd_splitter(text: str,                                  # one segment
                    abbreviations: Iterable[str] = ABBREVIATIONS  # their full stop never ends a sentence
                   ) -> list[str]:
     "Split one segment with pysbd (the offline default), decimals and abbreviations shielded."
-    return [s.replace(_SHIELD, ".") for s in _pysbd().segment(_shield(text, abbreviations))]
+    return [s.replace(_SHIELD, ".") for s in _pysbd_segment(_shield(text, abbreviations))]
 
 # %% ../nbs/01_reports.ipynb #39255d6b
 _SENT_END = re.compile(r"(?<=[.?!])\s+(?=\S)")
@@ -428,6 +435,12 @@ def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
     if splitter == "stanza": return stanza_splitter()
     raise ValueError(f"split_sentences: unknown splitter {splitter!r}; use one of {SPLITTERS} or a callable")
 
+_LONG_SEGMENT = 1_000   # characters: a longer segment is cut at its sentence ends before the splitter sees it
+
+def _pieces(segment: str, abbreviations) -> list[str]:
+    "A segment as is, or a long one cut at its `regex_splitter` sentence ends (pysbd rescans a whole piece per abbreviation)."
+    return [segment] if len(segment) <= _LONG_SEGMENT else regex_splitter(segment, tuple(abbreviations))
+
 def split_sentences(text: str | None,                            # report text (headers allowed)
                     splitter: str | Callable[[str], list[str]] = "default", # "default" (see `default_splitter_name`), "pysbd", "regex", "stanza", or a callable
                     abbreviations: Iterable[str] = ABBREVIATIONS, # for the default splitter: full stops that never end a sentence
@@ -435,5 +448,7 @@ def split_sentences(text: str | None,                            # report text (
                    ) -> list[str]:
     "The sentences of `text`: report-aware pre-rules, then `splitter` on each segment."
     fn, out = _splitter(splitter, abbreviations), []
-    for seg in _segments(text, _grammar(headers)): out += [s.strip() for s in fn(seg)]
+    for seg in _segments(text, _grammar(headers)):
+        for piece in _pieces(seg, abbreviations):   # a piece still over-long has no sentence end: kept whole
+            out += [s.strip() for s in (fn(piece) if len(piece) <= _LONG_SEGMENT else [piece])]
     return [s for s in out if s]

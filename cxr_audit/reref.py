@@ -19,7 +19,7 @@ from fastcore.basics import patch
 
 from .core import (DEFAULT_SEED, InputError, is_missing, md_table, read_json, require_columns, resource_text, write_manifest,
                             write_table)
-from .llm import ChatCache, canonical_json, run_batch
+from .llm import ChatCache, canonical_json, is_restricted, run_batch
 from .reports import SECTIONS, parse_sections
 
 # %% auto #0
@@ -591,8 +591,7 @@ def _check_tasks(tasks, taxonomy: Taxonomy) -> list[dict]:
         if task["task_id"] in seen: raise InputError(f"tasks: row {k}: duplicate task_id {task['task_id']!r}")
         seen.add(task["task_id"]); taxonomy.variation(task["variant"])
         for c in ("findings", "impression"): task[c] = "" if is_missing(task[c]) else str(task[c])
-        restricted = task.get("restricted", False)
-        task["restricted"] = False if is_missing(restricted) else bool(restricted)
+        task["restricted"] = is_restricted([task])[0]
     return rows
 
 # %% ../nbs/09_reref.ipynb #0500d098
@@ -710,7 +709,7 @@ def _studies_in(studies) -> pd.DataFrame:
     s = require_columns(studies, ["study_id", "findings", "impression"], "studies").copy()
     if s.study_id.duplicated().any(): raise InputError(f"studies: duplicate study_id {s.study_id[s.study_id.duplicated()].iloc[0]!r}")
     for c in ("findings", "impression"): s[c] = s[c].map(_text)
-    s["restricted"] = s["restricted"].fillna(False).astype(bool) if "restricted" in s.columns else False
+    s["restricted"] = is_restricted(s)   # the cell, or a restricted dataset (MIMIC-CXR, ...) whatever the cell says
     s["study_id"] = s.study_id.astype(str)
     return _with_sections(s)
 

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,14 +33,15 @@ from .stats import (binomial_cis, bootstrap, exact_binomial_ci, icc2_1, mean_sta
                              micro_recall, micro_stats, proportion_stats, rater_agreement)
 
 # %% auto #0
-__all__ = ['ENDPOINT_KINDS', 'SHEET_COLUMNS', 'FORMULA_PREFIXES', 'SIMULATED_COMMENT', 'CONSENSUS_RULES',
-           'REREF_SIMULATED_COMMENT', 'Codebook', 'load_codebook', 'sample_cases', 'targeted_panel', 'neutralise',
-           'neutralise_frame', 'write_sheets', 'packet_seed', 'sheet_name', 'ReviewPackets', 'make_review_packets',
-           'prepare_review', 'simulate_ratings', 'read_sheets', 'read_ratings', 'rating_problems', 'split_reviewers',
-           'agreement_report', 'plot_agreement', 'consensus_queue', 'simulate_decisions', 'ConsensusResult',
-           'apply_consensus', 'ReviewSummary', 'review_summary', 'plot_review_summary', 'ReviewAnalysis',
-           'review_analysis', 'simulate_review', 'load_reref_codebook', 'RerefPackets', 'prepare_reref_validation',
-           'simulate_reref_ratings', 'RerefValidation', 'plot_reref_validation', 'read_reref_validation']
+__all__ = ['ENDPOINT_KINDS', 'SHEET_COLUMNS', 'FORMULA_PREFIXES', 'XLSX_CELL_LIMIT', 'XLSX_CUT_NOTE', 'SIMULATED_COMMENT',
+           'CONSENSUS_RULES', 'REREF_SIMULATED_COMMENT', 'Codebook', 'load_codebook', 'sample_cases', 'targeted_panel',
+           'neutralise', 'neutralise_frame', 'write_sheets', 'packet_seed', 'sheet_name', 'ReviewPackets',
+           'make_review_packets', 'prepare_review', 'simulate_ratings', 'read_sheets', 'read_ratings',
+           'rating_problems', 'split_reviewers', 'agreement_report', 'plot_agreement', 'consensus_queue',
+           'simulate_decisions', 'ConsensusResult', 'apply_consensus', 'ReviewSummary', 'review_summary',
+           'plot_review_summary', 'ReviewAnalysis', 'review_analysis', 'simulate_review', 'load_reref_codebook',
+           'RerefPackets', 'prepare_reref_validation', 'simulate_reref_ratings', 'RerefValidation',
+           'plot_reref_validation', 'read_reref_validation']
 
 # %% ../nbs/13_review.ipynb #9859a1c8
 ENDPOINT_KINDS = ("binary", "ordinal", "nominal", "count")
@@ -182,7 +184,7 @@ def _case_table(cases, strata: list[str], what: str) -> pd.DataFrame:
 # %% ../nbs/13_review.ipynb #8df5bdee
 def _count(v, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {v!r}")
+        raise InputError(f"{what} must be a non-negative integer, got {v!r}")
     return int(v)
 
 def _wanted(n_cases, labels: list[str], strata: list[str]) -> dict[str, int]:
@@ -267,6 +269,11 @@ def neutralise_frame(df: pd.DataFrame # any table
             out[c] = out[c].astype(object).map(_sheet_text)
     return out
 
+# %% ../nbs/13_review.ipynb #b2c22f01
+XLSX_CELL_LIMIT = 32_767   # characters Excel holds in one cell
+XLSX_CUT_NOTE = (f"Excel holds at most {XLSX_CELL_LIMIT:,} characters in a cell: a longer text is cut in the .xlsx file and ends "
+                 "with a note saying so; the .csv file keeps the whole text.")
+
 # %% ../nbs/13_review.ipynb #616e5697
 _FIXED_TIME = _dt.datetime(2000, 1, 1)
 _WIDE = {"generated_report": 70, "reference_report": 70, "image_reference": 28, "question": 80, "allowed": 40, "comment": 30,
@@ -281,7 +288,12 @@ def _letter(i: int) -> str:
     while i: i, r = divmod(i - 1, 26); s = chr(65 + r) + s
     return s
 
+_CUT_MARK = " [... cut: the text is longer than Excel's {:,}-character cell limit; the .csv file has all {:,} characters]"
+
 def _xlsx_value(v):
+    if isinstance(v, str) and len(v) > XLSX_CELL_LIMIT:
+        mark = _CUT_MARK.format(XLSX_CELL_LIMIT, len(v))
+        return v[: XLSX_CELL_LIMIT - len(mark)] + mark
     if is_missing(v): return None
     if isinstance(v, (np.integer,)): return int(v)
     if isinstance(v, (np.floating,)): return float(v)
@@ -319,6 +331,14 @@ def _worksheet(wb, name: str, df: pd.DataFrame, limits: Mapping):
             for cell in ws[_letter(i)][1:]: cell.alignment = Alignment(wrap_text=True, vertical="top")
 
 # %% ../nbs/13_review.ipynb #197a79bc
+def _warn_cut(sheets: Mapping[str, pd.DataFrame], book: str):
+    "Warn, naming sheet, row and column, about every text cut to Excel's cell limit."
+    cut = [f"{n} row {i + 2} column {c}" for n, df in sheets.items() for c in df.columns
+           for i, v in enumerate(df[c]) if isinstance(v, str) and len(v) > XLSX_CELL_LIMIT]
+    if cut: warnings.warn(f"write_sheets: {len(cut)} text(s) longer than Excel's {XLSX_CELL_LIMIT:,}-character cell limit were cut "
+                          f"in {book} ({'; '.join(cut[:5])}{' ...' if len(cut) > 5 else ''}), each ending with a note; "
+                          "the CSV files keep the whole text", stacklevel=3)
+
 def write_sheets(sheets: Mapping[str, pd.DataFrame], # sheet name -> table
                  folder: str | os.PathLike,          # where the files go
                  workbook: str,                      # file name (without suffix) of the XLSX workbook
@@ -337,6 +357,7 @@ def write_sheets(sheets: Mapping[str, pd.DataFrame], # sheet name -> table
         from openpyxl import Workbook
         wb = Workbook(); wb.remove(wb.active)
         for n, df in safe.items(): _worksheet(wb, n, df, (limits or {}).get(n, {}))
+        _warn_cut(safe, f"{workbook}.xlsx")
         wb.properties.creator = "cxr_audit"; wb.properties.created = _FIXED_TIME
         buf = io.BytesIO(); wb.save(buf)
         (p := folder / f"{workbook}.xlsx").write_bytes(_fixed_zip(buf.getvalue())); paths.append(p)
@@ -445,12 +466,12 @@ def _readme(cb: Codebook, reviewer: str, phase: int) -> str:
     lines = [f"Blinded report review, reviewer {reviewer}, phase {phase} "
              f"({'no reference report' if phase == 1 else 'the reference report is shown'}).",
              f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file.",
-             "Every column is defined in the codebook sheet (codebook.csv).", ""]
+             "Every column is defined in the codebook sheet (codebook.csv).", XLSX_CUT_NOTE, ""]
     return "\n".join(lines + [f"- {i}" for i in cb.instructions]) + "\n"
 
 def _write_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> ReviewPackets:
     out = Path(out_dir); keyfile = out / "key" / "review_key.csv"
-    if keyfile.exists() and keyfile.read_bytes() != _csv_bytes(P.key):
+    if keyfile.exists() and keyfile.read_bytes() != _csv_bytes(neutralise_frame(P.key)):
         _fail(str(out), "already holds a different review key; write new packets to another folder")
     paths, cbt = [], P.codebook.to_frame()
     for r in P.reviewers:
@@ -458,7 +479,7 @@ def _write_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> Revie
             folder, name = out / f"phase{p}" / r, sheet_name(r, p)
             paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats, {name: _limits(P.codebook, p)})
             (folder / "README.txt").write_text(_readme(P.codebook, r, p), encoding="utf-8"); paths.append(folder / "README.txt")
-    keyfile.parent.mkdir(parents=True, exist_ok=True); keyfile.write_bytes(_csv_bytes(P.key))
+    keyfile.parent.mkdir(parents=True, exist_ok=True); keyfile.write_bytes(_csv_bytes(neutralise_frame(P.key)))
     files = {str(p.relative_to(out)): p for p in paths + [keyfile]}
     write_manifest(out / "key" / "manifest.json", inputs={**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")},
                    outputs=files, command="review prepare",
@@ -1445,7 +1466,7 @@ def _reref_readme(cb: Codebook, reviewer: str) -> str:
     name = f"{reviewer}_reref"
     lines = [f"ReRef validation, reviewer {reviewer}: each row holds two versions, A and B, of one report.",
              f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file.",
-             "Every column is defined in the codebook sheet (codebook.csv).", ""]
+             "Every column is defined in the codebook sheet (codebook.csv).", XLSX_CUT_NOTE, ""]
     return "\n".join(lines + [f"- {i}" for i in cb.instructions]) + "\n"
 
 def _write_reref_packets(P: RerefPackets, out_dir, formats, inputs: Mapping) -> RerefPackets:

@@ -90,8 +90,13 @@ def test_cohort_section_and_command(tmp_path):
     ctx = _ctx_concentration(n_patients=20, cohort_recipe="003_lmimic")
     sec = cohort_stage(ctx)
     assert sec.title == "Cohort" and "recipe `003_lmimic`" in sec.blocks[0] and sec.note.startswith("Recipe `003_lmimic`")
-    assert list(sec.blocks[1].columns) == ["step", "rule", "n_in", "n_out", "n_excluded", "note"]
-    assert sec.blocks[3] == "No integrity problems found."
+    full = _ctx_concentration(n_patients=20)
+    n_given = len(full.studies)
+    assert sec.blocks[1] == (f"**The sections below analyse this cohort**: {len(ctx.studies):,} of the {n_given:,} studies given, "
+                             f"and their {len(ctx.generations):,} of {len(full.generations):,} generated reports.")
+    assert len(ctx.studies) < n_given and set(ctx.generations.study_id) <= set(ctx.studies.study_id)   # later stages see the cohort
+    assert list(sec.blocks[2].columns) == ["step", "rule", "n_in", "n_out", "n_excluded", "note"]
+    assert sec.blocks[4] == "No integrity problems found."
     write_table(ctx.studies, tmp_path / "studies.parquet")
     msg = cohort(recipe="004_iu", studies=str(tmp_path / "studies.parquet"), out=str(tmp_path / "b"), param=["seed=7"])
     assert msg.startswith("cohort 004_iu: ") and "problem(s)" in msg, msg

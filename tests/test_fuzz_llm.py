@@ -1,0 +1,265 @@
+"""Issue 22, the LLM layer: secrets redacted, the guard on the URL really called and on restricted datasets, the cache
+key's endpoint, empty and malformed replies, fail-fast batches, and a kill -9 resume against the real llama.cpp server.
+
+One piece is a stub, on purpose: `BadServer` below. The real server cannot be made to echo an API key in an error
+body, answer `content: null`, drop `choices` or send garbage with HTTP 200 on cue, so those are played by a small
+purpose-built HTTP server that counts what it receives. The missing-extra test hides `openai` with monkeypatch
+(it is installed here; the test needs it absent).
+"""
+import http.server
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from cxr_audit.cli import main as cli_main
+from cxr_audit.core import InputError, write_manifest
+from cxr_audit.llm import (BatchAbortedError, LLMHTTPError, OpenAIChat, RestrictedDataError, RuleChat, check_restricted,
+                           describe_error, is_restricted, request_key, run_batch)
+from test_llm import CountingProxy, _cached_keys, _requests
+
+KEY = "sk-live-SECRET-0123456789"
+
+
+class BadServer:
+    """A STUB OpenAI-compatible server (not a model): per user message, plays the next step of a script."""
+
+    def __init__(self, scripts: dict):
+        self.scripts, self.received, self.lock, stub = {k: list(v) for k, v in scripts.items()}, {}, threading.Lock(), self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, data: bytes):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                name = body["messages"][-1]["content"]
+                with stub.lock:
+                    stub.received[name] = stub.received.get(name, 0) + 1
+                    steps = stub.scripts.get(name, stub.scripts.get("*"))
+                    step = steps.pop(0) if len(steps) > 1 else steps[0]
+                if step == "echo401":  # a server that copies the credentials it got into its error message
+                    msg = f"invalid key {self.headers.get('Authorization')}; key={KEY}"
+                    return self._send(401, json.dumps({"error": {"message": msg}}).encode())
+                if step == "garbage":
+                    return self._send(200, b"<html>proxy error</html>")
+                choices = [] if step == "nochoices" else [{"index": 0, "finish_reason": "stop", "message": {
+                    "role": "assistant", "content": {"null": None, "empty": "", "ok": "fine"}[step]}}]
+                self._send(200, json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
+                                            "choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode())
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def bad():
+    servers = []
+
+    def make(scripts):
+        servers.append(BadServer(scripts))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _reqs(names):
+    return [{"request_id": n, "messages": n} for n in names]
+
+
+# --- 1. secrets ------------------------------------------------------------------------------------------------
+
+def test_secret_echoed_by_server_is_redacted_everywhere(bad, tmp_path, caplog):
+    srv = bad({"*": ["echo401"]})
+    llm = OpenAIChat("stub", base_url=srv.base_url, api_key=KEY)
+    with caplog.at_level(logging.INFO, logger="cxr_audit.llm"):
+        out = run_batch(_reqs(["a"]), llm, cache=False, retries=0, progress=False).to_frame()
+    assert out.status[0] == "failed" and out.error[0].startswith("LLMHTTPError: HTTP 401")
+    assert KEY not in out.error[0] and "<redacted>" in out.error[0]
+    assert KEY not in caplog.text and "HTTP 401" in caplog.text
+    with pytest.raises(LLMHTTPError) as e:
+        llm.chat("b")
+    assert KEY not in str(e.value) and "Bearer <redacted>" in str(e.value)
+
+
+def test_userinfo_in_base_url_is_redacted(tmp_path):
+    url = f"http://user:{KEY}@llm.example.org/v1"
+    llm = OpenAIChat("m", base_url=url, api_key="sk-other-key")
+    assert KEY not in repr(llm) and KEY not in json.dumps(llm.identity())
+    m = write_manifest(tmp_path / "manifest.json", params={"base_url": url, "model": "m"})
+    text = (tmp_path / "manifest.json").read_text()
+    assert KEY not in text and m["params"]["base_url"] == "http://<redacted>@llm.example.org/v1"
+    assert KEY not in describe_error(LLMHTTPError(500, f"upstream {url} failed"))
+    assert KEY not in describe_error(RuntimeError(f"Authorization: Bearer {KEY}"))
+
+
+def test_configured_key_value_is_redacted(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert describe_error(ValueError(f"bad key {KEY}")) == "ValueError: bad key <redacted>"
+
+
+# --- 2. the guard ------------------------------------------------------------------------------------------------
+
+def test_guard_uses_the_url_the_client_calls():
+    pytest.importorskip("openai")
+    llm = OpenAIChat("m", base_url="https://llm.example.org/v1", api_key="sk-x")
+    with pytest.raises(AttributeError):
+        llm.endpoint = "http://127.0.0.1:8080/v1"  # no longer a way around the guard
+    llm.client()
+    llm.__dict__["_endpoint"] = "http://127.0.0.1:8080/v1"  # even a private change: the client still calls the remote host
+    with pytest.raises(RestrictedDataError, match="llm.example.org"):
+        check_restricted(llm, 1)
+
+
+def test_restricted_by_dataset_blank_or_missing_column():
+    remote = RuleChat(lambda m, s: "x", name="r")
+    remote.endpoint = "https://llm.example.org/v1"
+    for extra in ({"dataset": "mimic-cxr"}, {"dataset": "MIMIC-CXR", "restricted": None},
+                  {"dataset": "mimic-cxr", "restricted": ""}, {"dataset": "hospital-a"}):
+        reqs = [{"request_id": "s1", "messages": "hi", **extra}]
+        ds = ["hospital-a"] if extra["dataset"] == "hospital-a" else ()
+        with pytest.raises(RestrictedDataError) as e:
+            run_batch(reqs, remote, cache=False, progress=False, restricted_datasets=ds)
+        assert isinstance(e.value, InputError) and "request_id='s1'" in str(e.value)
+    assert run_batch([{"request_id": "s", "messages": "hi", "dataset": "iu-xray"}], remote, cache=False, progress=False).n_ok == 1
+    assert is_restricted([{"dataset": "mimic-cxr", "restricted": False}]) == [True]
+
+
+def test_guard_refusal_is_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-real")
+    studies = tmp_path / "studies.csv"
+    studies.write_text("study_id,dataset,findings,impression\ns1,mimic-cxr,Small left effusion.,Effusion.\n")
+    code = cli_main(["reref", "--studies", str(studies), "--out", str(tmp_path / "o"), "--backend", "openai",
+                     "--model", "m", "--base-url", "http://10.255.255.1:9/v1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "refused" in err and "Traceback" not in err
+
+
+# --- 3. cache key, empty and malformed replies -------------------------------------------------------------------
+
+def test_cache_key_includes_endpoint():
+    a = OpenAIChat("same", base_url="http://127.0.0.1:8001/v1")
+    b = OpenAIChat("same", base_url="http://127.0.0.1:8002/v1")
+    c = OpenAIChat("same", base_url="http://u:pw@127.0.0.1:8001/v1")
+    assert request_key(a, "hi") != request_key(b, "hi")
+    assert request_key(a, "hi") == request_key(c, "hi")  # credentials are not part of the identity
+
+
+@pytest.mark.parametrize("step", ["null", "empty", "nochoices", "garbage"])
+def test_unusable_200_reply_retried_then_failed_readably(bad, tmp_path, step):
+    srv = bad({"a": [step], "b": [step, "ok"]})
+    llm = OpenAIChat("stub", base_url=srv.base_url)
+    cache = tmp_path / "c.sqlite"
+    out = run_batch(_reqs("ab"), llm, cache=cache, retries=2, backoff_s=0.01, progress=False).to_frame().set_index("request_id")
+    assert srv.received == {"a": 3, "b": 2}
+    assert out.status.to_dict() == {"a": "failed", "b": "ok"} and out.text["b"] == "fine"
+    assert out.error["a"].startswith("LLMReplyError: ") and "object has no attribute" not in out.error["a"]
+    assert len(_cached_keys(cache)) == 1  # only the real answer is stored
+
+
+# --- 4. fail fast ------------------------------------------------------------------------------------------------
+
+def test_unreachable_server_stops_the_batch(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    llm = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1")
+    t0 = time.monotonic()
+    with pytest.raises(BatchAbortedError, match="first 5 requests all failed .*LLMConnectionError"):
+        run_batch(_reqs([f"q{i}" for i in range(200)]), llm, cache=False, retries=1, backoff_s=0.01, max_concurrency=2, progress=False)
+    assert time.monotonic() - t0 < 30
+
+
+def test_same_error_at_start_stops_the_batch_and_sends_no_more(bad):
+    srv = bad({"*": ["echo401"]})
+    llm = OpenAIChat("stub", base_url=srv.base_url, api_key=KEY)
+    with pytest.raises(BatchAbortedError) as e:
+        run_batch(_reqs([f"q{i}" for i in range(100)]), llm, cache=False, max_concurrency=1, fail_fast=3, progress=False)
+    assert sum(srv.received.values()) == 3 and KEY not in str(e.value) and isinstance(e.value, InputError)
+    out = run_batch(_reqs([f"q{i}" for i in range(6)]), llm, cache=False, max_concurrency=1, fail_fast=0, progress=False)
+    assert out.n_failed == 6 and out.nothing_succeeded and "6 failed" in out.headline()
+
+
+def test_missing_llm_extra_raises_before_any_call(bad, monkeypatch):
+    srv = bad({"*": ["ok"]})
+    monkeypatch.setitem(sys.modules, "openai", None)  # hide the installed package: `import openai` now fails
+    llm = OpenAIChat("stub", base_url=srv.base_url)
+    with pytest.raises(ImportError, match=r"llm"):
+        run_batch(_reqs(["a", "b"]), llm, cache=False, progress=False)
+    assert srv.received == {}
+
+
+def test_partial_failure_is_counted(bad):
+    srv = bad({"a": ["ok"], "b": ["null"]})
+    run = run_batch(_reqs("ab"), OpenAIChat("stub", base_url=srv.base_url), cache=False, retries=0, progress=False)
+    assert (run.n_ok, run.n_failed, run.nothing_succeeded) == (1, 1, False)
+
+
+# --- 6. kill -9 and resume against the real server ----------------------------------------------------------------
+
+CRASH_SCRIPT = """
+import sys
+from cxr_audit.llm import OpenAIChat, run_batch
+base_url, cache = sys.argv[1], sys.argv[2]
+reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]} for i in range(40)]
+run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=3, max_tokens=6, progress=False)
+print("finished")
+"""
+
+
+def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
+    proxy = CountingProxy(llama_server.base_url)
+    try:
+        cache, script = tmp_path / "k.sqlite", tmp_path / "batch.py"
+        script.write_text(textwrap.dedent(CRASH_SCRIPT))
+        proc = subprocess.Popen([sys.executable, str(script), proxy.base_url, str(cache)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        t_end = time.monotonic() + 300
+        while len(_cached_keys(cache)) < 8:
+            assert proc.poll() is None and time.monotonic() < t_end, proc.stdout.read().decode()
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        time.sleep(0.5)  # let the relay finish the requests that were in flight
+        with proxy.lock:
+            sent_before = [b["messages"][-1]["content"] for b in proxy.bodies]
+            proxy.bodies.clear()
+        done_before = _cached_keys(cache)
+        reqs = _requests(40)
+        run = run_batch(reqs, OpenAIChat("smollm2", base_url=proxy.base_url), cache=cache, max_concurrency=3,
+                        max_tokens=6, progress=False)
+        out = run.to_frame()
+        sent_after = proxy.user_texts()
+        lost = int((out.status != "ok").sum())
+        repeated = len(set(sent_before) & set(sent_after))
+        print(f"kill -9 resume: {len(done_before)} cached before the kill, {len(sent_before)} sent before, lost={lost}, repeated={repeated}")
+        assert lost == 0 and run.n_ok == 40 and out.cached.sum() == len(done_before)
+        assert repeated <= 3, f"{repeated} requests were sent twice (at most the 3 in flight may be)"
+        assert len(sent_after) == 40 - len(done_before)
+    finally:
+        proxy.close()
