@@ -26,6 +26,7 @@ requirements = _split("requirements")
 dev_requirements = _split("dev_requirements")
 extras = {k.removeprefix("extra_"): _split(k) for k in cfg if k.startswith("extra_")}
 extras["dev"] = sorted(set(dev_requirements) | {r for k in ("generate", "dicom", "nlp", "llm", "metrics", "radeval") for r in extras[k]})
+extras["docs"] = sorted(set(extras["docs"]) | {r for k in ("metrics", "llm", "nlp") for r in extras[k]})
 extras["all"] = sorted({r for k, v in extras.items() if k != "all" for r in v})
 scripts = [s for s in cfg.get("console_scripts", "").split("\n") if s.strip()]
 
@@ -40,7 +41,7 @@ setuptools.setup(
         "Topic :: Scientific/Engineering :: Medical Science Apps.",
     ] + [f"Programming Language :: Python :: {v}" for v in py_versions[py_versions.index(min_python):]]
       + ([f"License :: {lic[1]}"] if lic[1] else []),
-    url=cfg["git_url"],
+    url=cfg["git_url"] if cfg["git_url"].startswith("http") else None,   # no hosted repository: no URL
     packages=setuptools.find_packages(include=["cxr_audit", "cxr_audit.*"]),
     include_package_data=True,
     package_data={"cxr_audit": ["resources/*", "resources/**/*"]},

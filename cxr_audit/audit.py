@@ -11,14 +11,16 @@ import re
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .core import DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, config_label, enable_theme, write_manifest, write_table
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs, config_label, enable_theme, submit_chart,
+                            system_color, system_colors, use_system_colors, write_manifest, write_table)
 from .corpus import to_generations, to_studies
 from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
@@ -69,21 +71,22 @@ def table_html(df,                 # a pandas or polars table
                max_rows: int = 50 # rows shown; a note says how many were cut
               ) -> str:
     "A DataFrame as an escaped HTML table (at most `max_rows` rows, with a note when cut)."
-    df = as_pandas(df)
+    df = as_pandas(df).rename_axis(columns=None)   # a named column index would print as an extra, empty column
     fmt = {c: "{:.4g}".format for c in df.columns if pd.api.types.is_float_dtype(df[c])}
     body = df.head(max_rows).to_html(index=False, escape=True, border=0, classes="tbl", formatters=fmt, na_rep="")
     cut = f'<p class="muted">Showing {max_rows} of {len(df)} rows.</p>' if len(df) > max_rows else ""
     return f'<div class="tblwrap">{body}</div>{cut}'
 
 # %% ../nbs/14_audit.ipynb #dd77204c
+def _is_chart(block) -> bool: return hasattr(block, "to_dict") and type(block).__module__.startswith("altair")
+
 def block_html(block # text, a DataFrame, an Altair chart, or `Html`
               ) -> str:
     "One report block as HTML."
     if isinstance(block, Html): return str(block)
     if isinstance(block, str): return text_html(block)
     if isinstance(block, pd.DataFrame) or type(block).__module__.startswith("polars"): return table_html(block)
-    if hasattr(block, "to_dict") and type(block).__module__.startswith("altair"):
-        return f'<figure class="chart">{chart_svg(block)}</figure>'
+    if _is_chart(block): return f'<figure class="chart">{chart_svg(block)}</figure>'
     raise TypeError(f"report block: cannot render {type(block).__name__}")
 
 # %% ../nbs/14_audit.ipynb #b5d749ec
@@ -101,7 +104,8 @@ nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radiu
 def render_report(sections: Sequence[Section],     # the sections, in order
                   title: str = "cxr_audit report", # page title
                   synthetic: bool = False,         # show the synthetic-data banner
-                  params: dict | None = None       # shown in the footer
+                  params: dict | None = None,      # shown in the footer
+                  drawn: Mapping | None = None     # id(chart) -> its SVG (a string or a future, see `core.submit_chart`), drawn before
                  ) -> str:
     "A self-contained HTML page (inline CSS and SVG, no scripts) from `sections`."
     toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
@@ -110,11 +114,15 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     failed = [s for s in sections if s.error]
     if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
                           + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
+    given = {k: v if isinstance(v, str) else v.result() for k, v in (drawn or {}).items()}
+    charts = [b for s in sections for b in s.blocks if _is_chart(b) and id(b) not in given]
+    given.update(zip(map(id, charts), chart_svgs(charts)))                           # the rest drawn now, in parallel
+    drawn = {k: f'<figure class="chart">{svg}</figure>' for k, svg in given.items()}
     body = []
     for s in sections:
         note = f'<p class="muted">{_inline(s.note)}</p>' if s.note else ""
         body.append(f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>{note}'
-                    + "\n".join(block_html(b) for b in s.blocks) + "</section>")
+                    + "\n".join(drawn.get(id(b)) or block_html(b) for b in s.blocks) + "</section>")
     foot = html.escape(", ".join(f"{k}={v}" for k, v in (params or {}).items()))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head>'
@@ -176,12 +184,13 @@ def plot_counts(summary: pd.DataFrame,     # a summary table
                 y: str,                    # column of the bar labels
                 count: str,                # column of the bar lengths
                 color: str | None = None,  # column that colours the bars
-                title: str = ""            # chart title
+                title: str = "",           # chart title
+                systems: bool = False      # `color` names systems: their colours come from `core.system_color`, no legend
                ):
     "A horizontal bar chart of `count` per `y` (optionally coloured by `color`)."
     alt = enable_theme()
     enc = dict(y=alt.Y(f"{y}:N", title=None), x=alt.X(f"{count}:Q", title=count))
-    if color: enc["color"] = alt.Color(f"{color}:N")
+    if color: enc["color"] = system_color(color, summary[color], legend=None) if systems else alt.Color(f"{color}:N")
     return alt.Chart(summary).mark_bar().encode(**enc).properties(width=420, height=alt.Step(22), title=title)
 
 # %% ../nbs/14_audit.ipynb #ccd4d028
@@ -228,7 +237,8 @@ def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameter
             f"{sy['system'].nunique()} system(s)" + (f" under decoding policies {', '.join(f'`{p}`' for p in policies)}" if policies else "")
             + f". **Resampling unit** of every section's intervals and tests: {ctx.unit}.")
     blocks = [lead, ds, plot_counts(ds, "dataset", "studies", "style" if "style" in ds else None, "Studies per dataset"),
-              sy, plot_counts(sy.assign(label=config_label(sy.system, sy.policy)), "label", "reports", title="Reports per system and policy"),
+              sy, plot_counts(sy.assign(label=config_label(sy.system, sy.policy)), "label", "reports", "label",
+                                      "Reports per system and policy", systems=True),
               plot_lengths(length_profile(ctx.studies, ctx.generations))]
     return Section("Corpus overview", blocks, note="Counts and lengths only; later sections judge content.")
 
@@ -361,8 +371,10 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = score_systems(ctx.generations, ctx.studies, _REPORT_METRICS, reps=reps, seed=seed, baseline=0,
-                            by=("system", "policy"), first_seed=True, skip_unavailable=True)
+                            by=("system", "policy"), first_seed=True, skip_unavailable=True,
+                            keep_flagged=bool(ctx.params.get("keep_flagged", False)))
     c, base = res.counts, res.configs[0]
+    out = [] if res.flagged is None else res.flagged.loc[res.flagged["excluded"] & (res.flagged["text"] == "reference"), "sample_id"].tolist()
     cl = f" in {c['clusters']} resampling clusters ({ctx.unit})" if c["clusters"] else " (resampled as studies: no `patient_id` column)"
     empty = {k: n for k, n in c["empty_hypothesis"].items() if n}
     lead = (f"**{c['units']} studies**{cl}, references from their `findings`; **{len(res.configs)} configurations** "
@@ -370,7 +382,9 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
             f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` on the "
             f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
             f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses cxr_audit's rule-based CheXpert labeler; "
-            f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else ""))
+            f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
+            + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every average "
+               f"({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))
     blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + "."]
     if res.comparisons is not None:
         cols = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "significant"]
@@ -414,7 +428,8 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: `{top['first']}` − "
                f"`{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} flip(s); Figure 7a):",
                res.plot("gaps"),
-               comparison.to_frame()[["first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
+               comparison.to_frame().assign(metric=top["metric"])[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p",
+                                                                    "p_holm", "significant"]],
                res.note()]
     return Section(_REREF_TITLE, blocks, note=_REREF_NOTE)
 
@@ -580,11 +595,15 @@ def run_audit(studies,                              # a `studies` table
     recipe = ctx.params.get("cohort_recipe", "000_test")
     if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
     if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = [0, len(names)]
-    sections = [run_stage(n, ctx) for n in names]
+    sections, drawn = [], {}
+    with use_system_colors(system_colors(config_label(g.system, g.policy))), ThreadPoolExecutor(2) as pool:   # one colour per system
+        for n in names:
+            sections.append(run_stage(n, ctx))
+            drawn |= {id(b): submit_chart(pool, b) for b in sections[-1].blocks if _is_chart(b)}   # drawn while the next stages run
     ctx.params.pop("_progress", None)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
-    path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params), encoding="utf-8")
+    path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params, drawn=drawn), encoding="utf-8")
     failed = [n for n, s in zip(names, sections) if s.error]
     if failed: raise IncompleteRunError(f"audit: {len(failed)} of {len(names)} stage(s) failed ({', '.join(failed)}); the report "
                                         f"with the other stages and the reason is at {path}", output=path, failed=failed)

@@ -9,6 +9,7 @@ import argparse
 import json
 import inspect
 import io
+import os
 import sqlite3
 import sys
 import types
@@ -19,12 +20,12 @@ from fastcore.docments import docments
 
 from .core import DEFAULT_SEED, CxrAuditError, IncompleteRunError, InputError, md_table, read_table, write_table
 from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
-                              load_rexrank, text_flag, typed_generation_columns)
+                              load_rexrank, to_studies, typed_generation_columns)
 
 # %% auto #0
-__all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort', 'concentration',
-           'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score', 'generate',
-           'llm_cache', 'build_parser', 'main']
+__all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort',
+           'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score',
+           'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
 def _arg_spec(anno, default) -> dict:
@@ -63,6 +64,12 @@ def _table(path, what: str | None = None):
     if len(t) == 0: raise InputError(f"{what or path}: the table has no rows (only a header)")
     return t
 
+def _studies_table(path):
+    "The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id, strict types)."
+    t = _table(path, str(path))
+    to_studies(t, what=str(path), dataset="studies")
+    return t
+
 # %% ../nbs/15_cli.ipynb #b09bc5bb
 def _stage_reps(reps: int | None) -> int | None:
     "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
@@ -87,13 +94,15 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
           stages: list[str] | None = None,   # stages to run (default: all; the simulated review only for synthetic data)
           cohort_recipe: str = "000_test",   # cohort recipe shown in the report
           reps: int | None = None,           # resamples in every stage (None: each stage's own default)
-          seed: int = DEFAULT_SEED           # seed of every resample
+          seed: int = DEFAULT_SEED,          # seed of every resample
+          keep_flagged: bool = False         # score studies whose reference is only de-identification masks (left out by default)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit
     reps = _stage_reps(reps)
     params = {"studies": Path(studies).name, "generations": Path(generations).name, "cohort_recipe": cohort_recipe,
-              "seed": seed, **({"reps": reps} if reps is not None else {})}
+              "seed": seed, **({"reps": reps} if reps is not None else {}),
+              **({"keep_flagged": True} if keep_flagged else {})}
     path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
                      what=(studies, generations))
     return f"Wrote the audit report to {path}"
@@ -351,7 +360,7 @@ def review_prepare(*, studies: str,                  # studies table (CSV/parque
                   ) -> str:
     "Sample cases and write blinded review packets: phase-1 and phase-2 sheets per reviewer and a private key."
     from cxr_audit.review import prepare_review, simulate_ratings
-    s, g = _table(studies, str(studies)), _table(generations, str(generations))
+    s, g = _studies_table(studies), _table(generations, str(generations))
     P = prepare_review(s, g, int(n_cases), seed, _list_arg(strata) or None, _ids_arg(targeted) or None, _ids_arg(exclude) or None,
                        tuple(_list_arg(reviewers)) or ("R1", "R2"), _list_arg(configs) or None, codebook, out)
     if simulate: simulate_ratings(P, g, seed=seed, out_dir=Path(out) / "simulated", formats=("csv",))
@@ -402,6 +411,21 @@ def _reref_loop(backend: str, model: str | None, verifier_model: str | None, bas
     return ReRef(generator, verifier, max_rounds=max_rounds, seed=seed, generator_max_tokens=generator_max_tokens)
 
 
+def _reref_batch(table, chosen, loop, options: dict, backend: str, cache: str | None, generations: str | None) -> str:
+    "`reref --batch`: one pass of the loop behind batch collectors; says what waits for batch results, or that every answer is in."
+    from cxr_audit.llm_batch import BatchCollector
+    from cxr_audit.reref import rewrite_table
+    if backend != "openai" or not cache: raise InputError("reref: --batch needs --backend openai and --cache FILE (the requests are recorded there)")
+    loop.generator, loop.verifier = BatchCollector(loop.generator, cache), BatchCollector(loop.verifier, cache)
+    run = rewrite_table(table, chosen, loop, **{**options, "progress": False})
+    if run.pending:
+        steps = ", ".join(f"round {r.round} {r.step}: {r.tasks}" for r in run.status().itertuples())
+        return (f"reref: {len(run.pending)} reference(s) wait for batch results ({steps}); run `cxr-audit llm-batch export "
+                f"--cache {cache} --out DIR`, submit the files, `cxr-audit llm-batch import`, then this command again")
+    return ("reref: every LLM answer is in the cache; run the same command without --batch (and the same --cache) to write "
+            + ("the analysis" if generations else "the references") + " with no LLM call")
+
+
 def reref(*, studies: str,                              # studies table (.csv/.parquet) whose references are rewritten
           out: str,                                     # output folder
           variations: list[str] | None = None,          # "all", "experiment" (default), axes, axis:variation names or a+b compounds (also comma lists)
@@ -415,6 +439,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           seed: int = DEFAULT_SEED,                     # seed of the bootstrap (and of LLM sampling for the openai back end)
           max_concurrency: int = 8,                     # LLM requests in flight at once
           cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
+          batch: bool = False,                          # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
           allow_remote_restricted: bool = False,        # allow restricted studies to go to a non-local server
           generations: str | None = None,               # generations table: also score every system under each variant
           metrics: list[str] | None = None,             # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
@@ -426,13 +451,14 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
     from cxr_audit.reref import rewrite_table
     from cxr_audit.reref_sensitivity import DEFAULT_METRICS, reference_sensitivity
-    table = _table(studies)
+    table = _studies_table(studies)
     loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"
     options = dict(cache=cache or "auto", max_concurrency=max_concurrency, progress=backend == "openai",
                    allow_remote_restricted=allow_remote_restricted)
     params = {"command": "cxr-audit reref", "backend": backend, "model": model, "verifier_model": verifier_model,
               "max_rounds": max_rounds, "variations": chosen}
+    if batch: return _reref_batch(table, chosen, loop, options, backend, cache, generations)
     if not generations:
         run = rewrite_table(table, chosen, loop, **options)
         run.save(out, inputs={"studies": Path(studies)}, params=params)
@@ -453,16 +479,21 @@ def reref(*, studies: str,                              # studies table (.csv/.p
             + _unit_line(table, clusters) + f" Wrote {Path(out)}")
 
 # %% ../nbs/15_cli.ipynb #f77833ef
-def _flag_line(g, s, ref_section: str) -> list[str]:
-    "A line counting generated reports and references that are empty or de-identification masks only (`corpus.text_flag`)."
-    from cxr_audit.evaluator import study_section
-    if s is not None and "study_id" in g and "study_id" in s:
-        refs = [study_section(r, ref_section) for r in s[s["study_id"].astype(str).isin(g["study_id"].astype(str))].to_dict("records")]
-    else: refs = g["reference"].tolist() if "reference" in g else []
-    n_hyp, n_ref = sum(text_flag(h) != "" for h in g["hypothesis"]), sum(text_flag(r) == "masked" for r in refs)
-    if not (n_hyp or n_ref): return []
-    return [f"Flagged: {n_hyp} generated report(s) empty or only de-identification masks, {n_ref} reference(s) only masks "
-            f"(XXXX, ___, [**...**]); they are scored as written and can agree perfectly on masks."]
+def _flag_line(res) -> list[str]:
+    "Lines counting the empty or mask-only texts (`corpus.text_flag`): references left out (named), generations scored as written."
+    f = res.flagged
+    if f is None or not len(f): return []
+    ref, hyp = f[f["text"] == "reference"], f[(f["text"] == "hypothesis") & ~f["excluded"]]
+    out, lines = ref[ref["excluded"]], []
+    if len(out):
+        why = ", ".join(f"{n} {r}" for r, n in out["reason"].value_counts().items())
+        lines.append(f"Left out of every average: {len(out)} stud{'y' if len(out) == 1 else 'ies'} whose reference is empty or only de-identification masks "
+                     f"({why}; {', '.join(map(str, out['sample_id'].head(5)))}{' ...' if len(out) > 5 else ''}); see flagged.csv"
+                     + ("; --keep-flagged scores mask-only references as written." if (out["reason"] == "masked").any() else "."))
+    if len(ref) > len(out): lines.append(f"Flagged, scored as written (--keep-flagged): {len(ref) - len(out)} reference(s) only masks.")
+    if len(hyp): lines.append(f"Flagged, scored as written: {len(hyp)} generated report(s) empty or only de-identification masks "
+                              f"({', '.join(f'{c} {n}' for c, n in hyp['config'].value_counts(sort=False).items())}); see flagged.csv.")
+    return lines
 
 def score(generations: str,                              # generations table (.csv/.parquet): hypothesis, and reference or study_id
           out: str = "score_out",                        # output folder
@@ -474,6 +505,7 @@ def score(generations: str,                              # generations table (.c
           baseline: str | None = None,                          # configuration every other one is compared with (default: all pairs)
           by: list[str] | None = None,                   # columns defining a configuration (default: system policy seed)
           clusters: str = "patient_id",                  # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies) (generations or studies column)
+          keep_flagged: bool = False,                    # score studies whose reference is only de-identification masks (left out by default)
          ) -> str:
     "Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired differences."
     import warnings
@@ -485,17 +517,17 @@ def score(generations: str,                              # generations table (.c
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = score_systems(g, s, metrics, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
-                            clusters=_clusters_arg(clusters, g, s),
-                            what=(gpath.name, spath.name if spath else "studies"))
+                            clusters=_clusters_arg(clusters, g, s), what=(gpath.name, spath.name if spath else "studies"),
+                            keep_flagged=keep_flagged)
     params = {"command": "cxr-audit score", "metrics": list(metrics), "reps": int(reps), "seed": int(seed), "ref_section": ref_section,
-              "baseline": baseline, "by": by, "clusters": clusters or None}
+              "baseline": baseline, "by": by, "clusters": clusters or None, "keep_flagged": keep_flagged}
     paths = res.save(out, params, {"generations": gpath, **({"studies": spath} if spath else {})})
     cl = f" in {res.counts['clusters']} clusters" if res.counts["clusters"] else ""
     lines = [f"score: {len(res.configs)} configuration(s) x {len(res.metrics)} metric(s) on {res.counts['units']:,} studies{cl}, "
              f"{int(reps)} resamples (seed {int(seed)}); {res.headline()}."
              + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
-    lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(g, s, ref_section)
+    lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(res)
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
@@ -550,12 +582,57 @@ def llm_cache(path: str | None = None, # cache file (default: $CXR_AUDIT_CACHE o
     except sqlite3.DatabaseError as e: raise InputError(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
     return out
 
+# %% ../nbs/15_cli.ipynb #0b0d34da
+def _batch_cache(cache: str, name: str) -> Path:
+    "The cache file of an `llm-batch` step: it must exist and be an SQLite file (a missing one would be created empty)."
+    p = Path(cache)
+    if not p.is_file(): raise InputError(f"llm-batch {name}: no cache file {cache} (give the --cache the run recorded into)")
+    with open(p, "rb") as f:
+        if f.read(16) != b"SQLite format 3\x00": raise InputError(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
+    return p
+
+def llm_batch_export(*, cache: str,                  # the LLM cache file the batch run recorded its requests into
+                     out: str,                       # folder for the batch JSONL files and their manifest (created)
+                     max_lines: int = 50_000,        # requests per file at most (OpenAI: 50,000; Azure global batch: 100,000)
+                     max_bytes: int = 200_000_000,   # bytes per file at most (OpenAI and Azure: 200 MB)
+                     again: bool = False             # also write requests already exported and still unanswered
+                    ) -> str:
+    "Write the recorded, unanswered LLM requests as OpenAI batch JSONL files (for OpenAI/Azure Batch or vllm run-batch)."
+    from cxr_audit.llm_batch import export_batch
+    files = export_batch(_batch_cache(cache, "export"), out, max_lines=max_lines, max_bytes=max_bytes, again=again)
+    if not len(files): return f"llm-batch export: nothing to export (no recorded request is waiting{'' if again else ' to go out'})"
+    return (f"llm-batch export: {int(files.requests.sum())} requests in {len(files)} file(s) in {Path(out)}: "
+            + ", ".join(files.file) + ". Submit them, then run `cxr-audit llm-batch import` on the output and error files.")
+
+def llm_batch_import(*, cache: str,                 # the LLM cache file the requests were recorded in
+                     results: list[str],            # the provider's output and error JSONL files
+                     chunk: int = 500               # lines per transaction
+                    ) -> str:
+    "Read a batch provider's output and error files into the LLM cache; failures are recorded, re-import changes nothing."
+    from cxr_audit.llm_batch import import_batch
+    if int(chunk) < 1: raise InputError(f"llm-batch import: --chunk must be >= 1, got {chunk}")
+    rows = import_batch(_batch_cache(cache, "import"), results, chunk=chunk)
+    n = rows.status.value_counts()
+    if len(rows) and n.get("unknown", 0) == len(rows):
+        raise InputError(f"llm-batch import: none of the {len(rows)} result lines was recorded in {cache}; is it the cache the run used?")
+    return (f"llm-batch import: {len(rows)} lines: {n.get('ok', 0)} answers, {n.get('failed', 0)} failed, {n.get('unknown', 0)} unknown; "
+            f"{int(rows.stored.sum())} newly stored. Run the same command again (the run) to continue.")
+
+def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded its requests into
+                    ) -> str:
+    "Per batch file: requests recorded, answered, failed, waiting for results, and still to export."
+    from cxr_audit.core import md_table
+    from cxr_audit.llm_batch import batch_status, status_line
+    st = batch_status(_batch_cache(cache, "status"))
+    return status_line(st) + ("\n\n" + md_table(st) if len(st) else "")
+
 # %% ../nbs/15_cli.ipynb #831458f4
 COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load, "cohort": cohort,
                                         "concentration": concentration,
                                         "longitudinal": longitudinal,
                                         "labels": labels, "trace": trace, "reref": reref,
                                         "score": score, "generate": generate, "llm-cache": llm_cache,
+                                        "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 
 def _add_command(sub, name: str, command, full: str | None = None):
@@ -578,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
 # %% ../nbs/15_cli.ipynb #73e4d3de
 USER_ERRORS = (CxrAuditError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
                ImportError)   # bad input, a guard refusal (`llm.RestrictedDataError`), a server that fails, a missing extra
+SIGPIPE_EXIT = 141            # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away (`... | head -1`)
 
 def _check_options(command: Callable, kwargs: dict):
     "Refuse, before any work, what no command can use: a negative count, an output folder that is a file."
@@ -588,9 +666,14 @@ def _check_options(command: Callable, kwargs: dict):
     if out and command not in (load, generate) and Path(out).exists() and not Path(out).is_dir():
         raise InputError(f"--out {out!r} is a file; give a folder (it is created when missing)")
 
-def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
-        ) -> int:
-    "Entry point of the `cxr-audit` command; returns the exit code."
+def _reader_gone() -> int:
+    "Stop writing to a closed pipe quietly: later writes (and the flush at exit) go to /dev/null."
+    try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation): pass   # stdout is no real file (e.g. redirected in a notebook)
+    return SIGPIPE_EXIT
+
+def _run(argv: Sequence[str] | None) -> int:
+    "Parse `argv`, run the command, print its message; the exit code (2: a user error, one line on stderr)."
     args = vars(build_parser().parse_args(argv))
     command, name = args.pop("_command"), args.pop("_name")
     kwargs = {k: v for k, v in args.items() if not k.startswith("_")}
@@ -604,3 +687,11 @@ def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
         print(f"cxr-audit {name}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0
+
+def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
+        ) -> int:
+    "Entry point of the `cxr-audit` command; returns the exit code (141 when the reader of its output went away)."
+    try:
+        try: return _run(argv)
+        finally: sys.stdout.flush()   # also after `--help` exits: a closed pipe is seen here, not in a traceback at exit
+    except BrokenPipeError: return _reader_gone()

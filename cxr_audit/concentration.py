@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,12 +16,11 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import polars as pl
-import pyarrow as pa
 from fastcore.basics import patch
 from scipy import sparse
 
 from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
-                            require_columns, rng, save_chart, write_manifest, write_table)
+                            require_columns, rng, save_chart, system_color, write_manifest, write_table)
 from .reports import SPECIAL_TOKENS
 from .stats import (BootstrapResult, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps, chunk_rows,
                              incidence, mean_stats, plot_win_probability, rank_ci,
@@ -50,7 +50,12 @@ def _normalize(texts: pl.Series, lowercase: bool = True, collapse_whitespace: bo
     "Vectorized `normalize_for_matching` over a polars string Series."
     s = texts.fill_null("")
     if lowercase: s = s.str.to_lowercase()
-    if collapse_whitespace: s = s.str.replace_all(r"\s{2,}|[^\S ]", " ").str.strip_chars()   # = every run of \s to one space
+    if collapse_whitespace:    # every run of \s to one space; the regex runs only where it can match: a tab-like control, two
+                               # spaces, or non-ASCII text (the rest of \s is not ASCII)
+        odd = s.str.contains(r"[\t-\r]") | s.str.contains("  ", literal=True) | (s.str.len_bytes() != s.str.len_chars())
+        odd = np.flatnonzero(odd.to_numpy())
+        if len(odd): s = s.scatter(odd, s.gather(odd).str.replace_all(r"\s{2,}|[^\S ]", " "))
+        s = s.str.strip_chars()
     if strip_trailing: s = s.str.strip_chars_end(strip_trailing + " \t\n\r\f\v")
     return s
 
@@ -80,6 +85,22 @@ def _index_of(values: pl.Series, distinct: pl.Series) -> np.ndarray:
     key = pl.DataFrame({"v": distinct}).with_row_index("i")
     return pl.DataFrame({"v": values}).join(key, on="v", how="left", maintain_order="left")["i"].to_numpy().astype(np.int64)
 
+def _codes(values: pl.Series,      # strings without nulls
+           hashes: pl.Series | None = None # their 64-bit hashes (default `values.hash()`)
+          ) -> tuple[np.ndarray, np.ndarray]:
+    "Per value the number of its distinct value, in order of first appearance, and the row where each first appears."
+    h = values.hash() if hashes is None else hashes
+    rows = pl.DataFrame({"h": h}).with_row_index("i").group_by("h").agg("i")["i"]   # groups in any order, rows in order
+    at = rows.list.first().to_numpy().astype(np.int64); order = np.argsort(at)      # numbered by first appearance
+    rank = np.empty(len(at), np.int64); rank[order] = np.arange(len(at))
+    codes = np.empty(len(values), np.int64)
+    codes[rows.explode().to_numpy()] = np.repeat(rank, rows.list.len().to_numpy())
+    at = at[order]
+    if values.gather(at[codes]).eq_missing(values).all(): return codes, at
+    codes = _index_of(values, values.unique(maintain_order=True))   # two values share a hash: match the strings themselves
+    at = np.full(int(codes.max()) + 1, len(values), np.int64); np.minimum.at(at, codes, np.arange(len(values)))
+    return codes, at
+
 # %% ../nbs/05_concentration.ipynb #3c54d971
 def _dense(keys: np.ndarray) -> tuple[np.ndarray, int]:
     "Dense ids `0..K-1` of non-negative integer keys, in key order (equal keys, equal ids), and `K`."
@@ -93,17 +114,35 @@ def _dense(keys: np.ndarray) -> tuple[np.ndarray, int]:
     ids = pl.DataFrame({"k": keys}).join(u, on="k", how="left", maintain_order="left")["i"]
     return ids.to_numpy().astype(np.int32 if len(u) < 1 << 31 else np.int64), len(u)
 
-def _distinct_per(who: np.ndarray, ids: np.ndarray, K: int, W: int) -> np.ndarray:
+def _distinct_per(who, # per pair: its owner in `0..W-1` (an array, or a tuple of arrays read as one)
+                  ids, # per pair: its id in `0..K-1` (the same shape)
+                  K: int, W: int) -> np.ndarray:
     "For each `who` in `0..W-1`, the number of distinct `ids` (`0..K-1`) paired with it."
-    if not len(ids): return np.zeros(W, np.int64)
+    who, ids = (who, ids) if isinstance(who, tuple) else ((who,), (ids,))
     if W * K <= 1 << 26:                                      # few (who, id) combinations: a bitmap
-        seen = np.zeros((W, K), bool); seen[who, ids] = True
-        return seen.sum(1)
-    key = who.astype(np.int64); key *= K; key += ids
+        seen = np.zeros(W * K, bool)
+        for w, i in zip(who, ids):
+            key = w.astype(np.int32); key *= K; key += i; seen[key] = True
+        return seen.reshape(W, K).sum(1)
+    if not sum(map(len, ids)): return np.zeros(W, np.int64)
+    key = np.concatenate(who).astype(np.int64); key *= K; key += np.concatenate(ids)
     return np.bincount(pl.Series(key).unique().to_numpy() // K, minlength=W)
 
 # %% ../nbs/05_concentration.ipynb #deaff424
 _PACK_BITS = 63     # keys are packed into signed 64-bit integers
+
+def _piece_tokens(pieces: pl.Series) -> tuple[np.ndarray, np.ndarray, int]:
+    "Tokens per piece, the token ids of all pieces in order (numbered by first appearance), and how many ids there are."
+    lists = pieces.str.to_lowercase().str.extract_all("[a-z0-9]+")        # `tokenize` on ASCII text
+    other = np.flatnonzero((pieces.str.len_bytes() != pieces.str.len_chars()).to_numpy())
+    if len(other):                                                         # other text: Python's Unicode classes
+        fixed = lists.to_list()
+        for i, p in zip(other.tolist(), pieces.gather(other).to_list()): fixed[i] = tokenize(p)
+        lists = pl.Series(fixed, dtype=pl.List(pl.String))
+    lens = lists.list.len().to_numpy().astype(np.int64)
+    words = lists.filter(lists.list.len() > 0).explode()
+    ids, at = _codes(words)
+    return lens, ids.astype(np.int32), len(at)
 
 @dataclass(eq=False)
 class _Corpus:
@@ -116,36 +155,38 @@ class _Corpus:
     @classmethod
     def of(cls, values) -> "_Corpus":
         texts, kind = _text_column(values)
-        uniq = texts.unique(maintain_order=True)
-        return cls(uniq, _index_of(texts, uniq), kind)
+        uid, at = _codes(texts)
+        return cls(texts.gather(at), uid, kind)
 
     @property
     def n(self) -> int: return len(self.uid)
 
     @cached_property
+    def pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        "The texts cut at each '.': pieces per text, the distinct piece of each piece in text order, tokens per distinct piece, their token ids (piece after piece), vocabulary size."
+        pieces = self.uniq.str.split(".")                                  # no token holds a '.': each piece is tokenized once
+        flat = pieces.explode()
+        code, at = _codes(flat)
+        lens, ids, V = _piece_tokens(flat.gather(at))
+        return pieces.list.len().to_numpy().astype(np.int64), code.astype(np.int32), lens, ids, V
+
+    @cached_property
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         "Token ids and owning text of every token, in order; tokens per text; vocabulary size."
-        pieces = self.uniq.str.split(".")
-        flat = pieces.explode()
-        names = flat.unique(maintain_order=True)
-        vocab: dict = {}; vals: list = []; lens = np.zeros(len(names) + 1, np.int32)
-        for i, p in enumerate(names.to_list()):
-            ids = [vocab.setdefault(t, len(vocab)) for t in tokenize(p)]
-            vals += ids; lens[i + 1] = len(ids)
-        lists = pl.from_arrow(pa.ListArray.from_arrays(pa.array(np.cumsum(lens, dtype=np.int32)), pa.array(np.array(vals, np.int32), pa.int32())))
-        code = _index_of(flat, names)
-        toks = lists.gather(code)                                          # the token ids of every piece, in text order
-        U = len(self.uniq)
-        ntok = np.bincount(np.repeat(np.arange(U), pieces.list.len().to_numpy()), weights=lens[1:][code], minlength=U).astype(np.int64)
-        tid = toks.filter(toks.list.len() > 0).explode().to_numpy().astype(np.int32, copy=False)
-        return tid, np.repeat(np.arange(U, dtype=np.int32), ntok), ntok, len(vocab)
+        npc, code, lens, ids, V = self.pieces
+        L = lens[code].astype(np.int32); end = np.cumsum(L, dtype=np.int64); first = (np.cumsum(lens) - lens).astype(np.int32)
+        at = np.repeat(first[code] - (end - L).astype(np.int32), L); at += np.arange(len(at), dtype=np.int32)
+        tid = ids[at]                                                      # the token ids of every piece, in text order
+        ntok = np.diff(end[np.cumsum(npc) - 1], prepend=0) if len(npc) else np.zeros(0, np.int64)   # every text has a piece
+        return tid, np.repeat(np.arange(len(npc), dtype=np.int32), ntok), ntok, V
 
     def starts(self, n: int) -> tuple[np.ndarray, int]:
         "Dense ids of the n-grams starting at every token position (some cross into the next text), and their number."
         if n == 1: return self.tokens[0], self.tokens[3]
         if ("starts", n) not in self._cache:
-            prev, _ = self.starts(n - 1); tid, V = self.tokens[0], self.tokens[3]
-            key = prev[:max(len(tid) - n + 1, 0)].astype(np.int64); key *= V; key += tid[n - 1:]
+            (prev, K), tid, V = self.starts(n - 1), self.tokens[0], self.tokens[3]
+            wide = np.int32 if K * V < 1 << 31 else np.int64   # the narrowest integer that holds the keys
+            key = prev[:max(len(tid) - n + 1, 0)].astype(wide); key *= V; key += tid[n - 1:]
             self._cache[("starts", n)] = _dense(key)
         return self._cache[("starts", n)]
 
@@ -165,21 +206,22 @@ class _Corpus:
             owner, U = self.tokens[1], len(self.uniq)
             ok = self.inside(n); m = len(ok); h = n // 2
             a, K = self.starts(h) if n % 2 == 0 else (None, 0)
-            b = max(int(K - 1).bit_length(), 1)
+            b = max(int(K).bit_length(), int(n).bit_length())          # ids < K < 2^b: an all-ones half names no n-gram
             if n % 2 == 0 and int(U - 1).bit_length() + 2 * b < _PACK_BITS:   # pack (text, first half, second half) into one integer
                 key = owner[:m].astype(np.int64); key <<= b; key |= a[:m]; key <<= b; key |= a[h:h + m]; shift = 2 * b
+                cross = np.flatnonzero(~ok)          # n-grams that run into the next text (at most n - 1 per text): keys of their own
+                key[cross] = (owner[cross].astype(np.int64) << shift) | (((1 << b) - 1) << b) | (cross & ((1 << b) - 1))
             else:
                 a, K = self.starts(n); shift = max(int(K - 1).bit_length(), 1)
-                key = owner[:m].astype(np.int64); key <<= shift; key |= a[:m]
-            key[~ok] = -1                                      # n-grams that cross into the next text
-            s = pl.Series(key).sort().to_numpy()               # equal n-grams of one text end up side by side
-            again = s[1:][(s[1:] == s[:-1]) & (s[1:] >= 0)]
+                key = owner[:m].astype(np.int64); key <<= shift; key |= a[:m]; key = key[ok]
+            key.sort()                                                 # equal n-grams of one text end up side by side
+            again = key[1:][key[1:] == key[:-1]]
             self._cache[("repeats", n)] = np.bincount(again >> shift, minlength=U)
         return self._cache[("repeats", n)]
 
     def release(self):
-        "Drop the per-token arrays (they are rebuilt on demand) and keep the per-text results."
-        self.__dict__.pop("tokens", None)
+        "Drop the per-token and per-piece arrays (they are rebuilt on demand) and keep the per-text results."
+        self.__dict__.pop("tokens", None); self.__dict__.pop("pieces", None)
         self._cache = {k: v for k, v in self._cache.items() if k[0] == "repeats"}
 
     def ngram_sets(self, n: int) -> sparse.csr_matrix:
@@ -362,7 +404,10 @@ def _quantile_positions(n, q: float):
 
 def _group_quantiles(gid: np.ndarray, values: np.ndarray, G: int, qs: Sequence[float]) -> np.ndarray:
     "`(G × len(qs))` quantiles of `values` within each group."
-    order = np.lexsort((values, gid)); v = values[order].astype(float)
+    if values.dtype.kind in "iu" and len(values) and values.min() >= 0 and G * (int(values.max()) + 1) < 1 << 62:
+        M = int(values.max()) + 1                              # small counts: one sort of (group, value) packed together
+        v = (np.sort(gid.astype(np.int64) * M + values) % M).astype(float)
+    else: v = values[np.lexsort((values, gid))].astype(float)
     n = np.bincount(gid, minlength=G); start = np.cumsum(n) - n
     out = np.full((G, len(qs)), np.nan)
     for j, q in enumerate(qs):
@@ -504,7 +549,7 @@ def _summary(self: ConcentrationAudit) -> pd.DataFrame:
     for k in self.distinct:
         total = np.bincount(gid, weights=np.maximum(R["length"] - k + 1, 0), minlength=G)
         with np.errstate(divide="ignore", invalid="ignore"):
-            cols[f"distinct_{k}"] = _group_distinct(self._corpus, gid, G, k) / total
+            cols[f"distinct_{k}"] = _distinct_counts(self._corpus, gid, G, k) / total
     q = _group_quantiles(gid, R["length"], G, (0.25, 0.5, 0.75))
     cols["length_median"], cols["length_iqr"] = q[:, 1], q[:, 2] - q[:, 0]
     return pd.concat([self._keys.reset_index(drop=True), pd.DataFrame(cols)], axis=1)
@@ -549,13 +594,13 @@ def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
     "Distinct n-grams among the rows of each group."
     U, uid = len(corpus.uniq), corpus.uid
     ids, K = corpus.starts(n); ok = corpus.inside(n); owner = corpus.tokens[1][:len(ok)]
-    if ("who", G) not in corpus._cache:                        # per token: the group of its text
+    if ("who", G) not in corpus._cache:                        # per text: its group
         g_of = np.zeros(U, np.int32); g_of[uid] = gid          # a group of each text (the last row's)
         shared = np.zeros(U, bool); shared[uid[g_of[uid] != gid]] = True   # texts found in more than one group
-        who = g_of[corpus.tokens[1]]; who[shared[corpus.tokens[1]]] = G    # shared texts: a discarded extra group
-        corpus._cache[("who", G)] = (who, shared)
-    who, shared = corpus._cache[("who", G)]
-    who = who[:len(ok)].copy(); who[~ok] = G                   # so are the n-grams that cross into the next text
+        g_of[shared] = G                                       # shared texts: a discarded extra group
+        corpus._cache[("who", G)] = (g_of, shared)
+    g_of, shared = corpus._cache[("who", G)]
+    who = g_of[owner]; who[~ok] = G                            # so are the n-grams that cross into the next text
     ids = ids[:len(ok)]
     if shared.any():                                           # add the n-grams of each shared text once per group holding it
         pairs = np.unique(gid[shared[uid]] * U + uid[shared[uid]])
@@ -564,8 +609,50 @@ def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
         cnt = hi - lo
         idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
         keep = ok[idx]
-        who, ids = np.concatenate([who, np.repeat(pg, cnt)[keep].astype(who.dtype)]), np.concatenate([ids, ids[idx][keep]])
+        who, ids = (who, np.repeat(pg, cnt)[keep].astype(who.dtype)), (ids, ids[idx][keep])
     return _distinct_per(who, ids, K, G + 1)[:G]
+
+# %% ../nbs/05_concentration.ipynb #94b23409
+def _spans(lo: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    "The positions `lo[i], ..., lo[i] + cnt[i] - 1` of every `i`, one span after another."
+    at = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt); at += np.arange(len(at), dtype=at.dtype)
+    return at
+
+def _present(keys: np.ndarray, size: int) -> np.ndarray:
+    "The distinct values of non-negative integer `keys` below `size`, in increasing order."
+    if size <= 1 << 26:
+        seen = np.zeros(size, bool); seen[keys] = True
+        return np.flatnonzero(seen)
+    return pl.Series(keys).unique().sort().to_numpy()
+
+def _piece_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
+    "Distinct n-grams (n = 1 or 2) among the rows of each group, counted from the distinct pieces of its texts."
+    npc, code, lens, ids, V = corpus.pieces; U, P = len(corpus.uniq), len(lens)
+    pairs = _present(gid.astype(np.int64) * U + corpus.uid, G * U)       # (group, text) pairs
+    pg, pu = pairs // U, pairs % U
+    occ = _spans((np.cumsum(npc) - npc)[pu], npc[pu])                    # their pieces, text after text
+    og, oc = np.repeat(pg.astype(np.int32), npc[pu]), code[occ]
+    gp = _present(og.astype(np.int64) * P + oc, G * P); g, p = gp // P, gp % P   # (group, distinct piece) pairs
+    off = np.cumsum(lens) - lens
+    if n == 1: cnt, grams = lens, ids.astype(np.int64)
+    else:                                                                # bigrams inside the pieces
+        cnt, grams = np.maximum(lens - 1, 0), ids[:-1].astype(np.int64) * V + ids[1:]
+        inner = np.ones(len(grams), bool); inner[(off + lens - 1)[(lens > 0) & (off + lens < len(ids))]] = False
+        grams = grams[inner]; off = np.cumsum(cnt) - cnt
+    who, keys = [np.repeat(g, cnt[p])], [grams[_spans(off[p], cnt[p])]]
+    if n == 2:                                                           # bigrams across a '.' of the same text
+        full = np.flatnonzero(lens[oc] > 0); pf = oc[full]
+        same = np.repeat(np.arange(len(pairs), dtype=np.int32), npc[pu])[full]; same = same[:-1] == same[1:]
+        ends = np.zeros((2, P), np.int64); start = np.cumsum(lens) - lens; some = lens > 0
+        ends[0, some], ends[1, some] = ids[start[some] + lens[some] - 1].astype(np.int64) * V, ids[start[some]]
+        keys.append((ends[0][pf[:-1]] + ends[1][pf[1:]])[same]); who.append(og[full[:-1][same]])
+    return _distinct_per(tuple(who), tuple(keys), V ** n, G)
+
+def _distinct_counts(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
+    "Distinct n-grams among the rows of each group: from the pieces for n = 1 and 2, from every token position beyond (kept)."
+    if ("distinct", G, n) not in corpus._cache:              # like ("who", G): one grouping per corpus
+        corpus._cache[("distinct", G, n)] = _piece_distinct(corpus, gid, G, n) if n <= 2 else _group_distinct(corpus, gid, G, n)
+    return corpus._cache[("distinct", G, n)]
 
 # %% ../nbs/05_concentration.ipynb #4eb0fbd9
 def audit_concentration(generations,                      # a `generations` table (pandas or polars); reports in `text`
@@ -600,7 +687,12 @@ def audit_concentration(generations,                      # a `generations` tabl
     if grouping not in ("normalized", "exact"): raise InputError(f"grouping must be 'normalized' or 'exact', got {grouping!r}")
     _hard_bits(r, validity_rule)
     corpus, gid, keys = _Corpus.of(df[text]), *_group_codes(df, by)
-    rows = _row_measures(df, corpus, r, norm, prefixes, repeat_n, max_new_tokens, grouping, validity_rule)
+    with ThreadPoolExecutor(2) as pool:                       # polars and numpy work side by side (both release the GIL)
+        matched = pool.submit(_matching, corpus, norm, prefixes, grouping)
+        corpus.pieces                                         # read by the next job only: the main thread builds the tokens
+        early = [pool.submit(_distinct_counts, corpus, gid, len(keys), k) for k in distinct if k <= 2]
+        rows = _row_measures(df, corpus, r, repeat_n, max_new_tokens, validity_rule, matched)
+        for f in early: f.result()
     counts = _report_counts(gid, rows["nid"])
     rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
     rows["duplicate"] = rows["size"] >= 2
@@ -616,17 +708,21 @@ def audit_concentration(generations,                      # a `generations` tabl
     corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
     return audit
 
-def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, norm: dict, prefixes, repeat_n: int, max_new_tokens,
-                  grouping: str = "normalized", validity_rule: str = "strict") -> dict:
-    "Per row: validity bits and flag, words, normalized-text id, prefix hit, repeated n-gram, length."
-    bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
+def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str = "normalized") -> tuple[np.ndarray, np.ndarray]:
+    "Per distinct text: whether its normalized text opens with a prefix, and the number of its duplicate group."
     normed = _normalize(corpus.uniq, **norm)
     hit = np.zeros(len(normed), bool)
     for p in _prefixes(prefixes, norm): hit |= normed.str.starts_with(p).to_numpy()
-    hard = _hard_bits(r, validity_rule)
     texts = corpus.uniq.fill_null("") if grouping == "exact" else normed      # what makes two reports the same report
-    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid],
-            "nid": _index_of(texts, texts.unique(maintain_order=True))[corpus.uid],
+    return hit, _codes(texts)[0]
+
+def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, repeat_n: int, max_new_tokens, validity_rule: str,
+                  matched: Future) -> dict:
+    "Per row: validity bits and flag, words, normalized-text id, prefix hit (`matched` gives the last two), repeated n-gram, length."
+    bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
+    hard = _hard_bits(r, validity_rule)
+    hit, nid = matched.result()
+    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid], "nid": nid[corpus.uid],
             "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.tokens[2][corpus.uid]}
 
 def _clusters_given(clusters) -> str | None:
@@ -822,14 +918,14 @@ def bootstrap(self: ConcentrationAudit,
     ms = self._metric_names(metrics)
     cl = _resolved_clusters(self._source, clusters, unit)            # once, for every group
     scheme_free = {"validity_rate", "prefix_rate", self.repeat_column, "length_median", "length_iqr"}
-    out = []
+    out, keys = [], self._keys.to_dict("records")
     for g, label in enumerate(self.labels):
         res = self.bootstrap_results(g, ms, reps, seed, cl, scheme, size, method, unit)
         for m in ms:
-            row = (res[m].to_frame().drop(columns="metric").iloc[0].to_dict() if m in res else
+            row = ({k: v for k, v in res[m].to_frame().to_dict("records")[0].items() if k != "metric"} if m in res else
                    {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "se": np.nan, "n": int((self._gid == g).sum()),
                     "n_clusters": None, "reps": reps, "n_valid_reps": 0, "method": method, "size": size})
-            out.append({**self._keys.iloc[g].to_dict(), "group": label, "metric": m, **row,
+            out.append({**keys[g], "group": label, "metric": m, **row,
                         "scheme": "" if m in scheme_free else scheme})
     return pd.DataFrame(out)
 
@@ -1020,7 +1116,8 @@ def plot_top_k_share(audit,                    # ConcentrationAudit or its `summ
     k = col.split("_")[1]; order = df.sort_values(col, ascending=False).group.tolist()
     y = alt.Y("group:N", sort=order, title=None)
     bars = alt.Chart(df).mark_bar().encode(x=alt.X(f"{col}:Q", title=f"share of outputs in the {k} most frequent reports",
-                                                   scale=alt.Scale(domain=[0, 1])), y=y, tooltip=["group", alt.Tooltip(f"{col}:Q", format=".3f"), "n"])
+                                                   scale=alt.Scale(domain=[0, 1])), y=y, color=system_color("group", df["group"], legend=None),
+                                           tooltip=["group", alt.Tooltip(f"{col}:Q", format=".3f"), "n"])
     chart = bars
     if intervals is not None:
         iv = as_pandas(intervals, "intervals"); iv = iv[iv.metric == col][["group", "ci_low", "ci_high"]]
@@ -1037,7 +1134,7 @@ def plot_concentration_profile(profile,                   # `ConcentrationAudit.
     return alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("m:Q", title="m most frequent reports", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("cumulative_share:Q", title="share of outputs covered", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("group:N", title=None), tooltip=["group", "m", "count", alt.Tooltip("cumulative_share:Q", format=".3f")]
+        color=system_color("group", df["group"]), tooltip=["group", "m", "count", alt.Tooltip("cumulative_share:Q", format=".3f")]
     ).properties(width=420, height=240, title=title or "Concentration profile")
 
 # %% ../nbs/05_concentration.ipynb #1d7e9dd8
@@ -1051,7 +1148,7 @@ def plot_distinct_n(audit,                    # ConcentrationAudit or its `summa
     long["metric"] = long.metric.str.replace("distinct_", "Distinct-")
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("value:Q", title="distinct n-grams ÷ all n-grams"), y=alt.Y("group:N", title=None),
-        yOffset="metric:N", color=alt.Color("metric:N", title=None), tooltip=["group", "metric", alt.Tooltip("value:Q", format=".4f")]
+        yOffset="metric:N", color=alt.Color("metric:N", title=None, scale=alt.Scale(range=["#9E9E9E", "#333333"])), tooltip=["group", "metric", alt.Tooltip("value:Q", format=".4f")]
     ).properties(width=420, height=alt.Step(14), title=title or "Lexical diversity (Distinct-n)")
 
 # %% ../nbs/05_concentration.ipynb #717e2c15

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
+import contextvars
 import copy
 import datetime as _dt
 import gzip
@@ -19,7 +21,9 @@ import math
 import os
 import platform
 import re
+import sys
 import warnings
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -27,11 +31,12 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng', 'as_pandas',
-           'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
+__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng',
+           'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
            'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
            'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
-           'enable_theme', 'save_chart', 'chart_svg']
+           'enable_theme', 'save_chart', 'chart_svg', 'submit_chart', 'chart_svgs', 'system_colors',
+           'use_system_colors', 'system_color', 'show_progress', 'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -431,4 +436,84 @@ def chart_svg(chart # an Altair chart
              ) -> str:
     "The chart rendered to an SVG string (offline; no scripts)."
     import vl_convert as vlc
-    return vlc.vegalite_to_svg(chart.to_dict())
+    return vlc.vegalite_to_svg(chart.to_dict(validate=False))   # the schema check costs as much as the drawing; tests validate
+
+# %% ../nbs/00_core.ipynb #77cce69b
+def submit_chart(pool: Executor, # where the drawing runs (e.g. a `ThreadPoolExecutor`)
+                 chart           # an Altair chart
+                ) -> Future:
+    "Start drawing `chart` to SVG on `pool`; its spec is built at once, in the calling thread, so the theme and colours in force there apply."
+    import vl_convert as vlc
+    return pool.submit(vlc.vegalite_to_svg, chart.to_dict(validate=False))
+
+def chart_svgs(charts: Sequence,  # Altair charts
+               workers: int = 2   # threads that draw at the same time (1: one after another)
+              ) -> list[str]:
+    "Each chart rendered to an SVG string, in order, drawn by `workers` threads."
+    if workers <= 1 or len(charts) < 2: return [chart_svg(c) for c in charts]
+    with ThreadPoolExecutor(min(workers, len(charts))) as pool: futures = [submit_chart(pool, c) for c in charts]
+    return [f.result() for f in futures]
+
+# %% ../nbs/00_core.ipynb #9945e9dd
+EXTRA_COLORS = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499", "#DDDDDD"]  # Tol muted
+
+def system_colors(names: Iterable[str] # system or configuration names (`config_label`), in any order, repeats allowed
+                 ) -> dict[str, str]:
+    "One colour per name: sorted names take `PALETTE` then `EXTRA_COLORS` in turn (repeating past 18); bare systems follow their first configuration."
+    colours = PALETTE + EXTRA_COLORS
+    names = sorted({str(n) for n in names if n is not None and n == n})
+    out = {n: colours[i % len(colours)] for i, n in enumerate(names)}
+    for n in names:
+        if CONFIG_SEP in n: out.setdefault(n.split(CONFIG_SEP, 1)[0], out[n])
+    return out
+
+# %% ../nbs/00_core.ipynb #cc20a9ca
+_SYSTEM_COLORS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("cxr_audit_system_colors", default=None)
+
+def _with_colors(active: dict, names: list) -> dict:
+    "`active` plus a colour for each name it lacks, taken first from the colours it does not use."
+    used = set(active.values()); spare = [c for c in PALETTE + EXTRA_COLORS if c not in used] or PALETTE + EXTRA_COLORS
+    out = dict(active)
+    for i, n in enumerate(n for n in names if n not in active): out[n] = spare[i % len(spare)]
+    return out
+
+@contextlib.contextmanager
+def use_system_colors(colors: Mapping[str, str] # name -> colour, e.g. from `system_colors`
+                     ):
+    "Within the block, every `system_color` takes its colours from `colors`."
+    token = _SYSTEM_COLORS.set(dict(colors))
+    try: yield dict(colors)
+    finally: _SYSTEM_COLORS.reset(token)
+
+def system_color(field: str,          # the column that names the system or configuration
+                 values: Iterable,    # that column's values in the chart's data
+                 title: str | None = None, # legend title (None: no title)
+                 **kw                 # further `alt.Color` arguments (e.g. `legend=None`)
+                ):
+    "An `alt.Color` on `field` with one fixed colour per name: the active `use_system_colors` mapping, else the names' own."
+    import altair as alt
+    names = sorted({str(v) for v in values if v is not None and v == v})
+    active = _SYSTEM_COLORS.get() or {}
+    colors = _with_colors(active, names) if active else system_colors(names)
+    return alt.Color(f"{field}:N", scale=alt.Scale(domain=names, range=[colors[n] for n in names]), title=title, **kw)
+
+# %% ../nbs/00_core.ipynb #a6bb6fdd
+def show_progress(enabled: bool | None = None # True/False decide; None: `CXR_AUDIT_PROGRESS` if set, else whether stderr is a terminal
+                 ) -> bool:
+    "Whether a progress bar should be drawn."
+    if enabled is not None: return bool(enabled)
+    env = os.environ.get("CXR_AUDIT_PROGRESS", "").strip().lower()
+    if env in ("1", "true", "yes", "on"): return True
+    if env in ("0", "false", "no", "off"): return False
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+def progress(iterable,                     # what the loop runs over
+             desc: str = "",               # what is being counted, shown left of the bar
+             total: int | None = None,     # number of items (default: `len(iterable)` when it has one)
+             unit: str = "it",             # the name of one item
+             enabled: bool | None = None   # see `show_progress`
+            ):
+    "`iterable` wrapped in a tqdm bar on stderr when `show_progress(enabled)`, else `iterable` itself."
+    if not show_progress(enabled): return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)

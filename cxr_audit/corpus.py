@@ -130,8 +130,9 @@ def _join_sections(r: Mapping) -> str:
 def typed_generation_columns(df,                        # a generations-like table
                              what: str = "generations"  # named in error messages
                             ) -> pd.DataFrame:
-    "The table with its `seed` (blank: 0), `n_tokens` and `truncated` (blank: False) columns, where present, read strictly."
+    "The table with its `seed` (blank: 0), `n_tokens` and `truncated` (blank: False) columns, where present, read strictly; `sample_id` unique."
     df = as_pandas(df, what).copy()
+    if "sample_id" in df.columns: _duplicates(df, "sample_id", what)
     if "seed" in df.columns: df["seed"] = pd.Series([v or 0 for v in _convert(df["seed"], _as_int, what, "seed")], index=df.index, dtype="int64")
     if "n_tokens" in df.columns: df["n_tokens"] = pd.Series(_convert(df["n_tokens"], _as_int, what, "n_tokens"), index=df.index, dtype="Int64")
     if "truncated" in df.columns: df["truncated"] = pd.Series(_convert(df["truncated"], _as_bool, what, "truncated"), index=df.index, dtype=bool)

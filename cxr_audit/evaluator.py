@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
                             require_columns, save_chart, write_manifest, write_table)
 from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
-from .corpus import SECTION_COLUMNS
+from .corpus import SECTION_COLUMNS, text_flag
 from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
                              plot_forest, plot_win_probability, resolve_clusters)
 from .generate import accepts_indications, call_report_generator
@@ -243,7 +243,8 @@ class ReportGenerationEvaluator:
                  n_bootstrap: int = 0,             # bootstrap resamples of the pairs
                  bootstrap_seed: int = DEFAULT_SEED, # seed of the resamples (paper 001: 0)
                  output_dir: str | os.PathLike | None = None, # folder for save_results
-                 clusters: str | None = None       # key/column whose groups are resampled together (None: pairs)
+                 clusters: str | None = None,      # key/column whose groups are resampled together (None: pairs)
+                 keep_flagged: bool = False        # score references made of de-identification masks alone (left out by default)
                 ):
         self.report_generator, self.dataset, self.device, self.output_dir = report_generator, dataset, device, output_dir
         self.ref_section = _section_arg(ref_section, "ref_section", REFERENCE_SECTIONS + SECTIONS)
@@ -251,7 +252,7 @@ class ReportGenerationEvaluator:
         self.batch_size, self.num_workers = _int_arg(batch_size, "batch_size", 1), _int_arg(num_workers, "num_workers", 0)
         self.max_samples = _int_arg(max_samples, "max_samples", 1, none_ok=True)
         self.n_bootstrap, self.bootstrap_seed = _int_arg(n_bootstrap, "n_bootstrap", 0), _int_arg(bootstrap_seed, "bootstrap_seed", 0)
-        self.use_indication, self.clusters = bool(use_indication), clusters
+        self.use_indication, self.clusters, self.keep_flagged = bool(use_indication), clusters, bool(keep_flagged)
         self.metrics = tuple(resolve_metrics(metrics, what="ReportGenerationEvaluator"))
         self.arity = generator_arity(report_generator)
         if self.use_indication and self.arity == 1:
@@ -278,7 +279,7 @@ def _call_batch(fn, batch: list[dict], arity: int, what: str) -> list[tuple[str,
             except Exception as e: out.append(("", f"{type(e).__name__}: {e}"))
         return out
 
-STATUSES = ("scored", "empty_reference", "empty_hypothesis", "failed")
+STATUSES = ("scored", "empty_reference", "masked_reference", "empty_hypothesis", "failed")
 
 # %% ../nbs/12_evaluator.ipynb #ae7ff7a6
 @patch
@@ -313,8 +314,9 @@ def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
     rows, todo, n_scored, cap = [], [], 0, self.max_samples
     for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters, self.num_workers):
         rows.append(rec)
-        if not rec["reference"]:
-            rec.pop("img"); rec.update(hypothesis=None, error=None, status="empty_reference"); continue
+        masked = not self.keep_flagged and text_flag(rec["reference"]) == "masked"
+        if skip := "empty_reference" if not rec["reference"] else "masked_reference" if masked else "":
+            rec.pop("img"); rec.update(hypothesis=None, error=None, status=skip); continue
         todo.append(rec)
         if len(todo) == self.batch_size or (cap is not None and len(todo) == cap - n_scored):   # never more than the cap still needs
             n_scored += self._finish(fn, todo, what); todo = []
@@ -411,7 +413,7 @@ def _params(self: ReportGenerationEvaluator) -> dict:
     return {"generator": _name(self.report_generator), "arity": self.arity, "metrics": [m.name for m in self.metrics],
             "ref_section": self.ref_section, "use_indication": self.use_indication, "indication_section": self.indication_section,
             "batch_size": self.batch_size, "num_workers": self.num_workers, "device": self.device, "max_samples": self.max_samples, "n_bootstrap": self.n_bootstrap,
-            "bootstrap_seed": self.bootstrap_seed, "clusters": self.clusters, "counts": getattr(self, "counts_", None)}
+            "bootstrap_seed": self.bootstrap_seed, "clusters": self.clusters, "keep_flagged": self.keep_flagged, "counts": getattr(self, "counts_", None)}
 
 @patch
 def _out(self: ReportGenerationEvaluator, output_dir) -> Path:
@@ -505,8 +507,8 @@ def _plot_estimates(df: pd.DataFrame, title: str):
     alt = enable_theme(svg=False)
     base = alt.Chart().encode(y=alt.Y("config:N", sort=None, title=None))
     tip = [alt.Tooltip(c) for c in ("config", "estimate", "ci_low", "ci_high")]
-    layers = alt.layer(base.mark_rule(strokeWidth=2, color="#0072B2").encode(x=alt.X("ci_low:Q", title="value", scale=alt.Scale(zero=False)), x2="ci_high:Q"),
-                       base.mark_point(filled=True, size=60, color="#0072B2").encode(x="estimate:Q", tooltip=tip))
+    layers = alt.layer(base.mark_rule(strokeWidth=2, color="#333333").encode(x=alt.X("ci_low:Q", title="value", scale=alt.Scale(zero=False)), x2="ci_high:Q"),
+                       base.mark_point(filled=True, size=60, color="#333333").encode(x="estimate:Q", tooltip=tip))
     return (layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row("metric:N", title=None), data=df, title=title)
             .resolve_scale(x="independent"))
 
@@ -528,6 +530,7 @@ class SystemScores:
     seed: int = DEFAULT_SEED          # seed of the resamples
     size: float = 0.95                # interval coverage; `significant` means p_holm < 1 - size
     conventions: tuple = ()           # conventions the metrics follow, stated beside their numbers (e.g. CheXpert-F1's uncertain)
+    flagged: pd.DataFrame | None = None # empty or mask-only texts: sample_id, config (None: the reference), text, reason, excluded
 
     @property
     def configs(self) -> list: return list(dict.fromkeys(self.estimates["config"]))
@@ -600,27 +603,46 @@ def _scores_table(stats: dict, meta: list, units: list) -> pd.DataFrame:
     return df[["sample_id", "config", "metric", *stat, "value"]]
 
 # %% ../nbs/12_evaluator.ipynb #6cd71caa
-def _score_configs(g, metrics, reps, seed, baseline, skip, size, method) -> SystemScores:
+def _flagged(by_cfg: dict, cfgs: list, order: list, keep: bool) -> pd.DataFrame:
+    "Empty or mask-only references (per unit) and generations (per configuration), `corpus.text_flag`; `excluded`: the unit is left out."
+    first = by_cfg[cfgs[0]]
+    rows = [(u, None, "reference", text_flag(first.at[u, "_ref"])) for u in order]
+    rows += [(u, c, "hypothesis", text_flag(by_cfg[c].at[u, "_hyp"])) for c in cfgs for u in order]
+    df = pd.DataFrame([r for r in rows if r[3]], columns=["sample_id", "config", "text", "reason"])
+    out = df.loc[(df["text"] == "reference") & ((df["reason"] == "empty") | (not keep)), "sample_id"]
+    return df.assign(excluded=df["sample_id"].isin(out))
+
+def _score_configs(g, metrics, reps, seed, baseline, skip, size, method, keep_flagged=False) -> SystemScores:
     "The scoring part of `score_systems` on a prepared table."
     cfgs = list(dict.fromkeys(g["_cfg"]))
     by_cfg = {c: d.set_index("_unit") for c, d in g.groupby("_cfg", sort=False)}
     common = set.intersection(*(set(d.index) for d in by_cfg.values()))
     order = [u for u in dict.fromkeys(g["_unit"]) if u in common]
-    units = [u for u in order if by_cfg[cfgs[0]].at[u, "_ref"]]
-    if not units: raise InputError("no unit with a reference is covered by every configuration")
+    flagged = _flagged(by_cfg, cfgs, order, keep_flagged)
+    left_out = set(flagged.loc[flagged["excluded"], "sample_id"])
+    units = [u for u in order if u not in left_out]
+    if not units: raise InputError("no unit with a reference is covered by every configuration" + (
+        f" ({len(left_out)} left out: reference empty or only de-identification masks; keep_flagged=True scores masks as written)" if left_out else ""))
     refs = {c: by_cfg[c].loc[units, "_ref"].tolist() for c in cfgs}
     hyps = {c: by_cfg[c].loc[units, "_hyp"].tolist() for c in cfgs}
     stats, meta, notes = _system_stats(metrics, refs, hyps, skip)
     if not meta: raise InputError("no metric could be computed: " + "; ".join(notes))
     cl = None if "_cluster" not in g else [u if is_missing(c) else c for u, c in zip(units, by_cfg[cfgs[0]].loc[units, "_cluster"])]
     counts = {"units": len(units), "clusters": len(set(cl)) if cl else None, "not_common": len(set(g["_unit"])) - len(common),
-              "empty_reference": len(order) - len(units), "empty_hypothesis": {c: sum(not h.strip() for h in hyps[c]) for c in cfgs}}
+              **_flag_counts(flagged, cfgs)}
     if isinstance(baseline, (int, np.integer)) and not isinstance(baseline, bool):
         if not -len(cfgs) <= baseline < len(cfgs): raise InputError(f"baseline: position {baseline} but {len(cfgs)} configuration(s)")
         baseline = cfgs[baseline]
     run = dict(reps=reps, seed=seed, size=size)
     conv = tuple(dict.fromkeys(f"{m.name}: {m.note}" for m in metrics if getattr(m, "note", "")))
-    return replace(_bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run), conventions=conv)
+    return replace(_bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run), conventions=conv, flagged=flagged)
+
+def _flag_counts(flagged: pd.DataFrame, cfgs: list) -> dict:
+    "Units left out for an empty or a mask-only reference; empty and mask-only generations per configuration among the units scored."
+    ref, hyp = flagged[flagged["text"] == "reference"], flagged[(flagged["text"] == "hypothesis") & ~flagged["excluded"]]
+    per = lambda r: {c: int(((hyp["config"] == c) & (hyp["reason"] == r)).sum()) for c in cfgs}
+    return {"empty_reference": int((ref["reason"] == "empty").sum()), "masked_reference": int((ref["excluded"] & (ref["reason"] == "masked")).sum()),
+            "empty_hypothesis": per("empty"), "masked_hypothesis": per("masked")}
 
 def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, run: dict) -> SystemScores:
     "Estimates (and with `reps > 0` intervals and the Holm family of comparisons) of every leaf and configuration."
@@ -660,12 +682,13 @@ def score_systems(generations,                    # generations table: hypothesi
                   skip_unavailable: bool = False, # leave out metrics that fail to compute (noted) instead of raising
                   size: float = 0.95,             # interval coverage; significant means p_holm < 1 - size
                   method: str = "percentile",     # interval method (see `stats`)
-                  what: tuple[str, str] = ("generations", "studies") # names used in error messages
+                  what: tuple[str, str] = ("generations", "studies"), # names used in error messages
+                  keep_flagged: bool = False      # score units whose reference is only de-identification masks (left out by default)
                  ) -> SystemScores:
     "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
     g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
     return _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,
-                          skip_unavailable, size, method)
+                          skip_unavailable, size, method, keep_flagged)
 
 def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
     "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."
@@ -744,12 +767,13 @@ def save(self: SystemScores, out_dir: str | os.PathLike, # folder to write into
          params: Mapping | None = None,                  # run parameters for the manifest
          inputs: Mapping | None = None                   # name -> input file, hashed into the manifest
         ) -> dict[str, Path]:
-    "Write `systems.csv`, `comparisons.csv` and `.svg` (with comparisons), `scores.parquet` and `manifest.json`."
+    "Write `systems.csv`, `comparisons.csv` and `.svg` (with comparisons), `scores.parquet`, `flagged.csv` (any flagged text) and `manifest.json`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     paths = {"systems": write_table(self.estimates, out / "systems.csv"), "scores": write_table(self.scores, out / "scores.parquet")}
     if self.comparisons is not None:
         paths["comparisons"] = write_table(self.comparisons, out / "comparisons.csv")
         paths["comparisons.svg"] = save_chart(self.plot("forest"), out / "comparisons.svg")
+    if self.flagged is not None and len(self.flagged): paths["flagged"] = write_table(self.flagged, out / "flagged.csv")
     meta = {"reps": self.reps, "seed": self.seed, "size": self.size, "counts": self.counts, "notes": list(self.notes),
             "p_values": self.note() if self.comparisons is not None else None}
     write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, InputError, cache_dir, enable_theme, is_missing, optional_import, read_json, require_columns,
-                            resource_text, rng, sha256_text)
+from .core import (DEFAULT_SEED, InputError, cache_dir, config_label, enable_theme, is_missing, optional_import, read_json,
+                            require_columns, resource_text, rng, sha256_text, show_progress, system_color)
 from .corpus import to_generations
 from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, load_phrases, mentions_of
 
@@ -1021,8 +1021,9 @@ def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Ge
 # %% ../nbs/11_generate.ipynb #56a55c53
 class _Progress:
     "A progress bar on stderr: tqdm when installed, else a plain line per tenth of the work."
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.total, self.desc, self.enabled, self.n, self.bar, self._next = total, desc, enabled and total > 0, 0, None, 0.1
+    def __init__(self, total: int, desc: str, enabled: bool | None):
+        enabled = show_progress(enabled) and total > 0   # None: only on a terminal (or CXR_AUDIT_PROGRESS=1)
+        self.total, self.desc, self.enabled, self.n, self.bar, self._next = total, desc, enabled, 0, None, 0.1
         if self.enabled and importlib.util.find_spec("tqdm") is not None:
             from tqdm import tqdm
             self.bar = tqdm(total=total, desc=desc, file=sys.stderr, unit="report")
@@ -1159,7 +1160,7 @@ def generate_table(generator,                 # HFReportGenerator, SimulatedGene
                    image_column: str | None = CHOSEN_IMAGE, # column of each entry's chosen image (used when present); None: ignore it
                    repeat_deterministic: bool = False, # also run search policies once per seed
                    checkpoint: str | os.PathLike | None = None, # JSON-lines file: rows saved as they finish, reused on a rerun
-                   progress: bool = True         # progress bar on stderr
+                   progress: bool | None = None  # progress bar on stderr (None: only on a terminal, see `core.show_progress`)
                   ) -> pd.DataFrame:
     "Run a report generator over a table's entries under each policy and seed: the canonical `generations` table plus `error` and `entry_id`."
     inp = generation_inputs(studies, max_images, image_root, use_indication, image_column)
@@ -1203,11 +1204,14 @@ def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
                         y: str = 'distinct',     # a column of `policy_summary`
                         title: str | None = None # chart title (default: from `y`)
                        ):
-    "Bar chart of one `policy_summary` column by policy, one colour per system."
+    "Bar chart of one `policy_summary` column by policy, one colour per configuration (`core.system_color`)."
     alt = enable_theme()
-    return alt.Chart(summary, title=title or f"{y} by decoding policy").mark_bar().encode(
-        x=alt.X("policy:N", sort=list(dict.fromkeys(summary.policy)), title="policy", axis=alt.Axis(labelAngle=0)), xOffset="system:N",
-        y=alt.Y(f"{y}:Q", title=y.replace("_", " ")), color="system:N", tooltip=list(summary.columns))
+    d = summary.assign(config=config_label(summary.system, summary.policy))
+    return alt.Chart(d, title=title or f"{y} by decoding policy").mark_bar().encode(
+        x=alt.X("policy:N", sort=list(dict.fromkeys(d.policy)), title="policy", axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("system:N", sort=sorted(set(d.system))),
+        y=alt.Y(f"{y}:Q", title=y.replace("_", " ")), color=system_color("config", d.config, title="configuration"),
+        tooltip=list(summary.columns))
 
 # %% ../nbs/11_generate.ipynb #04393ffd
 @dataclass(frozen=True)

@@ -30,14 +30,15 @@ from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_
 
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING',
-           'TRIGGER_DIRECTIONS', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS',
-           'CARDIAC_PHRASES', 'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler',
-           'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'from_wide', 'parse_expected', 'state_accuracy',
-           'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv', 'uncertain_note', 'to_binary',
-           'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace', 'trace_label_triggers',
-           'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary', 'naive_cardiac_labeler',
-           'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit', 'trace_audit',
-           'reference_texts', 'run_names', 'label_generations', 'findings_to_labels', 'LabelAudit', 'label_audit']
+           'TRIGGER_DIRECTIONS', 'STATE_NAMES', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES',
+           'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention',
+           'Labeler', 'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'readable_states', 'from_wide',
+           'parse_expected', 'state_accuracy', 'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv',
+           'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace',
+           'trace_label_triggers', 'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary',
+           'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit',
+           'trace_audit', 'reference_texts', 'run_names', 'label_generations', 'findings_to_labels', 'LabelAudit',
+           'label_audit']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -223,6 +224,7 @@ class Labeler:
         sc = self.triggers["scope"]
         self._back_words, self._fwd_words = sc.get("backward_max_words"), sc.get("forward_max_words")
         self._cache: dict[str, tuple] = {}
+        self._text_cache: dict[str, dict] = {}    # report text -> its evidence (`label_text`), same bound as the sentence cache
 
     def __repr__(self): return f"Labeler(source={self.source!r}, observations={len(self._obs) - 1}, cache={len(self._cache)})"
 
@@ -344,9 +346,20 @@ def _report_mentions(self: Labeler, text: str) -> list[tuple[Mention, int, str]]
 @patch
 def label_text(self: Labeler, text # one report (headers allowed)
               ) -> tuple[dict[str, _Evidence], str | None]:
-    "`({label: evidence}, flag)` for one report: the aggregated state of each observation and No Finding."
+    "`({label: evidence}, flag)` for one report: the aggregated state of each observation and No Finding (cached per text)."
+    hit = self._text_cache.get(text) if isinstance(text, str) else None
+    if hit is not None: return dict(hit), None
     flag = input_flag(text)
     if flag: return {}, flag
+    out = self._aggregate(text)
+    if self.cache_size:
+        if len(self._text_cache) >= self.cache_size: self._text_cache.clear()
+        self._text_cache[text] = dict(out)
+    return out, None
+
+@patch
+def _aggregate(self: Labeler, text: str) -> dict[str, _Evidence]:
+    "The evidence of one labelable report: the strongest mention per observation, and No Finding when nothing abnormal is found."
     best: dict[str, tuple[Mention, int, str]] = {}
     for m, off, s in self._report_mentions(text):
         b = best.get(m.label)
@@ -356,7 +369,7 @@ def label_text(self: Labeler, text # one report (headers allowed)
     blocked = any(e.state != 0.0 for o, e in out.items() if o not in self._nf_ignores)
     out.pop(OTHER_FINDING, None)
     if not blocked: out["No Finding"] = _Evidence(1.0, None, None, None, None, None)
-    return out, None
+    return out
 
 # %% ../nbs/06_labels.ipynb #35ff7a12
 def _texts_and_ids(texts, ids) -> tuple[list, list]:
@@ -423,6 +436,14 @@ def to_wide(labels,                        # a long labels table
     w = w.reindex(index=order, columns=list(labels_order)).astype("float64")
     w.columns.name = None
     return w
+
+# %% ../nbs/06_labels.ipynb #2af425c9
+STATE_NAMES = {1.0: "1 positive", 0.0: "0 negative", -1.0: "-1 uncertain"}   # the blank state reads "not mentioned"
+
+def readable_states(wide: pd.DataFrame # wide states from `to_wide` (1, 0, -1, NaN)
+                   ) -> pd.DataFrame:
+    "The same table with each raw state as words: positive, negative, uncertain, or 'not mentioned' for a blank."
+    return as_pandas(wide).apply(lambda col: col.map(lambda v: "not mentioned" if is_missing(v) else STATE_NAMES.get(float(v), str(v))))
 
 # %% ../nbs/06_labels.ipynb #e2a4f83e
 def from_wide(wide,                        # one row per text, one column per observation
@@ -704,6 +725,19 @@ def _cases(self: LabelAlignment, systems: Sequence) -> list:
     pos = rows.reference_id.map({r: i for i, r in enumerate(self.reference_ids)}).to_numpy()
     return rows[key].to_numpy()[np.argsort(pos, kind="stable")].tolist()
 
+def _case_label_sums(c: pd.DataFrame, key: str, cases: list, labs: list, values: Sequence[str]) -> dict[str, np.ndarray]:
+    "Per value column, the `(cases × labs)` sums of `c`'s rows (NaN where a case has no row for a label); one pass, no pivot."
+    rows, cols = pd.Index(cases), pd.Index(labs)
+    ur, uc = rows.unique(), cols.unique()                       # repeated cases or labels are repeated in the output
+    r, k = ur.get_indexer(c[key]), uc.get_indexer(c["label"])
+    ok = (r >= 0) & (k >= 0); r, k = r[ok], k[ok]
+    seen = np.zeros((len(ur), len(uc)), bool); seen[r, k] = True
+    out = {}
+    for v in values:
+        m = np.zeros(seen.shape); np.add.at(m, (r, k), c[v].to_numpy(float)[ok]); m[~seen] = np.nan
+        out[v] = m[np.ix_(ur.get_indexer(rows), uc.get_indexer(cols))]
+    return out
+
 @patch
 def case_stats(self: LabelAlignment,
                system,                              # one of `systems`
@@ -715,8 +749,7 @@ def case_stats(self: LabelAlignment,
     c = self._counts(labels); c = c[c.system == str(system)]
     labs = list(self.labels if labels is None else labels)
     cases = list(cases) if cases is not None else self._cases([system])
-    M = {k: c.pivot_table(index=self._key, columns="label", values=k, aggfunc="sum").reindex(index=cases, columns=labs).to_numpy(float)
-         for k in ("tp", "fp", "fn")}
+    M = _case_label_sums(c, self._key, cases, labs, ("tp", "fp", "fn"))
     if any(np.isnan(v).any() for v in M.values()): raise InputError(f"alignment: system {system!r} lacks some of the requested cases")
     if kind == "micro": return micro_stats(M["tp"].sum(1), M["fp"].sum(1), M["fn"].sum(1))
     if kind == "macro": return macro_stats(M["tp"], M["fp"], M["fn"])
@@ -911,11 +944,11 @@ def _from_normal_wording(labeler: Labeler, sentence, phrase, label: str) -> bool
     i = sentence.find(phrase) if spans and isinstance(phrase, str) and phrase else -1
     return bool(spans) and (i < 0 or any(_overlaps(i, i + len(phrase), s, e) for s, e in spans))
 
-def _has_term(labeler: Labeler, text, label: str) -> bool:
-    "Whether `text` holds an abnormal (`mention` or `uncertain`) phrase of `label`, whatever its context."
-    if input_flag(text): return False
-    return any(m.label == label and m.kind in ("mention", "uncertain")
-               for s in split_sentences(text, splitter=regex_splitter) for m in labeler.sentence_mentions(s))
+def _term_labels(labeler: Labeler, text) -> frozenset:
+    "The labels of which `text` holds an abnormal (`mention` or `uncertain`) phrase, whatever its context."
+    if input_flag(text): return frozenset()
+    return frozenset(m.label for s in split_sentences(text, splitter=regex_splitter) for m in labeler.sentence_mentions(s)
+                     if m.kind in ("mention", "uncertain"))
 
 # %% ../nbs/06_labels.ipynb #9d8251a9
 def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame:
@@ -933,7 +966,8 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
     df["sentence_norm"] = [normalize_evidence(s) for s in sents]
     df["phrase_norm"] = [normalize_evidence(p) for p in phrases]
     df["normal_wording"] = [st != 0.0 and _from_normal_wording(ref, s, p, l) for s, p, l, st in zip(sents, phrases, df["label"], df["state"])]
-    df["with_term"] = [_has_term(ref, texts[str(t)], l) if st == 1.0 and str(t) in texts else None
+    found = {k: _term_labels(ref, texts[k]) for k in {str(t) for t, st in zip(df["text_id"], df["state"]) if st == 1.0 and str(t) in texts}}
+    df["with_term"] = [l in found[str(t)] if st == 1.0 and str(t) in texts else None           # each text read once
                        for t, l, st in zip(df["text_id"], df["label"], df["state"])]
     df["row_sha256"] = [_row_hash(r) for r in df.to_dict("records")]
     return df
@@ -959,11 +993,12 @@ def _flag_row(g: pd.DataFrame, top) -> dict:
             "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any() else None}
 
 def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int) -> pd.DataFrame:
-    out = []
-    for key, g in rows[rows["state"] != 0.0].groupby(group + ["label"], sort=False):
+    out, keys = [], group + ["label"]
+    pos = phrases[phrases["state"] == 1.0].drop_duplicates(keys)            # the first (most frequent) positive evidence per key
+    tops = {tuple(k): r for k, (_, r) in zip(pos[keys].itertuples(index=False), pos.iterrows())}
+    for key, g in rows[rows["state"] != 0.0].groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c, v in zip(group + ["label"], key)])]
-        out.append({**dict(zip(group + ["label"], key)), **_flag_row(g, top.iloc[0] if len(top) else None)})
+        out.append({**dict(zip(keys, key)), **_flag_row(g, tops.get(tuple(key)))})
     f = pd.DataFrame(out, columns=group + ["label"] + _FLAG_COLUMNS)
     f["dominated"] = (f["top_share"] >= dominance) & (f["positives"] >= min_positives)
     f["verdict"] = [", ".join(v for v, on in (("dominated by one sentence", d), ("positives from normal wording", nw > 0),
@@ -1150,7 +1185,8 @@ def plot_label_counts(per_label,                 # `LabelAlignment` or its `per_
         y=alt.Y("label:N", sort=order, title=None), x=alt.X("n:Q", title="reports"), yOffset=alt.YOffset("count:N", sort=list(_COUNT_COLORS)),
         color=alt.Color("count:N", scale=alt.Scale(domain=list(_COUNT_COLORS), range=list(_COUNT_COLORS.values())), title=None),
         tooltip=["system", "label", "count", "n"]).properties(width=200, height=alt.Step(5)).facet(
-        facet=alt.Facet("system:N", title=None, sort=list(pd.unique(d["system"]))), columns=columns, title=title)
+        facet=alt.Facet("system:N", title=None, sort=list(pd.unique(d["system"]))), columns=columns, title=title
+        ).resolve_axis(x="independent")   # each panel its own axis: no axis under an empty grid slot
 
 # %% ../nbs/06_labels.ipynb #560ff722
 def plot_trigger_phrases(trace: LabelTrace,      # from `trace_label_triggers`

@@ -471,6 +471,17 @@ def put(self: ChatCache, key: str,          # the request key (`request_key`)
     self._conn().execute(f"INSERT OR IGNORE INTO chat_cache ({','.join(_CACHE_COLS)}) VALUES ({','.join('?' * len(row))})", row)
     with self._lock: self.writes += 1
 
+@patch
+@contextlib.contextmanager
+def transaction(self: ChatCache):
+    "One write transaction on this thread's connection (yielded): what is written inside is stored together or not at all."
+    c = self._conn()
+    c.execute("BEGIN IMMEDIATE")
+    try: yield c
+    except BaseException:
+        c.execute("ROLLBACK"); raise
+    c.execute("COMMIT")
+
 # %% ../nbs/08_llm.ipynb #3cedb86c
 def _row_result(row: tuple, schema=None) -> ChatResult | None:
     "A stored row as a cached `ChatResult` (None when it no longer validates against `schema`)."
@@ -692,10 +703,12 @@ def cost_usd(tokens_in: int,                   # prompt tokens
 def batch_summary(df: pd.DataFrame # the per-request table of a batch (`BatchRun.to_frame()`)
                  ) -> dict:
     "Counts, tokens and cost of a `run_batch` result (totals, and for the calls made in this run)."
-    called = ~df["cached"].astype(bool)
+    cached = df["cached"].astype(bool)
+    called = ~cached & (df["status"] != "pending")  # a pending row (a batch-file collector) was not sent
     cost = pd.to_numeric(df["cost"], errors="coerce")
     return {"requests": len(df), "ok": int((df["status"] == "ok").sum()), "failed": int((df["status"] == "failed").sum()),
-            "cached": int((~called).sum()), "called": int(called.sum()), "attempts": int(df["attempts"].sum()),
+            "pending": int((df["status"] == "pending").sum()),
+            "cached": int(cached.sum()), "called": int(called.sum()), "attempts": int(df["attempts"].sum()),
             "tokens_in": int(df["tokens_in"].sum()), "tokens_out": int(df["tokens_out"].sum()),
             "tokens_in_called": int(df.loc[called, "tokens_in"].sum()), "tokens_out_called": int(df.loc[called, "tokens_out"].sum()),
             "cost_usd": float(cost.sum(min_count=1)), "cost_called_usd": float(cost[called].sum(min_count=1)) if called.any() else 0.0}
@@ -706,7 +719,8 @@ def format_summary(s: Mapping # a batch summary (`batch_summary`, optionally wit
     "One line of text for a batch summary."
     cost = "" if pd.isna(s.get("cost_usd")) else f"; cost ${s['cost_usd']:.4f} (this run ${s['cost_called_usd']:.4f})"
     wall = f" in {s['wall_s']:.1f} s" if pd.notna(s.get("wall_s", float("nan"))) else ""
-    return (f"{s['requests']} requests{wall}: {s['ok']} ok, {s['failed']} failed, {s['cached']} from cache; "
+    return (f"{s['requests']} requests{wall}: {s['ok']} ok, {s['failed']} failed, "
+            + (f"{s['pending']} pending, " if s.get('pending') else "") + f"{s['cached']} from cache; "
             f"tokens {s['tokens_in']} in / {s['tokens_out']} out (this run {s['tokens_in_called']} / {s['tokens_out_called']}){cost}")
 
 # %% ../nbs/08_llm.ipynb #c0ac14ad
@@ -722,9 +736,13 @@ class BatchRun:
     @property
     def n_failed(self) -> int: return int((self.rows["status"] == "failed").sum())
     @property
+    def n_pending(self) -> int:
+        "Requests waiting for a batch file's results (recorded by a collector such as `llm_batch.BatchCollector`, not sent)."
+        return int((self.rows["status"] == "pending").sum())
+    @property
     def nothing_succeeded(self) -> bool:
-        "True when the batch had requests and none of them got an answer (a caller should exit non-zero)."
-        return len(self) > 0 and self.n_ok == 0
+        "True when the batch had requests, none is pending, and none got an answer (a caller should exit non-zero)."
+        return len(self) > 0 and self.n_ok == 0 and self.n_pending == 0
 
     def to_frame(self) -> pd.DataFrame:
         "One row per request, in input order: `request_id, status, attempts, error, text, parsed, tokens_in, ...`."
@@ -751,20 +769,20 @@ class BatchRun:
 
 # %% ../nbs/08_llm.ipynb #67567fe5
 class _Progress:
-    "A batch progress line on stderr (or a tqdm bar), with rate and ETA."
+    "A tqdm bar over a batch's requests on a terminal (`True`), or a progress line on stderr with rate and ETA (`\"line\"`)."
     def __init__(self, total: int, mode=True, label: str = "llm batch", stream=None):
         self.total, self.label, self.stream = total, label, stream or sys.stderr
         self.on, self.done, self.ok, self.failed, self.cached, self.called = bool(mode) and total > 0, 0, 0, 0, 0, 0
         self.t0, self.last = time.perf_counter(), 0.0
         self.live = getattr(self.stream, "isatty", lambda: False)() or type(self.stream).__module__.startswith("ipykernel")
         self.bar = None
-        if self.on and mode == "tqdm" and importlib.util.find_spec("tqdm"):
-            from tqdm.auto import tqdm
-            self.bar, self.on = tqdm(total=total, desc=label, unit="req", file=self.stream), False
+        if self.on and mode in (True, "tqdm") and importlib.util.find_spec("tqdm"):
+            from tqdm import tqdm  # disable=None: drawn only when the stream is a terminal (silent in tests, logs and docs)
+            self.bar, self.on = tqdm(total=total, desc=label, unit="req", file=self.stream, disable=None), False
 
     def update(self, row: Mapping):
         self.done += 1; self.ok += row["status"] == "ok"; self.failed += row["status"] == "failed"
-        self.cached += bool(row["cached"]); self.called += not row["cached"]
+        self.cached += bool(row["cached"]); self.called += not row["cached"] and row["status"] != "pending"
         if self.bar is not None: self.bar.update(1); self.bar.set_postfix(failed=self.failed, cached=self.cached, refresh=False)
         self.show()
 
@@ -786,7 +804,7 @@ class _Progress:
     def close(self, summary: str | None = None):
         if self.bar is not None: self.bar.close()
         self.show(final=True)
-        if summary and (self.on or self.bar is not None): print(f"{self.label}: {summary}", file=self.stream, flush=True)
+        if summary and (self.on or (self.bar is not None and not self.bar.disable)): print(f"{self.label}: {summary}", file=self.stream, flush=True)
 
 # %% ../nbs/08_llm.ipynb #7b9710c6
 def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, fail_fast: int, *args) -> tuple[dict, _Progress]:
@@ -796,7 +814,10 @@ def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, fai
     results = {k: _ok_row(res) for k, res in hits.items()}
     bar = _Progress(len(jobs), progress)
     for row in results.values(): bar.update(row)
-    _run_pool([j for k, j in jobs.items() if k not in results], backend, cache, results, bar, max_concurrency, fail_fast, *args)
+    todo, defer = [j for k, j in jobs.items() if k not in results], getattr(backend, "defer", None)
+    if callable(defer):  # a batch-file collector: it records each missing request (a "pending" row) instead of calling
+        for j in todo: results[j["key"]] = row = defer(j); bar.update(row)
+    else: _run_pool(todo, backend, cache, results, bar, max_concurrency, fail_fast, *args)
     if cache is not None and len(results) > len(hits):
         cache._prune(); cache.checkpoint()  # the pool's threads have ended: close their connections, shrink the log
     return results, bar
@@ -871,7 +892,7 @@ def run_batch(requests,                              # list of dicts or a table:
               max_concurrency: int = 8,              # requests in flight at once
               retries: int = 4,                      # retries after the first attempt, for retryable failures
               timeout_s: float | None = 120,         # per-attempt time limit (HTTP back ends)
-              progress=True,                         # progress line on stderr; "tqdm" for a tqdm bar; False for silence
+              progress=True,                         # a tqdm bar on a terminal (silent elsewhere); "line" for a progress line; False for silence
               *,
               temperature: float = 0.0,              # default temperature of the requests
               max_tokens: int = 1024,                # default reply cap
@@ -1071,6 +1092,18 @@ def _probe(self: OpenAIChat, msgs, schema, dec) -> ChatResult:
         self.structured_mode_ = mode
         _log.info("OpenAIChat(%r): structured mode %s", self.model, mode)
         return res
+
+# %% ../nbs/08_llm.ipynb #dc40df34
+@patch
+def batch_body(self: OpenAIChat, messages,           # a text, or a list of {role, content} messages
+               schema=None,                          # a pydantic model (or JSON schema) the reply must follow
+               params: Mapping | None = None,        # decoding parameters (see `decoding_params`)
+               mode: str | None = None               # structured mode (default: the back end's, else "json_schema")
+              ) -> dict:
+    "The JSON body this back end would send to `/chat/completions` for one request (no client is made)."
+    dec = decoding_params(**(params or {}))
+    kw = self._request(as_messages(messages), schema, mode or self.structured_mode_ or "json_schema", **dec, timeout_s=None)
+    return {**{k: v for k, v in kw.items() if k != "extra_body"}, **kw.get("extra_body", {})}
 
 # %% ../nbs/08_llm.ipynb #f3323fdb
 def _free_port(host: str = "127.0.0.1") -> int:

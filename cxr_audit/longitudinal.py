@@ -20,7 +20,8 @@ import pandas as pd
 from fastcore.basics import patch
 
 from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
-                            read_table, require_columns, resource_text, rng, save_chart, sha256_text, write_manifest, write_table)
+                            read_table, require_columns, resource_text, rng, save_chart, sha256_text, system_color, write_manifest,
+                            write_table)
 from .reports import default_splitter_name, split_sentences
 from .corpus import to_generations
 from .cohort import Cohort, recipe_003_lmimic
@@ -145,6 +146,9 @@ class RuleAnnotator:
     def __repr__(self): return f"RuleAnnotator(name={self.name!r})"
 
     @functools.cached_property
+    def _readings(self) -> dict: return {}   # sentence -> its `_Reading` (built from `_rx`, which is also fixed at first use)
+
+    @functools.cached_property
     def _rx(self) -> dict:
         lex, kw = load_lexicon(self.lexicon), load_keywords(self.keywords)
         terms = [(t["term"], _word_regex(t["patterns"]), int(t.get("polarity", 1))) for t in kw["terms"]]
@@ -171,7 +175,15 @@ def _masked(chars: list, a: int, b: int):
 
 @patch
 def _read(self: RuleAnnotator, sentence: str) -> _Reading:
-    "Findings, cues (on the text with findings masked) and clause breaks of a sentence."
+    "Findings, cues (on the text with findings masked) and clause breaks of a sentence (each distinct sentence read once)."
+    hit = self._readings.get(str(sentence))
+    if hit is None:
+        if len(self._readings) >= 200_000: self._readings.clear()      # bounded, as the labeler's sentence cache
+        hit = self._readings[str(sentence)] = self._read_now(str(sentence))
+    return hit
+
+@patch
+def _read_now(self: RuleAnnotator, sentence: str) -> _Reading:
     rx, text = self._rx, str(sentence)
     terms, chars = self.find_terms(text), list(text)
     for a, b, _ in terms: _masked(chars, a, b)
@@ -1308,10 +1320,10 @@ def plot_progression_f1(evaluation: ProgressionEvaluation,   # the evaluation dr
     s = evaluation.summary()
     s = s[s["metric"].isin(metrics)].assign(panel=lambda d: d["metric"].str.replace("progression_", "").str.replace("_", " "))
     order = [m.replace("progression_", "").replace("_", " ") for m in metrics]
-    base = alt.Chart(s).encode(y=alt.Y("system:N", sort=evaluation.systems, title=None))
-    rule = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="F1", scale=alt.Scale(domain=[0, 1])), x2="ci_high:Q",
-                                                color=alt.Color("panel:N", sort=order, title=None, legend=None))
-    pts = base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=alt.Color("panel:N", sort=order, legend=None),
+    colour = system_color("system", s["system"], legend=None)   # each system in its own colour, the same in every chart
+    base = alt.Chart(s).encode(y=alt.Y("system:N", sort=evaluation.systems, title=None), color=colour)
+    rule = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="F1", scale=alt.Scale(domain=[0, 1])), x2="ci_high:Q")
+    pts = base.mark_point(filled=True, size=60).encode(x="estimate:Q",
                                                       tooltip=["system", "metric", alt.Tooltip("estimate:Q", format=".3f"),
                                                                alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")])
     return (rule + pts).properties(width=170, height=alt.Step(20)).facet(column=alt.Column("panel:N", sort=order, title=None)).properties(

@@ -5,6 +5,7 @@
 # %% ../nbs/07_metrics.ipynb #ae9b98e0
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -19,11 +20,15 @@ import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
+
+try: from rapidfuzz.distance import LCSseq as _LCSseq   # the fast LCS of ROUGE-L (a core requirement; pure Python without it)
+except ImportError: _LCSseq = None
 
 from .core import InputError, install_hint, is_missing
 from .reports import clean_report_iu, clean_report_mimic
@@ -31,16 +36,18 @@ from .stats import mean, mean_stats, micro_f1, micro_stats
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
-__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_MAX_TOKENS', 'REGISTRY', 'RADEVAL_METRICS',
-           'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'BRIDGED_METRICS',
-           'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs',
-           'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'coco_bleu', 'Bleu', 'lcs_length',
-           'rouge_l_score', 'RougeL', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'MeteorRun',
-           'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score',
-           'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval',
-           'unavailable_reason', 'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values',
-           'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated',
-           'radeval_status', 'bundle_metrics', 'metric_kind', 'metric_availability', 'registry_table']
+__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_MAX_TOKENS', 'METEOR_BATCH', 'REGISTRY', 'RADEVAL_METRICS',
+           'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE',
+           'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric',
+           'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table',
+           'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score',
+           'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable',
+           'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric',
+           'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name',
+           'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
+           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
+           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
+           'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -117,12 +124,17 @@ def _out(v):
 # %% ../nbs/07_metrics.ipynb #bffdccb1
 TOKENIZERS: dict[str, Callable[[str], str]] = {"r2gen": clean_report_mimic, "r2gen_iu": clean_report_iu}
 
+@functools.lru_cache(maxsize=None)
+def _memo(fn: Callable[[str], str]) -> Callable[[str], str]:
+    "`fn` remembering its last 65,536 texts: BLEU-1..4, ROUGE-L and CIDEr-D prepare the same texts once."
+    return functools.lru_cache(maxsize=1 << 16)(fn)
+
 def tokenizer(tokenize # a name of `TOKENIZERS` ("r2gen", "r2gen_iu"), a function, or None (text as is)
              ) -> Callable[[str], str]:
     "The text-preparation function named by `tokenize` (see the table above)."
     if tokenize is None: return lambda s: s
     if callable(tokenize): return tokenize
-    if tokenize in TOKENIZERS: return TOKENIZERS[tokenize]
+    if tokenize in TOKENIZERS: return _memo(TOKENIZERS[tokenize])
     raise InputError(f"tokenize must be None, a callable or one of {sorted(TOKENIZERS)}, got {tokenize!r}")
 
 # %% ../nbs/07_metrics.ipynb #608832dc
@@ -143,6 +155,97 @@ def bleu_pair_stats(reference: str,  # one prepared reference
     m = [0] * n
     for g, c in hyp.items(): m[len(g) - 1] += min(c, ref.get(g, 0))
     return m + [max(0, len(h) - k) for k in range(n)] + [len(h), len(r)]
+
+# %% ../nbs/07_metrics.ipynb #e224e999
+def _encode(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+    "Every token as an integer id (one vocabulary for all the texts), and each text's length."
+    flat = list(chain.from_iterable(token_lists))
+    ids = pd.factorize(np.array(flat, dtype=object))[0].astype(np.int64) if flat else np.zeros(0, np.int64)
+    return ids, np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+
+def _dense(x: np.ndarray) -> tuple[np.ndarray, int]:
+    "Dense ids `0..m-1` of the values of `x` (in sorted order), and `m`."
+    u = np.unique(x)
+    return np.searchsorted(u, x), len(u)
+
+@dataclass(frozen=True)
+class NgramRows:
+    "The distinct n-grams of one order in each text: one row each, sorted by text, then by n-gram id."
+    text: np.ndarray   # index of the text
+    gram: np.ndarray   # n-gram id (the same n-gram has the same id in every text), in `0..size-1`
+    count: np.ndarray  # occurrences of that n-gram in that text
+    size: int          # number of distinct n-grams of this order in the corpus
+
+def ngram_table(token_lists: Sequence[Sequence[str]], # tokenized texts
+                n: int                               # highest n-gram order
+               ) -> list[NgramRows]:
+    "For each order 1..`n`, the counts of every distinct n-gram of every text (exact integer ids)."
+    ids, lens = _encode(token_lists)
+    text = np.repeat(np.arange(len(lens)), lens)
+    left = np.repeat(np.cumsum(lens), lens) - np.arange(len(ids))    # tokens from each position to the end of its text
+    gram, size, out = ids, max(int(ids.max()) + 1 if len(ids) else 1, 1), []
+    for k in range(1, n + 1):
+        pos = np.flatnonzero(left >= k)
+        if k > 1:
+            code, gram = gram[pos] * (len(ids) + 1) + ids[pos + k - 1], np.full(len(ids), -1, dtype=np.int64)
+            gram[pos], size = _dense(code); size = max(size, 1)
+        key, count = np.unique(text[pos] * size + gram[pos], return_counts=True)
+        out.append(NgramRows(key // size, key % size, count, size))
+    return out
+
+# %% ../nbs/07_metrics.ipynb #e07aee0a
+def _in_reference(rows: NgramRows, npairs: int) -> tuple[np.ndarray, np.ndarray]:
+    "For a table of references (texts `0..npairs-1`) then hypotheses: the hypothesis rows, and the row of the same n-gram in the pair's reference (-1: none)."
+    hi = np.flatnonzero(rows.text >= npairs)
+    key = rows.text * rows.size + rows.gram                  # sorted
+    want = key[hi] - npairs * rows.size
+    if not len(key): return hi, np.zeros(0, dtype=np.int64)
+    p = np.minimum(np.searchsorted(key, want), len(key) - 1)
+    return hi, np.where(key[p] == want, p, -1)
+
+def _tfidf(rows: NgramRows, npairs: int, log_n: float) -> np.ndarray:
+    "CIDEr-D's weight of each row: `tf · (log N − log max(1, df))`, df = number of references holding the n-gram."
+    df = np.bincount(rows.gram[rows.text < npairs], minlength=rows.size)
+    return rows.count.astype(float) * (log_n - np.log(np.maximum(1.0, df[rows.gram])))
+
+@dataclass(frozen=True)
+class PairCounts:
+    "What BLEU and CIDEr-D need of each pair, from one n-gram table of the corpus."
+    bleu: np.ndarray   # (pairs × 2n+2): `bleu_pair_stats` of each pair
+    dot: np.ndarray    # (pairs × n): clipped TF-IDF dot product of hypothesis and reference, per order (CIDEr-D)
+    norms: np.ndarray  # (pairs × n × 2): TF-IDF vector norms of the hypothesis and of the reference, per order
+
+def pair_counts(references: Sequence[str], # prepared references (split on whitespace); they also give CIDEr-D's IDF
+                hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
+                n: int = 4                 # highest n-gram order
+               ) -> PairCounts:
+    "BLEU statistics and CIDEr-D's TF-IDF parts of every pair, counted for the whole corpus at once."
+    r, h = [x.split() for x in references], [x.split() for x in hypotheses]; N = len(r)
+    hl, rl = np.fromiter(map(len, h), float, N), np.fromiter(map(len, r), float, N)
+    bleu, dot, norms = np.zeros((N, 2 * n + 2)), np.zeros((N, n)), np.zeros((N, n, 2))
+    for k, rows in enumerate(ngram_table(r + h, n)):
+        hi, ri = _in_reference(rows, N); has, rj, pair = ri >= 0, np.maximum(ri, 0), rows.text[hi] - N
+        bleu[:, k] = np.bincount(pair, weights=np.where(has, np.minimum(rows.count[hi], rows.count[rj]), 0), minlength=N)
+        bleu[:, n + k] = np.maximum(0, hl - k)
+        w = _tfidf(rows, N, np.log(float(N)) if N else 0.0); wr = np.where(has, w[rj], 0.0)
+        dot[:, k] = np.bincount(pair, weights=np.minimum(w[hi], wr) * wr, minlength=N)
+        norm = np.sqrt(np.bincount(rows.text, weights=w ** 2, minlength=2 * N))
+        norms[:, k, 0], norms[:, k, 1] = norm[N:], norm[:N]
+    bleu[:, 2 * n], bleu[:, 2 * n + 1] = hl, rl
+    return PairCounts(bleu, dot, norms)
+
+@functools.lru_cache(maxsize=4)
+def _pair_counts4(refs: tuple, hyps: tuple) -> PairCounts:
+    "`pair_counts` of order 4, kept for the last few corpora: BLEU-1..4 and CIDEr-D of the same pairs count once."
+    return pair_counts(refs, hyps, 4)
+
+# %% ../nbs/07_metrics.ipynb #4682fb9a
+def bleu_stats(references: Sequence[str], # prepared references (split on whitespace)
+               hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
+               n: int = 4                 # highest n-gram order
+              ) -> np.ndarray:
+    "`(pairs × 2n+2)`: `bleu_pair_stats` of every pair, counted for the whole corpus at once."
+    return pair_counts(references, hypotheses, n).bleu
 
 # %% ../nbs/07_metrics.ipynb #9e0397e9
 _TINY, _SMALL = 1e-15, 1e-9   # pycocoevalcap's BleuScorer epsilons
@@ -174,7 +277,8 @@ class Bleu(MetricBase):
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        return [bleu_pair_stats(t(r), t(h), self.n) for r, h in zip(refs, hyps)]
+        cols = list(range(self.n)) + list(range(4, 4 + self.n)) + [8, 9]     # BLEU-n's columns of the order-4 statistics
+        return _pair_counts4(tuple(map(t, refs)), tuple(map(t, hyps))).bleu[:, cols]
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(coco_bleu(summed))
@@ -204,6 +308,26 @@ def rouge_l_score(reference: str,   # one prepared reference
     p, rec = lcs / len(h), lcs / len(r)
     return (1 + beta ** 2) * p * rec / (rec + beta ** 2 * p) if p != 0 and rec != 0 else 0.0
 
+# %% ../nbs/07_metrics.ipynb #ff703845
+def _lcs_lengths(a: list[list[int]], b: list[list[int]]) -> np.ndarray:
+    "LCS length of each pair of id sequences: rapidfuzz's bit-parallel C++ when installed, else `lcs_length`."
+    if _LCSseq is None: return np.array([lcs_length(x, y) for x, y in zip(a, b)], dtype=float)
+    return np.array([_LCSseq.similarity(x, y) for x, y in zip(a, b)], dtype=float)
+
+def rouge_l_scores(references: Sequence[str], # prepared references
+                   hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
+                   beta: float = 1.2          # recall weight of the F-measure (COCO: 1.2)
+                  ) -> np.ndarray:
+    "`rouge_l_score` of every pair: tokens (single-space split) mapped to integer ids, LCS lengths by `_lcs_lengths`."
+    r, h = [x.split(" ") for x in references], [x.split(" ") for x in hypotheses]
+    vocab: dict = {}
+    ids = lambda toks: [vocab.setdefault(w, len(vocab)) for w in toks]
+    lcs = _lcs_lengths([ids(x) for x in r], [ids(x) for x in h])
+    p, rec = lcs / np.fromiter(map(len, h), float, len(h)), lcs / np.fromiter(map(len, r), float, len(r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = (1 + beta ** 2) * p * rec / (rec + beta ** 2 * p)
+    return np.where((p != 0) & (rec != 0), f, 0.0)
+
 # %% ../nbs/07_metrics.ipynb #128935ab
 @dataclass(repr=False)
 class RougeL(MetricBase):
@@ -215,30 +339,29 @@ class RougeL(MetricBase):
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        return mean_stats([rouge_l_score(t(r), t(h), self.beta) for r, h in zip(refs, hyps)])
+        return mean_stats(rouge_l_scores([t(r) for r in refs], [t(h) for h in hyps], self.beta))
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return mean(summed)
     def __repr__(self): return f"RougeL(tokenize={self.tokenize!r}, beta={self.beta})"
 
 # %% ../nbs/07_metrics.ipynb #c0006090
-def _cider_vec(counts: Counter, df: Mapping, log_n: float, n: int):
-    "TF-IDF vectors per order, their norms, and the unigram length (pycocoevalcap's `counts2vec`)."
-    vec = [dict() for _ in range(n)]; norm = [0.0] * n; length = 0
-    for g, tf in counts.items():
-        k = len(g) - 1
-        w = float(tf) * (log_n - np.log(max(1.0, df.get(g, 0.0))))
-        vec[k][g] = w; norm[k] += w ** 2
-        if k == 1: length += tf     # sic: pycocoevalcap counts bigrams as the "length"
-    return vec, [np.sqrt(x) for x in norm], length
+def _cider_from(pc: PairCounts, n: int, sigma: float) -> np.ndarray:
+    "CIDEr-D of every pair from its `PairCounts`: cosine per order, Gaussian length penalty, mean over orders, times 10."
+    hl, rl = pc.bleu[:, -2], pc.bleu[:, -1]
+    delta = np.maximum(0.0, hl - 1) - np.maximum(0.0, rl - 1) if n >= 2 else np.zeros(len(hl))   # sic: "length" counts bigrams
+    nh, nr = pc.norms[..., 0], pc.norms[..., 1]
+    both = (nh != 0) & (nr != 0)
+    val = np.where(both, pc.dot / np.where(both, nh * nr, 1.0), pc.dot) * (np.e ** (-(delta ** 2) / (2 * sigma ** 2)))[:, None]
+    return val.mean(axis=1) * 10.0
 
-def _cider_sim(vh, vr, nh, nr, lh, lr, n: int, sigma: float) -> np.ndarray:
-    delta = float(lh - lr); val = np.zeros(n)
-    for k in range(n):
-        for g, w in vh[k].items(): val[k] += min(w, vr[k].get(g, 0.0)) * vr[k].get(g, 0.0)
-        if nh[k] != 0 and nr[k] != 0: val[k] /= (nh[k] * nr[k])
-        val[k] *= np.e ** (-(delta ** 2) / (2 * sigma ** 2))
-    return val
+def cider_d_scores(references: Sequence[str], # prepared references (split on whitespace); they also give the IDF
+                   hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
+                   n: int = 4,                # highest n-gram order
+                   sigma: float = 6.0         # width of the Gaussian length penalty
+                  ) -> np.ndarray:
+    "CIDEr-D of every pair as pycocoevalcap computes it, from one n-gram table of the whole corpus."
+    return _cider_from(pair_counts(references, hypotheses, n), n, sigma)
 
 # %% ../nbs/07_metrics.ipynb #ca717aec
 @dataclass(repr=False)
@@ -254,15 +377,8 @@ class CiderD(MetricBase):
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        rc = [ngram_counts(t(r).split(), self.n) for r in refs]
-        hc = [ngram_counts(t(h).split(), self.n) for h in hyps]
-        df = Counter(g for c in rc for g in c)
-        log_n = np.log(float(len(refs))) if refs else 0.0
-        out = []
-        for h, r in zip(hc, rc):
-            vh, nh, lh = _cider_vec(h, df, log_n, self.n); vr, nr, lr = _cider_vec(r, df, log_n, self.n)
-            out.append(float(np.mean(_cider_sim(vh, vr, nh, nr, lh, lr, self.n, self.sigma))) * 10.0)
-        return mean_stats(out)
+        r, h = tuple(map(t, refs)), tuple(map(t, hyps))
+        return mean_stats(_cider_from(_pair_counts4(r, h) if self.n == 4 else pair_counts(r, h, self.n), self.n, self.sigma))
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return mean(summed)
@@ -331,13 +447,16 @@ def java_executable(java: str | None = None # a java executable (default: `java`
 # %% ../nbs/07_metrics.ipynb #9e99a9bc
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
-    def __init__(self, cmd: list[str]): self.cmd = cmd
+    def __init__(self, cmd: list[str]): self.cmd, self.proc, self.lock = cmd, None, threading.Lock()
 
-    def __enter__(self):
+    def start(self):
         self.err = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(self.cmd, cwd=Path(self.cmd[3]).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, text=True, encoding="utf-8")
         return self
+
+    @property
+    def alive(self) -> bool: return self.proc is not None and self.proc.poll() is None
 
     def ask(self, lines: list[str], answers: int | None = None) -> list[str]:
         "Send `lines`; read `answers` (default: one per line) non-empty answer lines."
@@ -358,12 +477,46 @@ class _MeteorJar:
     def _stderr(self) -> str:
         self.proc.wait(timeout=30); self.err.seek(0); return self.err.read().strip()[-800:] or f"exit code {self.proc.returncode}"
 
-    def __exit__(self, *exc):
+    def close(self):
+        "End the JVM: close its input (it exits at end of input), kill it if it does not within 30 s."
+        if self.proc is None: return
         try: self.proc.stdin.close()
         except OSError: pass
         try: self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
-        self.err.close()
+        for f in (self.proc.stdout, self.err):
+            with contextlib.suppress(OSError): f.close()
+        self.proc = None
+
+    def __enter__(self): return self.start()
+    def __exit__(self, *exc): self.close()
+
+# %% ../nbs/07_metrics.ipynb #63aa95ac
+_METEOR_JVMS: dict[tuple, _MeteorJar] = {}
+_METEOR_LOCK = threading.Lock()
+
+def meteor_jvm(cmd: Sequence[str] # the java command line running the jar in `-stdio` mode
+              ) -> _MeteorJar:
+    "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped)."
+    key = tuple(cmd)
+    with _METEOR_LOCK:
+        jvm = _METEOR_JVMS.get(key)
+        if jvm is None or not jvm.alive:
+            if jvm is not None: jvm.close()
+            jvm = _METEOR_JVMS[key] = _MeteorJar(list(cmd)).start()
+        return jvm
+
+def close_meteor(cmd: Sequence[str] | None = None # the command line of one jar (default: every running jar)
+                ) -> int:
+    "End the running METEOR jar(s) of this process; returns how many were ended."
+    with _METEOR_LOCK:
+        keys = list(_METEOR_JVMS) if cmd is None else [k for k in _METEOR_JVMS if k == tuple(cmd)]
+        jvms = [_METEOR_JVMS.pop(k) for k in keys]
+    for j in jvms:
+        with j.lock: j.close()
+    return len(jvms)
+
+atexit.register(close_meteor)
 
 # %% ../nbs/07_metrics.ipynb #a1c22f01
 METEOR_MAX_TOKENS = 1_000   # tokens per text given to the METEOR jar; longer texts are cut and flagged
@@ -394,6 +547,29 @@ class MeteorRun:
     capped: np.ndarray | None = None          # per pair: was its reference or hypothesis cut to `max_tokens`
 
 # %% ../nbs/07_metrics.ipynb #f714dd99
+METEOR_BATCH = 2_000   # pairs sent to the jar per write
+
+def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
+    return [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
+
+def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool) -> tuple[dict, list | None]:
+    "SCORE answers of the distinct pairs (in batches of `METEOR_BATCH`) and, with `evaluate`, the EVAL answer."
+    raw = {}
+    for i in range(0, len(uniq), METEOR_BATCH):
+        part = uniq[i:i + METEOR_BATCH]
+        raw.update(zip(part, jvm.ask([f"SCORE ||| {r} ||| {h}" for r, h in part])))
+    return raw, jvm.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
+
+def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool) -> tuple[dict, list | None]:
+    "`_converse` with the process's jar; a jar that stops is closed and the conversation retried once on a fresh one."
+    for attempt in (0, 1):
+        jvm = meteor_jvm(cmd)
+        with jvm.lock:
+            try: return _converse(jvm, uniq, pairs, evaluate)
+            except RuntimeError:
+                jvm.close()
+                if attempt: raise
+
 def run_meteor(references: Sequence[str],  # tokenized references
                hypotheses: Sequence[str],  # tokenized hypotheses
                jar=None,                   # the METEOR 1.5 jar (default: pycocoevalcap's)
@@ -403,15 +579,11 @@ def run_meteor(references: Sequence[str],  # tokenized references
                evaluate: bool = False,     # also ask the jar for its own segment and corpus scores (EVAL)
                max_tokens: int | None = METEOR_MAX_TOKENS # cap on each text's tokens (None: no cap; long texts exhaust the JVM)
               ) -> MeteorRun:
-    "The jar's `(n × 23)` statistics from one JVM, and (with `evaluate`) its own `EVAL` answer."
+    "The jar's `(n × 23)` statistics from the process's running jar (see `meteor_jvm`), and (with `evaluate`) its own `EVAL` answer."
     cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r, h in zip(references, hypotheses)]
     pairs, capped = [(r, h) for (r, _), (h, _) in cut], np.array([a or b for (_, a), (_, b) in cut], dtype=bool)
     if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None, capped)
-    uniq = list(dict.fromkeys(pairs))
-    cmd = [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
-    with _MeteorJar(cmd) as jar_:
-        raw = dict(zip(uniq, jar_.ask([f"SCORE ||| {r} ||| {h}" for r, h in uniq])))
-        ev = jar_.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
+    raw, ev = _ask_jar(_meteor_cmd(jar, java, language, memory), list(dict.fromkeys(pairs)), pairs, evaluate)
     S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
     if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
     if ev is None: return MeteorRun(S, capped=capped)
@@ -431,17 +603,20 @@ class Meteor(MetricBase):
     jar: str | os.PathLike | None = None   # default: the jar shipped in pycocoevalcap
     java: str | None = None                 # default: `java` on PATH
     memory: str = "2G"
-    max_tokens: int | None = METEOR_MAX_TOKENS   # each text cut to this many tokens (a warning names the rows)
+    max_tokens: int | None = METEOR_MAX_TOKENS   # each text cut to this many tokens (a warning and a note name the rows)
     name: str = "meteor"
     stat_names: tuple = METEOR_STATS
     extra: str = "pycocoevalcap (metrics extra) + Java"
+    capped_: np.ndarray | None = field(default=None, init=False, compare=False)   # rows of the last call whose text was cut
 
-    def _stats(self, refs, hyps):
+    def _run(self, refs, hyps, evaluate: bool = False) -> MeteorRun:
         t = tokenizer(self.tokenize)
         run = run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory,
-                         max_tokens=self.max_tokens)
-        _warn_capped(run.capped, self.max_tokens)
-        return run.stats
+                         evaluate=evaluate, max_tokens=self.max_tokens)
+        self.capped_ = run.capped; _warn_capped(run.capped, self.max_tokens)
+        return run
+
+    def _stats(self, refs, hyps): return self._run(refs, hyps).stats
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(meteor_value(summed))
@@ -449,12 +624,25 @@ class Meteor(MetricBase):
     def jar_scores(self, references, # reference texts
                    hypotheses        # generated texts, aligned with the references
                   ) -> MeteorRun:
-        "Statistics, and the jar's own segment and corpus scores, from one JVM: to check `value` against the jar itself."
-        r, h = check_pairs(references, hypotheses); t = tokenizer(self.tokenize)
-        run = run_meteor([t(x) for x in r], [t(x) for x in h], self.jar, self.java, memory=self.memory, evaluate=True,
-                         max_tokens=self.max_tokens)
-        _warn_capped(run.capped, self.max_tokens)
-        return run
+        "Statistics, and the jar's own segment and corpus scores, from the same jar: to check `value` against the jar itself."
+        return self._run(*check_pairs(references, hypotheses), evaluate=True)
+
+    def row_notes(self, n: int # number of rows of the last `stats` call
+                 ) -> list[str]:
+        "'cut to its first N tokens' on the rows of the last call whose reference or hypothesis was cut, '' elsewhere."
+        cut = np.zeros(n, bool) if self.capped_ is None or len(self.capped_) != n else self.capped_
+        return [f"METEOR scored the first {self.max_tokens} tokens only (reference or hypothesis cut)" if c else "" for c in cut]
+
+    @property
+    def note(self) -> str:
+        "Which rows of the last call were cut ('' when none)."
+        rows = np.flatnonzero(self.capped_) if self.capped_ is not None else []
+        if not len(rows): return ""
+        return f"{len(rows)} pair(s) cut to their first {self.max_tokens} tokens (rows {rows[:10].tolist()}{' ...' if len(rows) > 10 else ''})"
+
+    def close(self):
+        "End the running jar this metric uses (the next call starts a new one)."
+        close_meteor(_meteor_cmd(self.jar, self.java, "en", self.memory))
 
     def __repr__(self): return f"Meteor(tokenize={self.tokenize!r})"
 
@@ -555,6 +743,11 @@ def score(references,                   # reference texts
                          for m in _metrics(metrics)], columns=["metric", "value", "note"])
 
 # %% ../nbs/07_metrics.ipynb #5364082b
+def _row_notes(m, n: int) -> list[str]:
+    "The metric's note on each row of its last `stats` call ('' for a metric without row notes)."
+    notes = m.row_notes(n) if hasattr(m, "row_notes") else None
+    return [""] * n if notes is None else list(notes)
+
 def sample_stats(references,                    # reference texts
                  hypotheses,                    # generated texts, aligned with the references
                  metrics=('bleu_4', 'rouge_l'), # metric names or Metric objects
@@ -563,7 +756,7 @@ def sample_stats(references,                    # reference texts
                  dataset='dataset',             # dataset name, or one per sample
                  variant='original'             # reference variant, or one per sample
                 ) -> pd.DataFrame:
-    "Per-sample sufficient statistics in the `scores` long format."
+    "Per-sample sufficient statistics in the `scores` long format, with a `note` on rows a metric flags (e.g. METEOR's cut texts)."
     r, h = check_pairs(references, hypotheses); n = len(r)
     ids = [str(i) for i in range(n)] if sample_ids is None else _per_row(sample_ids, n, "sample_ids")
     base = pd.DataFrame({"sample_id": ids, "system": _per_row(system, n, "system"),
@@ -572,10 +765,10 @@ def sample_stats(references,                    # reference texts
     for m in _metrics(metrics):
         S = np.asarray(m.stats(r, h), dtype=float)
         part = base.assign(metric=m.name, **{f"stat_{j}": S[:, j] for j in range(S.shape[1])})
-        parts.append(part.assign(value=np.asarray(m.value(S), dtype=float).reshape(n)))
-    out = pd.concat(parts, ignore_index=True) if parts else base.assign(metric=[], value=[])
+        parts.append(part.assign(value=np.asarray(m.value(S), dtype=float).reshape(n), note=_row_notes(m, n)))
+    out = pd.concat(parts, ignore_index=True) if parts else base.assign(metric=[], value=[], note=[])
     cols = [c for c in out.columns if c.startswith("stat_")]
-    return out[list(base.columns) + ["metric"] + sorted(cols, key=lambda c: int(c[5:])) + ["value"]]
+    return out[list(base.columns) + ["metric"] + sorted(cols, key=lambda c: int(c[5:])) + ["value", "note"]]
 
 # %% ../nbs/07_metrics.ipynb #b3e0a1c6
 _COCO = {"bleu_1": ("bleu", 0), "bleu_2": ("bleu", 1), "bleu_3": ("bleu", 2), "bleu_4": ("bleu", 3),
@@ -906,6 +1099,10 @@ class CheXbertF1(MetricBase):
     def __repr__(self): return f"CheXbertF1(key={self.key!r})"
 
 # %% ../nbs/07_metrics.ipynb #6993814d
+RADEVAL_BLEU_NOTE = ("RadEval's corpus BLEU-4: the same pycocoevalcap scorer as bleu_4 (corpus sums, brevity penalty, no smoothing), "
+                     "but on the raw text split on whitespace (case and punctuation kept), so it is lower than bleu_4, "
+                     "near 0 when no 4-gram matches")
+
 def radeval_metric(name: str,                     # RadEval metric name, e.g. "radgraph"
                    key: str | None = None,        # which output (default: the first listed in RADEVAL_METRICS)
                    native: bool = True,           # "bleu": compute RadEval's corpus BLEU natively (exact, bootstrappable)
@@ -915,7 +1112,8 @@ def radeval_metric(name: str,                     # RadEval metric name, e.g. "r
                   ) -> Metric:
     "A RadEval metric output as a `Metric`: `radeval_bleu` natively, the CheXbert micro-F1 keys as `CheXbertF1`, the rest per sample."
     if name == "bleu" and native and not options and evaluator is None and key in (None, "bleu"):
-        return Bleu(4, tokenize=None, name=metric_name or "radeval_bleu")
+        b = Bleu(4, tokenize=None, name=metric_name or "radeval_bleu"); b.note = RADEVAL_BLEU_NOTE
+        return b
     if (key or _radeval_entry(name)[0][0]) in CHEXBERT_KEYS and name == "f1chexbert":
         return CheXbertF1(key=key or "f1chexbert_5_micro_f1", options=dict(options), name=metric_name, evaluator=evaluator)
     return RadEvalMetric(radeval=name, key=key, options=dict(options), name=metric_name, evaluator=evaluator)
@@ -956,6 +1154,8 @@ class Negated(MetricBase):
     def stats(self, references, # reference texts
                     hypotheses  # generated texts, aligned with the references
              ): return self.inner.stats(references, hypotheses)
+    def row_notes(self, n: int # number of rows of the last `stats` call
+                 ) -> list[str]: return _row_notes(self.inner, n)
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(-np.asarray(self.inner.value(summed), dtype=float))
     def __repr__(self): return f"Negated({self.inner!r})"

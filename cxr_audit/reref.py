@@ -28,8 +28,8 @@ __all__ = ['VARIANTS', 'EXPERIMENT_VARIANTS', 'ORIGINAL', 'REPORT_SECTIONS', 'VE
            'Axis', 'Taxonomy', 'load_taxonomy', 'resolve_variants', 'variant_steps', 'Prompts', 'load_prompts',
            'format_report', 'prompt_fields', 'fill_template', 'generator_messages', 'verifier_messages',
            'pydantic_schemas', 'as_rewrite', 'as_verdict', 'is_accepted', 'is_infeasible', 'task_messages', 'read_task',
-           'ReRef', 'Round', 'FrameResult', 'LoopRun', 'RewriteRun', 'backend_label', 'backend_description',
-           'rewrite_table']
+           'ReRef', 'Round', 'FrameResult', 'LoopRun', 'is_waiting', 'waiting_rounds', 'RewriteRun', 'backend_label',
+           'backend_description', 'rewrite_table']
 
 # %% ../nbs/09_reref.ipynb #6ad1f272
 VARIANTS = ("structure:structured", "structure:free_text", "section_assignment:alternative",
@@ -494,7 +494,7 @@ def _verified_row(row: Mapping, reply: Mapping) -> dict:
     return {**row, **verdict, "accepted": is_accepted(verdict)}
 
 # %% ../nbs/09_reref.ipynb #e19e6b6c
-_CALL_KEYS = ("requests", "ok", "failed", "cached", "called", "attempts", "tokens_in", "tokens_out")
+_CALL_KEYS = ("requests", "ok", "failed", "pending", "cached", "called", "attempts", "tokens_in", "tokens_out")
 
 def _totals(batch) -> dict:
     "The call totals of one `BatchRun`."
@@ -551,7 +551,8 @@ class LoopRun(FrameResult):
     frame_field = "results"
     results: pd.DataFrame   # one `RESULT_COLUMNS` row per task, in input order (final rewrite, feasibility, verdict, error)
     rounds: pd.DataFrame    # one `ROUND_COLUMNS` row per task and round
-    calls: dict             # requests, ok, failed, cached, called, attempts, tokens_in, tokens_out, cost_usd
+    calls: dict             # requests, ok, failed, pending, cached, called, attempts, tokens_in, tokens_out, cost_usd
+    pending: tuple = ()     # task IDs waiting for batch results (see `cxr_audit.llm_batch`); their result rows are not final
 
     def summary(self) -> pd.DataFrame:
         "Per variant: tasks, and the share accepted and feasible; mean rounds."
@@ -594,6 +595,19 @@ def _check_tasks(tasks, taxonomy: Taxonomy) -> list[dict]:
         task["restricted"] = is_restricted([task])[0]
     return rows
 
+# %% ../nbs/09_reref.ipynb #40697042
+def is_waiting(row: Mapping # a round-log row (`ROUND_COLUMNS`)
+              ) -> bool:
+    "Whether the task waits in this round for a batch result (its Generator or Verifier request is `pending`)."
+    return row.get("generator_status") == "pending" or row.get("verifier_status") == "pending"
+
+def waiting_rounds(rounds: pd.DataFrame # a rounds log (`LoopRun.rounds` or `RewriteRun.rounds`)
+                  ) -> pd.DataFrame:
+    "Per round and step (`generate` or `verify`): how many tasks wait for batch results; empty when none does."
+    step = rounds.generator_status.eq("pending").map({True: "generate", False: "verify"})
+    w = rounds[rounds.generator_status.eq("pending") | rounds.verifier_status.eq("pending")].assign(step=step)
+    return w.groupby(["round", "step"]).size().rename("tasks").reset_index()
+
 # %% ../nbs/09_reref.ipynb #0500d098
 @patch
 def run(self: ReRef, tasks,                      # table or dicts: task_id, study_id, variant, findings, impression [, indication, comparison, technique, restricted]
@@ -609,15 +623,16 @@ def run(self: ReRef, tasks,                      # table or dicts: task_id, stud
     rows = _check_tasks(tasks, self.taxonomy)
     options = dict(max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s, progress=progress, prices=prices,
                    allow_remote_restricted=allow_remote_restricted)
-    rounds, pending = [], list(rows)
+    rounds, open_tasks, waiting = [], list(rows), []
     with _shared_cache(cache) as shared:
         for number in range(1, self.max_rounds + 1):
-            if not pending: break
-            rounds.append(self.run_round(number, pending, {**options, "cache": shared}))
-            pending = [t for t in pending if t["task_id"] not in rounds[-1].accepted]
+            if not open_tasks: break
+            rounds.append(self.run_round(number, open_tasks, {**options, "cache": shared}))
+            waiting += [t["task_id"] for t in open_tasks if is_waiting(rounds[-1].log[t["task_id"]])]  # stop here for now
+            open_tasks = [t for t in open_tasks if t["task_id"] not in rounds[-1].accepted and t["task_id"] not in waiting]
     results = pd.DataFrame([_task_result(t, rounds) for t in rows], columns=list(RESULT_COLUMNS))
     log = pd.DataFrame([row for r in rounds for row in r.log.values()], columns=list(ROUND_COLUMNS))
-    return LoopRun(results, log, _sum_calls([c for r in rounds for c in r.calls]))
+    return LoopRun(results, log, _sum_calls([c for r in rounds for c in r.calls]), tuple(waiting))
 
 # %% ../nbs/09_reref.ipynb #931a8888
 @patch
@@ -642,6 +657,15 @@ class RewriteRun(FrameResult):
     rounds: pd.DataFrame      # one `ROUND_COLUMNS` row per task and round, plus `task_variant`
     calls: dict               # call totals (see `LoopRun.calls`)
     backend: str = ""         # what wrote the rewrites (`backend_label`: "rules", "llm:<model>")
+    pending: tuple = ()       # (study_id, variant) pairs waiting for batch results (see `cxr_audit.llm_batch`); no text yet
+
+    @property
+    def complete(self) -> bool:
+        "True when no reference waits for batch results."
+        return not self.pending
+    def status(self) -> pd.DataFrame:
+        "Per round and step, how many tasks wait for batch results (empty when the run is complete)."
+        return waiting_rounds(self.rounds)
 
     def feasibility(self) -> pd.DataFrame:
         "Per variant: studies, usable rewrites, the share feasible, accepted and usable; mean rounds; the back end."
@@ -666,9 +690,10 @@ class RewriteRun(FrameResult):
         return {**paths, "manifest": out / "manifest.json"}
     def _repr_markdown_(self):
         c = self.calls
+        wait = f"; **{len(self.pending)} reference(s) wait for batch results**" if self.pending else ""
         return (f"**ReRef run** ({self.backend or 'back end not stated'}): {self.references.study_id.nunique()} studies, "
                 f"{self.references.variant.nunique() - 1} variant(s); {c.get('requests', 0)} calls ({c.get('cached', 0)} from cache, "
-                f"{c.get('failed', 0)} failed)\n\n" + md_table(self.feasibility()))
+                f"{c.get('failed', 0)} failed){wait}\n\n" + md_table(self.feasibility()))
 
 # %% ../nbs/09_reref.ipynb #856294be
 _RULE_NAMES = {"reref-rules", "reref-rule-verifier"}
@@ -748,7 +773,7 @@ def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dic
     out = {}
     for prefix in prefixes:
         for sid, study in base.items():
-            if not study["findings"]: continue
+            if not study["findings"] or (depth and (sid, prefix[:-1]) not in done): continue  # no text, or the step before waits
             prev = study if depth == 0 else {"findings": done[(sid, prefix[:-1])]["out_findings"],
                                              "impression": done[(sid, prefix[:-1])]["out_impression"]}
             tid = f"{sid}|{'+'.join(prefix)}"
@@ -758,6 +783,11 @@ def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dic
     return out
 
 # %% ../nbs/09_reref.ipynb #44183056
+def _waiting_row(study_id: str, variant: str) -> dict:
+    "The references row of a variant that waits for batch results: no text yet, not usable (listed in `RewriteRun.pending`)."
+    return {"study_id": study_id, "variant": variant, "findings": None, "impression": None, "feasible": False, "accepted": False,
+            "iterations": 0, "usable": False, "error": None}
+
 def _no_findings_rows(study: Mapping, variants: list) -> list[dict]:
     blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "error": "no findings section to rewrite"}
     return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank} for v in variants]
@@ -771,6 +801,7 @@ def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict, b
         if not study["findings"]: rows += _no_findings_rows(study, variants); continue
         for v in variants:
             steps = variant_steps(v)
+            if any((sid, tuple(steps[:k + 1])) not in done for k in range(len(steps))): rows.append(_waiting_row(sid, v)); continue
             row = _compound(sid, v, [done[(sid, tuple(steps[:k + 1]))] for k in range(len(steps))])
             rows.append({**row, "usable": bool(row["feasible"] and row["accepted"])})
     df = pd.DataFrame(rows, columns=list(REFERENCES_COLUMNS) + list(_EXTRA))
@@ -808,15 +839,18 @@ def rewrite_table(studies,                        # a studies table: study_id, f
     base = {r["study_id"]: r for r in studies_in.to_dict("records")}
     options = dict(cache=_cache_for(cache, reref), max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s,
                    progress=progress, prices=prices, allow_remote_restricted=allow_remote_restricted)
-    done, logs, calls = {}, [], []                # (study, step prefix) -> step result
+    done, logs, calls, waiting = {}, [], [], set()  # (study, step prefix) -> step result; tasks waiting for batch results
     for depth in range(max(len(variant_steps(v)) for v in variants)):
         steps = _step_tasks(depth, variants, base, done)
         if not steps: break
         out = reref.run([task for _, _, task in steps.values()], **options)
         logs.append(out.rounds.assign(task_variant=out.rounds.task_id.str.split("|", n=1).str[1])); calls.append(out.calls)
+        waiting |= set(out.pending)
         for row in out.results.to_dict("records"):
             sid, prefix, task = steps[row["task_id"]]
-            done[(sid, prefix)] = _step_result(row, task)
+            if row["task_id"] not in waiting: done[(sid, prefix)] = _step_result(row, task)
     rounds = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(columns=[*ROUND_COLUMNS, "task_variant"])
     label = backend_label(reref)
-    return RewriteRun(_references(studies_in, variants, done, base, label), rounds, _sum_calls(calls), label)
+    refs = _references(studies_in, variants, done, base, label)
+    pending = tuple(refs.loc[refs.findings.isna(), ["study_id", "variant"]].itertuples(index=False, name=None))
+    return RewriteRun(refs, rounds, _sum_calls(calls), label, pending)

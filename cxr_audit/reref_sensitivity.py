@@ -16,7 +16,7 @@ import pandas as pd
 from fastcore.basics import patch
 from fastcore.meta import delegates
 
-from .core import (DEFAULT_SEED, InputError, config_label, enable_theme, md_table, require_columns, save_chart,
+from .core import (DEFAULT_SEED, EXTRA_COLORS, PALETTE, InputError, config_label, enable_theme, md_table, require_columns, save_chart,
                             write_manifest, write_table)
 from .corpus import to_generations
 from .metrics import get_metric, sample_stats
@@ -642,11 +642,13 @@ def plot_reversal_fractions(reversals,                 # a reversal table (from 
     alt = enable_theme(svg=False)
     table = require_columns(reversals, ["dataset", "metric", "variant", column], "reversals")
     boxes, points = reversal_distribution(table, "metric", column), table[_applicable(table)]
+    order = list(_variant_order(points.variant))
     y = alt.Y("metric:N", title=None, sort=list(pd.unique(table.metric)))
     box = alt.Chart(boxes.dropna(subset=["q1"])).encode(y=y)
     dots = alt.Chart(points).mark_circle(size=40, opacity=0.7).encode(
         y=y, x=alt.X(f"{column}:Q", title="share of system pairs reversed", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("variant:N", sort=_variant_order(points.variant), title="variation"),
+        color=alt.Color("variant:N", sort=order, title="variation",   # 18 colours: no two of the 12 variations share one
+                        scale=alt.Scale(domain=order, range=[(PALETTE + EXTRA_COLORS)[i % 18] for i in range(len(order))])),
         tooltip=["dataset", "metric", "variant", "pairs", "flips", "significant_flips", alt.Tooltip(f"{column}:Q", format=".2f")])
     layers = [box.mark_rule().encode(x="p5:Q", x2="p95:Q"), box.mark_bar(height=12, opacity=0.3, color="#555").encode(x="q1:Q", x2="q3:Q"),
               box.mark_tick(color="black", thickness=2, size=14).encode(x="median:Q"), dots]

@@ -16,6 +16,7 @@ import re
 import warnings
 import zipfile
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -103,10 +104,15 @@ class Codebook:
     def get(self, phase: int,    # 1 or 2
             column: str          # the end point's column name
            ) -> dict:
-        "The definition of one end point."
-        hit = self.endpoints[(self.endpoints.phase == phase) & (self.endpoints.column == column)]
-        if hit.empty: raise KeyError(f"no end point {column!r} in phase {phase}")
-        return hit.iloc[0].to_dict()
+        "The definition of one end point (a fresh copy; each is looked up once)."
+        if (phase, column) not in self._found:
+            hit = self.endpoints[(self.endpoints.phase == phase) & (self.endpoints.column == column)]
+            if hit.empty: raise KeyError(f"no end point {column!r} in phase {phase}")
+            self._found[phase, column] = hit.iloc[0].to_dict()
+        return dict(self._found[phase, column])
+
+    @cached_property
+    def _found(self) -> dict: return {}
 
     def to_frame(self) -> pd.DataFrame:
         "The codebook as reviewers see it: `phase, column, role, kind, allowed, required, question`."
@@ -868,10 +874,13 @@ def _paired(r1, r2, cb: Codebook) -> pd.DataFrame:
     if ka != kb:
         who, (ph, rid) = ("r1", sorted(kb - ka)[0]) if kb - ka else ("r2", sorted(ka - kb)[0])
         _fail("ratings", f"report {rid!r} (phase {ph}) is not rated by {who}; both reviewers must rate the same reports")
-    parts = []
+    parts, both = [], {}
     for ep in cb.endpoints.to_dict("records"):
-        c = ep["column"]
-        x = a.loc[a.phase == ep["phase"], ["report_id", c]].merge(b.loc[b.phase == ep["phase"], ["report_id", c]], on="report_id")
+        c, ph = ep["column"], ep["phase"]
+        if ph not in both:                                   # one join per phase, holding all of its end points
+            cols = ["report_id", *cb.columns(ph)]
+            both[ph] = a.loc[a.phase == ph, cols].merge(b.loc[b.phase == ph, cols], on="report_id")
+        x = both[ph]
         parts.append(pd.DataFrame({"phase": ep["phase"], "report_id": x.report_id, "endpoint": c, "role": ep["role"],
                                    "kind": ep["kind"], "r1": x[f"{c}_x"].astype("Int64"), "r2": x[f"{c}_y"].astype("Int64")}))
     return pd.concat(parts, ignore_index=True)

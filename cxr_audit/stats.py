@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import sparse
 from scipy import stats as sps
 
-from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, require_columns, rng
+from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, progress, require_columns, rng
 
 # %% auto #0
 __all__ = ['VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
@@ -143,8 +143,9 @@ def weight_chunks(units: int,      # number of units (columns of the weight matr
                   dtype=np.float64 # dtype of the weights
                  ):
     "Yield `(first_row, W)` for consecutive chunks of the `(reps × units)` weight matrix."
-    g = rng(seed)
-    for lo in range(0, reps, rows):
+    g, starts = rng(seed), range(0, reps, rows)
+    bar = None if len(starts) >= 8 else False   # a bar (on a terminal) only when the weights fill several chunks: a slow run
+    for lo in progress(starts, f"resamples, {rows:,} per step", unit="step", enabled=bar):
         k = min(rows, reps - lo)
         cnt = _fill_counts(g.integers(0, n_codes, size=(k, n_codes)), n_codes, np.empty((k, n_codes), dtype))
         yield lo, cnt if codes is None else cnt[:, codes]
@@ -664,7 +665,15 @@ class PairedResult:
                  size: float | None = None        # coverage and alpha = 1 − size (default: the result's own)
                 ) -> pd.DataFrame:
         "One row per comparison: `first, second, metric, estimate, ci_low, ci_high, p, p_holm, win_prob, significant` (Holm), ..."
-        i, j = self._ij.T; ci = self.conf_int(method, size); size = _given(size, self.size)
+        key = (_given(method, self.method), _given(size, self.size))      # built once per interval setting, then copied
+        if key not in self._frames: self._frames[key] = self._frame(*key)
+        return self._frames[key].copy()
+
+    @cached_property
+    def _frames(self) -> dict: return {}
+
+    def _frame(self, method: str, size: float) -> pd.DataFrame:
+        i, j = self._ij.T; ci = self.conf_int(method, size)
         df = pd.DataFrame({"first": ci["first"], "second": ci["second"], "metric": self.metric,
                            "estimate": self.estimates[i] - self.estimates[j], "ci_low": ci["ci_low"],
                            "ci_high": ci["ci_high"], "p": self.p_values, "p_holm": holm(self.p_values),
@@ -683,7 +692,12 @@ class PairedResult:
                       size: float | None = None        # coverage (default: the result's own)
                      ) -> pd.DataFrame:
         "One row per system: its own estimate and interval (as `BootstrapResult.to_frame`)."
-        ci = _interval(self.replicates, self.estimates, self.jackknife, _given(method, self.method), _given(size, self.size))
+        key = ("systems", _given(method, self.method), _given(size, self.size))      # built once per interval setting, then copied
+        if key not in self._frames: self._frames[key] = self._systems_frame(*key[1:])
+        return self._frames[key].copy()
+
+    def _systems_frame(self, method: str, size: float) -> pd.DataFrame:
+        ci = _interval(self.replicates, self.estimates, self.jackknife, method, size)
         valid = np.isfinite(self.replicates).sum(1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -907,13 +921,19 @@ def systems_from_scores(scores,                   # long table: unit, system, me
     if not cols: raise InputError(f"scores: metric {metric!r} has no stat_* columns")
     dup = d.duplicated(["system", unit])
     if dup.any(): raise InputError(f"scores: {metric!r} has unit {d.loc[dup, unit].iloc[0]!r} twice for system {d.loc[dup, 'system'].iloc[0]!r}")
-    order = pd.unique(d[unit]); out = {}
-    for s, grp in d.groupby("system", sort=False):
-        missing = set(order) - set(grp[unit])
-        if missing: raise InputError(f"scores: system {s!r} has no {metric!r} row for unit {sorted(map(str, missing))[0]!r}")
-        out[s] = as_stats(grp.set_index(unit).loc[order, cols], f"scores {metric!r}/{s!r}")
-    units = d.drop_duplicates(unit).set_index(unit).loc[order].reset_index()
-    return out, resolve_clusters(clusters, units, key=unit)
+    who, names = pd.factorize(d["system"]); where, order = pd.factorize(d[unit], use_na_sentinel=False)   # first-seen order
+    values = d[cols].to_numpy(dtype=float) if all(pd.api.types.is_numeric_dtype(d[c]) for c in cols) else None
+    out = {}
+    for i, s in enumerate(names):
+        rows = np.flatnonzero(who == i)
+        if len(rows) < len(order):
+            missing = set(order) - set(d[unit].iloc[rows])
+            raise InputError(f"scores: system {s!r} has no {metric!r} row for unit {sorted(map(str, missing))[0]!r}")
+        take = rows[np.argsort(where[rows])]            # this system's rows in unit order (each unit once: checked above)
+        S = d[cols].iloc[take] if values is None else values[take] if values.flags.c_contiguous else np.asfortranarray(values[take])
+        out[s] = as_stats(S, f"scores {metric!r}/{s!r}")   # same memory layout as the table's: column sums agree to the last bit
+    if clusters is None: return out, None
+    return out, resolve_clusters(clusters, d.iloc[np.unique(where, return_index=True)[1]].reset_index(drop=True), key=unit)
 
 # %% ../nbs/04_stats.ipynb #6e6cf441
 def incidence(items_per_unit: Iterable[Iterable[Hashable]] # for each unit, the items it contains (repeats allowed)
@@ -1363,7 +1383,7 @@ def plot_forest(result,                     # PairedResult, or a comparisons tab
     keep = ["comparison", "estimate", "ci_low", "ci_high", "verdict"] + [c for c in ("p_holm", facet) if c in df]
     df = df[keep]
     base = alt.Chart().encode(y=alt.Y("comparison:N", sort=None, title=None))
-    color = alt.Color("verdict:N", scale=alt.Scale(domain=[yes, no], range=["#D55E00", "#0072B2"]), title=None)
+    color = alt.Color("verdict:N", scale=alt.Scale(domain=[yes, no], range=["#222222", "#9E9E9E"]), title=None)  # greys: colours name systems
     tip = [alt.Tooltip(c) for c in keep if c != "verdict"]
     layers = alt.layer(alt.Chart().mark_rule(color="#888", strokeDash=[4, 3]).encode(x=alt.datum(0)),
                        base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="difference (first − second)"),

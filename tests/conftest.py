@@ -37,3 +37,30 @@ def llama_server(gguf):
         assert urlsplit(srv.base_url).hostname == "127.0.0.1"
         yield srv
     assert srv.process.poll() is not None, f"server process {srv.pid} still running"
+
+
+class DocsSite:
+    """The docs site of this test session: each notebook executed once (as nbdev_test runs it) and its page written, on
+    first request; `render_all()` adds the rest, the source pages and the search index."""
+    def __init__(self, out: Path):
+        spec = importlib.util.spec_from_file_location("render_docs", Path(__file__).resolve().parents[1] / ".ci" / "render_docs.py")
+        self.renderer = importlib.util.module_from_spec(spec); spec.loader.exec_module(self.renderer)
+        self.out, self.results, self.complete = out, {}, False
+
+    def render(self, nb: Path) -> tuple[bool, str]:
+        "(ok, traceback) of executing the notebook and writing its page."
+        nb = Path(nb).resolve()
+        if nb not in self.results: self.results[nb] = self.renderer.render_page(nb, self.out)
+        return self.results[nb]
+
+    def render_all(self) -> Path:
+        "The whole site (failing with the notebooks that failed)."
+        failed = [f"{p.name}:\n{tb}" for p, *_ in self.renderer.site_pages() for ok, tb in [self.render(p)] if not ok]
+        if failed: pytest.fail("notebooks failed to render:\n" + "\n".join(failed))
+        if not self.complete: self.renderer.write_site_files(self.out); self.complete = True
+        return self.out
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory) -> DocsSite:
+    return DocsSite(tmp_path_factory.mktemp("_docs"))

@@ -1,4 +1,5 @@
 """The `cxr-audit` command, run as a real subprocess (the installed console script)."""
+import json
 import re
 import shutil
 import subprocess
@@ -7,6 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from cxr_audit.cli import main as cli_main
+from cxr_audit.llm import ChatCache, RuleChat, run_batch
+from cxr_audit.llm_batch import BatchCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,3 +240,90 @@ def test_longitudinal_subcommand(demo_runs, tmp_path):
     assert any(p.suffix in (".csv", ".parquet") for p in (tmp_path / "lg").iterdir())
     r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", a / "nope.parquet", "--out", tmp_path / "x")
     assert r.returncode == 2 and "nope.parquet" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["score", "--help"],
+                                  ["validate", "--studies", ROOT / "tests/fixtures/iu_real/iu_valid_rexrank_sample.json"]])
+def test_output_to_a_closed_pipe_exits_quietly(args, tmp_path):
+    # `cxr-audit ... | head -1`: the reader closes before the command writes; a Unix tool stops quietly (141 = 128 + SIGPIPE).
+    # Before: "BrokenPipeError: [Errno 32] Broken pipe" and a traceback on stderr, exit 1
+    exe = shutil.which("cxr-audit", path=str(Path(sys.executable).parent)) or shutil.which("cxr-audit")
+    if args[0] == "validate":    # a real table with several output lines
+        studies = tmp_path / "s.csv"
+        from cxr_audit.corpus import load_rexrank
+        load_rexrank(args[-1], "iu-xray").drop(columns=["image_paths", "image_views", "load_flags"], errors="ignore").to_csv(studies, index=False)
+        args = [*args[:-1], studies]
+    p = subprocess.Popen([exe, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()                      # the reader is gone before the command has started writing
+    err = p.stderr.read().decode(); p.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+    assert err == "", err
+    assert p.returncode == (0 if "--help" in args else 141), p.returncode   # argparse's help already ignores a closed pipe
+
+
+
+def _recorded(tmp_path, n=3):
+    cache = ChatCache(tmp_path / "c.sqlite")
+    rule = RuleChat(lambda m, s: "<1>" if "stable" in m[-1]["content"] else "<0>", name="toy")
+    reqs = [{"request_id": i, "messages": f"{i}: stable" if i % 2 else f"{i}: new"} for i in range(n)]
+    assert run_batch(reqs, BatchCollector(rule, cache), cache=cache, progress=False).n_pending == n
+    cache.close()
+    return tmp_path / "c.sqlite", reqs
+
+
+def test_llm_batch_export_import_status(tmp_path, capsys):
+    path, reqs = _recorded(tmp_path)
+    assert cli_main(["llm-batch", "status", "--cache", str(path)]) == 0
+    assert "3 requests recorded: 0 answered, 0 failed, 0 waiting for results, 3 to export" in capsys.readouterr().out
+    assert cli_main(["llm-batch", "export", "--cache", str(path), "--out", str(tmp_path / "b"), "--max-lines", "2"]) == 0
+    assert "3 requests in 2 file(s)" in capsys.readouterr().out
+    lines = [json.loads(x) for f in sorted((tmp_path / "b").glob("*.jsonl")) for x in f.read_text().splitlines()]
+    out = tmp_path / "output.jsonl"
+    out.write_text("".join(json.dumps({"id": f"r{i}", "custom_id": o["custom_id"], "error": None, "response": {"status_code": 200, "body": {
+        "model": "toy", "choices": [{"index": 0, "message": {"role": "assistant", "content": "<1>" if i else ""}, "finish_reason": "stop"}]}}}) + "\n"
+        for i, o in enumerate(lines)))
+    assert cli_main(["llm-batch", "import", "--cache", str(path), "--results", str(out)]) == 0
+    assert "3 lines: 2 answers, 1 failed, 0 unknown; 3 newly stored" in capsys.readouterr().out
+    assert cli_main(["llm-batch", "import", "--cache", str(path), "--results", str(out)]) == 0     # idempotent
+    assert "0 newly stored" in capsys.readouterr().out
+    assert cli_main(["llm-batch", "status", "--cache", str(path)]) == 0
+    assert "3 requests recorded: 2 answered, 1 failed, 0 waiting for results, 0 to export" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["llm-batch", "status", "--cache", "{tmp}/missing.sqlite"], "no cache file"),
+    (["llm-batch", "export", "--cache", "{tmp}/not.sqlite", "--out", "{tmp}/o"], "is not an SQLite cache file"),
+    (["llm-batch", "import", "--cache", "{tmp}/c.sqlite", "--results", "{tmp}/nothing.jsonl"], "no such file"),
+    (["llm-batch", "import", "--cache", "{tmp}/c.sqlite", "--results", "{tmp}/foreign.jsonl"], "none of the 1 result lines was recorded"),
+    (["llm-batch", "import", "--cache", "{tmp}/c.sqlite", "--results", "{tmp}/broken.jsonl"], "broken.jsonl: line 1: not JSON"),
+])
+def test_llm_batch_user_errors_exit_2(tmp_path, capsys, argv, message):
+    _recorded(tmp_path)
+    (tmp_path / "not.sqlite").write_text("hello")
+    (tmp_path / "foreign.jsonl").write_text(json.dumps({"custom_id": "0" * 64, "response": {"status_code": 200, "body": {}}}) + "\n")
+    (tmp_path / "broken.jsonl").write_text("{oops\n")
+    assert cli_main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cxr-audit llm-batch ") and message in err
+    assert (tmp_path / "not.sqlite").read_text() == "hello"
+
+
+def test_reref_batch_records_requests_and_llm_batch_exports_them(tmp_path, capsys):
+    "`reref --batch` makes no call (nothing listens at the URL): it records round 1's requests, which `llm-batch export` writes."
+    studies = tmp_path / "s.csv"
+    pd.DataFrame({"study_id": ["a", "b"], "findings": ["The lungs are clear. No effusion.", "Heart size is normal."],
+                  "impression": ["No acute disease.", "Normal."]}).to_csv(studies, index=False)
+    argv = ["reref", "--studies", str(studies), "--out", str(tmp_path / "r"), "--variations", "negation:implicit", "--backend", "openai",
+            "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--cache", str(tmp_path / "c.sqlite"), "--batch"]
+    assert cli_main(argv) == 0
+    assert "2 reference(s) wait for batch results (round 1 generate: 2)" in capsys.readouterr().out
+    assert cli_main(argv) == 0                                   # a second pass records nothing new
+    capsys.readouterr()
+    assert cli_main(["llm-batch", "status", "--cache", str(tmp_path / "c.sqlite")]) == 0
+    assert "2 requests recorded: 0 answered, 0 failed, 0 waiting for results, 2 to export" in capsys.readouterr().out
+    assert cli_main(["llm-batch", "export", "--cache", str(tmp_path / "c.sqlite"), "--out", str(tmp_path / "b")]) == 0
+    lines = [json.loads(x) for f in (tmp_path / "b").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert len(lines) == 2 and {x["body"]["model"] for x in lines} == {"m"}
+    no_cache = [a for a in argv if a not in ("--cache", str(tmp_path / "c.sqlite"))]
+    assert cli_main(no_cache) == 2                               # no --cache: refused
+    assert "--batch needs --backend openai and --cache FILE" in capsys.readouterr().err

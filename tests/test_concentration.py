@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import polars as pl
 import pytest
 
 import cxr_audit.stats as stats
-from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _Corpus, _dense, _distinct_per,
+from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _codes, _Corpus, _dense, _distinct_per, _normalize,
                                      audit_concentration, distinct_n, has_repeated_ngram,
                                      normalize_for_matching, surface_validity, tokenize)
 from cxr_audit.core import sha256_frame
@@ -256,6 +257,57 @@ def test_repeats_fallback_when_packing_does_not_fit(monkeypatch):
     assert packed == want == fallback and want[1] == [1, 0, 1, 0]
 
 
+# ---------------------------------------------------------------- the hashed fast path (issue 23)
+def load_bench():
+    "benchmarks/bench_concentration.py as a module (its corpus generator and its polars baseline)."
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_concentration", ROOT / "benchmarks" / "bench_concentration.py")
+        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    finally: sys.path.remove(str(ROOT / "benchmarks"))
+    return mod
+
+
+def test_codes_are_first_appearance_numbers_even_when_hashes_collide():
+    g = np.random.default_rng(0)
+    vals = ["".join(g.choice(list("ab é.\t"), g.integers(0, 6))) for _ in range(3000)]
+    first = {}
+    want = [first.setdefault(v, len(first)) for v in vals]
+    at = [vals.index(v) for v in first]
+    codes, pos = _codes(pl.Series(vals))
+    assert codes.tolist() == want and pos.tolist() == at
+    few = pl.Series(np.arange(len(vals)) % 3, dtype=pl.UInt64)        # 3 hash values for hundreds of strings: the exact fallback
+    codes, pos = _codes(pl.Series(vals), few)
+    assert codes.tolist() == want and pos.tolist() == at
+
+
+def test_whitespace_precheck_equals_the_regex_on_every_code_point():
+    # the normalization runs its regular expression only on texts with a tab-like control, two spaces, or non-ASCII text
+    chars = [chr(i) for i in range(0x3100) if not 0xD800 <= i < 0xE000] + ["\U0001F600", "\uFEFF"]
+    texts = pl.Series([f" A{c}b{c}{c}C {c}" for c in chars] + [f"x{c}y" for c in chars])
+    full = texts.str.to_lowercase().str.replace_all(r"\s{2,}|[^\S ]", " ").str.strip_chars().str.strip_chars_end(".,;:!? \t\n\r\f\v")
+    assert _normalize(texts).to_list() == full.to_list()
+
+
+def test_benchmark_corpus_equals_both_baselines():
+    # the benchmark's synthetic corpus (a slice) through the fast path, the plain-Python reference and the polars baseline
+    bench = load_bench()
+    table = bench.make_generations(6000, seed=3)
+    a = audit_concentration(table)
+    mine = a.summary().set_index(["system", "policy"])
+    texts = table["hypothesis"].astype(object).where(table["hypothesis"].notna(), None).tolist()
+    summary, flags = bench.baseline(texts, list(zip(table.system, table.policy)), table.truncated.tolist())
+    assert all(mine.loc[g, m] == pytest.approx(v, abs=1e-12) for g, row in summary.items() for m, v in row.items())
+    assert a.flags.reasons.tolist() == [x[1] for x in flags] and a.flags.duplicate_group.tolist() == [x[2] for x in flags]
+    psum, pflags = bench.polars_baseline(table)
+    psum = psum.set_index(["system", "policy"])
+    assert all(mine.loc[g, m] == pytest.approx(psum.loc[g, m], abs=1e-12) for g in mine.index for m in mine.columns)
+    for col, p in (("valid", "valid"), ("duplicate_group_size", "size"), ("in_top_5", "top"), ("prefix_hit", "prefix_hit"),
+                   ("repeated_4gram", "repeated"), ("length", "length")):
+        assert np.array_equal(a.flags[col].to_numpy(), pflags[p].to_numpy()), col
+
+
 # ---------------------------------------------------------------- bad input, CLI, report
 def test_bad_values_are_invalid_never_dropped():
     vals = [None, float("nan"), pd.NA, 7, 3.5, ["a"], {"b": 1}, "", "   ", "..."]
@@ -377,3 +429,20 @@ def test_paper_concentration_counts_recomputed_with_exact_grouping():
     pct = (s[["unique_report_ratio", "duplicate_rate", "top_5_share"]] * 100).round(1)
     assert pct.loc["b4"].tolist() == [2.1, 99.0, 97.7] and pct.loc["k50"].tolist() == [64.3, 51.9, 14.5]
     assert round(s.loc["mg", "duplicate_rate"], 4) == 0.6626 and round(s.loc["mg", "top_5_share"], 4) == 0.4417
+
+
+@pytest.mark.parametrize("vocab", [8, 20000])   # 20000 words: bigram keys too many for a bitmap (the unique-key path)
+def test_distinct_from_pieces_equals_naive_sets(vocab):
+    "Distinct-1/2 are counted from the distinct pieces ('.'-cut) of the texts: equal to naive per-group n-gram sets."
+    g = np.random.default_rng(vocab)
+    words = [f"w{i}" for i in range(vocab)] + [".", "..", " . ", "Ünï", "4.2"]
+    texts = [" ".join(g.choice(words, g.integers(0, 30))) for _ in range(400)]
+    texts += texts[:80] + [".", "", "a. .b", "b. .a"]                 # texts shared between groups, empty pieces
+    groups = g.choice(["A", "B", "C"], len(texts))
+    s = audit_concentration(pd.DataFrame({"system": groups, "hypothesis": texts}), by="system", distinct=(1, 2, 3),
+                            reps=10).summary().set_index("system")
+    for grp in "ABC":
+        toks = [ref_tokens(t) for t, x in zip(texts, groups) if x == grp]
+        for n in (1, 2, 3):
+            grams = [tuple(tk[i:i + n]) for tk in toks for i in range(len(tk) - n + 1)]
+            assert s.loc[grp, f"distinct_{n}"] == len(set(grams)) / len(grams)

@@ -1,9 +1,20 @@
-"""The offline docs fallback renders a notebook into a page that needs no network."""
+"""The docs site: every notebook renders offline, and no rendered link goes to a host that does not exist or to a file missing
+from the site. The checks over the whole site (`check_rendered_pages`, `check_no_dead_links`) run at the end of
+tests/test_notebooks.py, on the pages rendered from the notebook tests' own executions (the `docs_site` fixture): that file
+runs on one pytest-xdist worker (`--dist loadfile`), so each notebook is executed once per run."""
 import importlib.util
 import re
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
+# hosts that exist and that pages may link to (libraries' docs, papers); a project host (cxr-audit.*) is never one of them
+REAL_HOSTS = {"fastcore.fast.ai", "nbdev.fast.ai", "docs.python.org", "github.com", "arxiv.org", "doi.org", "pypi.org",
+              "huggingface.co", "physionet.org", "openi.nlm.nih.gov", "stanfordmlgroup.github.io", "www.nltk.org",
+              "pandas.pydata.org", "numpy.org", "vega.github.io", "altair-viz.github.io", "pola.rs", "docs.pola.rs",
+              "aclanthology.org", "platform.openai.com", "learn.microsoft.com", "stanfordnlp.github.io", "quarto.org",
+              "www.cs.cmu.edu", "scikit-learn.org", "docs.scipy.org", "www.statsmodels.org", "pytorch.org", "jupyter.org"}
+NO_HOSTS = re.compile(r"cxr[-_]audit\.github\.io|github\.com/cxr[-_]audit", re.I)
 
 
 def load_renderer():
@@ -12,27 +23,115 @@ def load_renderer():
     return mod
 
 
-def test_every_notebook_renders_offline(tmp_path):
+def dead_links(site: Path) -> list[tuple[str, str, str]]:
+    "(page, link, why) for every href/src of the site's pages that goes to an unknown host or to a file missing from the site."
+    site, bad = site.resolve(), []
+    for f in sorted(site.rglob("*.html")):
+        for link in re.findall(r'(?:href|src)="([^"]*)"', f.read_text(encoding="utf-8")):
+            why = _why_dead(link, f, site)
+            if why: bad.append((f.relative_to(site).as_posix(), link, why))
+    return bad
+
+
+def _why_dead(link, page, site):
+    u = urlsplit(link)
+    if u.scheme in ("mailto", "data", "javascript"): return None
+    if NO_HOSTS.search(link): return "a project host that does not exist"
+    if u.scheme or u.netloc: return None if u.hostname in REAL_HOSTS else f"unknown host {u.hostname}"
+    if not u.path: return None                                            # a fragment on the same page
+    target = (page.parent / unquote(u.path)).resolve()
+    if not target.is_relative_to(site): return "leaves the site"
+    return None if target.is_file() else "missing file"
+
+
+def test_dead_links_finds_what_it_should(tmp_path):
+    # the checker itself, on a hand-made site: the two kinds of dead link of the old build, and links that are fine
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "core.html").write_text('<a href="https://cxr-audit.github.io/cxr_audit/core.html#x">x</a><a href="#y">y</a>'
+                                        '<a href="papers/reref.html">r</a><a href="https://github.com/cxr-audit/cxr_audit/blob/main/x.py#L1">s</a>')
+    (tmp_path / "papers" / "reref.html").write_text('<a href="../core.html#x">x</a><a href="reref.html">me</a><a href="llm.html">gone</a>'
+                                                    '<a href="https://docs.python.org/3/">py</a><a href="../../outside.html">o</a>')
+    got = {(p, why) for p, _, why in dead_links(tmp_path)}
+    assert got == {("core.html", "a project host that does not exist"), ("papers/reref.html", "missing file"),
+                   ("papers/reref.html", "leaves the site")}, got
+
+
+def test_links_are_made_local():
+    # nbdev's symbol and "source" links (absolute under the old settings, relative under the new) and notebook links
     rd = load_renderer()
-    rd.render(tmp_path)                                                   # raises if any notebook fails
-    pages = {p.stem: p.read_text(encoding="utf-8") for p in tmp_path.glob("*.html")}
-    assert set(pages) == {p.stem for p in rd.notebooks()}
+    bases = [("https://github.com/cxr-audit/cxr_audit/blob/main/cxr_audit/", "source/"), ("blob/main/cxr_audit/", "source/"),
+             ("https://cxr-audit.github.io/cxr_audit/", "")]
+    paper = rd.NBS / "papers" / "004_crossdomain.ipynb"
+    body = ('<a href="https://cxr-audit.github.io/cxr_audit/core.html#inputerror">a</a><a href="core.html#x">b</a>'
+            '<a href="blob/main/cxr_audit/core.py#L89">c</a><a href="../08_llm.ipynb">d</a><a href="https://docs.python.org/3/">e</a>')
+    assert re.findall(r'href="([^"]*)"', rd.localize(body, paper, bases)) == [
+        "../core.html#inputerror", "../core.html#x", "../source/core.py.html#L89", "../llm.html", "https://docs.python.org/3/"]
+    assert rd.page_path(rd.NBS / "00_core.ipynb") == "core.html" and rd.page_path(paper) == "papers/crossdomain.html"
+
+
+def test_a_page_renders_without_an_optional_package(tmp_path, monkeypatch):
+    # `make docs` has no torch (the docs extra): such a page still renders, the cells that need the package say so and
+    # the rest run; the tests (strict, as nbdev_test) still fail on it. A package that is really absent stands in for torch.
+    import nbformat
+    rd = load_renderer()
+    monkeypatch.setattr(rd, "OPTIONAL", rd.OPTIONAL + ("no_such_package_here",))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in
+                                         ("import os\nimport no_such_package_here\nx = 1", "no_such_package_here.f()", "print(x + 1)")])
+    path = tmp_path / "x.ipynb"; nbformat.write(nb, path)
+    assert rd.missing_optional(path) == ["no_such_package_here"]
+    ok, done, _ = rd.execute(path, strict=False)
+    assert ok and "import no_such_package_here" in done.cells[0].source        # the page shows the source as written
+    assert "not run in this build of the docs" in done.cells[1].outputs[0]["text"]
+    assert "".join(done.cells[2].outputs[0]["text"]) == "2\n"
+    ok, _, tb = rd.execute(path, strict=True)
+    assert not ok and "no_such_package_here" in tb
+
+
+def test_settings_name_no_host_that_does_not_exist():
+    text = (ROOT / "settings.ini").read_text() + (ROOT / "nbs" / "nbdev.yml").read_text()
+    assert not NO_HOSTS.search(text)
+
+
+def test_quarto_sidebar_lists_every_notebook():
+    # custom_sidebar = True: nbs/sidebar.yml is written by hand, so it must name every notebook, the papers under "Papers"
+    import yaml
+    rd = load_renderer()
+    side = yaml.safe_load((ROOT / "nbs" / "sidebar.yml").read_text())["website"]["sidebar"]["contents"]
+    top = [c for c in side if isinstance(c, str)]
+    papers = next(c for c in side if isinstance(c, dict) and c.get("section") == "Papers")["contents"]
+    assert top + papers == [p.relative_to(rd.NBS).as_posix() for p in rd.notebooks()]
+
+
+def check_rendered_pages(docs_site):
+    site = docs_site.render_all()                                         # fails if any notebook fails
+    rd = docs_site.renderer
+    pages = {p: (site / d).read_text(encoding="utf-8") for p, d, _, _ in rd.site_pages()}
+    pages = {p.stem: t for p, t in pages.items()}
     for name, page in pages.items():
         assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?://", page), name
         assert "#| " not in page and "{target=" not in page, name        # directives and pandoc attributes gone
         assert "show_doc(" not in page, name                              # doc cells show output only
-        assert 'href="index.html"' in page, name
+        assert 'href="index.html"' in page or 'href="../index.html"' in page, name
+        assert "not run in this build of the docs" not in page, name      # the test environment has every extra
     core = pages["00_core"]
     assert "<h1" in core and "sha256_frame" in core and "write_manifest" in core
     assert "from fastcore.test import" not in core                        # hidden cells removed
+    assert 'href="source/core.py.html#L' in core                          # "source" links go to the site's own source pages
     assert "data:image/svg+xml" in pages["14_audit"] or "<svg" in pages["14_audit"]  # figures are inline
     paper = pages["004_crossdomain"]                                      # nbs/papers/ renders under "Papers"
-    assert any(p.parent.name == "papers" for p in rd.notebooks())
-    assert '<div class="section">Papers</div>' in pages["index"] and 'href="004_crossdomain.html"' in pages["index"]
+    assert '<div class="section">Papers</div>' in pages["index"] and 'href="papers/crossdomain.html"' in pages["index"]
+    assert 'href="../core.html"' in paper and 'src="../search.js"' in paper
     assert "SIMULATED" in paper and ("data:image/svg+xml" in paper or "<svg" in paper)
     reref = pages["000_reref"]                                            # paper 000: the back end and infeasible variations are stated
-    assert 'href="000_reref.html"' in pages["index"] and "references: <code>rules</code>" in reref
+    assert 'href="papers/reref.html"' in pages["index"] and "references: <code>rules</code>" in reref
     assert "not applicable with this back end" in reref and ("data:image/svg+xml" in reref or "<svg" in reref)
+
+
+def check_no_dead_links(docs_site):
+    site = docs_site.render_all()
+    assert (site / "search.js").is_file() and list((site / "source").glob("*.py.html"))
+    bad = dead_links(site)
+    assert not bad, f"{len(bad)} dead links, e.g. {bad[:10]}"
 
 
 def test_readme_is_generated_from_index(tmp_path):

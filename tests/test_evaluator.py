@@ -254,7 +254,7 @@ def test_max_samples_caps_scored_pairs(tmp_path):
         g = ev.generate()
     assert ev.counts_["scored"] == 5 and len(ev.pairs_) == 5
     assert ev.pairs_.sample_id.tolist() == ["s0", "s4", "s7", "s8", "s9"]
-    assert ev.counts_ == {"samples": 10, "scored": 5, "empty_reference": 3, "empty_hypothesis": 1, "failed": 1}
+    assert ev.counts_ == {"samples": 10, "scored": 5, "empty_reference": 3, "masked_reference": 0, "empty_hypothesis": 1, "failed": 1}
     assert g.status.tolist() == ["scored", "empty_reference", "empty_reference", "empty_hypothesis", "scored", "empty_reference",
                                  "failed", "scored", "scored", "scored"]
     assert "s10.png" not in asked and "s11.png" not in asked                          # nothing generated past the cap

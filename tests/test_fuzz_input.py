@@ -159,11 +159,71 @@ def test_score_refuses_duplicate_reference_studies(files):
 
 
 def test_mask_only_texts_are_flagged_by_score(files):
-    d, s, g = files    # all-XXXX texts used to score BLEU/ROUGE-L 1.0 without a word
+    d, s, g = files    # all-XXXX texts used to score BLEU/ROUGE-L 1.0 without a word, then were flagged but still averaged
     g.assign(hypothesis=["XXXX XXXX."] + g.hypothesis.tolist()[1:]).to_csv(d / "m.csv", index=False)
     s.assign(findings=["XXXX."] + s.findings.tolist()[1:]).to_csv(d / "ms.csv", index=False)
     r = cli("score", d / "m.csv", "--studies", d / "ms.csv", "--metrics", "bleu_4", "--reps", 0, "--out", d / "o")
     assert r.returncode == 0, r.stderr
-    assert "Flagged: 1 generated report(s) empty or only de-identification masks, 1 reference(s) only masks" in r.stdout
+    assert "Left out of every average: 1 study whose reference is empty or only de-identification masks (1 masked; s1)" in r.stdout
+    assert "Flagged, scored as written: 1 generated report(s) empty or only de-identification masks (A+B4 1)" not in r.stdout  # s1 is out
     plain = cli("score", d / "gens.csv", "--studies", d / "studies.csv", "--metrics", "bleu_4", "--reps", 0, "--out", d / "o2")
-    assert "Flagged" not in plain.stdout
+    assert "Flagged" not in plain.stdout and "Left out" not in plain.stdout
+
+
+def estimates(out: Path) -> dict:
+    return {(r.metric, r.config): r.estimate for r in pd.read_csv(out / "systems.csv").itertuples()}
+
+
+def test_mask_only_references_are_left_out_of_every_average(files):
+    # study s1's reference and both systems' reports are only XXXX: ROUGE-L 1.0 and a No Finding true positive that used
+    # to lift every average; now s1 is left out (named in flagged.csv), and --keep-flagged gives the old numbers back
+    d, s, g = files
+    g.assign(hypothesis=g.hypothesis.where(g.study_id != "s1", "XXXX XXXX.")).to_csv(d / "m.csv", index=False)
+    s.assign(findings=s.findings.where(s.study_id != "s1", "XXXX XXXX.")).to_csv(d / "ms.csv", index=False)
+    g[g.study_id != "s1"].to_csv(d / "without_s1.csv", index=False)
+    run = lambda gens, out, *extra: cli("score", gens, "--studies", d / "ms.csv", "--metrics", "rouge_l", "chexpert_f1_14",
+                                        "--reps", 0, "--out", d / out, *extra)
+    r, kept, ref = run(d / "m.csv", "o"), run(d / "m.csv", "k", "--keep-flagged"), run(d / "without_s1.csv", "w")
+    assert r.returncode == kept.returncode == ref.returncode == 0, (r.stderr, kept.stderr, ref.stderr)
+    assert "on 3 studies" in r.stdout and "Left out of every average: 1 study" in r.stdout and "see flagged.csv" in r.stdout
+    assert estimates(d / "o") == pytest.approx(estimates(d / "w"))          # as if s1 were not there
+    flagged = pd.read_csv(d / "o" / "flagged.csv")
+    assert flagged[["sample_id", "text", "reason", "excluded"]].values.tolist() == [
+        ["s1", "reference", "masked", True], ["s1", "hypothesis", "masked", True], ["s1", "hypothesis", "masked", True]]
+    # --keep-flagged: the old behaviour, s1 scored as written with a perfect ROUGE-L
+    assert "on 4 studies" in kept.stdout and "Flagged, scored as written (--keep-flagged): 1 reference(s) only masks." in kept.stdout
+    sc = pd.read_parquet(d / "k" / "scores.parquet").query("sample_id == 's1' and metric == 'rouge_l'")
+    assert sc.value.tolist() == [1.0, 1.0]
+    old, new = estimates(d / "k"), estimates(d / "o")
+    assert old[("rouge_l", "A+B4")] == pytest.approx((3 * new[("rouge_l", "A+B4")] + 1.0) / 4)
+    assert old[("chexpert_f1_14", "A+B4")] > new[("chexpert_f1_14", "A+B4")]
+
+
+def test_only_masked_references_is_one_clear_line(files):
+    d, s, g = files
+    s.assign(findings="XXXX XXXX.").to_csv(d / "all_masked.csv", index=False)
+    one_clear_line(cli("score", d / "gens.csv", "--studies", d / "all_masked.csv", "--metrics", "rouge_l", "--reps", 0, "--out", d / "o"),
+                   "only de-identification masks", "keep_flagged=True")
+
+
+@pytest.mark.parametrize("command", [["score", "--studies", "{d}/studies.csv", "--metrics", "bleu_4", "--reps", "0"],
+                                     ["concentration", "--reps", "10"]])
+def test_duplicate_sample_ids_are_refused_by_every_command(files, command):
+    # `validate`, `labels` and `audit` refused a sample_id given twice; `score` and `concentration` read the table as it was
+    d, _, g = files
+    g.assign(sample_id=["x0", "x1", "x2", "x3", "x4", "x5", "x6", "x0"]).to_csv(d / "dup.csv", index=False)
+    args = [command[0], d / "dup.csv", *[a.format(d=d) for a in command[1:]], "--out", d / "o"]
+    one_clear_line(cli(*args), "dup.csv: rows 0 and 7: duplicate sample_id 'x0'")
+    assert not (d / "o").exists()
+
+
+@pytest.mark.parametrize("command", [["reref", "--variations", "negation:implicit"],
+                                     ["review", "prepare", "--generations", "{d}/gens.csv", "--n-cases", "2"]])
+def test_blank_study_id_is_refused_by_reref_and_review(files, command):
+    # these read the studies table as written: a blank study_id silently merged or dropped a study ("3 studies" of 4 rows)
+    d, s, _ = files
+    s.assign(study_id=[None, "s2", "s3", "s4"]).to_csv(d / "blank_id.csv", index=False)
+    n = 2 if command[0] == "review" else 1
+    args = [*command[:n], "--studies", d / "blank_id.csv", *[a.format(d=d) for a in command[n:]], "--out", d / "o"]
+    one_clear_line(cli(*args), "blank_id.csv: row 0 (study_id=None): empty study_id")
+    assert not (d / "o").exists()

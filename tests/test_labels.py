@@ -511,3 +511,57 @@ def test_one_uncertain_convention_stated_on_every_f1_table(demo, audit):
     flipped = align_labels(from_wide(pd.DataFrame({"Edema": [-1.0]}, index=["s1"])), from_wide(pd.DataFrame({"Edema": [1.0]}, index=["s1"])),
                            labels=["Edema"], uncertain_positive=True)
     assert flipped.per_label()[["tp", "fp", "convention"]].values.tolist() == [[1, 0, uncertain_note(True)]]
+
+
+# --- speed-ups that must not change a number (issue 23) ----------------------------------------------------------
+
+def _pivot_case_stats(al, system, labels, cases):
+    "The former `case_stats` matrices: one pivot table per count, reindexed on the cases and labels."
+    c = al.counts[(al.counts.system == system) & al.counts.label.isin(labels)]
+    return {k: c.pivot_table(index=al._key, columns="label", values=k, aggfunc="sum").reindex(index=cases, columns=labels).to_numpy(float)
+            for k in ("tp", "fp", "fn")}
+
+
+def test_case_stats_equal_the_pivot_tables(demo):
+    from cxr_audit.labels import _case_label_sums
+    a = label_audit(demo.studies, demo.generations, reps=50)
+    al = a.alignment
+    for s in al.systems:
+        cases = al._cases([s])
+        for labs in (list(al.labels), list(CHEXPERT_5)):
+            ref = _pivot_case_stats(al, s, labs, cases)
+            c = al.counts[al.counts.system == s]
+            got = _case_label_sums(c[c.label.isin(labs)], al._key, cases, labs, ("tp", "fp", "fn"))
+            for k in ref: np.testing.assert_array_equal(got[k], ref[k])
+    s, cases = al.systems[0], al._cases([al.systems[0]])
+    few = cases[:3] + cases[:2] + ["no such case"]                      # repeated and unknown cases, as reindex gave them
+    ref = _pivot_case_stats(al, s, ["Edema", "Cardiomegaly"], few)
+    got = _case_label_sums(al.counts[al.counts.system == s], al._key, few, ["Edema", "Cardiomegaly"], ("tp", "fp", "fn"))
+    for k in ref: np.testing.assert_array_equal(got[k], ref[k])
+    with pytest.raises(InputError, match="lacks some of the requested cases"): al.case_stats(s, cases=few)
+
+
+def test_flag_table_equals_the_per_key_filter(demo):
+    "The top evidence of each label is looked up once per key; the flags equal the former row-by-row filter's."
+    from cxr_audit.labels import _flag_row
+    t = trace_label_triggers(label_generations(to_generations(demo.generations)),
+                             texts=dict(zip(demo.generations.sample_id, demo.generations.hypothesis)))
+    rows, phrases, group = t.rows, t.phrases, t._group
+    ref = []
+    for key, g in rows[rows["state"] != 0.0].groupby(group + ["label"], sort=False):
+        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c, v in zip(group + ["label"], key)])]
+        ref.append({**dict(zip(group + ["label"], key)), **_flag_row(g, top.iloc[0] if len(top) else None)})
+    ref = pd.DataFrame(ref)
+    pd.testing.assert_frame_equal(t.flags[ref.columns].reset_index(drop=True), ref, check_dtype=False)
+    assert len(ref) > 10 and ref["top_evidence"].notna().any()
+
+
+def test_label_text_is_cached_per_text_and_equal_uncached(demo):
+    texts = list(demo.generations.hypothesis[:60])
+    cached, plain = Labeler(), Labeler(cache_size=0)
+    first = [cached.label_text(t) for t in texts]
+    assert 0 < len(cached._text_cache) <= len(set(texts))
+    assert [cached.label_text(t) for t in texts] == first == [plain.label_text(t) for t in texts]
+    assert len(plain._text_cache) == 0
+    ev, _ = cached.label_text(texts[0]); ev.clear()                      # the caller's dict is its own
+    assert cached.label_text(texts[0]) == first[0]

@@ -415,3 +415,13 @@ def test_default_splitter_falls_back_to_pysbd_without_stanza_models(tmp_path, mo
     assert default_splitter_name() == "pysbd"
     t = "Stable effusion. No pneumothorax."
     assert split_sentences(t) == split_sentences(t, splitter="pysbd")
+
+
+# --- each distinct sentence is read once (issue 23) -------------------------------------------------------------
+
+def test_rule_annotator_reads_each_sentence_once_with_the_same_result():
+    a, fresh = RuleAnnotator(), RuleAnnotator()
+    s = "The small left pleural effusion has slightly increased since the prior study."
+    first = a._read(s)
+    assert a._read(s) is first and len(a._readings) == 1                     # the second call is the cached reading
+    assert first == fresh._read_now(s)                                        # equal to a reading made from scratch

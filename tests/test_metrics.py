@@ -1,6 +1,7 @@
 "Integration tests of `cxr_audit.metrics`: equality with pycocoevalcap, METEOR's corpus value, resampling, CheXpert F1, RadEval."
 import importlib
 import json
+import os
 import tempfile
 import shutil
 import subprocess
@@ -456,3 +457,119 @@ def test_api_key_metrics_need_a_key(monkeypatch):
     assert not r.available and "no API key is set" in r.reason
     crimson_api = radeval_metric("crimson", provider="openai")
     assert "no API key is set" in metric_availability([crimson_api]).reason[0]
+
+
+# --- issue 23: the corpus-at-once BLEU / ROUGE-L / CIDEr-D, and one METEOR JVM per process ---------------------------
+
+@pytest.mark.parametrize("tokenize", ["r2gen", None])
+def test_fast_metrics_equal_pycocoevalcap_to_1e12_on_real_iu_pairs(pairs, iu_pairs, tokenize):
+    "The numpy/rapidfuzz paths against pycocoevalcap itself, per sample and corpus, on real IU wording and the edge fixture."
+    from pycocoevalcap.bleu.bleu import Bleu as CocoBleu
+    from pycocoevalcap.cider.cider import Cider as CocoCider
+    from pycocoevalcap.rouge.rouge import Rouge as CocoRouge
+    from cxr_audit.metrics import bleu_stats, cider_d_scores, rouge_l_scores
+    t = tokenizer(tokenize)
+    refs, hyps = [t(x) for x in iu_pairs[0] + list(pairs.reference)], [t(x) for x in iu_pairs[1] + list(pairs.hypothesis)]
+    gts, res = {i: [r] for i, r in enumerate(refs)}, {i: [h] for i, h in enumerate(hyps)}
+    corpus, per = CocoBleu(4).compute_score(gts, res, verbose=0)
+    S = bleu_stats(refs, hyps, 4)
+    for n in range(1, 5):
+        m = get_metric(f"bleu_{n}", tokenize=None)
+        assert abs(m.value(m.stats(refs, hyps).sum(0)) - corpus[n - 1]) < 1e-12
+        np.testing.assert_allclose(m.per_sample(refs, hyps), per[n - 1], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(get_metric("bleu_4", tokenize=None).stats(refs, hyps), S)
+    rc, rper = CocoRouge().compute_score(gts, res)
+    np.testing.assert_allclose(rouge_l_scores(refs, hyps), rper, rtol=0, atol=1e-12)
+    assert abs(get_metric("rouge_l", tokenize=None).corpus(refs, hyps) - rc) < 1e-12
+    cc, cper = CocoCider().compute_score(gts, res)
+    np.testing.assert_allclose(cider_d_scores(refs, hyps), cper, rtol=0, atol=1e-12)
+    assert abs(get_metric("cider", tokenize=None).corpus(refs, hyps) - cc) < 1e-12
+
+
+def test_fast_bleu_stats_are_the_pairwise_definition(pairs):
+    "`bleu_stats` (whole corpus, numpy) gives exactly the integers of `bleu_pair_stats` (one pair, Counters)."
+    from cxr_audit.metrics import bleu_pair_stats, bleu_stats
+    t = tokenizer("r2gen")
+    refs, hyps = [t(x) for x in pairs.reference], [t(x) for x in pairs.hypothesis]
+    for n in (1, 2, 4):
+        np.testing.assert_array_equal(bleu_stats(refs, hyps, n), np.array([bleu_pair_stats(r, h, n) for r, h in zip(refs, hyps)], float))
+
+
+def _jvm_pids():
+    from cxr_audit import metrics
+    return sorted(j.proc.pid for j in metrics._METEOR_JVMS.values())
+
+
+def _alive(pid):
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    st = Path(f"/proc/{pid}/stat")
+    return not (st.exists() and st.read_text().split()[2] == "Z")
+
+
+@needs_java
+def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
+    from cxr_audit.metrics import close_meteor, run_meteor
+    close_meteor()
+    m = Meteor(tokenize=None)
+    a = m.jar_scores(["no acute process ."], ["no acute process ."])
+    pids = _jvm_pids()
+    assert len(pids) == 1 and _alive(pids[0])
+    b = m.jar_scores(["the heart is normal ."], ["heart normal ."])
+    c = run_meteor(["the heart is normal ."], ["heart normal ."], evaluate=True)
+    assert _jvm_pids() == pids                                            # three calls, one JVM
+    assert a.corpus_score > 0.9                                           # identical texts
+    assert abs(float(meteor_value(b.stats.sum(0))) - b.corpus_score) < 1e-12 and c.corpus_score == b.corpus_score
+    m.close()
+    assert _jvm_pids() == [] and not _alive(pids[0])
+    assert close_meteor() == 0
+
+
+@needs_java
+def test_meteor_replaces_a_jvm_that_died():
+    from cxr_audit.metrics import close_meteor, run_meteor
+    close_meteor()
+    first = run_meteor(["no pleural effusion ."], ["no effusion ."], evaluate=True)
+    (pid,) = _jvm_pids()
+    os.kill(pid, 9)                                                       # our own JVM, started by this test
+    again = run_meteor(["no pleural effusion ."], ["no effusion ."], evaluate=True)
+    assert _jvm_pids() != [pid] and again.corpus_score == first.corpus_score
+    close_meteor()
+
+
+@needs_java
+def test_meteor_jvm_ends_when_python_exits():
+    code = ("from cxr_audit.metrics import Meteor, _METEOR_JVMS; Meteor(tokenize=None).stats(['a b'], ['a b']); "
+            "print([j.proc.pid for j in _METEOR_JVMS.values()][0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    pid = int(out.stdout.split()[-1])
+    assert not _alive(pid)
+
+
+@needs_java
+def test_meteor_capped_rows_are_noted_in_the_scores_table():
+    refs, hyps = ["no acute process .", "the heart is normal .", "lungs clear ."], ["no acute process .", "one two three four five six seven", "lungs clear ."]
+    m = Meteor(tokenize=None, max_tokens=5)
+    with pytest.warns(UserWarning, match=r"rows \[1\]"):
+        long = sample_stats(refs, hyps, [m, "bleu_1"])
+    notes = long.set_index(["metric", "sample_id"]).note
+    assert notes["meteor"].tolist() == ["", "METEOR scored the first 5 tokens only (reference or hypothesis cut)", ""]
+    assert (notes["bleu_1"] == "").all()
+    with pytest.warns(UserWarning):
+        sc = score(refs, hyps, [m])
+    assert sc.note.item() == "1 pair(s) cut to their first 5 tokens (rows [1])"
+    neg = negated(Meteor(tokenize=None, max_tokens=5))
+    with pytest.warns(UserWarning):
+        assert sample_stats(refs, hyps, [neg]).note.tolist()[1].startswith("METEOR scored the first 5")
+    assert Meteor(tokenize=None).row_notes(3) == ["", "", ""]
+
+
+def test_radeval_bleu_says_why_it_is_lower_than_bleu_4():
+    "Issue 21: the page showed radeval_bleu 0.000084 beside bleu_4 0.742 without a word; the note now explains it."
+    refs, hyps = ["The heart is normal in size.", "No pleural effusion."], ["Heart is normal in size, stable.", "No pleural effusion."]
+    sc = score(refs, hyps, ["bleu_4", "radeval_bleu"]).set_index("metric")
+    assert abs(sc.value["radeval_bleu"] - 8.44e-5) < 1e-7 and abs(sc.value["bleu_4"] - 0.742) < 1e-3
+    note = sc.note["radeval_bleu"]
+    assert "raw text" in note and "same pycocoevalcap scorer as bleu_4" in note and sc.note["bleu_4"] == ""
+    assert get_metric("radeval_bleu").stats(refs, hyps).sum(0)[3] == 0          # no 4-gram match on the raw split
+    assert metric_availability(["radeval_bleu"]).note.item() == note

@@ -502,3 +502,55 @@ def test_metrics_section_renders_the_result():
     text = " ".join(b for b in sec.blocks if isinstance(b, str))
     assert "Two-sided bootstrap p" in text and "IDF" in text and "rule-based CheXpert labeler" in text
     assert "**Warning:** score_systems: with 600 resamples and 20 comparisons" in text     # too few for Holm over 20
+
+
+# ---- progress bars: on a terminal (or when asked), silent in tests and logs ------------------------------------------
+
+def test_generation_is_silent_off_a_terminal_and_shows_a_bar_when_asked(capsys, monkeypatch):
+    from cxr_audit.generate import SimulatedGenerator, generate_table
+    from cxr_audit.synth import make_demo_corpus
+    corpus = make_demo_corpus(n_patients=4, seed=0)
+    monkeypatch.delenv("CXR_AUDIT_PROGRESS", raising=False)
+    generate_table(SimulatedGenerator("sim-terse", corpus), corpus.studies, "B4")   # pytest's stderr is not a terminal
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("CXR_AUDIT_PROGRESS", "1")
+    generate_table(SimulatedGenerator("sim-terse", corpus), corpus.studies, "B4")
+    assert "generate sim-terse" in capsys.readouterr().err
+
+
+def test_long_resampling_shows_a_bar_only_when_asked(capsys, monkeypatch):
+    from cxr_audit.stats import weight_chunks
+    monkeypatch.delenv("CXR_AUDIT_PROGRESS", raising=False)
+    sum(W.sum() for _, W in weight_chunks(50, 400, 0, None, 50, rows=40))   # 10 chunks, not a terminal: silent
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("CXR_AUDIT_PROGRESS", "1")
+    total = sum(W.sum() for _, W in weight_chunks(50, 400, 0, None, 50, rows=40))
+    assert "resamples, 40 per step" in capsys.readouterr().err and total == 400 * 50
+    sum(W.sum() for _, W in weight_chunks(50, 400, 0, None, 50, rows=200))   # two chunks: quick, no bar even when asked
+    assert capsys.readouterr().err == ""
+
+
+def test_a_table_with_a_named_column_index_has_no_empty_column():
+    from cxr_audit.audit import table_html
+    df = pd.DataFrame({"system": ["a"], "f1": [0.5]}).rename_axis(columns="metric")   # as `ProgressionEvaluation.table()` returns
+    head = table_html(df).split("</thead>")[0]
+    assert head.count("<th>") == 2 and "<th>metric</th>" not in head
+
+
+# ---- charts drawn while the stages run (issue 23) ------------------------------------------------------------
+
+def test_report_charts_drawn_in_the_background_equal_charts_drawn_at_the_end():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import altair as alt
+
+    from cxr_audit.audit import Section, render_report
+    from cxr_audit.core import chart_svg, submit_chart
+    bars = [alt.Chart(pd.DataFrame({"system": list("ABC"), "n": [i, 2, 3]})).mark_bar().encode(x="system:N", y="n:Q") for i in (1, 5, 9)]
+    secs = [Section("One", ["text", bars[0]]), Section("Two", [bars[1], pd.DataFrame({"x": [1]}), bars[2]])]
+    at_end = render_report(secs, title="t")
+    with ThreadPoolExecutor(2) as pool: drawn = {id(b): submit_chart(pool, b) for b in bars[:2]}   # the third is drawn at the end
+    assert render_report(secs, title="t", drawn=drawn) == at_end
+    assert render_report(secs, title="t", drawn={id(bars[2]): chart_svg(bars[2])}) == at_end       # a string is taken as drawn
+    assert at_end.count("<svg") == 3
+    bars[0].to_dict()     # drawing skips the schema check; the charts still validate

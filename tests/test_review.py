@@ -556,3 +556,17 @@ def test_reref_codebook_and_simulation_are_checked(demo, reref_refs, reref_packe
     sims = [simulate_reref_ratings(reref_packets, seed=s)["R1_reref"] for s in (1, 1, 2)]
     pd.testing.assert_frame_equal(sims[0], sims[1])
     assert not sims[0].equals(sims[2])
+
+
+# --- end points looked up once (issue 23) -------------------------------------------------------------------------
+
+def test_codebook_get_returns_a_fresh_copy_of_the_same_definition():
+    from cxr_audit.review import load_codebook
+    cb = load_codebook()
+    phase, column = int(cb.endpoints.phase.iloc[0]), str(cb.endpoints.column.iloc[0])
+    ref = cb.endpoints[(cb.endpoints.phase == phase) & (cb.endpoints.column == column)].iloc[0].to_dict()
+    same = lambda d: pd.Series(d, dtype=object).equals(pd.Series(ref, dtype=object))   # NaN thresholds compare equal
+    got = cb.get(phase, column); assert same(got)
+    got["required"] = "changed"
+    assert same(cb.get(phase, column)) and not same(got)                     # the caller's copy is its own
+    with pytest.raises(KeyError, match="no end point"): cb.get(phase, "no_such_column")

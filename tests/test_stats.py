@@ -516,3 +516,49 @@ def test_family_bad_input():
         comparison_family({"v": ({"a": proportion_stats([1, 0]), "b": proportion_stats([1, 0, 1])}, "proportion")}, [("a", "b")], reps=10)
     with pytest.raises(InputError, match="not a column"): comparison_family(metrics, PAIRS, reps=10, clusters="patient")
     with pytest.warns(UserWarning, match="no Holm-adjusted p can be below"): comparison_family(metrics, PAIRS, reps=50)
+
+
+# ---- speed-ups that must not change a bit (issue 23) -----------------------------------------------------
+
+def _scores_table(n=300, systems=("a", "b", "c"), seed=0):
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"sample_id": np.concatenate([rng.permutation(n).astype(str) for _ in systems]),
+                       "system": np.repeat(list(systems), n), "metric": "m", "stat_0": rng.random(len(systems) * n),
+                       "stat_1": rng.random(len(systems) * n), "cl": np.tile(np.arange(n) % 17, len(systems))})
+    return df.sample(frac=1, random_state=1).reset_index(drop=True)
+
+
+def test_systems_from_scores_equals_the_loc_lookup_to_the_last_bit():
+    from cxr_audit.stats import systems_from_scores
+    df = _scores_table()
+    out, cl = systems_from_scores(df, "m", clusters="cl")
+    order = pd.unique(df["sample_id"])
+    for s, g in df.groupby("system", sort=False):          # the former formulation: set_index(unit).loc[order, cols]
+        ref = g.set_index("sample_id").loc[order, ["stat_0", "stat_1"]].to_numpy(float)
+        assert np.array_equal(out[s], ref) and np.array_equal(out[s].sum(0), ref.sum(0))   # same values, same column sums
+    units = df.drop_duplicates("sample_id").set_index("sample_id").loc[order]
+    assert list(cl) == list(units["cl"])
+    assert list(out) == list(pd.unique(df["system"]))     # systems in first-seen order, as groupby(sort=False) gave them
+    assert systems_from_scores(df, "m")[1] is None
+
+
+def test_systems_from_scores_errors_unchanged():
+    from cxr_audit.stats import systems_from_scores
+    df = _scores_table(n=5)
+    with pytest.raises(InputError, match="has no 'm' row for unit"): systems_from_scores(df.iloc[1:], "m")
+    bad = df.copy(); bad.loc[bad.index[0], "stat_0"] = np.nan
+    with pytest.raises(InputError, match="missing or infinite"): systems_from_scores(bad, "m")
+    text = df.astype({"stat_0": object}); text.loc[text.index[0], "stat_0"] = "x"
+    with pytest.raises(InputError, match="not a numeric matrix"): systems_from_scores(text, "m")
+
+
+def test_paired_to_frame_is_built_once_per_setting_and_returned_as_a_copy():
+    S = {k: np.column_stack([np.random.default_rng(i).random(50), np.ones(50)]) for i, k in enumerate("ab")}
+    r = bootstrap_metrics({"m": (S, "mean")}, reps=200, seed=0)["m"]
+    f1 = r.to_frame(); f1["estimate"] = 99.0
+    f2 = r.to_frame()
+    assert f2["estimate"].iloc[0] != 99.0 and len(r._frames) == 1
+    assert r.to_frame("percentile", r.size).equals(f2) and len(r._frames) == 1    # the defaults spelled out: same entry
+    assert not r.to_frame(size=0.9).equals(f2) and len(r._frames) == 2
+    s1 = r.systems_frame(); s1["estimate"] = 99.0
+    assert r.systems_frame()["estimate"].iloc[0] != 99.0 and len(r._frames) == 3
