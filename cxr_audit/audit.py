@@ -30,6 +30,7 @@ from .labels import label_audit
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
 from .generate import plot_policy_summary, policy_summary
+from .metrics import start_meteor
 from .evaluator import score_systems
 from .review import simulate_review
 
@@ -595,6 +596,7 @@ def run_audit(studies,                              # a `studies` table
     recipe = ctx.params.get("cohort_recipe", "000_test")
     if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
     if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = [0, len(names)]
+    if "metrics" in names and "meteor" in _REPORT_METRICS: start_meteor()   # the jar loads while the earlier stages run
     sections, drawn = [], {}
     with use_system_colors(system_colors(config_label(g.system, g.policy))), ThreadPoolExecutor(2) as pool:   # one colour per system
         for n in names:

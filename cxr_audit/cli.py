@@ -232,6 +232,30 @@ def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_c
                         max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted), progress=True)
 
 
+def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
+    "`longitudinal --batch`: every reference and generated sentence through one step of the annotator behind a batch collector."
+    import pandas as pd
+    from cxr_audit.llm import is_restricted
+    from cxr_audit.llm_batch import BatchCollector
+    from cxr_audit.longitudinal import LLMAnnotator, annotate_reports
+    if not isinstance(ann, LLMAnnotator) or not cache:
+        raise InputError("longitudinal: --batch needs --annotator openai and --cache FILE (the requests are recorded there)")
+    if section not in st.columns: raise InputError(f"longitudinal: the studies table has no column {section!r}")
+    ann.backend, ann.progress = BatchCollector(ann.backend, cache), False
+    held = dict(zip(st["study_id"].astype(str), is_restricted(st)))
+    refs = pd.DataFrame({"report_id": "reference/" + st["study_id"].astype(str), "text": st[section],
+                         "restricted": st["study_id"].astype(str).map(held)})
+    hyps = pd.DataFrame({"report_id": "generation/" + gens["sample_id"].astype(str), "text": gens["hypothesis"],
+                         "restricted": gens["study_id"].astype(str).map(held).fillna(False).astype(bool)})
+    sents = annotate_reports(pd.concat([refs, hyps], ignore_index=True), ann)
+    if ann.pending_:
+        return (f"longitudinal: {ann.pending_} LLM request(s) for {sents.sentence.nunique()} distinct sentences wait for batch results; run "
+                f"`cxr-audit llm-batch export --cache {cache} --out DIR`, submit the files, `cxr-audit llm-batch import`, then this "
+                "command again (one round per annotation step)")
+    return ("longitudinal: every LLM answer is in the cache; run the same command without --batch (and the same --cache) to "
+            "evaluate with no LLM call")
+
+
 def longitudinal(*, studies: str,                                      # studies table (the references; .csv/.parquet)
                  generations: str,                                     # generations table (.csv/.parquet)
                  out: str,                                             # output folder
@@ -239,6 +263,7 @@ def longitudinal(*, studies: str,                                      # studies
                  model: str | None = None,                             # model name (openai annotator)
                  base_url: str | None = None,                          # OpenAI-compatible server URL (else $OPENAI_BASE_URL)
                  cache: str | None = None,                             # LLM response cache file
+                 batch: bool = False,                                  # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
                  decoding: Literal["greedy", "sampling"] = "greedy",   # greedy, or the paper's sampling settings
                  llm_seed: int | None = None,                          # seed of sampled LLM answers
                  max_concurrency: int = 4,                             # LLM requests in flight
@@ -260,6 +285,7 @@ def longitudinal(*, studies: str,                                      # studies
                      n_task_examples, n_change_indicators, n_progression_examples)
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset="studies")
+    if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
     clusters = _clusters_arg(clusters, st)
     ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann, reps=reps,
                                 seed=seed, clusters=clusters, metrics=chosen, match=match, section=section)

@@ -591,7 +591,7 @@ def _parse(self: LLMAnnotator, step: str, text):
 # %% ../nbs/10_longitudinal.ipynb #070515a8
 @patch
 def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[bool]) -> list:
-    "Parsed answers of `step` for `(sentence, keyword)` items (None where still invalid); calls are appended to `log_`."
+    "Parsed answers of `step` for `(sentence, keyword)` items (None where still invalid or waiting for a batch file); calls are appended to `log_`."
     answers, pending = [None] * len(items), list(range(len(items)))
     for attempt in range(int(self.invalid_retries) + 1):
         if not pending: break
@@ -604,7 +604,9 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
         for i, a in zip(pending, parsed): answers[i] = a
         self.log_.append(df.assign(step=step, item=pending, attempt=attempt, answer=[None if a is None else str(a) for a in parsed],
                                    valid=[a is not None for a in parsed]))
-        pending = [i for i in pending if answers[i] is None]
+        waiting = {i for i, st in zip(pending, df["status"]) if st == "pending"}   # recorded for a batch file (llm_batch)
+        self.pending_ = getattr(self, "pending_", 0) + len(waiting)
+        pending = [i for i in pending if answers[i] is None and i not in waiting]
     return answers
 
 # %% ../nbs/10_longitudinal.ipynb #9020dfcb
@@ -631,7 +633,7 @@ def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
     sentences = [str(s) for s in sentences]
     uniq = list(dict.fromkeys(sentences))
     flags = _flags(sentences, restricted)
-    self.log_ = []
+    self.log_, self.pending_ = [], 0
     is_long = dict(zip(uniq, self._ask("longitudinal", [(s,) for s in uniq], [flags[s] for s in uniq])))
     longs = [s for s in uniq if is_long[s] == 1]
     kw = dict(zip(longs, self._ask("keyword", [(s,) for s in longs], [flags[s] for s in longs])))
@@ -649,7 +651,7 @@ def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
                   ) -> list[str | None]:
     "Step 3 alone for given `(sentence, keyword)` pairs (None where the answer stayed invalid)."
     pairs = [(str(s), str(k)) for s, k in pairs]
-    self.log_ = []
+    self.log_, self.pending_ = [], 0
     out = self._ask("progression", pairs, [bool(restricted)] * len(pairs) if isinstance(restricted, (bool, np.bool_)) else list(restricted))
     self._finish_log()
     return out

@@ -42,9 +42,9 @@ __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_MAX_TOKENS', '
            'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table',
            'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score',
            'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable',
-           'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor', 'Meteor', 'CheXpertF1', 'register_metric',
-           'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name',
-           'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
+           'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor', 'start_meteor', 'Meteor', 'CheXpertF1',
+           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
+           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
            'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
            'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
            'metric_availability', 'registry_table']
@@ -588,6 +588,17 @@ def run_meteor(references: Sequence[str],  # tokenized references
     if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
     if ev is None: return MeteorRun(S, capped=capped)
     return MeteorRun(S, np.array([float(x) for x in ev[:-1]]), float(ev[-1]), capped)
+
+# %% ../nbs/07_metrics.ipynb #adf54b56
+def start_meteor(jar=None,                # the METEOR 1.5 jar (default: pycocoevalcap's)
+                 java: str | None = None, # the java executable (default: on PATH)
+                 language: str = "en",    # the jar's -l option
+                 memory: str = "2G"       # JVM heap (-Xmx)
+                ) -> bool:
+    "Start the process's METEOR jar in the background (it loads while other work runs); False when Java or the jar is missing."
+    try: meteor_jvm(_meteor_cmd(jar, java, language, memory))
+    except (FileNotFoundError, ImportError, OSError): return False
+    return True
 
 # %% ../nbs/07_metrics.ipynb #383f2ca9
 def _warn_capped(capped: np.ndarray, max_tokens: int | None):

@@ -108,17 +108,21 @@ def color_clashes(charts: list[tuple]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    "A small real demo report: its HTML and (title, spec, scenegraph, svg) of every chart in it."
-    seen = []
-    real = audit.chart_svg
-    def spy(chart):
-        spec = chart.to_dict(); t = spec.get("title", "")
-        svg = real(chart)
-        seen.append((t.get("text", "") if isinstance(t, dict) else str(t), spec, vlc.vegalite_to_scenegraph(spec), svg))
-        return svg
-    mp = pytest.MonkeyPatch(); mp.setattr(audit, "chart_svg", spy)
+    "A small real demo report: its HTML and (title, spec, scenegraph, svg) of every chart in it (drawn during the run or at the end)."
+    drawn = []
+    real_svg, real_submit = audit.chart_svg, audit.submit_chart
+    def spy_svg(chart):
+        svg = real_svg(chart); drawn.append((chart.to_dict(), svg)); return svg
+    def spy_submit(pool, chart):
+        future = real_submit(pool, chart); drawn.append((chart.to_dict(), future)); return future
+    mp = pytest.MonkeyPatch(); mp.setattr(audit, "chart_svg", spy_svg); mp.setattr(audit, "submit_chart", spy_submit)
     try: paths = audit.run_demo(tmp_path_factory.mktemp("demo"), n_patients=16, reps=20)
     finally: mp.undo()
+    seen = []
+    for spec, svg in drawn:
+        t = spec.get("title", "")
+        seen.append((t.get("text", "") if isinstance(t, dict) else str(t), spec, vlc.vegalite_to_scenegraph(spec),
+                     svg if isinstance(svg, str) else svg.result()))
     assert len(seen) >= 15
     return paths["report"].read_text(encoding="utf-8"), seen
 

@@ -327,3 +327,29 @@ def test_reref_batch_records_requests_and_llm_batch_exports_them(tmp_path, capsy
     no_cache = [a for a in argv if a not in ("--cache", str(tmp_path / "c.sqlite"))]
     assert cli_main(no_cache) == 2                               # no --cache: refused
     assert "--batch needs --backend openai and --cache FILE" in capsys.readouterr().err
+
+
+def test_longitudinal_batch_records_every_sentence_then_reads_the_imported_answers(tmp_path, capsys):
+    """`longitudinal --batch`: nothing is sent (nothing listens at the URL); step 1 is recorded for every distinct sentence of the
+    references and generations; after the provider's answers are imported the command finds every answer in the cache."""
+    studies, gens, cache = tmp_path / "s.csv", tmp_path / "g.csv", tmp_path / "c.sqlite"
+    pd.DataFrame({"study_id": ["a", "b"], "findings": ["Stable cardiomegaly. No effusion.", "The effusion has grown."]}).to_csv(studies, index=False)
+    pd.DataFrame({"study_id": ["a", "b"], "system": ["m1", "m1"], "hypothesis": ["No effusion.", "New opacity."]}).to_csv(gens, index=False)
+    argv = ["longitudinal", "--studies", str(studies), "--generations", str(gens), "--out", str(tmp_path / "o"), "--annotator", "openai",
+            "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--cache", str(cache), "--batch"]
+    assert cli_main(argv) == 0
+    assert "longitudinal: 4 LLM request(s) for 4 distinct sentences wait for batch results" in capsys.readouterr().out
+    assert cli_main(["llm-batch", "export", "--cache", str(cache), "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    sent = [json.loads(x) for f in (tmp_path / "b").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert len(sent) == 4 and all(x["url"] == "/v1/chat/completions" and x["body"]["model"] == "m" for x in sent)
+    out = tmp_path / "output.jsonl"    # a test stand-in for the provider: "not longitudinal" for every sentence
+    out.write_text("".join(json.dumps({"id": f"r{i}", "custom_id": x["custom_id"], "error": None, "response": {"status_code": 200, "body": {
+        "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "<0>"}, "finish_reason": "stop"}]}}}) + "\n"
+        for i, x in enumerate(sent)))
+    assert cli_main(["llm-batch", "import", "--cache", str(cache), "--results", str(out)]) == 0
+    assert "4 answers, 0 failed" in capsys.readouterr().out
+    assert cli_main(argv) == 0
+    assert "every LLM answer is in the cache" in capsys.readouterr().out
+    assert cli_main([a for a in argv if a not in ("--cache", str(cache))]) == 2
+    assert "--batch needs --annotator openai and --cache FILE" in capsys.readouterr().err
