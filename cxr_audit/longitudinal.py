@@ -1154,7 +1154,8 @@ def _annotated(st, pairs, annotator, reference_annotator, splitter, section, ref
         calls.append(_calls_of(ann, before, "references"))
     if generated_sentences is None:
         before = getattr(annotator, "log_", None)
-        restricted = pairs.study_id.map(st.set_index("study_id").get("restricted", pd.Series(dtype=bool))).fillna(False)
+        held = dict(zip(st["study_id"], is_restricted(st)))   # a generation is as restricted as its study (cell or dataset)
+        restricted = pairs.study_id.map(held).fillna(False).astype(bool)
         generated_sentences = annotate_reports(pairs.assign(restricted=restricted), annotator, splitter, id_col="sample_id", text_col="hypothesis")
         calls.append(_calls_of(annotator, before, "generations"))
     calls = [c for c in calls if c is not None]

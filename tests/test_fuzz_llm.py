@@ -6,7 +6,6 @@ body, answer `content: null`, drop `choices` or send garbage with HTTP 200 on cu
 purpose-built HTTP server that counts what it receives. The missing-extra test hides `openai` with monkeypatch
 (it is installed here; the test needs it absent).
 """
-import http.server
 import json
 import logging
 import os
@@ -15,7 +14,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -24,55 +22,24 @@ from cxr_audit.cli import main as cli_main
 from cxr_audit.core import InputError, write_manifest
 from cxr_audit.llm import (BatchAbortedError, LLMHTTPError, OpenAIChat, RestrictedDataError, RuleChat, check_restricted,
                            describe_error, is_restricted, request_key, run_batch)
-from test_llm import CountingProxy, _cached_keys, _requests
+from test_llm import CountingProxy, ScriptedStub, _cached_keys, _requests
 
 KEY = "sk-live-SECRET-0123456789"
 
 
-class BadServer:
-    """A STUB OpenAI-compatible server (not a model): per user message, plays the next step of a script."""
+class BadServer(ScriptedStub):
+    """A STUB OpenAI-compatible server (not a model): echoes credentials in an error, answers garbage, `content: null`,
+    empty content or no `choices` with HTTP 200, as the script says."""
 
-    def __init__(self, scripts: dict):
-        self.scripts, self.received, self.lock, stub = {k: list(v) for k, v in scripts.items()}, {}, threading.Lock(), self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, data: bytes):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                name = body["messages"][-1]["content"]
-                with stub.lock:
-                    stub.received[name] = stub.received.get(name, 0) + 1
-                    steps = stub.scripts.get(name, stub.scripts.get("*"))
-                    step = steps.pop(0) if len(steps) > 1 else steps[0]
-                if step == "echo401":  # a server that copies the credentials it got into its error message
-                    msg = f"invalid key {self.headers.get('Authorization')}; key={KEY}"
-                    return self._send(401, json.dumps({"error": {"message": msg}}).encode())
-                if step == "garbage":
-                    return self._send(200, b"<html>proxy error</html>")
-                choices = [] if step == "nochoices" else [{"index": 0, "finish_reason": "stop", "message": {
-                    "role": "assistant", "content": {"null": None, "empty": "", "ok": "fine"}[step]}}]
-                self._send(200, json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
-                                            "choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode())
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def reply(self, step, headers):
+        if step == "echo401":  # a server that copies the credentials it got into its error message
+            return 401, {"error": {"message": f"invalid key {headers.get('Authorization')}; key={KEY}"}}, []
+        if step == "garbage":
+            return 200, b"<html>proxy error</html>", []
+        choices = [] if step == "nochoices" else [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": {"null": None, "empty": "", "ok": "fine"}[step]}}]
+        return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
+                     "choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, []
 
 
 @pytest.fixture

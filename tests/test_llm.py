@@ -260,12 +260,11 @@ def test_ctrl_c_and_resume(tmp_path):
 
 # --- retries and failure rows, against a stub ------------------------------------------------------------------
 
-class FaultStub:
-    """A purpose-built STUB of an OpenAI-compatible server, not a model. It exists because the real server cannot be
-    made to fail on cue: for each request it plays the next step of a script chosen by the user message, answering
-    with invalid JSON, HTTP 429, HTTP 500, HTTP 400 or a valid reply, and it counts what it receives."""
-
-    VALID = '{"is_longitudinal": true, "progression": "worsened"}'
+class ScriptedStub:
+    """The machinery of the purpose-built STUB servers of these tests (not models): an OpenAI-compatible endpoint that,
+    per user message, plays the next step of a script (the last step repeats; "*" is the script of any other message),
+    counts what it receives, and answers what the subclass's `reply(step, headers)` returns: (status, JSON object or
+    bytes, extra headers)."""
 
     def __init__(self, scripts: dict):
         self.scripts, self.received, self.lock, stub = {k: list(v) for k, v in scripts.items()}, {}, threading.Lock(), self
@@ -276,8 +275,10 @@ class FaultStub:
             def log_message(self, *args):
                 pass
 
-            def _send(self, status, obj, headers=()):
-                data = json.dumps(obj).encode()
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, data, headers = stub.reply(stub.next_step(body["messages"][-1]["content"]), self.headers)
+                data = data if isinstance(data, bytes) else json.dumps(data).encode()
                 self.send_response(status)
                 for k, v in headers:
                     self.send_header(k, v)
@@ -286,30 +287,40 @@ class FaultStub:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                name = body["messages"][-1]["content"]
-                with stub.lock:
-                    stub.received[name] = stub.received.get(name, 0) + 1
-                    steps = stub.scripts[name]
-                    step = steps.pop(0) if len(steps) > 1 else steps[0]
-                if step == "429":
-                    return self._send(429, {"error": {"message": "rate limited"}}, [("Retry-After", "0")])
-                if step in ("400", "500"):
-                    return self._send(int(step), {"error": {"message": f"stub error {step}"}})
-                content = FaultStub.VALID if step == "ok" else '{"is_longitudinal": tru'
-                self._send(200, {"id": "stub", "object": "chat.completion", "created": 0, "model": "stub-model",
-                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                                 "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}})
-
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
+    def next_step(self, name: str) -> str:
+        with self.lock:
+            self.received[name] = self.received.get(name, 0) + 1
+            steps = self.scripts.get(name, self.scripts.get("*"))
+            return steps.pop(0) if len(steps) > 1 else steps[0]
+
+    def reply(self, step: str, headers) -> tuple:
+        raise NotImplementedError
+
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class FaultStub(ScriptedStub):
+    """A STUB server, not a model. It exists because the real server cannot be made to fail on cue: it answers with
+    invalid JSON, HTTP 429, HTTP 500, HTTP 400 or a valid reply, as the script says."""
+
+    VALID = '{"is_longitudinal": true, "progression": "worsened"}'
+
+    def reply(self, step, headers):
+        if step == "429":
+            return 429, {"error": {"message": "rate limited"}}, [("Retry-After", "0")]
+        if step in ("400", "500"):
+            return int(step), {"error": {"message": f"stub error {step}"}}, []
+        content = FaultStub.VALID if step == "ok" else '{"is_longitudinal": tru'
+        return 200, {"id": "stub", "object": "chat.completion", "created": 0, "model": "stub-model",
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}}, []
 
 
 def test_retries_and_failure_rows_against_stub(tmp_path):

@@ -425,3 +425,19 @@ def test_rule_annotator_reads_each_sentence_once_with_the_same_result():
     first = a._read(s)
     assert a._read(s) is first and len(a._readings) == 1                     # the second call is the cached reading
     assert first == fresh._read_now(s)                                        # equal to a reading made from scratch
+
+
+def test_generations_of_a_restricted_dataset_are_restricted_without_a_restricted_column():
+    """A MIMIC-CXR studies table with no `restricted` column: its generations count as restricted (by dataset) and are not
+    sent to a remote server, even when the references were annotated before (so only the generations would be sent)."""
+    from cxr_audit.llm import RestrictedDataError, RuleChat
+    from cxr_audit.longitudinal import rule_chat
+
+    class RemoteRule(RuleChat):
+        endpoint = "https://llm.example.org/v1"
+    st = pd.DataFrame({"study_id": ["a", "b"], "dataset": "mimic-cxr", "findings": ["Stable cardiomegaly.", "The effusion has grown."]})
+    gens = pd.DataFrame({"study_id": ["a", "b"], "system": "m", "hypothesis": ["Cardiomegaly is stable.", "Effusion, larger."]})
+    refs = annotate_reports(st, RuleAnnotator(), id_col="study_id", text_col="findings")
+    remote = LLMAnnotator(RemoteRule(rule_chat().fn), cache=False)
+    with pytest.raises(RestrictedDataError, match="restricted data"):
+        progression_evaluation(st, gens, annotator=remote, reference_sentences=refs, reps=10)
