@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import html
+import os
+import pickle
+import subprocess
 import re
 import sys
+import tempfile
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -19,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs, config_label, enable_theme, submit_chart,
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_pool, chart_svg, chart_svgs, config_label, enable_theme, submit_chart,
                             system_color, system_colors, use_system_colors, write_manifest, write_table)
 from .corpus import to_generations, to_studies
 from .synth import make_demo_corpus
@@ -30,16 +33,16 @@ from .labels import label_audit
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
 from .generate import plot_policy_summary, policy_summary
-from .metrics import start_meteor
+from .metrics import prefetch_meteor, start_meteor
 from .evaluator import score_systems
 from .review import simulate_review
 
 # %% auto #0
-__all__ = ['STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report', 'n_words', 'dataset_summary',
-           'system_summary', 'length_profile', 'plot_lengths', 'plot_counts', 'AuditContext', 'corpus_stage',
-           'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage', 'policy_stage', 'uncertainty_stage',
-           'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage', 'default_stages', 'check_pair',
-           'run_stage', 'run_audit', 'run_demo']
+__all__ = ['STAGES', 'SIDE_STAGES', 'TABLE_STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report',
+           'n_words', 'dataset_summary', 'system_summary', 'length_profile', 'plot_lengths', 'plot_counts',
+           'AuditContext', 'corpus_stage', 'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage',
+           'policy_stage', 'uncertainty_stage', 'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage',
+           'default_stages', 'check_pair', 'run_stage', 'audit_workers', 'run_stages', 'run_audit', 'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -102,6 +105,12 @@ h1{font-size:1.7em;margin:.2em 0}h2{border-bottom:1px solid #ddd;padding-bottom:
 nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """
 
+def _drawn(svg) -> str | None:
+    "An SVG string, or a future's result (None when its drawing failed)."
+    if isinstance(svg, str): return svg
+    try: return svg.result()
+    except Exception: return None   # noqa: BLE001 (e.g. the drawing process could not start)
+
 def render_report(sections: Sequence[Section],     # the sections, in order
                   title: str = "cxr_audit report", # page title
                   synthetic: bool = False,         # show the synthetic-data banner
@@ -115,7 +124,7 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     failed = [s for s in sections if s.error]
     if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
                           + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
-    given = {k: v if isinstance(v, str) else v.result() for k, v in (drawn or {}).items()}
+    given = {k: svg for k, v in (drawn or {}).items() if (svg := _drawn(v)) is not None}   # one that failed is drawn again here
     charts = [b for s in sections for b in s.blocks if _is_chart(b) and id(b) not in given]
     given.update(zip(map(id, charts), chart_svgs(charts)))                           # the rest drawn now, in parallel
     drawn = {k: f'<figure class="chart">{svg}</figure>' for k, svg in given.items()}
@@ -554,9 +563,9 @@ def check_pair(studies,      # a `studies` table
 # %% ../nbs/14_audit.ipynb #00afa33e
 @contextlib.contextmanager
 def _stage_progress(name: str, counter):
-    "A line on stderr when a stage starts and when it ends (with its time), when `counter` is `[i, n]`; silent when None."
+    "A line on stderr when a stage starts and when it ends (with its time), when `counter` is `(i, n)`; silent when None."
     if counter is None: yield; return
-    counter[0] += 1; t0 = time.perf_counter()
+    t0 = time.perf_counter()
     print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} ...", file=sys.stderr, flush=True)
     try: yield
     except Exception:
@@ -569,14 +578,97 @@ def run_stage(name: str,        # a name in `STAGES`
              ) -> Section:
     "One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages still run."
     try:
-        with _stage_progress(name, ctx.params.get("_progress")): return STAGES[name](ctx)
+        with _stage_progress(name, (ctx.params.get("_progress") or {}).get(name)): return STAGES[name](ctx)
     except Exception as e:   # noqa: BLE001 (any failure of one stage is reported in its section; run_audit then fails the run)
         why = f"{type(e).__name__}: {e}"
         return Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
                                                  "are complete; fix the input it names, or leave the stage out with `--stages`."],
                        note="This run is incomplete: the command exits with a non-zero status.", error=why)
 
+# %% ../nbs/14_audit.ipynb #04131f24
+SIDE_STAGES = ("reref", "labels", "review")   # the stages a second process runs (`run_stages` with 2 workers)
+
+def audit_workers(workers: int | None = None # processes (None: $CXR_AUDIT_WORKERS, else 2 when there are 2+ CPUs)
+                 ) -> int:
+    "How many processes run the audit's stages: 1 or 2."
+    w = workers if workers is not None else os.environ.get("CXR_AUDIT_WORKERS") or (2 if (os.cpu_count() or 1) >= 2 else 1)
+    try: w = int(w)
+    except (TypeError, ValueError): raise InputError(f"audit workers: a whole number (1 or 2), got {w!r}") from None
+    if w < 1: raise InputError(f"audit workers: at least 1, got {w}")
+    return min(w, 2)
+
+def _side_run(names: list[str], ctx: AuditContext, colors: dict) -> list[Section]:
+    "The sections of `names`, one after another, with the run's system colours (in the second process)."
+    with use_system_colors(colors): return [run_stage(n, ctx) for n in names]
+
+_BUILT_IN = dict(STAGES)     # the stage functions as this module defines them
+TABLE_STAGES = ("cohort",)   # stages that narrow the tables the later stages read (`_restrict_to_cohort`)
+
+def _side_plan(names: Sequence[str], workers: int) -> tuple[list[int], int]:
+    "Positions of the stages the second process runs, and the position after which it may start (-1: at once)."
+    if workers < 2 or len(names) < 2 or __name__ == "__main__": return [], -1   # run as a notebook: a fresh process lacks these
+    cut = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1)   # it must see the tables those stages leave
+    return [i for i, n in enumerate(names) if i > cut and n in SIDE_STAGES and STAGES[n] is _BUILT_IN.get(n)], cut
+
+_SIDE_MAIN = """import pickle, sys
+from cxr_audit.audit import _side_run
+names, ctx, colors = pickle.load(sys.stdin.buffer)
+out = _side_run(names, ctx, colors)
+with open(sys.argv[1], "wb") as f: pickle.dump(out, f)
+"""
+
+class _SideProcess:
+    "A fresh Python process that imports the package at once, then runs the stages it is sent (no `multiprocessing`: a user's script is never re-run)."
+    def __init__(self, out: Path):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}   # the same package as this process
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, "-c", _SIDE_MAIN, str(out)], stdin=subprocess.PIPE, env=env)
+
+    def send(self, names: list[str], ctx: AuditContext, colors: dict):
+        try: self.proc.stdin.write(pickle.dumps((names, ctx, colors))); self.proc.stdin.close()
+        except OSError: pass   # it has stopped: `result` says so
+
+    def result(self) -> list[Section] | None:
+        "Its sections, or None when it could not run them."
+        if self.proc.wait() != 0 or not self.out.is_file(): return None
+        return pickle.loads(self.out.read_bytes())
+
+    def stop(self):
+        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+
+def run_stages(names: Sequence[str], # stage names, in report order
+               ctx: AuditContext,    # the run
+               colors: dict,         # system colours (`core.system_colors`)
+               pool,                 # where the charts are drawn (`core.chart_pool`, `core.submit_chart`)
+               workers: int = 1      # 2: `SIDE_STAGES` run in a second process meanwhile
+              ) -> tuple[list[Section], dict]:
+    "Every stage's section in `names` order, and `id(chart) -> future SVG` of their charts."
+    side, cut = _side_plan(names, workers)
+    out, drawn = [None] * len(names), {}
+    def keep(i, sec):
+        out[i] = sec; drawn.update({id(b): submit_chart(pool, b) for b in sec.blocks if _is_chart(b)})   # drawn while the rest runs
+    with tempfile.TemporaryDirectory(prefix="cxr_audit_side_") as tmp:
+        helper = _SideProcess(Path(tmp) / "sections.pkl") if side else None   # it imports while the first stages run
+        try:
+            if side and cut < 0: helper.send([names[j] for j in side], ctx, colors)
+            for i, n in enumerate(names):
+                if i not in side: keep(i, run_stage(n, ctx))
+                if side and i == cut: helper.send([names[j] for j in side], ctx, colors)   # the tables are final from here on
+            secs = helper.result() if side else []
+        finally:
+            if helper is not None: helper.stop()
+        for i, sec in zip(side, secs if secs is not None else [run_stage(names[i], ctx) for i in side]): keep(i, sec)
+    return out, drawn
+
+
 # %% ../nbs/14_audit.ipynb #9a088e64
+def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):
+    "Start the METEOR jar with the paraphrases of every report's words and score each report against its findings in the background."
+    start_meteor(texts=[*g["hypothesis"], *(x for c in ("findings", "impression") if c in s.columns for x in s[c])])
+    first = s.drop_duplicates("study_id")
+    ref = pd.Series(first["findings"].to_numpy() if "findings" in first else "", index=first["study_id"].astype(str).to_numpy())
+    prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())   # the metrics stage finds them scored
+
 def run_audit(studies,                              # a `studies` table
               generations,                          # a `generations` table on those studies
               out_dir,                              # folder of report.html
@@ -585,7 +677,8 @@ def run_audit(studies,                              # a `studies` table
               params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root
               title: str = "cxr_audit report",      # page title
               what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
-              progress: bool | None = None          # a line per stage on stderr (None: when stderr is a terminal)
+              progress: bool | None = None,         # a line per stage on stderr (None: when stderr is a terminal)
+              workers: int | None = None            # processes running stages (None: `audit_workers()`); 1: all in this one
              ) -> Path:
     "Run the audit stages and write `out_dir/report.html`; return its path (`IncompleteRunError` after writing it when a stage failed)."
     s, g = check_pair(studies, generations, what)
@@ -595,13 +688,11 @@ def run_audit(studies,                              # a `studies` table
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
     recipe = ctx.params.get("cohort_recipe", "000_test")
     if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
-    if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = [0, len(names)]
-    if "metrics" in names and "meteor" in _REPORT_METRICS: start_meteor()   # the jar loads while the earlier stages run
-    sections, drawn = [], {}
-    with use_system_colors(system_colors(config_label(g.system, g.policy))), ThreadPoolExecutor(2) as pool:   # one colour per system
-        for n in names:
-            sections.append(run_stage(n, ctx))
-            drawn |= {id(b): submit_chart(pool, b) for b in sections[-1].blocks if _is_chart(b)}   # drawn while the next stages run
+    if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
+    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)
+    colors = system_colors(config_label(g.system, g.policy))                  # one colour per system, in every chart
+    with use_system_colors(colors), chart_pool() as pool:                        # charts drawn in another process
+        sections, drawn = run_stages(names, ctx, colors, pool, audit_workers(workers))
     ctx.params.pop("_progress", None)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
@@ -615,7 +706,8 @@ def run_audit(studies,                              # a `studies` table
 def run_demo(out_dir,                    # output folder
              n_patients: int = 60,       # synthetic patients
              seed: int = DEFAULT_SEED,   # seed of the corpus and of every resample
-             reps: int | None = None     # resamples in every stage (None: each stage's default)
+             reps: int | None = None,    # resamples in every stage (None: each stage's default)
+             workers: int | None = None  # processes running the stages (see `audit_workers`)
             ) -> dict[str, Path]:
     "Build the synthetic demo corpus, write its tables, manifest and `report.html` into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
@@ -625,7 +717,7 @@ def run_demo(out_dir,                    # output folder
     params = {"n_patients": n_patients, "seed": seed, "cohort_recipe": "003_lmimic", **({"reps": reps} if reps else {})}
     extra = {k: v for k, v in tables.items() if k not in ("studies", "generations")}
     paths["report"] = run_audit(tables["studies"], tables["generations"], out, extra=extra, params=params,
-                                title="cxr_audit demo report (synthetic data)")
+                                title="cxr_audit demo report (synthetic data)", workers=workers)
     write_manifest(out / "manifest.json", outputs={k: v for k, v in paths.items()}, params=params,
                    command="cxr-audit demo", synthetic=True)
     paths["manifest"] = out / "manifest.json"

@@ -80,11 +80,12 @@ def _stage_reps(reps: int | None) -> int | None:
 def demo(out: str = "demo_out",       # output folder
          n_patients: int = 60,        # number of synthetic patients
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
-         reps: int | None = None      # resamples in every stage (None: each stage's own default)
+         reps: int | None = None,     # resamples in every stage (None: each stage's own default)
+         workers: int | None = None   # processes running the stages (default: 2 with 2+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
         ) -> str:
     "Build the synthetic demo corpus and write the full audit report (offline)."
     from cxr_audit.audit import run_demo
-    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=_stage_reps(reps))
+    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=_stage_reps(reps), workers=workers)
     return f"Wrote the demo audit (synthetic data) to {paths['report']}"
 
 # %% ../nbs/15_cli.ipynb #818f5473
@@ -95,7 +96,8 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
           cohort_recipe: str = "000_test",   # cohort recipe shown in the report
           reps: int | None = None,           # resamples in every stage (None: each stage's own default)
           seed: int = DEFAULT_SEED,          # seed of every resample
-          keep_flagged: bool = False         # score studies whose reference is only de-identification masks (left out by default)
+          keep_flagged: bool = False,        # score studies whose reference is only de-identification masks (left out by default)
+          workers: int | None = None         # processes running the stages (default: 2 with 2+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit
@@ -104,7 +106,7 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
               "seed": seed, **({"reps": reps} if reps is not None else {}),
               **({"keep_flagged": True} if keep_flagged else {})}
     path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
-                     what=(studies, generations))
+                     what=(studies, generations), workers=workers)
     return f"Wrote the audit report to {path}"
 
 # %% ../nbs/15_cli.ipynb #cbffb952

@@ -16,6 +16,7 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import polars as pl
+import pyarrow as pa
 from fastcore.basics import patch
 from scipy import sparse
 
@@ -69,13 +70,18 @@ def normalize_for_matching(text: str | None,               # one report (None co
                       lowercase, collapse_whitespace, strip_trailing)[0]
 
 # %% ../nbs/05_concentration.ipynb #827b2f95
+def _no_nulls(s: pl.Series) -> tuple[pl.Series, np.ndarray]:
+    "A string Series with its nulls set to '' (in a copy; `scatter` rewrites only those rows), and where the nulls were."
+    null = s.is_null().to_numpy()
+    return (s.clone().scatter(np.flatnonzero(null), "") if null.any() else s), null
+
 def _text_column(values) -> tuple[pl.Series, np.ndarray]:
     "The texts (missing and non-text values as '') and a per-row kind: 0 text, 1 missing, 2 not text."
-    if isinstance(values, pl.Series) and values.dtype == pl.String:
-        return values.fill_null(""), values.is_null().to_numpy().astype(np.int8)
     if isinstance(values, pd.Series) and isinstance(values.dtype, pd.StringDtype):
-        s = pl.from_pandas(values.reset_index(drop=True)).cast(pl.String)
-        return s.fill_null(""), s.is_null().to_numpy().astype(np.int8)
+        values = pl.from_pandas(values.reset_index(drop=True)).cast(pl.String)
+    if isinstance(values, pl.Series) and values.dtype == pl.String:
+        s, null = _no_nulls(values)
+        return s, null.astype(np.int8)
     vals = values.tolist() if hasattr(values, "tolist") else list(values)
     kind = np.fromiter((0 if isinstance(v, str) else 1 if is_missing(v) else 2 for v in vals), np.int8, len(vals))
     return pl.Series([v if isinstance(v, str) else "" for v in vals], dtype=pl.String), kind
@@ -129,7 +135,8 @@ def _distinct_per(who, # per pair: its owner in `0..W-1` (an array, or a tuple o
     return np.bincount(pl.Series(key).unique().to_numpy() // K, minlength=W)
 
 # %% ../nbs/05_concentration.ipynb #deaff424
-_PACK_BITS = 63     # keys are packed into signed 64-bit integers
+_PACK_BITS = 63      # keys are packed into signed 64-bit integers
+_CHUNK_MIN_BITS = 8  # `_chunk_repeats` needs room for at least 2^8 texts per chunk
 
 def _piece_tokens(pieces: pl.Series) -> tuple[np.ndarray, np.ndarray, int]:
     "Tokens per piece, the token ids of all pieces in order (numbered by first appearance), and how many ids there are."
@@ -143,6 +150,32 @@ def _piece_tokens(pieces: pl.Series) -> tuple[np.ndarray, np.ndarray, int]:
     words = lists.filter(lists.list.len() > 0).explode()
     ids, at = _codes(words)
     return lens, ids.astype(np.int32), len(at)
+
+def _chunk_repeats(pieces, ntok: np.ndarray, n: int, bv: int, budget: int = 1 << 16) -> np.ndarray:
+    """Per text: how many of its n-grams repeat an earlier one of the same text. Texts are taken a chunk at a time (about
+    `budget` tokens, which stay in cache); each n-gram is one integer (text in chunk, then its n raw `bv`-bit token ids),
+    and a sort puts equal n-grams of one text side by side. No per-token array of the whole corpus is built."""
+    npc, code, lens, ids, _ = pieces; U, nb = len(npc), n * bv
+    pend = np.cumsum(npc); pstart = pend - npc
+    L, first, ids = lens[code].astype(np.int32), (np.cumsum(lens) - lens).astype(np.int32), ids.astype(np.int64)
+    per = max(1, min(1 << (_PACK_BITS - 1 - nb), U * budget // max(int(ntok.sum()), 1)))   # texts per chunk
+    ones, low = ((1 << bv) - 1) << ((n - 1) * bv), (1 << ((n - 1) * bv)) - 1
+    back, out = np.arange(1, n, dtype=np.int64), np.zeros(U, np.int64)
+    for t0 in range(0, U, per):
+        t1 = min(U, t0 + per); p0, p1 = pstart[t0], pend[t1 - 1]
+        Lc, nt = L[p0:p1], ntok[t0:t1]; end = np.cumsum(nt); M = int(end[-1]) - n + 1
+        if M <= 0: continue
+        at = np.repeat(first[code[p0:p1]] - (np.cumsum(Lc) - Lc), Lc); at += np.arange(len(at), dtype=np.int32)
+        tid = ids[at]                                                      # the chunk's token ids, text after text
+        key = np.repeat(np.arange(t1 - t0, dtype=np.int64) << nb, nt)[:M]
+        for j in range(n):
+            key |= tid[j:j + M] << ((n - 1 - j) * bv)
+        cut = (end[:, None] - back).ravel(); cut = cut[(cut >= 0) & (cut < M)]   # n-grams running past their text's end
+        key[cut] = (key[cut] >> nb << nb) | ones | (cut & low)            # get keys of their own (an all-ones first id)
+        key.sort()
+        again = key[1:][key[1:] == key[:-1]]
+        out[t0:t1] = np.bincount(again >> nb, minlength=t1 - t0)
+    return out
 
 @dataclass(eq=False)
 class _Corpus:
@@ -177,8 +210,15 @@ class _Corpus:
         L = lens[code].astype(np.int32); end = np.cumsum(L, dtype=np.int64); first = (np.cumsum(lens) - lens).astype(np.int32)
         at = np.repeat(first[code] - (end - L).astype(np.int32), L); at += np.arange(len(at), dtype=np.int32)
         tid = ids[at]                                                      # the token ids of every piece, in text order
-        ntok = np.diff(end[np.cumsum(npc) - 1], prepend=0) if len(npc) else np.zeros(0, np.int64)   # every text has a piece
+        ntok = self.ntok
         return tid, np.repeat(np.arange(len(npc), dtype=np.int32), ntok), ntok, V
+
+    @cached_property
+    def ntok(self) -> np.ndarray:
+        "Tokens per text (from the pieces alone: no per-token array)."
+        npc, code, lens = self.pieces[:3]
+        if not len(npc): return np.zeros(0, np.int64)
+        return np.add.reduceat(lens[code], np.cumsum(npc) - npc, dtype=np.int64)   # every text has at least one piece
 
     def starts(self, n: int) -> tuple[np.ndarray, int]:
         "Dense ids of the n-grams starting at every token position (some cross into the next text), and their number."
@@ -203,6 +243,10 @@ class _Corpus:
     def repeats(self, n: int) -> np.ndarray:
         "Per distinct text: how many of its n-grams repeat an earlier n-gram of the same text."
         if ("repeats", n) not in self._cache:
+            bv = max(int(self.pieces[4]).bit_length(), 1)              # token ids < V < 2^bv: an all-ones id names no token
+            if _PACK_BITS - 1 - n * bv >= _CHUNK_MIN_BITS:             # a text number and n raw token ids fit in one integer
+                self._cache[("repeats", n)] = _chunk_repeats(self.pieces, self.ntok, n, bv)
+                return self._cache[("repeats", n)]
             owner, U = self.tokens[1], len(self.uniq)
             ok = self.inside(n); m = len(ok); h = n // 2
             a, K = self.starts(h) if n % 2 == 0 else (None, 0)
@@ -294,13 +338,14 @@ _BIT = {code: 1 << i for i, code in enumerate(REASONS)}
 
 def _text_bits(corpus: _Corpus, r: dict) -> tuple[np.ndarray, np.ndarray]:
     "Per distinct text: reason bits (of the text itself) and the word count used by `too_few_words`."
-    u, ntok = corpus.uniq, corpus.tokens[2]
+    u, ntok = corpus.uniq, corpus.ntok
     empty = (u.str.len_bytes() == 0).to_numpy()
     pattern = _special_regex(r)
     special = u.str.contains(pattern).to_numpy() if pattern else np.zeros(len(u), bool)
     bad = u.str.contains_any(list(r["bad_characters"])).to_numpy() if r["bad_characters"] else np.zeros(len(u), bool)
     words = ntok.copy()
-    for i in np.flatnonzero(special): words[i] = len(tokenize(re.sub(pattern, " ", u[int(i)])))
+    at = np.flatnonzero(special)
+    for i, t in zip(at.tolist(), u.gather(at).to_list()): words[i] = len(tokenize(re.sub(pattern, " ", t)))
     n = int(r["loop_n"]); grams = np.maximum(ntok - n + 1, 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         loop = (grams >= r["loop_min_ngrams"]) & (corpus.repeats(n) >= r["loop_share"] * grams) & (grams > 0)
@@ -326,7 +371,7 @@ def _row_bits(corpus: _Corpus, r: dict, max_new_tokens=None, truncated=None, n_t
     cut = _aligned(truncated, corpus.n, "truncated", False).fillna(False).astype(bool).to_numpy()
     if max_new_tokens is not None:
         tok = pd.to_numeric(_aligned(n_tokens, corpus.n, "n_tokens", np.nan), errors="coerce").to_numpy(dtype=float)
-        tok = np.where(np.isnan(tok), corpus.tokens[2][corpus.uid], tok)
+        tok = np.where(np.isnan(tok), corpus.ntok[corpus.uid], tok)
         cut = cut | (tok >= max_new_tokens)
     return bits | cut * _BIT["token_limit"], words
 
@@ -335,6 +380,15 @@ _REASON_TEXT = np.array([";".join(c for c, b in _BIT.items() if v & b) for v in 
 def _reason_text(bits: np.ndarray) -> np.ndarray:
     "Reason codes joined by ';' for each value of the bits ('' when none)."
     return _REASON_TEXT[bits]
+
+_REASON_ARROW = pa.array(_REASON_TEXT.tolist(), pa.large_string())
+
+def _reason_column(bits: np.ndarray):
+    "`_reason_text` as a flags column, stored as pandas would store it (taken from an arrow array when pandas uses arrow strings)."
+    dtype = pd.Series(_REASON_TEXT[:1]).dtype               # how this pandas (and its options) stores Python strings
+    if len(bits) and isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow":   # (an empty column stays object)
+        return pd.array(_REASON_ARROW.take(pa.array(bits)), dtype=dtype)   # no million Python strings
+    return _reason_text(bits)
 
 # %% ../nbs/05_concentration.ipynb #e07497f7
 def surface_validity(texts,                          # reports: strings, None, or any other values
@@ -348,13 +402,13 @@ def surface_validity(texts,                          # reports: strings, None, o
     r = _rules(rules); corpus = _Corpus.of(texts)
     bits, words = _row_bits(corpus, r, max_new_tokens, truncated, n_tokens)
     hard = _hard_bits(r, validity_rule)
-    return pd.DataFrame({"valid": (bits & hard) == 0, "reasons": _reason_text(bits), "words": words.astype(np.int64),
+    return pd.DataFrame({"valid": (bits & hard) == 0, "reasons": _reason_column(bits), "words": words.astype(np.int64),
                          **_flag_columns(bits)})
 
 # %% ../nbs/05_concentration.ipynb #8801d5c1
 def _total_ngrams(corpus: _Corpus, n: int) -> int:
     "All n-grams of the rows (each row counts, repeats included)."
-    per_text = np.maximum(corpus.tokens[2] - n + 1, 0)
+    per_text = np.maximum(corpus.ntok - n + 1, 0)
     return int(per_text[corpus.uid].sum())
 
 def distinct_n(texts,      # reports (None and non-text values have no tokens)
@@ -560,7 +614,7 @@ def _flags(self: ConcentrationAudit) -> pd.DataFrame:
     R, src = self._rows, self._source
     ids = [c for c in ("sample_id", "study_id") if c in src.columns and c not in self.by]
     out = src[ids + list(self.by)]
-    return out.assign(valid=R["valid"], reasons=_reason_text(R["bits"]), **_flag_columns(R["bits"]), words=R["words"].astype(np.int64),
+    return out.assign(valid=R["valid"], reasons=_reason_column(R["bits"]), **_flag_columns(R["bits"]), words=R["words"].astype(np.int64),
                       duplicate_group=R["nid"], duplicate_group_size=R["size"],
                       **{f"in_top_{self.top_k}": R["top"], "prefix_hit": R["prefix"], f"repeated_{self.repeat_n}gram": R["repeat"]},
                       length=R["length"].astype(np.int64))
@@ -625,14 +679,21 @@ def _present(keys: np.ndarray, size: int) -> np.ndarray:
         return np.flatnonzero(seen)
     return pl.Series(keys).unique().sort().to_numpy()
 
+def _group_pieces(corpus: _Corpus, gid: np.ndarray, G: int) -> tuple:
+    "The (group, text) pairs; their pieces' groups and distinct pieces, text after text; the (group, distinct piece) pairs."
+    if ("group pieces", G) not in corpus._cache:             # like ("who", G): one grouping per corpus
+        npc, code, lens = corpus.pieces[:3]; U, P = len(corpus.uniq), len(lens)
+        pairs = _present(gid.astype(np.int64) * U + corpus.uid, G * U)
+        pu = pairs % U
+        og, oc = np.repeat((pairs // U).astype(np.int32), npc[pu]), code[_spans((np.cumsum(npc) - npc)[pu], npc[pu])]
+        corpus._cache[("group pieces", G)] = pairs, og, oc, _present(og.astype(np.int64) * P + oc, G * P)
+    return corpus._cache[("group pieces", G)]
+
 def _piece_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
     "Distinct n-grams (n = 1 or 2) among the rows of each group, counted from the distinct pieces of its texts."
     npc, code, lens, ids, V = corpus.pieces; U, P = len(corpus.uniq), len(lens)
-    pairs = _present(gid.astype(np.int64) * U + corpus.uid, G * U)       # (group, text) pairs
-    pg, pu = pairs // U, pairs % U
-    occ = _spans((np.cumsum(npc) - npc)[pu], npc[pu])                    # their pieces, text after text
-    og, oc = np.repeat(pg.astype(np.int32), npc[pu]), code[occ]
-    gp = _present(og.astype(np.int64) * P + oc, G * P); g, p = gp // P, gp % P   # (group, distinct piece) pairs
+    pairs, og, oc, gp = _group_pieces(corpus, gid, G); pu = pairs % U
+    g, p = gp // P, gp % P                                               # (group, distinct piece) pairs
     off = np.cumsum(lens) - lens
     if n == 1: cnt, grams = lens, ids.astype(np.int64)
     else:                                                                # bigrams inside the pieces
@@ -686,14 +747,16 @@ def audit_concentration(generations,                      # a `generations` tabl
     r, norm = _rules(rules), _normalization(normalization)
     if grouping not in ("normalized", "exact"): raise InputError(f"grouping must be 'normalized' or 'exact', got {grouping!r}")
     _hard_bits(r, validity_rule)
-    corpus, gid, keys = _Corpus.of(df[text]), *_group_codes(df, by)
     with ThreadPoolExecutor(2) as pool:                       # polars and numpy work side by side (both release the GIL)
-        matched = pool.submit(_matching, corpus, norm, prefixes, grouping)
-        corpus.pieces                                         # read by the next job only: the main thread builds the tokens
-        early = [pool.submit(_distinct_counts, corpus, gid, len(keys), k) for k in distinct if k <= 2]
-        rows = _row_measures(df, corpus, r, repeat_n, max_new_tokens, validity_rule, matched)
-        for f in early: f.result()
-    counts = _report_counts(gid, rows["nid"])
+        grouped = pool.submit(_group_codes, df, by)
+        corpus = _Corpus.of(df[text])
+        gid, keys = grouped.result()
+        matched = pool.submit(_matching, corpus, norm, prefixes, grouping, gid)
+        corpus.pieces                                         # built once, here: the next job and the main thread read them
+        early = pool.submit(lambda: [_distinct_counts(corpus, gid, len(keys), k) for k in distinct if k <= 2])   # one job:
+        rows = _row_measures(df, corpus, r, repeat_n, max_new_tokens, validity_rule, matched)   # they share `_group_pieces`
+        early.result()
+    counts = matched.result()[2]
     rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
     rows["duplicate"] = rows["size"] >= 2
     params = {"prefixes": [prefixes] if isinstance(prefixes, str) else list(prefixes), "max_new_tokens": max_new_tokens,
@@ -708,22 +771,23 @@ def audit_concentration(generations,                      # a `generations` tabl
     corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
     return audit
 
-def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str = "normalized") -> tuple[np.ndarray, np.ndarray]:
-    "Per distinct text: whether its normalized text opens with a prefix, and the number of its duplicate group."
+def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    "Per row: whether its normalized text opens with a prefix, and the number of its duplicate group; the `_report_counts`."
     normed = _normalize(corpus.uniq, **norm)
     hit = np.zeros(len(normed), bool)
     for p in _prefixes(prefixes, norm): hit |= normed.str.starts_with(p).to_numpy()
     texts = corpus.uniq.fill_null("") if grouping == "exact" else normed      # what makes two reports the same report
-    return hit, _codes(texts)[0]
+    hit, nid = hit[corpus.uid], _codes(texts)[0][corpus.uid]
+    return hit, nid, _report_counts(gid, nid)
 
 def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, repeat_n: int, max_new_tokens, validity_rule: str,
                   matched: Future) -> dict:
     "Per row: validity bits and flag, words, normalized-text id, prefix hit (`matched` gives the last two), repeated n-gram, length."
     bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
     hard = _hard_bits(r, validity_rule)
-    hit, nid = matched.result()
-    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit[corpus.uid], "nid": nid[corpus.uid],
-            "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.tokens[2][corpus.uid]}
+    hit, nid, _ = matched.result()
+    return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit, "nid": nid,
+            "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.ntok[corpus.uid]}
 
 def _clusters_given(clusters) -> str | None:
     "How the clusters were given, for the manifest."

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import contextvars
 import copy
@@ -20,10 +21,13 @@ import json
 import math
 import os
 import platform
+import queue
 import re
+import subprocess
 import sys
+import threading
 import warnings
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -35,8 +39,8 @@ __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditErr
            'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
            'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
            'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
-           'enable_theme', 'save_chart', 'chart_svg', 'submit_chart', 'chart_svgs', 'system_colors',
-           'use_system_colors', 'system_color', 'show_progress', 'progress']
+           'enable_theme', 'save_chart', 'chart_svg', 'ChartProcess', 'chart_pool', 'submit_chart', 'chart_svgs',
+           'system_colors', 'use_system_colors', 'system_color', 'show_progress', 'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -439,19 +443,67 @@ def chart_svg(chart # an Altair chart
     return vlc.vegalite_to_svg(chart.to_dict(validate=False))   # the schema check costs as much as the drawing; tests validate
 
 # %% ../nbs/00_core.ipynb #77cce69b
-def submit_chart(pool: Executor, # where the drawing runs (e.g. a `ThreadPoolExecutor`)
-                 chart           # an Altair chart
+_DRAW_LOOP = """import json, sys, vl_convert as v
+for line in sys.stdin:
+    try: out = {"svg": v.vegalite_to_svg(line)}
+    except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(json.dumps(out) + "\\n"); sys.stdout.flush()
+"""
+
+class ChartProcess:
+    "Another Python process that draws Vega-Lite specs to SVG in the order given (vl-convert there keeps this process's interpreter free)."
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _DRAW_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, encoding="utf-8")
+        self.todo, self.waiting = queue.Queue(), collections.deque()
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._write, self._read)]
+        for t in self.threads: t.start()
+
+    def submit(self, spec: dict) -> Future:
+        "A future of the SVG of `spec` (a Vega-Lite dict)."
+        f = Future(); self.waiting.append(f); self.todo.put(json.dumps(spec)); return f
+
+    def _write(self):
+        while (line := self.todo.get()) is not None:
+            try: self.proc.stdin.write(line + "\n"); self.proc.stdin.flush()
+            except OSError: break
+        with contextlib.suppress(OSError): self.proc.stdin.close()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            d, f = json.loads(line), self.waiting.popleft()
+            f.set_result(d["svg"]) if "svg" in d else f.set_exception(RuntimeError(f"vl-convert: {d['error']}"))
+        while self.waiting: self.waiting.popleft().set_exception(RuntimeError("the chart-drawing process stopped"))
+
+    def close(self):
+        "Finish the charts asked for, then end the process."
+        self.todo.put(None)
+        for t in self.threads: t.join(timeout=600)
+        with contextlib.suppress(subprocess.TimeoutExpired): self.proc.wait(timeout=30)
+        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+def chart_pool() -> ChartProcess:
+    "Where the audit draws its charts: another process (a thread would not help: vl-convert keeps Python's interpreter lock while it draws)."
+    return ChartProcess()
+
+def submit_chart(pool,  # a `chart_pool()`, or any executor (e.g. a `ThreadPoolExecutor`)
+                 chart  # an Altair chart
                 ) -> Future:
     "Start drawing `chart` to SVG on `pool`; its spec is built at once, in the calling thread, so the theme and colours in force there apply."
+    spec = chart.to_dict(validate=False)
+    if isinstance(pool, ChartProcess): return pool.submit(spec)
     import vl_convert as vlc
-    return pool.submit(vlc.vegalite_to_svg, chart.to_dict(validate=False))
+    return pool.submit(vlc.vegalite_to_svg, spec)
 
 def chart_svgs(charts: Sequence,  # Altair charts
-               workers: int = 2   # threads that draw at the same time (1: one after another)
+               workers: int = 2   # 2: four or more charts are drawn in another process; 1: here, one after another
               ) -> list[str]:
-    "Each chart rendered to an SVG string, in order, drawn by `workers` threads."
-    if workers <= 1 or len(charts) < 2: return [chart_svg(c) for c in charts]
-    with ThreadPoolExecutor(min(workers, len(charts))) as pool: futures = [submit_chart(pool, c) for c in charts]
+    "Each chart rendered to an SVG string, in order."
+    if workers <= 1 or len(charts) < 4: return [chart_svg(c) for c in charts]
+    with chart_pool() as pool: futures = [submit_chart(pool, c) for c in charts]
     return [f.result() for f in futures]
 
 # %% ../nbs/00_core.ipynb #9945e9dd

@@ -11,7 +11,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
@@ -337,10 +337,19 @@ _RANK = {1.0: 3, -1.0: 2, 0.0: 1}
 class _Evidence(NamedTuple):
     state: float; phrase: str | None; start: int | None; end: int | None; trigger: str | None; sentence: str | None
 
+@lru_cache(maxsize=16_384)
+def _split_cached(text: str, splitter) -> tuple[str, ...]: return tuple(split_sentences(text, splitter=splitter))
+
+def _split(text: str, splitter) -> Sequence[str]:
+    "The sentences of `text` (`reports.split_sentences`), split once per text and splitter: a text is read by several labelers and traces."
+    if isinstance(splitter, str) and splitter == "default": return split_sentences(text, splitter=splitter)  # resolved at each call
+    try: return _split_cached(text, splitter)
+    except TypeError: return split_sentences(text, splitter=splitter)   # an unhashable splitter: no cache
+
 @patch
 def _report_mentions(self: Labeler, text: str) -> list[tuple[Mention, int, str]]:
     "(mention, sentence offset in the text or -1, sentence) for every phrase of a report."
-    sents = split_sentences(text, splitter=self.splitter)
+    sents = _split(text, self.splitter)
     return [(m, off, s) for s, off in _locate(text, sents) for m in self.sentence_mentions(s)]
 
 @patch
@@ -709,21 +718,35 @@ class LabelAlignment:
         "The per-label TP/FP/FN chart of this alignment (`plot_label_counts`, below)."
         return plot_label_counts(self, title, columns)
 
-    def _counts(self, labels) -> pd.DataFrame:
+    def _counts(self, labels, system=None) -> pd.DataFrame:
+        "The rows of `counts` for `labels` (checked), of one system when given."
         labels = self.labels if labels is None else _check_labels(labels)
         bad = [l for l in labels if l not in self.labels]
         if bad: raise InputError(f"alignment: label(s) {', '.join(map(repr, bad))} were not aligned")
-        return self.counts[self.counts["label"].isin(labels)]
+        c = self.counts if system is None else self._by_system.get(str(system), self.counts.iloc[:0])
+        return c[c["label"].isin(labels)]
+
+    @cached_property
+    def _by_system(self) -> dict:
+        "system -> its rows of `counts` (split once: scores and comparisons read them system by system)."
+        return {str(s): g for s, g in self.counts.groupby("system", sort=False)}
+
+    @cached_property
+    def _matched(self) -> tuple[dict, list]:
+        "({system: its matched case ids}, [(case id, position of its reference)] for each case's first matched row)."
+        ok, key = self.matching[self.matching.status == "matched"], self._key
+        pos = {r: i for i, r in enumerate(self.reference_ids)}
+        first = ok.drop_duplicates(key)
+        return ({s: set(g[key]) for s, g in ok.groupby("system", sort=False)},
+                [(k, pos.get(r, len(pos))) for k, r in zip(first[key].tolist(), first.reference_id.tolist())])   # unknown reference: last
 
 # %% ../nbs/06_labels.ipynb #3b0b580f
 @patch
 def _cases(self: LabelAlignment, systems: Sequence) -> list:
     "Case ids (entry ids, or reference ids) matched by every one of `systems`, in reference order."
-    ok, key = self.matching[self.matching.status == "matched"], self._key
-    common = set.intersection(*[set(ok[key][ok.system == s]) for s in systems]) if len(systems) else set()
-    rows = ok[ok[key].isin(common)].drop_duplicates(key)
-    pos = rows.reference_id.map({r: i for i, r in enumerate(self.reference_ids)}).to_numpy()
-    return rows[key].to_numpy()[np.argsort(pos, kind="stable")].tolist()
+    by_system, first = self._matched
+    common = set.intersection(*[by_system.get(s, set()) for s in systems]) if len(systems) else set()
+    return [k for k, _ in sorted((row for row in first if row[0] in common), key=lambda row: row[1])]   # stable: reference order
 
 def _case_label_sums(c: pd.DataFrame, key: str, cases: list, labs: list, values: Sequence[str]) -> dict[str, np.ndarray]:
     "Per value column, the `(cases × labs)` sums of `c`'s rows (NaN where a case has no row for a label); one pass, no pivot."
@@ -746,7 +769,7 @@ def case_stats(self: LabelAlignment,
                kind: str = "micro"                  # "micro" (summed over labels) or "macro" (per label)
               ) -> np.ndarray:
     "Per-case sufficient statistics of `system`: `micro_stats` (summed over labels) or `macro_stats` (per label)."
-    c = self._counts(labels); c = c[c.system == str(system)]
+    c = self._counts(labels, system)
     labs = list(self.labels if labels is None else labels)
     cases = list(cases) if cases is not None else self._cases([system])
     M = _case_label_sums(c, self._key, cases, labs, ("tp", "fp", "fn"))
@@ -893,7 +916,10 @@ def entry_counts(self: LabelAlignment,
 def normalize_evidence(text # an evidence phrase or sentence
                       ) -> str:
     "Evidence text for counting: lower case, `XXXX`/`___` to `xxxx`, digits to `#`, no punctuation, single spaces."
-    if not isinstance(text, str): return ""
+    return _normalized(text) if isinstance(text, str) else ""
+
+@lru_cache(maxsize=65_536)
+def _normalized(text: str) -> str:   # one evidence sentence recurs across rows, labels and traces: normalized once
     t = re.sub(r"\bx{2,}\b|_{2,}", " xxxx ", text.lower())
     t = re.sub(r"\d+(?:\.\d+)?", "#", t)
     return " ".join(re.sub(r"[^\w#\s/-]", " ", t).split())
@@ -915,7 +941,7 @@ def _texts_map(texts, labels: pd.DataFrame) -> dict:
 def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str | None]:
     "(sentence, phrase) where `text` most likely triggered `label`: a phrase of it, else a cue of it."
     if input_flag(text): return None, None
-    sents = split_sentences(text, splitter=regex_splitter)   # the fast splitter of `reports`
+    sents = _split(text, regex_splitter)   # the fast splitter of `reports`
     for s in sents:
         m = next((m for m in labeler.sentence_mentions(s) if m.label == label), None)
         if m: return s, m.phrase
@@ -926,6 +952,12 @@ def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str |
     return None, None
 
 # %% ../nbs/06_labels.ipynb #f5b7a0ba
+_HASHED = ("text_id", "source", "label", "state", "evidence", "start", "end", "text_sha256")   # the fields of `_row_hash`
+
+def _values(col: pd.Series) -> list:
+    "A column as a list of the values that iterating it yields (text columns through `tolist`, many times faster per value)."
+    return col.tolist() if isinstance(col.dtype, pd.StringDtype) else list(col)
+
 def _row_hash(r) -> str:
     vals = [str(r["text_id"]), str(r.get("source")), r["label"], None if pd.isna(r["state"]) else float(r["state"]),
             r.get("evidence"), None if pd.isna(r.get("start", None)) else int(r["start"]),
@@ -947,7 +979,7 @@ def _from_normal_wording(labeler: Labeler, sentence, phrase, label: str) -> bool
 def _term_labels(labeler: Labeler, text) -> frozenset:
     "The labels of which `text` holds an abnormal (`mention` or `uncertain`) phrase, whatever its context."
     if input_flag(text): return frozenset()
-    return frozenset(m.label for s in split_sentences(text, splitter=regex_splitter) for m in labeler.sentence_mentions(s)
+    return frozenset(m.label for s in _split(text, regex_splitter) for m in labeler.sentence_mentions(s)
                      if m.kind in ("mention", "uncertain"))
 
 # %% ../nbs/06_labels.ipynb #9d8251a9
@@ -957,19 +989,27 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
     if "text_sha256" not in df.columns or df["text_sha256"].isna().all():
         df["text_sha256"] = [_text_hash(texts.get(str(t))) for t in df["text_id"]]
     has_ev = "evidence" in df.columns and "sentence" in df.columns
+    ids, labs, states = _values(df["text_id"]), _values(df["label"]), _values(df["state"])
+    evs, ev_sents = (_values(df["evidence"]), _values(df["sentence"])) if has_ev else ([None] * len(df), [None] * len(df))
     sents, phrases = [], []
-    for r in df.itertuples():
-        if has_ev and isinstance(r.evidence, str): sents.append(r.sentence); phrases.append(r.evidence)
+    for t, l, e, s0 in zip(ids, labs, evs, ev_sents):
+        if isinstance(e, str): sents.append(s0); phrases.append(e)
         else:
-            s, p = _cue_evidence(ref, texts.get(str(r.text_id)), r.label); sents.append(s); phrases.append(p)
+            s, p = _cue_evidence(ref, texts.get(str(t)), l); sents.append(s); phrases.append(p)
     df["evidence_sentence"], df["evidence_phrase"] = sents, phrases
     df["sentence_norm"] = [normalize_evidence(s) for s in sents]
     df["phrase_norm"] = [normalize_evidence(p) for p in phrases]
-    df["normal_wording"] = [st != 0.0 and _from_normal_wording(ref, s, p, l) for s, p, l, st in zip(sents, phrases, df["label"], df["state"])]
-    found = {k: _term_labels(ref, texts[k]) for k in {str(t) for t, st in zip(df["text_id"], df["state"]) if st == 1.0 and str(t) in texts}}
+    seen = {}   # (sentence, phrase, label) -> normal wording?: one evidence sentence recurs across many rows
+    def normal(s, p, l) -> bool:
+        k = (s, p, l)
+        if k not in seen: seen[k] = _from_normal_wording(ref, s, p, l)
+        return seen[k]
+    df["normal_wording"] = [st != 0.0 and normal(s, p, l) for s, p, l, st in zip(sents, phrases, labs, states)]
+    found = {k: _term_labels(ref, texts[k]) for k in {str(t) for t, st in zip(ids, states) if st == 1.0 and str(t) in texts}}
     df["with_term"] = [l in found[str(t)] if st == 1.0 and str(t) in texts else None           # each text read once
-                       for t, l, st in zip(df["text_id"], df["label"], df["state"])]
-    df["row_sha256"] = [_row_hash(r) for r in df.to_dict("records")]
+                       for t, l, st in zip(ids, labs, states)]
+    hashed = [c for c in _HASHED if c in df.columns]
+    df["row_sha256"] = [_row_hash(dict(zip(hashed, row))) for row in zip(*[_values(df[c]) for c in hashed])]
     return df
 
 # %% ../nbs/06_labels.ipynb #b5aeaf18

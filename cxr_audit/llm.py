@@ -392,6 +392,7 @@ def _n_words(text: str) -> int: return len(text.split())
 class RuleChat(ChatBackend):
     "A deterministic, offline back end: `fn(messages, schema, **decoding) -> str | dict | pydantic object`."
     kind, endpoint = "rule", None
+    inline = True  # no I/O to wait for: `run_batch` with max_concurrency=1 answers it in the calling thread, without a pool
     def __init__(self, fn: Callable,       # the rules
                  name: str | None = None,  # model name (default: the function's name)
                  version: str = "1"        # bump when the rules change (part of the cache key)
@@ -649,7 +650,7 @@ def _secrets(backend) -> tuple:
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
              jitter_seed: int, allow: bool, stop: threading.Event) -> dict:
     "Call the back end for one request with retries; store a success in the cache; never raise."
-    g, attempts, tin, tout, t0 = rng(int(job["key"][:15], 16) ^ int(jitter_seed)), 0, 0, 0, time.perf_counter()
+    g, attempts, tin, tout, t0 = None, 0, 0, 0, time.perf_counter()  # the jitter generator is made at the first retry
     while True:
         attempts += 1
         try:
@@ -661,6 +662,7 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
             again = is_retryable(e) and attempts <= retries and not stop.is_set()
             why = describe_error(e, job["restricted"], _secrets(backend))
             _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200], "; retrying" if again else "")
+            if again and g is None: g = rng(int(job["key"][:15], 16) ^ int(jitter_seed))
             if again and not stop.wait(backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))): continue
             return {"status": "failed", "attempts": attempts, "error": why, "text": getattr(e, "text", None),
                     "parsed": None, "tokens_in": tin, "tokens_out": tout, "cached": False,
@@ -847,6 +849,22 @@ def _watched(watch: _StartWatch, job: dict, *args) -> dict | None:
     row = _run_one(job, *args, watch.stop); watch.record(row)
     return row
 
+def _stopped_note(results: dict, bar: _Progress) -> None:
+    "Tell the user on stderr that the batch stopped and how many answers are already stored."
+    n_ok = sum(r["status"] == "ok" for r in results.values())
+    print(f"\nllm batch stopped: {n_ok} of {bar.total} answers are in the cache; "
+          "run the same batch again to finish the rest.", file=sys.stderr, flush=True)
+
+def _run_inline(todo: list, backend, cache, results: dict, bar: _Progress, watch: _StartWatch, *args) -> None:
+    "Answer `todo` one by one in this thread (a back end with no I/O, one request at a time): the pool's rows, without its thread hand-offs."
+    try:
+        for j in todo:
+            row = _watched(watch, j, backend, cache, *args)
+            if row is not None: results[j["key"]] = row; bar.update(row)
+            if watch.error is not None: raise watch.error
+    except BaseException:
+        _stopped_note(results, bar); raise
+
 def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_concurrency: int, fail_fast: int, *args) -> None:
     "Run `todo` on a thread pool, filling `results` as answers arrive; on Ctrl-C, or a start that fails throughout, cancel what has not started."
     if not todo: return
@@ -854,6 +872,8 @@ def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_con
     if callable(prepare): prepare()  # e.g. a missing `llm` extra: raise before any call
     stop = threading.Event()
     watch = _StartWatch(int(fail_fast), stop)
+    if getattr(backend, "inline", False) and int(max_concurrency) <= 1:
+        return _run_inline(todo, backend, cache, results, bar, watch, *args)
     ex = ThreadPoolExecutor(max_workers=max(1, int(max_concurrency)), thread_name_prefix="cxr-audit-llm")
     futs = {ex.submit(_watched, watch, j, backend, cache, *args): j["key"] for j in todo}
     pending = set(futs)
@@ -867,9 +887,7 @@ def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_con
             bar.show()
     except BaseException:
         stop.set(); ex.shutdown(wait=False, cancel_futures=True)
-        n_ok = sum(r["status"] == "ok" for r in results.values())
-        print(f"\nllm batch stopped: {n_ok} of {bar.total} answers are in the cache; "
-              "run the same batch again to finish the rest.", file=sys.stderr, flush=True)
+        _stopped_note(results, bar)
         raise
     ex.shutdown(wait=True)
 

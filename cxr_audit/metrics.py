@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import functools
+import gzip
+import hashlib
 import importlib
 import io
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,32 +26,34 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
+import polars as pl
 
 try: from rapidfuzz.distance import LCSseq as _LCSseq   # the fast LCS of ROUGE-L (a core requirement; pure Python without it)
 except ImportError: _LCSseq = None
 
-from .core import InputError, install_hint, is_missing
+from .core import InputError, cache_dir, install_hint, is_missing
 from .reports import clean_report_iu, clean_report_mimic
 from .stats import mean, mean_stats, micro_f1, micro_stats
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
-__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_MAX_TOKENS', 'METEOR_BATCH', 'REGISTRY', 'RADEVAL_METRICS',
-           'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE',
-           'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric',
-           'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table',
-           'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score',
-           'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable',
-           'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor', 'start_meteor', 'Meteor', 'CheXpertF1',
-           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
-           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
-           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
-           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
-           'metric_availability', 'registry_table']
+__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'METEOR_MAX_TOKENS', 'METEOR_BATCH', 'METEOR_MEMO',
+           'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS',
+           'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS',
+           'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts',
+           'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu',
+           'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD',
+           'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase', 'jar_words', 'ParaphraseIndex',
+           'paraphrase_table', 'paraphrase_index', 'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor',
+           'start_meteor', 'prefetch_meteor', 'Meteor', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric',
+           'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval',
+           'unavailable_reason', 'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values',
+           'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated',
+           'radeval_status', 'bundle_metrics', 'metric_kind', 'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -444,10 +450,141 @@ def java_executable(java: str | None = None # a java executable (default: `java`
     if exe is None: raise FileNotFoundError(f"METEOR needs Java (a JRE 8 or newer) on PATH; {java or 'java'!r} was not found")
     return exe
 
+# %% ../nbs/07_metrics.ipynb #4f09b8e2
+METEOR_PARAPHRASE = "subset"   # "subset": each jar loads the paraphrase entries its texts can use; "full": the whole table
+
+def meteor_paraphrase(mode: str | None = None # "subset" or "full" (None: $CXR_AUDIT_METEOR_PARAPHRASE, else METEOR_PARAPHRASE)
+                     ) -> str:
+    "Which paraphrase table the METEOR jar loads: the subset its texts can use, or the full table."
+    m = mode or os.environ.get("CXR_AUDIT_METEOR_PARAPHRASE") or METEOR_PARAPHRASE
+    if m not in ("subset", "full"): raise InputError(f"METEOR paraphrase table: 'subset' or 'full', got {m!r}")
+    return m
+
+_JAR_SPLIT = re.compile(r"[\s!-/:-@\[-`{-~]+")   # whitespace and ASCII punctuation: where the jar's -norm can cut a word
+_JAR_RUNS = re.compile(r"[^\W_]+")               # runs of letters and digits
+
+def jar_words(lines: Iterable[str] # texts as they are sent to the jar
+             ) -> set[str]:
+    "Every word the jar could see in `lines` (lowercased whole tokens, their pieces between ASCII punctuation, their letter and digit runs)."
+    out = set()
+    for line in lines:
+        low = line.lower()
+        for s in (low, low.replace("\u2019", "'").replace("\u2018", "'")) if "\u2019" in low or "\u2018" in low else (low,):
+            out.update(s.split()); out.update(_JAR_SPLIT.split(s)); out.update(_JAR_RUNS.findall(s))
+    out.discard("")
+    return out
+
+# %% ../nbs/07_metrics.ipynb #b5af1ecd
+@dataclass(eq=False)
+class ParaphraseIndex:
+    "A METEOR paraphrase table as arrays: each entry's probability and the word ids of its phrase and paraphrase."
+    words: list             # the table's words; `ids` index this list
+    probs: np.ndarray       # per entry: its probability
+    ids: np.ndarray         # per entry, one after the other: the word ids of its phrase, then of its paraphrase
+    n_phrase: np.ndarray    # per entry: words in its phrase
+    n_para: np.ndarray      # per entry: words in its paraphrase
+    source: str = ""        # the table file it was built from
+
+    @functools.cached_property
+    def lookup(self) -> dict: return {w: i for i, w in enumerate(self.words)}
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        n = self.n_phrase.astype(np.int64) + self.n_para
+        return np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+
+    def __len__(self): return len(self.probs)
+    def __repr__(self): return f"ParaphraseIndex({len(self):,} entries, {len(self.words):,} words, source={self.source!r})"
+
+    def entries(self, vocabulary # words that occur in the texts (see `jar_words`)
+               ) -> np.ndarray:
+        "The entries whose every word is in `vocabulary`: the only ones that can match those texts."
+        ok = np.zeros(len(self.words), bool)
+        ok[np.array([self.lookup[w] for w in vocabulary if w in self.lookup], dtype=np.int64)] = True
+        if not len(self): return np.zeros(0, np.int64)
+        return np.flatnonzero(np.logical_and.reduceat(ok[self.ids], self.starts))
+
+    def write(self, entries: np.ndarray, # entry numbers (see `entries`)
+              path                       # the .gz file to write
+             ) -> Path:
+        "A paraphrase table in the jar's own format (gzip; per entry its probability, phrase and paraphrase on three lines)."
+        w, out = self.words, []
+        for e in np.asarray(entries, dtype=np.int64).tolist():
+            s, a, b = int(self.starts[e]), int(self.n_phrase[e]), int(self.n_para[e])
+            ids = self.ids[s:s + a + b].tolist()
+            out.append(f"{float(self.probs[e])!r}\n{' '.join(w[i] for i in ids[:a])}\n{' '.join(w[i] for i in ids[a:])}\n")
+        with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as f: f.write("".join(out))
+        return Path(path)
+
+# %% ../nbs/07_metrics.ipynb #8992422e
+_INDEX_VERSION = 1   # bump when the files below change
+_INDEX_FILES = ("words.txt", "probs.npy", "ids.npy", "n_phrase.npy", "n_para.npy")
+
+def _read_table(src: Path) -> ParaphraseIndex:
+    "Parse a paraphrase table (gzip, three lines per entry) into a `ParaphraseIndex`."
+    with gzip.open(src, "rt", encoding="utf-8") as f: lines = f.read().split("\n")
+    if lines and lines[-1] == "": lines.pop()
+    if len(lines) % 3: raise RuntimeError(f"{src}: not a METEOR paraphrase table (an entry is three lines; {len(lines)} lines)")
+    probs = np.array(lines[0::3], dtype=np.float64)
+    a, b = pl.Series(lines[1::3]).str.split(" "), pl.Series(lines[2::3]).str.split(" ")
+    del lines
+    flat = pl.DataFrame({"a": a, "b": b}).select(pl.concat_list("a", "b"))["a"].explode()
+    words = flat.unique(maintain_order=True)
+    ids = pl.DataFrame({"w": flat}).join(pl.DataFrame({"w": words}).with_row_index("i"), on="w", how="left",
+                                         maintain_order="left")["i"].to_numpy()
+    small = lambda x: x.astype(np.uint8 if x.max(initial=0) < 1 << 8 else np.uint16 if x.max(initial=0) < 1 << 16 else np.int32)
+    return ParaphraseIndex(words.to_list(), probs, small(ids), small(a.list.len().to_numpy()), small(b.list.len().to_numpy()), str(src))
+
+def _save_index(idx: ParaphraseIndex, folder: Path):
+    "Write the index into a new folder next to `folder` and move it into place (a concurrent builder's copy wins if first)."
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    (tmp / "words.txt").write_text("\n".join(idx.words), encoding="utf-8")
+    for name in _INDEX_FILES[1:]: np.save(tmp / name, getattr(idx, name[:-4]))
+    (tmp / "source.txt").write_text(idx.source, encoding="utf-8")
+    try: os.replace(tmp, folder)
+    except OSError: shutil.rmtree(tmp, ignore_errors=True)   # another process finished first: its index is the same
+
+def _load_index(folder: Path) -> ParaphraseIndex:
+    arrays = {n[:-4]: np.load(folder / n, mmap_mode="r") for n in _INDEX_FILES[1:]}
+    return ParaphraseIndex((folder / "words.txt").read_text(encoding="utf-8").split("\n"), **arrays,
+                           source=(folder / "source.txt").read_text(encoding="utf-8"))
+
+# %% ../nbs/07_metrics.ipynb #36540969
+_PARA_INDEXES: dict[str, ParaphraseIndex] = {}
+_PARA_LOCK = threading.Lock()
+
+def paraphrase_table(jar=None # the METEOR 1.5 jar (default: pycocoevalcap's)
+                    ) -> Path:
+    "The English paraphrase table the jar loads by default (`data/paraphrase-en.gz` beside it)."
+    p = meteor_jar(jar).parent / "data" / "paraphrase-en.gz"
+    if not p.is_file(): raise FileNotFoundError(f"METEOR's paraphrase table is missing: {p}")
+    return p
+
+def paraphrase_index(jar=None,      # the METEOR 1.5 jar (default: pycocoevalcap's)
+                     folder=None    # where indexes are kept (default: `core.cache_dir()`/meteor)
+                    ) -> ParaphraseIndex:
+    "The jar's paraphrase table as a `ParaphraseIndex`: built once per table file (about 20 s) and kept on disk, then loaded in a fraction of a second."
+    src = paraphrase_table(jar); st = src.stat()
+    key = hashlib.sha256(f"{_INDEX_VERSION}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    with _PARA_LOCK:
+        if key in _PARA_INDEXES: return _PARA_INDEXES[key]
+        root = Path(folder) if folder is not None else cache_dir() / "meteor"
+        root.mkdir(parents=True, exist_ok=True)
+        where = root / f"paraphrase-{key}"
+        if not all((where / n).is_file() for n in _INDEX_FILES):
+            with open(root / f"paraphrase-{key}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)              # one process builds, the others wait and load it
+                if not all((where / n).is_file() for n in _INDEX_FILES):
+                    print(f"cxr_audit: indexing METEOR's paraphrase table once (about 20 s) into {where}", file=sys.stderr, flush=True)
+                    _save_index(_read_table(src), where)
+        idx = _PARA_INDEXES[key] = _load_index(where)
+        return idx
+
 # %% ../nbs/07_metrics.ipynb #9e99a9bc
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
-    def __init__(self, cmd: list[str]): self.cmd, self.proc, self.lock = cmd, None, threading.Lock()
+    def __init__(self, cmd: list[str], words: frozenset | None = None):
+        self.cmd, self.words, self.proc, self.lock = cmd, words, None, threading.Lock()   # words: what its paraphrase subset serves (None: all)
 
     def start(self):
         self.err = tempfile.TemporaryFile("w+")
@@ -494,17 +631,36 @@ class _MeteorJar:
 # %% ../nbs/07_metrics.ipynb #63aa95ac
 _METEOR_JVMS: dict[tuple, _MeteorJar] = {}
 _METEOR_LOCK = threading.Lock()
+_SUBSET_DIR: list[str] = []   # this process's folder of paraphrase subsets (removed at exit)
 
-def meteor_jvm(cmd: Sequence[str] # the java command line running the jar in `-stdio` mode
+def _paraphrase_subset(jar: str, words: frozenset) -> Path:
+    "A paraphrase file holding the entries of the jar's table that `words` can match (see `ParaphraseIndex`)."
+    if not _SUBSET_DIR:
+        _SUBSET_DIR.append(tempfile.mkdtemp(prefix="cxr_audit_meteor_"))
+        atexit.register(shutil.rmtree, _SUBSET_DIR[0], True)
+    idx = paraphrase_index(jar)
+    path = Path(_SUBSET_DIR[0]) / f"paraphrase-{len(os.listdir(_SUBSET_DIR[0]))}.gz"
+    return idx.write(idx.entries(words), path)
+
+def _covers(jvm: _MeteorJar | None, words: frozenset | None) -> bool:
+    "Whether a running jar's paraphrase table serves `words` (None: the full table is asked for)."
+    return jvm is not None and jvm.alive and (jvm.words is None or (words is not None and words <= jvm.words))
+
+def meteor_jvm(cmd: Sequence[str],          # the java command line running the jar in `-stdio` mode
+               words: frozenset | None = None # words of the texts to score: a jar with the paraphrase subset for them (None: the full table)
               ) -> _MeteorJar:
-    "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped)."
-    key = tuple(cmd)
+    "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped, or for new words)."
+    key, old = tuple(cmd), None
     with _METEOR_LOCK:
         jvm = _METEOR_JVMS.get(key)
-        if jvm is None or not jvm.alive:
-            if jvm is not None: jvm.close()
-            jvm = _METEOR_JVMS[key] = _MeteorJar(list(cmd)).start()
-        return jvm
+        if _covers(jvm, words): return jvm
+        if words is not None and jvm is not None and jvm.words is not None and jvm.alive: words = words | jvm.words  # one table that grows
+        table = [] if words is None else ["-a", str(_paraphrase_subset(cmd[3], words))]
+        old, jvm = jvm, _MeteorJar(list(cmd) + table, words).start()
+        _METEOR_JVMS[key] = jvm
+    if old is not None:
+        with old.lock: old.close()
+    return jvm
 
 def close_meteor(cmd: Sequence[str] | None = None # the command line of one jar (default: every running jar)
                 ) -> int:
@@ -552,20 +708,26 @@ METEOR_BATCH = 2_000   # pairs sent to the jar per write
 def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
     return [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
 
-def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool) -> tuple[dict, list | None]:
-    "SCORE answers of the distinct pairs (in batches of `METEOR_BATCH`) and, with `evaluate`, the EVAL answer."
-    raw = {}
-    for i in range(0, len(uniq), METEOR_BATCH):
-        part = uniq[i:i + METEOR_BATCH]
-        raw.update(zip(part, jvm.ask([f"SCORE ||| {r} ||| {h}" for r, h in part])))
+METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line (a pair's answer depends on the pair alone)
+_METEOR_ANSWERS: dict[tuple, dict] = {}
+
+def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool, memo: dict) -> tuple[dict, list | None]:
+    "SCORE answers of the distinct pairs (those not in `memo`, in batches of `METEOR_BATCH`) and, with `evaluate`, the EVAL answer."
+    todo = [p for p in uniq if p not in memo]
+    if len(memo) + len(todo) > METEOR_MEMO: memo.clear()
+    for i in range(0, len(todo), METEOR_BATCH):
+        part = todo[i:i + METEOR_BATCH]
+        memo.update(zip(part, jvm.ask([f"SCORE ||| {r} ||| {h}" for r, h in part])))
+    raw = {p: memo[p] for p in uniq}
     return raw, jvm.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
 
-def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool) -> tuple[dict, list | None]:
+def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, words: frozenset | None = None) -> tuple[dict, list | None]:
     "`_converse` with the process's jar; a jar that stops is closed and the conversation retried once on a fresh one."
+    memo = _METEOR_ANSWERS.setdefault(tuple(cmd), {})
     for attempt in (0, 1):
-        jvm = meteor_jvm(cmd)
+        jvm = meteor_jvm(cmd, words)
         with jvm.lock:
-            try: return _converse(jvm, uniq, pairs, evaluate)
+            try: return _converse(jvm, uniq, pairs, evaluate, memo)
             except RuntimeError:
                 jvm.close()
                 if attempt: raise
@@ -577,13 +739,16 @@ def run_meteor(references: Sequence[str],  # tokenized references
                language: str = "en",       # the jar's -l option
                memory: str = "2G",         # JVM heap (-Xmx)
                evaluate: bool = False,     # also ask the jar for its own segment and corpus scores (EVAL)
-               max_tokens: int | None = METEOR_MAX_TOKENS # cap on each text's tokens (None: no cap; long texts exhaust the JVM)
+               max_tokens: int | None = METEOR_MAX_TOKENS, # cap on each text's tokens (None: no cap; long texts exhaust the JVM)
+               paraphrase: str | None = None # "subset" or "full" paraphrase table (see `meteor_paraphrase`)
               ) -> MeteorRun:
     "The jar's `(n × 23)` statistics from the process's running jar (see `meteor_jvm`), and (with `evaluate`) its own `EVAL` answer."
     cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r, h in zip(references, hypotheses)]
     pairs, capped = [(r, h) for (r, _), (h, _) in cut], np.array([a or b for (_, a), (_, b) in cut], dtype=bool)
     if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None, capped)
-    raw, ev = _ask_jar(_meteor_cmd(jar, java, language, memory), list(dict.fromkeys(pairs)), pairs, evaluate)
+    uniq = list(dict.fromkeys(pairs))
+    words = frozenset(jar_words(chain.from_iterable(uniq))) if meteor_paraphrase(paraphrase) == "subset" else None
+    raw, ev = _ask_jar(_meteor_cmd(jar, java, language, memory), uniq, pairs, evaluate, words)
     S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
     if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
     if ev is None: return MeteorRun(S, capped=capped)
@@ -593,12 +758,36 @@ def run_meteor(references: Sequence[str],  # tokenized references
 def start_meteor(jar=None,                # the METEOR 1.5 jar (default: pycocoevalcap's)
                  java: str | None = None, # the java executable (default: on PATH)
                  language: str = "en",    # the jar's -l option
-                 memory: str = "2G"       # JVM heap (-Xmx)
+                 memory: str = "2G",      # JVM heap (-Xmx)
+                 texts: Iterable[str] | None = None, # texts to be scored (paraphrase subset: the table for their words)
+                 tokenize: str | Callable | None = "r2gen", # how `Meteor` will tokenize them
+                 paraphrase: str | None = None # "subset" or "full" paraphrase table (see `meteor_paraphrase`)
                 ) -> bool:
     "Start the process's METEOR jar in the background (it loads while other work runs); False when Java or the jar is missing."
-    try: meteor_jvm(_meteor_cmd(jar, java, language, memory))
+    try:
+        cmd = _meteor_cmd(jar, java, language, memory)
+        if meteor_paraphrase(paraphrase) == "full": meteor_jvm(cmd)
+        elif texts is None: paraphrase_index(jar)   # no words yet: have the index ready; the first call starts the jar
+        else:
+            t = tokenizer(tokenize)
+            meteor_jvm(cmd, frozenset(jar_words(_meteor_line(t(x)) for x in texts if isinstance(x, str))))
     except (FileNotFoundError, ImportError, OSError): return False
     return True
+
+def prefetch_meteor(references: Sequence[str], # reference texts (as given to `Meteor`)
+                    hypotheses: Sequence[str], # generated texts, aligned with the references
+                    tokenize: str | Callable | None = "r2gen", # how `Meteor` will tokenize them
+                    **kw                       # `run_meteor` settings: jar, java, language, memory, max_tokens, paraphrase
+                   ) -> threading.Thread | None:
+    "Score these pairs with the process's jar in a background thread, so that a later `Meteor` call on them finds the answers ready (None when Java or the jar is missing)."
+    try: _meteor_cmd(kw.get("jar"), kw.get("java"), kw.get("language", "en"), kw.get("memory", "2G"))
+    except (FileNotFoundError, ImportError, OSError): return None
+    t = tokenizer(tokenize)
+    refs, hyps = [t(r if isinstance(r, str) else "") for r in references], [t(h if isinstance(h, str) else "") for h in hypotheses]
+    def work():
+        with contextlib.suppress(Exception): run_meteor(refs, hyps, **kw)   # a failure shows where the pairs are scored for real
+    th = threading.Thread(target=work, name="meteor-prefetch", daemon=True); th.start()
+    return th
 
 # %% ../nbs/07_metrics.ipynb #383f2ca9
 def _warn_capped(capped: np.ndarray, max_tokens: int | None):
@@ -615,6 +804,7 @@ class Meteor(MetricBase):
     java: str | None = None                 # default: `java` on PATH
     memory: str = "2G"
     max_tokens: int | None = METEOR_MAX_TOKENS   # each text cut to this many tokens (a warning and a note name the rows)
+    paraphrase: str | None = None           # "subset" (default) or "full" paraphrase table (see `meteor_paraphrase`)
     name: str = "meteor"
     stat_names: tuple = METEOR_STATS
     extra: str = "pycocoevalcap (metrics extra) + Java"
@@ -623,7 +813,7 @@ class Meteor(MetricBase):
     def _run(self, refs, hyps, evaluate: bool = False) -> MeteorRun:
         t = tokenizer(self.tokenize)
         run = run_meteor([t(r) for r in refs], [t(h) for h in hyps], self.jar, self.java, memory=self.memory,
-                         evaluate=evaluate, max_tokens=self.max_tokens)
+                         evaluate=evaluate, max_tokens=self.max_tokens, paraphrase=self.paraphrase)
         self.capped_ = run.capped; _warn_capped(run.capped, self.max_tokens)
         return run
 

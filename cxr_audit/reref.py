@@ -629,7 +629,8 @@ def run(self: ReRef, tasks,                      # table or dicts: task_id, stud
             if not open_tasks: break
             rounds.append(self.run_round(number, open_tasks, {**options, "cache": shared}))
             waiting += [t["task_id"] for t in open_tasks if is_waiting(rounds[-1].log[t["task_id"]])]  # stop here for now
-            open_tasks = [t for t in open_tasks if t["task_id"] not in rounds[-1].accepted and t["task_id"] not in waiting]
+            closed = rounds[-1].accepted | set(waiting)  # computed once per round, not once per task
+            open_tasks = [t for t in open_tasks if t["task_id"] not in closed]
     results = pd.DataFrame([_task_result(t, rounds) for t in rows], columns=list(RESULT_COLUMNS))
     log = pd.DataFrame([row for r in rounds for row in r.log.values()], columns=list(ROUND_COLUMNS))
     return LoopRun(results, log, _sum_calls([c for r in rounds for c in r.calls]), tuple(waiting))

@@ -104,17 +104,22 @@ def _chunk_item(chunk: str) -> Item:
     if mark: marker, chunk = ("number" if mark.group(1) else "bullet"), chunk[mark.end():]
     return Item(heading, marker, _sentences(chunk))
 
-def parse_section(text: str # a report section
-                 ) -> list[Item]:
-    "The items of a report section (headings, list markers and sentences)."
+@functools.lru_cache(maxsize=8192)
+def _parsed(text: str) -> tuple:
+    "`((heading, marker, sentences), ...)` of a section, parsed once per text (the loop's rounds and variants reread the same sections)."
     items, open_head = [], False
-    for line in (text or "").splitlines():
+    for line in text.splitlines():
         for chunk in _INLINE.split(line.strip()):
             item = _chunk_item(chunk)
             if open_head and not item.heading and not item.marker: items[-1].sentences += item.sentences; continue  # lines under a heading line
             if item.sentences or item.heading: items.append(item)
             open_head = bool(item.heading and not item.sentences) or (open_head and not item.heading and not item.marker)
-    return items
+    return tuple((item.heading, item.marker, tuple(item.sentences)) for item in items)
+
+def parse_section(text: str # a report section
+                 ) -> list[Item]:
+    "The items of a report section (headings, list markers and sentences)."
+    return [Item(heading, marker, list(sentences)) for heading, marker, sentences in _parsed(text or "")]
 
 # %% ../nbs/09a_reref_rules.ipynb #3bcdd24f
 def section_sentences(text: str # a report section

@@ -105,7 +105,8 @@ def score_references(generations,                  # the generations table (samp
     for variant in (variants if variants is not None else [x for x in pd.unique(refs.variant) if x != ORIGINAL]):
         usable = refs[(refs.variant == variant) & refs.usable].set_index("study_id")
         chosen = gens.study_id.isin(usable.index).to_numpy()
-        rewritten = (_score_rows(gens[chosen], [_section_text(usable.loc[s], section) for s in gens.study_id[chosen]], variant, metrics, info)
+        texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}  # one text per study, not per row
+        rewritten = (_score_rows(gens[chosen], [texts[s] for s in gens.study_id[chosen]], variant, metrics, info)
                      .assign(perturbed=True) if chosen.any() else None)
         kept = base[~np.tile(chosen, len(base) // max(len(gens), 1))].assign(variant=variant)
         parts.append(_order_like(pd.concat([x for x in (rewritten, kept) if x is not None], ignore_index=True), base))

@@ -5,12 +5,18 @@
 (found without importing it). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
 """
 import importlib.util
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from cxr_audit.llm import local_llama_server
+
+# The suite already runs on parallel workers (pytest-xdist, one per core): an audit's second process for its side stages
+# would only compete with the other worker. Audits here run their stages in one process (CLI subprocesses inherit this);
+# tests/test_audit_real.py::test_a_second_process_gives_the_same_report_and_sees_the_cohort runs the two-process path.
+os.environ.setdefault("CXR_AUDIT_WORKERS", "1")
 
 
 def smollm2_gguf() -> Path:

@@ -141,3 +141,29 @@ def test_an_unknown_cohort_recipe_stops_before_any_stage(tmp_path):
     with pytest.raises(InputError, match="unknown cohort recipe 'nope'"):
         run_audit(studies, two_systems(studies), tmp_path, params={"cohort_recipe": "nope"})
     assert not (tmp_path / "report.html").exists()
+
+
+def _without_svg(path: Path) -> str:
+    "The page with its inline SVG charts removed (chart ids are numbered in drawing order, which differs between the two runs)."
+    return re.sub(r"<svg.*?</svg>", "<svg/>", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_a_second_process_gives_the_same_report_and_sees_the_cohort(tmp_path, monkeypatch):
+    # labels and review run in a second process with workers=2; they must analyse the cohort the cohort stage kept (the
+    # stage narrows the tables), and a stage replaced in STAGES must run in this process, where the replacement exists
+    studies = load_rexrank(IU_JSON).head(30)
+    studies["split"] = ["test"] * 20 + ["train"] * 10                        # the 000_test cohort keeps the 20 test studies
+    gens = two_systems(studies)
+    params = {"reps": 50, "cohort_recipe": "000_test"}
+    stages = ["corpus", "cohort", "labels", "review", "policies"]
+    one = run_audit(studies, gens, tmp_path / "one", stages=stages, params=params, workers=1)
+    two = run_audit(studies, gens, tmp_path / "two", stages=stages, params=params, workers=2)
+    assert _without_svg(one) == _without_svg(two)
+    assert "20 of the 30 studies" in page_text(two)
+    calls = []
+    def labels_here(ctx):
+        calls.append(len(ctx.studies)); return STAGES_BEFORE["labels"](ctx)
+    STAGES_BEFORE = dict(STAGES)
+    monkeypatch.setitem(STAGES, "labels", labels_here)
+    three = run_audit(studies, gens, tmp_path / "three", stages=stages, params=params, workers=2)
+    assert calls == [20] and _without_svg(three) == _without_svg(one)

@@ -251,10 +251,12 @@ def test_repeats_fallback_when_packing_does_not_fit(monkeypatch):
     texts = ["a b c d a b c d e", "x y z w", "p q p q p q", None] * 3
     want = [[len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) - len(set(zip(*[ref_tokens(t)[j:] for j in range(n)])))
              for t in _Corpus.of(texts).uniq] for n in (2, 4, 6)]
+    chunked = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
+    monkeypatch.setattr(conc, "_CHUNK_MIN_BITS", 64)      # no room for raw token ids: packed halves (dense (n/2)-gram ids)
     packed = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
     monkeypatch.setattr(conc, "_PACK_BITS", 0)            # force the dense n-gram ids instead of packed halves
     fallback = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
-    assert packed == want == fallback and want[1] == [1, 0, 1, 0]
+    assert chunked == packed == want == fallback and want[1] == [1, 0, 1, 0]
 
 
 # ---------------------------------------------------------------- the hashed fast path (issue 23)

@@ -3,10 +3,13 @@ finished through export -> execute -> import rounds against the real llama.cpp s
 re-import, and a kill -9 in the middle of an import.
 
 `provider_stand_in` below is a TEST STAND-IN for the batch provider (OpenAI / Azure Batch, `vllm run-batch`): it posts
-each exported line's body to the real local llama.cpp server and writes the provider's output (and error) JSONL format.
-Nothing else is simulated: the cache is a real SQLite file, the model a real GGUF served over HTTP.
+each exported line's body to the real local llama.cpp server and writes the provider's output (and error) JSONL format. A body
+the live run already sent (seen by `RecordingRelay`) gets the server's reply to that identical request instead of a second,
+identical computation. Nothing else is simulated: the cache is a real SQLite file, the model a real GGUF served over HTTP.
 """
 import fcntl
+import http.client
+import http.server
 import json
 import os
 import pty
@@ -16,6 +19,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -61,21 +65,58 @@ def check_batch_file(path: Path, max_lines=OPENAI_MAX_LINES, max_bytes=OPENAI_MA
     return objs
 
 
-def provider_stand_in(in_path: Path, out_path: Path, err_path: Path, base_url: str) -> None:
-    "TEST STAND-IN for the batch provider: POST each line's body to the server, write output/error lines as OpenAI does."
+class RecordingRelay:
+    """A loopback HTTP relay in front of the real server: it forwards each POST unchanged and keeps the server's reply under the
+    exact request (path and body), so that a later identical request can be answered without computing it again."""
+    def __init__(self, upstream_base_url: str):
+        up, relay = urlsplit(upstream_base_url), self
+        self.upstream, self.replies = (up.hostname, up.port), {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            def log_message(self, *args): pass
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection(*relay.upstream, timeout=3600)
+                conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+                resp = conn.getresponse(); status, data = resp.status, resp.read(); conn.close()
+                relay.replies[relay.key(self.path, json.loads(body))] = (status, json.loads(data or b"{}"))
+                self.send_response(status); self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @staticmethod
+    def key(path: str, body: dict) -> str:
+        "The request as a string: top-level fields in name order, everything inside in its own order (the schema's steers the reply)."
+        return path + " " + json.dumps({k: body[k] for k in sorted(body)})
+    def close(self): self.httpd.shutdown(); self.httpd.server_close()
+
+
+def provider_stand_in(in_path: Path, out_path: Path, err_path: Path, base_url: str, served: dict | None = None) -> int:
+    """TEST STAND-IN for the batch provider: POST each line's body to the server, write output/error lines as OpenAI does.
+    A body in `served` (a `RecordingRelay`'s replies) gets the reply the server gave to that identical request before (the server
+    decodes deterministically); any other body is posted. Returns the number of lines answered from `served`."""
     root = f"{urlsplit(base_url).scheme}://{urlsplit(base_url).netloc}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    reused = 0
     with open(out_path, "w") as out, open(err_path, "w") as err:
         for n, raw in enumerate(in_path.read_text().splitlines()):
             line = json.loads(raw)
-            req = urllib.request.Request(root + line["url"], data=json.dumps(line["body"]).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with opener.open(req, timeout=3600) as r: status, body = r.status, json.loads(r.read())
-            except urllib.error.HTTPError as e: status, body = e.code, json.loads(e.read() or b"{}")
+            if (served or {}).get(RecordingRelay.key(line["url"], line["body"])):
+                (status, body), reused = served[RecordingRelay.key(line["url"], line["body"])], reused + 1
+            else:
+                req = urllib.request.Request(root + line["url"], data=json.dumps(line["body"]).encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with opener.open(req, timeout=3600) as r: status, body = r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e: status, body = e.code, json.loads(e.read() or b"{}")
             rec = {"id": f"batch_req_{in_path.stem}_{n}", "custom_id": line["custom_id"],
                    "response": {"status_code": status, "request_id": f"req_{n}", "body": body}, "error": None}
             (out if status == 200 else err).write(json.dumps(rec) + "\n")
+    return reused
 
 
 class CountingOpenAIChat(OpenAIChat):
@@ -145,15 +186,17 @@ def _studies():
 def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_references(tmp_path, llama_server):
     base = llama_server.base_url
     settings = dict(max_rounds=2, generator_max_tokens=160, verifier_max_tokens=160)
-    live_llm = OpenAIChat("smollm2", base_url=base, structured="json_object_schema")
+    relay = RecordingRelay(base)   # the live run reaches the server through it; it keeps each reply under its exact request
+    live_llm = OpenAIChat("smollm2", base_url=relay.base_url, structured="json_object_schema")
     # no time limit on the live calls: on a busy machine a 120 s limit fails calls the batch path would answer
     live = R.rewrite_table(_studies(), "negation:implicit", R.ReRef(live_llm, live_llm, **settings),
                            cache=tmp_path / "live.sqlite", retries=0, max_concurrency=1, timeout_s=3600)
+    relay.close()
     CountingOpenAIChat.sent = 0
     llm = CountingOpenAIChat("smollm2", base_url=base, structured="json_object_schema")
     cache = ChatCache(tmp_path / "batch.sqlite")
     collector = BatchCollector(llm, cache)
-    loop, outputs, trail = R.ReRef(collector, collector, **settings), [], []
+    loop, outputs, trail, lines, reused = R.ReRef(collector, collector, **settings), [], [], 0, 0
     for k in range(1, 9):
         run = R.rewrite_table(_studies(), "negation:implicit", loop, cache=cache, retries=0)
         trail.append(run.status())
@@ -165,10 +208,14 @@ def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_refer
             objs = check_batch_file(tmp_path / f"round{k}" / f)
             assert all(o["body"]["response_format"]["type"] == "json_object" for o in objs)
             out, err = tmp_path / f"round{k}" / f"{f}.output", tmp_path / f"round{k}" / f"{f}.errors"
-            provider_stand_in(tmp_path / f"round{k}" / f, out, err, base)
+            # the stand-in provider answers a body the live run sent with the server's reply to it (llama.cpp decodes greedily or
+            # with the request's seed, so a second POST would return the same), and posts any other body to the server
+            reused += provider_stand_in(tmp_path / f"round{k}" / f, out, err, base, served=relay.replies)
+            lines += len(objs)
             outputs += [out, err]
             import_batch(cache, [out, err])
     assert run.complete and CountingOpenAIChat.sent == 0            # the run itself never called the server
+    assert lines > 0 and reused == lines   # every exported body is a request the live run sent (top-level field order aside)
     assert len(trail) >= 3 and trail[0]["step"].tolist() == ["generate"]   # round 1 Generator, then its Verifier, ...
     cols = [c for c in live.references.columns if c != "error"]
     logs = {"live": live.rounds[["task_id", "round", "generator_status", "verifier_status", "accepted", "error"]].to_dict("records"),

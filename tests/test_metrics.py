@@ -512,17 +512,66 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
     from cxr_audit.metrics import close_meteor, run_meteor
     close_meteor()
     m = Meteor(tokenize=None)
-    a = m.jar_scores(["no acute process ."], ["no acute process ."])
+    a = m.jar_scores(["no acute process . the heart is normal ."], ["no acute process ."])
     pids = _jvm_pids()
     assert len(pids) == 1 and _alive(pids[0])
     b = m.jar_scores(["the heart is normal ."], ["heart normal ."])
     c = run_meteor(["the heart is normal ."], ["heart normal ."], evaluate=True)
-    assert _jvm_pids() == pids                                            # three calls, one JVM
-    assert a.corpus_score > 0.9                                           # identical texts
+    assert _jvm_pids() == pids                                            # three calls with words the jar covers, one JVM
+    assert 0 < a.corpus_score < 1
     assert abs(float(meteor_value(b.stats.sum(0))) - b.corpus_score) < 1e-12 and c.corpus_score == b.corpus_score
+    d = run_meteor(["mild cardiomegaly ."], ["the heart is enlarged ."])  # new words: a replacement jar, the old one ended
+    (new,) = _jvm_pids()
+    assert new != pids[0] and not _alive(pids[0])
+    e = run_meteor(["heart normal ."], ["the heart is normal ."])         # old words: the replacement's table is the union
+    assert _jvm_pids() == [new] and d.stats.shape == e.stats.shape == (1, 23)
     m.close()
-    assert _jvm_pids() == [] and not _alive(pids[0])
+    assert _jvm_pids() == [] and not _alive(new)
     assert close_meteor() == 0
+
+
+AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremarkable.", "Café-au-lait naïve ÉTUDE – “quoted” … 5,000 cm³",
+           "AP/PA views (2) & lateral: no acute disease!?", "1.5cm nodule at the right-sided base, well-defined_edge",
+           "There is &quot;mild&quot; edema &amp; small effusions... don't / don’t", "Heart size within normal limits.",
+           "the heart is of normal size , the lungs are clear", "no evidence of pneumothorax or pleural effusion",
+           "Tubes: ET tube 5 cm above the carina\tNG tube in the stomach", "LUNGS ARE HYPERINFLATED BUT CLEAR"]
+
+
+@needs_java
+def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
+    "Every pair's 23 statistics with the paraphrase subset equal those with the jar's full table: real IU X-ray reports crossed with each other, and awkward text (Unicode, entities, punctuation, numbers), raw and R2Gen-tokenized."
+    from cxr_audit.metrics import close_meteor, paraphrase_index, run_meteor
+    data = json.loads(IU_JSON.read_text())
+    iu = [v.get("section_findings") or v.get("report") or "" for v in data.values()]
+    refs = iu + AWKWARD + AWKWARD[::-1]
+    hyps = [iu[(i * 7 + 3) % len(iu)] for i in range(len(iu))] + AWKWARD[::-1] + AWKWARD
+    t = tokenizer("r2gen")
+    cases = [(refs, hyps), ([t(r) for r in refs], [t(h) for h in hyps])]
+    close_meteor()
+    subset = [run_meteor(r, h, paraphrase="subset").stats for r, h in cases]
+    close_meteor()
+    full = [run_meteor(r, h, paraphrase="full").stats for r, h in cases]
+    close_meteor()
+    for a, b in zip(subset, full): np.testing.assert_array_equal(a, b)
+    para = 4 + 4 * 3                                                      # stage 4 (paraphrase) content matches, test side
+    assert (full[0][:, para] > 0).sum() >= 3                             # the paraphrase stage matched: the subset kept those entries
+    assert len(paraphrase_index()) > 5_000_000                           # the index is the whole table
+
+
+def test_paraphrase_index_is_built_once_by_concurrent_processes(tmp_path):
+    "Two processes asking for the index of one table at once: one builds it, both load the same arrays; later calls load it."
+    import gzip
+    jar = tmp_path / "meteor" / "meteor-1.5.jar"
+    (jar.parent / "data").mkdir(parents=True); jar.write_bytes(b"")
+    with gzip.open(jar.parent / "data" / "paraphrase-en.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(f"0.{i + 1}\nword{i} common\nother{i}\n" for i in range(3000)))
+    code = ("import sys; from cxr_audit.metrics import paraphrase_index; i = paraphrase_index(sys.argv[1], sys.argv[2]); "
+            "print(len(i), i.entries({'word7', 'common', 'other7'}).tolist())")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(jar), str(tmp_path / "idx")], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert outs == ["3000 [7]", "3000 [7]"] and all(p.returncode == 0 for p in procs)
+    built = [d for d in (tmp_path / "idx").iterdir() if d.is_dir()]
+    assert len(built) == 1 and sorted(f.name for f in built[0].iterdir()) == ["ids.npy", "n_para.npy", "n_phrase.npy", "probs.npy", "source.txt", "words.txt"]
 
 
 @needs_java

@@ -60,22 +60,31 @@ def test_paper_003_llm_path_over_http(monkeypatch, tmp_path):
     assert (calls.status == "ok").all() and set(calls.step) == {"longitudinal", "keyword", "progression"}
     gen = pd.read_parquet(out / "generated_sentences.parquet")
     assert set(gen.annotator) == {"llm:rule-chat"} and gen.is_longitudinal.any() and gen.progression.notna().any()
+    # the page's full Table 4 grid (10 settings, 3 panels) and the annotator's default re-asks run here, over HTTP; the llama.cpp
+    # test below trims both (CXR_AUDIT_GRID, CXR_AUDIT_INVALID_RETRIES) and relies on this test for them
+    page = json.loads((out / "page.json").read_text())
+    assert page["table4_settings"] == 10 and page["invalid_retries"] == 2
 
 
 def test_paper_003_llm_path_with_the_real_llama_server(llama_server, monkeypatch, tmp_path):
     # the page's LLM path against a real model (SmolLM2-135M on llama.cpp), on one gold report and two synthetic patients.
     # Plumbing and honesty, not quality: such a small model rarely answers in the asked format, so the page may find nothing
     # longitudinal; then each evaluation section must say so (and the run still succeed), never stop or show made-up numbers.
+    # Trimmed to cut the calls from 210 to about 50: one setting per Table 4 panel (both scopes: A-B end to end, C isolated) and no
+    # re-ask of an unparsed answer. The full grid runs in the over-HTTP test above; re-asks against this same server in
+    # tests/test_longitudinal.py::test_llm_annotator_against_real_server (and by rules in nbs/10_longitudinal.ipynb).
     cache = tmp_path / "calls.sqlite"
     out = tmp_path / "page"
     for k, v in {"CXR_AUDIT_LLM_MODEL": "smollm2", "CXR_AUDIT_LLM_BASE_URL": llama_server.base_url, "CXR_AUDIT_LLM_CACHE": str(cache),
-                 "CXR_AUDIT_SUBSET": "1", "CXR_AUDIT_DEMO_PATIENTS": "2", "CXR_AUDIT_REPS": "20", "CXR_AUDIT_OUT": str(out)}.items():
+                 "CXR_AUDIT_SUBSET": "1", "CXR_AUDIT_DEMO_PATIENTS": "2", "CXR_AUDIT_REPS": "20", "CXR_AUDIT_OUT": str(out),
+                 "CXR_AUDIT_GRID": "1", "CXR_AUDIT_INVALID_RETRIES": "0"}.items():
         monkeypatch.setenv(k, v)
     skip = get_config(path=ROOT).get("tst_flags", "").split()
     ok, _ = run_nb(PAPER_003, skip_flags=skip, showerr=True)
     assert ok, "003_longitudinal.ipynb failed with the llama.cpp server as annotator (the traceback is printed above)"
     page = json.loads((out / "page.json").read_text())
     assert page["annotator"] == "llm:smollm2" and page["gold_sentences"] > 0
+    assert page["table4_settings"] == 3 and page["invalid_retries"] == 0     # the knobs reached the page
     with sqlite3.connect(cache) as db:   # the answers came from the real server: the cache holds them under the model's name
         n, models = db.execute("select count(*), group_concat(distinct model) from chat_cache").fetchone()
     assert n > 0 and models == "smollm2"

@@ -1,0 +1,79 @@
+"Issue 23: the faster paths of the reref and labels stages give exactly what the slower paths gave."
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cxr_audit.labels import align_labels, label_generations, label_reports, reference_texts
+from cxr_audit.llm import BatchAbortedError, RuleChat, run_batch
+from cxr_audit.reref_rules import parse_section
+from cxr_audit.synth import make_demo_corpus
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return make_demo_corpus(n_patients=12, seed=3)
+
+
+def _answer(messages, schema):
+    return f"{threading.current_thread().name.startswith('cxr-audit-llm')}|{messages[-1]['content'].upper()}"
+
+
+def test_rule_backend_one_at_a_time_runs_inline_with_the_pool_rows():
+    reqs = [{"request_id": i, "messages": f"item {i % 7}"} for i in range(40)]   # repeated keys are answered once
+    inline = run_batch(reqs, RuleChat(_answer, name="upper"), cache=False, max_concurrency=1, progress=False).to_frame()
+    pooled = run_batch(reqs, RuleChat(_answer, name="upper"), cache=False, max_concurrency=4, progress=False).to_frame()
+    assert inline.text.str.startswith("False|").all() and pooled.text.str.startswith("True|").all()   # where each ran
+    strip = lambda df: df.assign(text=df.text.str.split("|").str[1]).drop(columns="latency_s")
+    pd.testing.assert_frame_equal(strip(inline), strip(pooled))
+
+
+def test_inline_batch_stops_after_fail_fast_failures():
+    calls = []
+    def broken(messages, schema):
+        calls.append(1); raise ValueError("no rule for this")
+    with pytest.raises(BatchAbortedError, match="first 3 requests all failed"):
+        run_batch([{"request_id": i, "messages": f"q{i}"} for i in range(30)], RuleChat(broken), cache=False,
+                  max_concurrency=1, fail_fast=3, progress=False)
+    assert len(calls) == 3   # nothing sent after the stop
+    out = run_batch([{"request_id": i, "messages": f"q{i}"} for i in range(4)], RuleChat(broken), cache=False,
+                    max_concurrency=1, fail_fast=0, progress=False)
+    assert out.n_failed == 4 and out.to_frame().error.str.contains("ValueError").all()
+
+
+def test_parse_section_cache_returns_fresh_items():
+    text = "LUNGS:\nClear. No effusion.\nHEART: Normal size."
+    first = parse_section(text)
+    first[0].sentences.append("changed")
+    second = parse_section(text)
+    assert [i.sentences for i in second] == [["Clear.", "No effusion."], ["Normal size."]]
+    assert second[0] is not first[0]
+
+
+def _cases_by_pandas(al, systems):
+    "The case order as computed before the per-system index (pandas filtering)."
+    ok, key = al.matching[al.matching.status == "matched"], al._key
+    common = set.intersection(*[set(ok[key][ok.system == s]) for s in systems]) if len(systems) else set()
+    rows = ok[ok[key].isin(common)].drop_duplicates(key)
+    pos = rows.reference_id.map({r: i for i, r in enumerate(al.reference_ids)}).to_numpy()
+    return rows[key].to_numpy()[np.argsort(pos, kind="stable")].tolist()
+
+
+def test_cases_and_case_stats_match_the_pandas_path(demo):
+    refs = reference_texts(demo.studies)
+    gens = demo.generations
+    gen_lab = label_generations(gens)
+    partial = gen_lab[~gen_lab.text_id.isin(gens.sample_id.iloc[::5])]   # some cases missing for some systems
+    al = align_labels(label_reports(refs.iloc[::-1]), partial, case_map=gens[["sample_id", "study_id"]])
+    systems = list(al.systems)
+    for chosen in ([systems[0]], systems[:2], systems, []):
+        assert al._cases(chosen) == _cases_by_pandas(al, chosen)
+    for s in systems:
+        cases = al._cases([s])
+        assert cases
+        c = al.counts[al.counts.label.isin(al.labels)]
+        c = c[c.system == str(s)]
+        assert al._counts(None, s).equals(c)
+        assert al.case_stats(s, ["Cardiomegaly", "Edema"], cases, "macro").shape == (len(cases), 6)
+    assert al._counts(None, "no such system").empty
