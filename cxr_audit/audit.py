@@ -588,10 +588,10 @@ def run_stage(name: str,        # a name in `STAGES`
 # %% ../nbs/14_audit.ipynb #04131f24
 SIDE_STAGES = ("reref", "labels", "review")   # the stages a second process runs (`run_stages` with 2 workers)
 
-def audit_workers(workers: int | None = None # processes (None: $CXR_AUDIT_WORKERS, else 2 when there are 2+ CPUs)
+def audit_workers(workers: int | None = None # processes (None: $CXR_AUDIT_WORKERS, else 2 when there are 4+ CPUs)
                  ) -> int:
     "How many processes run the audit's stages: 1 or 2."
-    w = workers if workers is not None else os.environ.get("CXR_AUDIT_WORKERS") or (2 if (os.cpu_count() or 1) >= 2 else 1)
+    w = workers if workers is not None else os.environ.get("CXR_AUDIT_WORKERS") or (2 if (os.cpu_count() or 1) >= 4 else 1)
     try: w = int(w)
     except (TypeError, ValueError): raise InputError(f"audit workers: a whole number (1 or 2), got {w!r}") from None
     if w < 1: raise InputError(f"audit workers: at least 1, got {w}")
@@ -689,7 +689,7 @@ def run_audit(studies,                              # a `studies` table
     recipe = ctx.params.get("cohort_recipe", "000_test")
     if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
     if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
-    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)
+    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)   # the jar and its answers, beside the first stages
     colors = system_colors(config_label(g.system, g.policy))                  # one colour per system, in every chart
     with use_system_colors(colors), chart_pool() as pool:                        # charts drawn in another process
         sections, drawn = run_stages(names, ctx, colors, pool, audit_workers(workers))

@@ -81,7 +81,7 @@ def demo(out: str = "demo_out",       # output folder
          n_patients: int = 60,        # number of synthetic patients
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
          reps: int | None = None,     # resamples in every stage (None: each stage's own default)
-         workers: int | None = None   # processes running the stages (default: 2 with 2+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
+         workers: int | None = None   # processes running the stages (default: 2 with 4+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
         ) -> str:
     "Build the synthetic demo corpus and write the full audit report (offline)."
     from cxr_audit.audit import run_demo
@@ -97,7 +97,7 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
           reps: int | None = None,           # resamples in every stage (None: each stage's own default)
           seed: int = DEFAULT_SEED,          # seed of every resample
           keep_flagged: bool = False,        # score studies whose reference is only de-identification masks (left out by default)
-          workers: int | None = None         # processes running the stages (default: 2 with 2+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
+          workers: int | None = None         # processes running the stages (default: 2 with 4+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit
