@@ -708,7 +708,7 @@ METEOR_BATCH = 2_000   # pairs sent to the jar per write
 def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
     return [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
 
-METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line (a pair's answer depends on the pair alone)
+METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}
 
 def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool, memo: dict) -> tuple[dict, list | None]:
@@ -721,9 +721,12 @@ def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool, memo: di
     raw = {p: memo[p] for p in uniq}
     return raw, jvm.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
 
-def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, words: frozenset | None = None) -> tuple[dict, list | None]:
-    "`_converse` with the process's jar; a jar that stops is closed and the conversation retried once on a fresh one."
-    memo = _METEOR_ANSWERS.setdefault(tuple(cmd), {})
+def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, subset: bool) -> tuple[dict, list | None]:
+    "`_converse` with the process's jar (none when every answer is kept); a jar that stops is closed and the conversation retried once on a fresh one."
+    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})   # the two tables' answers kept apart, so either can be checked against the other
+    todo = [p for p in uniq if p not in memo]
+    if not todo and not evaluate: return {p: memo[p] for p in uniq}, None
+    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None   # the paraphrases the new pairs can use
     for attempt in (0, 1):
         jvm = meteor_jvm(cmd, words)
         with jvm.lock:
@@ -746,9 +749,8 @@ def run_meteor(references: Sequence[str],  # tokenized references
     cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r, h in zip(references, hypotheses)]
     pairs, capped = [(r, h) for (r, _), (h, _) in cut], np.array([a or b for (_, a), (_, b) in cut], dtype=bool)
     if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None, capped)
-    uniq = list(dict.fromkeys(pairs))
-    words = frozenset(jar_words(chain.from_iterable(uniq))) if meteor_paraphrase(paraphrase) == "subset" else None
-    raw, ev = _ask_jar(_meteor_cmd(jar, java, language, memory), uniq, pairs, evaluate, words)
+    subset = meteor_paraphrase(paraphrase) == "subset"
+    raw, ev = _ask_jar(_meteor_cmd(jar, java, language, memory), list(dict.fromkeys(pairs)), pairs, evaluate, subset)
     S = np.array([_chunks_as_summed([float(x) for x in raw[p].split()]) for p in pairs], dtype=float)
     if S.shape[1] != 23: raise RuntimeError(f"METEOR jar: expected 23 statistics per pair, got {S.shape[1]}")
     if ev is None: return MeteorRun(S, capped=capped)

@@ -540,6 +540,7 @@ AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremark
 @needs_java
 def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
     "Every pair's 23 statistics with the paraphrase subset equal those with the jar's full table: real IU X-ray reports crossed with each other, and awkward text (Unicode, entities, punctuation, numbers), raw and R2Gen-tokenized."
+    from cxr_audit import metrics
     from cxr_audit.metrics import close_meteor, paraphrase_index, run_meteor
     data = json.loads(IU_JSON.read_text())
     iu = [v.get("section_findings") or v.get("report") or "" for v in data.values()]
@@ -551,6 +552,7 @@ def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
     subset = [run_meteor(r, h, paraphrase="subset").stats for r, h in cases]
     close_meteor()
     full = [run_meteor(r, h, paraphrase="full").stats for r, h in cases]
+    assert [j.words for j in metrics._METEOR_JVMS.values()] == [None]     # a full-table jar answered (not answers kept from the subset)
     close_meteor()
     for a, b in zip(subset, full): np.testing.assert_array_equal(a, b)
     para = 4 + 4 * 3                                                      # stage 4 (paraphrase) content matches, test side
