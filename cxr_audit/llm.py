@@ -1228,6 +1228,25 @@ class TransformersChat(ChatBackend):
     def __repr__(self): return f"TransformersChat({self.model!r}, device={self.device!r})"
 
 # %% ../nbs/08_llm.ipynb #f1106bbf
+_GGUF_LOAD = threading.Lock()   # one GGUF load at a time changes the gguf module (below)
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """While loading a GGUF file: its header parsed once, and gguf's tensor-name table built once per architecture.
+    (transformers parses the whole header, vocabulary included, for the config, the tokenizer and the weights, and rebuilds
+    the name table for every submodule of the model; the weights and the tokenizer are the same either way.)"""
+    import gguf
+    with _GGUF_LOAD:
+        make_reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers = {}
+        def reader(path, mode="r"):
+            key = (os.fspath(path), mode)
+            if key not in readers: readers[key] = make_reader(path, mode)
+            return readers[key]
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+        try: yield
+        finally: gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, name_map
+
 @patch
 def load(self: TransformersChat) -> "TransformersChat":
     "Load the tokenizer and model (once)."
@@ -1238,9 +1257,10 @@ def load(self: TransformersChat) -> "TransformersChat":
         if self.gguf_file:
             for m in ("gguf", "accelerate"): optional_import(m, "generate", "TransformersChat (GGUF files)")
         kw = {"local_files_only": self.local_files_only, **({"gguf_file": self.gguf_file} if self.gguf_file else {})}
-        self.tokenizer_ = tf.AutoTokenizer.from_pretrained(self.model_or_path, **kw)
         dtype = getattr(torch, self.dtype) if isinstance(self.dtype, str) else (self.dtype or torch.float32)
-        model = tf.AutoModelForCausalLM.from_pretrained(self.model_or_path, dtype=dtype, **kw)
+        with _gguf_read_once() if self.gguf_file else contextlib.nullcontext():
+            self.tokenizer_ = tf.AutoTokenizer.from_pretrained(self.model_or_path, **kw)
+            model = tf.AutoModelForCausalLM.from_pretrained(self.model_or_path, dtype=dtype, **kw)
         self.model_ = model.to(self.device).eval()
     return self
 
@@ -1290,6 +1310,7 @@ def local_llama_server(model_path: str | os.PathLike,            # a .gguf file
                        port: int | None = None,                  # default: a free port
                        host: str = '127.0.0.1',                  # loopback only
                        n_ctx: int = 2048,                        # context length
+                       logits_all: bool = False,                 # keep logits for every prompt token (only log-probabilities need them)
                        extra_args: Iterable[str] = (),           # more llama_cpp.server options, e.g. ("--n_threads", "2")
                        startup_timeout_s: float = 180,           # seconds to wait for the server to answer
                        log_path: str | os.PathLike | None = None # server output (default: a temporary file)
@@ -1303,7 +1324,7 @@ def local_llama_server(model_path: str | os.PathLike,            # a .gguf file
     tmp = None if log_path else tempfile.TemporaryDirectory()
     log_path = Path(log_path) if log_path else Path(tmp.name) / "llama_server.log"
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--host", host, "--port", str(port),
-           "--n_ctx", str(n_ctx), *map(str, extra_args)]
+           "--n_ctx", str(n_ctx), "--logits_all", str(logits_all).lower(), *map(str, extra_args)]
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

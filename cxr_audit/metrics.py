@@ -41,19 +41,20 @@ from .stats import mean, mean_stats, micro_f1, micro_stats
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
-__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'METEOR_MAX_TOKENS', 'METEOR_BATCH', 'METEOR_MEMO',
-           'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS',
-           'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS',
-           'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts',
-           'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu',
-           'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD',
-           'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase', 'jar_words', 'ParaphraseIndex',
-           'paraphrase_table', 'paraphrase_index', 'meteor_jvm', 'close_meteor', 'MeteorRun', 'run_meteor',
-           'start_meteor', 'prefetch_meteor', 'Meteor', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric',
-           'score', 'sample_stats', 'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval',
-           'unavailable_reason', 'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values',
-           'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated',
-           'radeval_status', 'bundle_metrics', 'metric_kind', 'metric_availability', 'registry_table']
+__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'METEOR_MAX_TOKENS', 'METEOR_BATCH',
+           'METEOR_JVM_OPTIONS', 'METEOR_MEMO', 'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS',
+           'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS', 'FULL_METRICS',
+           'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs', 'MetricBase',
+           'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts', 'pair_counts',
+           'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL',
+           'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase',
+           'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index', 'meteor_jvm', 'close_meteor',
+           'MeteorRun', 'meteor_jvm_options', 'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor', 'CheXpertF1',
+           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
+           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
+           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
+           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
+           'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -581,6 +582,8 @@ def paraphrase_index(jar=None,      # the METEOR 1.5 jar (default: pycocoevalcap
         return idx
 
 # %% ../nbs/07_metrics.ipynb #9e99a9bc
+def _jar_of(cmd: Sequence[str]) -> str: return cmd[list(cmd).index("-jar") + 1]   # the jar in a java command line
+
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
     def __init__(self, cmd: list[str], words: frozenset | None = None):
@@ -588,7 +591,7 @@ class _MeteorJar:
 
     def start(self):
         self.err = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(self.cmd, cwd=Path(self.cmd[3]).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(self.cmd, cwd=Path(_jar_of(self.cmd)).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, text=True, encoding="utf-8")
         return self
 
@@ -655,7 +658,7 @@ def meteor_jvm(cmd: Sequence[str],          # the java command line running the 
         jvm = _METEOR_JVMS.get(key)
         if _covers(jvm, words): return jvm
         if words is not None and jvm is not None and jvm.words is not None and jvm.alive: words = words | jvm.words  # one table that grows
-        table = [] if words is None else ["-a", str(_paraphrase_subset(cmd[3], words))]
+        table = [] if words is None else ["-a", str(_paraphrase_subset(_jar_of(cmd), words))]
         old, jvm = jvm, _MeteorJar(list(cmd) + table, words).start()
         _METEOR_JVMS[key] = jvm
     if old is not None:
@@ -705,8 +708,19 @@ class MeteorRun:
 # %% ../nbs/07_metrics.ipynb #f714dd99
 METEOR_BATCH = 2_000   # pairs sent to the jar per write
 
+# The JVM's quick compiler only, and one garbage-collector thread: a METEOR conversation is short, and the optimizing
+# compiler's threads cost more CPU than they save (measured: 945 pairs 4.4 -> 1.9 s of CPU, 3,000 pairs 11.8 -> 6.8 s,
+# wall time about the same; the answers are the same, bit for bit, as Java's floating point is strict).
+METEOR_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+def meteor_jvm_options() -> list[str]:
+    "Options for the JVM running the METEOR jar: `$CXR_AUDIT_METEOR_JVM_OPTIONS` (space-separated; empty: none) or `METEOR_JVM_OPTIONS`."
+    env = os.environ.get("CXR_AUDIT_METEOR_JVM_OPTIONS")
+    return list(METEOR_JVM_OPTIONS) if env is None else env.split()
+
 def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
-    return [java_executable(java), "-jar", f"-Xmx{memory}", str(meteor_jar(jar)), "-", "-", "-stdio", "-l", language, "-norm"]
+    return [java_executable(java), *meteor_jvm_options(), f"-Xmx{memory}", "-jar", str(meteor_jar(jar)),
+            "-", "-", "-stdio", "-l", language, "-norm"]
 
 METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}

@@ -138,6 +138,7 @@ def test_second_batch_served_from_cache_with_server_stopped(gguf, tmp_path):
     # a server of its own, so that it can be stopped without disturbing the other tests
     reqs = _requests(5) + [{"request_id": "t", "messages": "Is the effusion new? 'New right effusion.'", "schema": Triage, "max_tokens": 64}]
     with local_llama_server(gguf) as srv:
+        assert srv.process.args[srv.process.args.index("--logits_all") + 1] == "false"   # prompts read without every token's logits
         llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
         first = run_batch(reqs, llm, cache=tmp_path / "c.sqlite", max_tokens=8, progress=False).to_frame()
     assert srv.process.poll() is not None  # the server is gone
@@ -360,6 +361,8 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
 
 def test_transformers_chat_on_the_same_gguf(gguf):
     torch = pytest.importorskip("torch")
+    gguf_module = pytest.importorskip("gguf")
+    reader, name_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
     hf = TransformersChat(gguf)
     assert hf.model == gguf.name
     state = torch.random.get_rng_state().clone()
@@ -370,6 +373,8 @@ def test_transformers_chat_on_the_same_gguf(gguf):
     s2 = hf.chat("Say hello.", temperature=0.7, top_p=0.9, top_k=20, seed=11, max_tokens=12)
     assert s1.text == s2.text  # seeded sampling repeats
     assert torch.equal(state, torch.random.get_rng_state())  # global random state untouched
+    # loading read the file's header once (llm._gguf_read_once) and left the gguf module as it was
+    assert (gguf_module.GGUFReader, gguf_module.get_tensor_name_map) == (reader, name_map)
 
 
 # --- the restricted-data guard ----------------------------------------------------------------------------------

@@ -509,12 +509,15 @@ def _alive(pid):
 
 @needs_java
 def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
+    from cxr_audit import metrics
     from cxr_audit.metrics import close_meteor, run_meteor
     close_meteor()
     m = Meteor(tokenize=None)
     a = m.jar_scores(["no acute process . the heart is normal ."], ["no acute process ."])
     pids = _jvm_pids()
     assert len(pids) == 1 and _alive(pids[0])
+    args = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
+    assert all(o.encode() in args for o in metrics.METEOR_JVM_OPTIONS)     # the quick compiler and one GC thread (metrics.meteor_jvm_options)
     b = m.jar_scores(["the heart is normal ."], ["heart normal ."])
     c = run_meteor(["the heart is normal ."], ["heart normal ."], evaluate=True)
     assert _jvm_pids() == pids                                            # three calls with words the jar covers, one JVM
@@ -528,6 +531,26 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
     m.close()
     assert _jvm_pids() == [] and not _alive(new)
     assert close_meteor() == 0
+
+
+@needs_java
+def test_meteor_jvm_options_change_no_statistic(monkeypatch):
+    "The JVM's default compilers and collector (no options) give the same statistics, bit for bit, on real IU reports."
+    from cxr_audit.metrics import close_meteor, meteor_jvm_options, run_meteor
+    data = json.loads(IU_JSON.read_text())
+    iu = [v.get("section_findings") or v.get("report") or "" for v in data.values()][:60]
+    refs, hyps = iu, iu[7:] + iu[:7]
+    close_meteor()
+    ours = run_meteor(refs, hyps, evaluate=True)
+    monkeypatch.setenv("CXR_AUDIT_METEOR_JVM_OPTIONS", "")
+    assert meteor_jvm_options() == []
+    plain = run_meteor(refs, hyps, evaluate=True)                        # another command line: its own jar, no kept answers
+    assert _jvm_pids() and len(_jvm_pids()) == 2
+    close_meteor()
+    np.testing.assert_array_equal(ours.stats, plain.stats)
+    assert ours.corpus_score == plain.corpus_score and (ours.stats[:, 0] > 0).all()
+    monkeypatch.setenv("CXR_AUDIT_METEOR_JVM_OPTIONS", "-Xss4m -XX:+UseSerialGC")
+    assert meteor_jvm_options() == ["-Xss4m", "-XX:+UseSerialGC"]
 
 
 AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremarkable.", "Café-au-lait naïve ÉTUDE – “quoted” … 5,000 cm³",
