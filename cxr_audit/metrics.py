@@ -491,8 +491,9 @@ class ParaphraseIndex:
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
-        n = self.n_phrase.astype(np.int64) + self.n_para
-        return np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+        n, out = self.n_phrase.astype(np.int64) + self.n_para, np.zeros(len(self.n_phrase), np.int64)
+        np.cumsum(n[:-1], out=out[1:])   # (np.concatenate of a list and an array took 0.12 s here)
+        return out
 
     def __len__(self): return len(self.probs)
     def __repr__(self): return f"ParaphraseIndex({len(self):,} entries, {len(self.words):,} words, source={self.source!r})"
