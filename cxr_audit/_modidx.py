@@ -408,6 +408,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                 'cxr_audit.core.InputError': ('core.html#inputerror', 'cxr_audit/core.py'),
                                 'cxr_audit.core._canonical': ('core.html#_canonical', 'cxr_audit/core.py'),
                                 'cxr_audit.core._canonical_column': ('core.html#_canonical_column', 'cxr_audit/core.py'),
+                                'cxr_audit.core._chart_payload': ('core.html#_chart_payload', 'cxr_audit/core.py'),
                                 'cxr_audit.core._cp1252': ('core.html#_cp1252', 'cxr_audit/core.py'),
                                 'cxr_audit.core._decode': ('core.html#_decode', 'cxr_audit/core.py'),
                                 'cxr_audit.core._describe': ('core.html#_describe', 'cxr_audit/core.py'),

@@ -5,6 +5,7 @@
 # %% ../nbs/00_core.ipynb #34340960
 from __future__ import annotations
 
+import base64
 import codecs
 import collections
 import contextlib
@@ -20,6 +21,7 @@ import io
 import json
 import math
 import os
+import pickle
 import platform
 import queue
 import re
@@ -443,12 +445,28 @@ def chart_svg(chart # an Altair chart
     return vlc.vegalite_to_svg(chart.to_dict(validate=False))   # the schema check costs as much as the drawing; tests validate
 
 # %% ../nbs/00_core.ipynb #77cce69b
-_DRAW_LOOP = """import json, sys, vl_convert as v
+_DRAW_LOOP = """import base64, json, pickle, sys, vl_convert as v
+def spec(line):
+    if not line.startswith("P"): return line
+    import altair as alt
+    chart, theme, options = pickle.loads(base64.b64decode(line[1:]))
+    if theme is None: alt.theme.enable("default")
+    else: alt.theme.register("cxr_audit_caller", enable=True)(lambda: theme)
+    alt.data_transformers.enable("default", **options)
+    return json.dumps(chart.to_dict(validate=False))   # as text: vl-convert reads some floats from a dict differently
 for line in sys.stdin:
-    try: out = {"svg": v.vegalite_to_svg(line)}
+    try: out = {"svg": v.vegalite_to_svg(spec(line))}
     except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
     sys.stdout.write(json.dumps(out) + "\\n"); sys.stdout.flush()
 """
+
+def _chart_payload(chart) -> str | None:
+    "The chart with the caller's theme and data options, pickled for `ChartProcess` (None: its spec must be built here)."
+    import altair as alt
+    if not (hasattr(alt, "theme") and hasattr(alt.theme, "register")) or alt.data_transformers.active != "default": return None
+    theme = alt.theme.get()
+    try: return "P" + base64.b64encode(pickle.dumps((chart, theme() if theme else None, dict(alt.data_transformers.options)))).decode()
+    except Exception: return None   # noqa: BLE001 (a chart that does not pickle is built here instead)
 
 class ChartProcess:
     "Another Python process that draws Vega-Lite specs to SVG in the order given (vl-convert there keeps this process's interpreter free)."
@@ -459,9 +477,9 @@ class ChartProcess:
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._write, self._read)]
         for t in self.threads: t.start()
 
-    def submit(self, spec: dict) -> Future:
-        "A future of the SVG of `spec` (a Vega-Lite dict)."
-        f = Future(); self.waiting.append(f); self.todo.put(json.dumps(spec)); return f
+    def submit(self, spec: dict | str) -> Future:
+        "A future of the SVG of `spec` (a Vega-Lite dict, or a `_chart_payload`)."
+        f = Future(); self.waiting.append(f); self.todo.put(spec if isinstance(spec, str) else json.dumps(spec)); return f
 
     def _write(self):
         while (line := self.todo.get()) is not None:
@@ -492,9 +510,9 @@ def chart_pool() -> ChartProcess:
 def submit_chart(pool,  # a `chart_pool()`, or any executor (e.g. a `ThreadPoolExecutor`)
                  chart  # an Altair chart
                 ) -> Future:
-    "Start drawing `chart` to SVG on `pool`; its spec is built at once, in the calling thread, so the theme and colours in force there apply."
+    "Start drawing `chart` to SVG on `pool`; the theme and data options in force here apply (a `ChartProcess` builds the spec itself)."
+    if isinstance(pool, ChartProcess): return pool.submit(_chart_payload(chart) or chart.to_dict(validate=False))
     spec = chart.to_dict(validate=False)
-    if isinstance(pool, ChartProcess): return pool.submit(spec)
     import vl_convert as vlc
     return pool.submit(vlc.vegalite_to_svg, spec)
 
