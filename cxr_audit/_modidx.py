@@ -416,6 +416,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                 'cxr_audit.core._raw_bytes': ('core.html#_raw_bytes', 'cxr_audit/core.py'),
                                 'cxr_audit.core._read_csv': ('core.html#_read_csv', 'cxr_audit/core.py'),
                                 'cxr_audit.core._redact': ('core.html#_redact', 'cxr_audit/core.py'),
+                                'cxr_audit.core._reuse_class_table': ('core.html#_reuse_class_table', 'cxr_audit/core.py'),
                                 'cxr_audit.core._suffix': ('core.html#_suffix', 'cxr_audit/core.py'),
                                 'cxr_audit.core._warn_mixed': ('core.html#_warn_mixed', 'cxr_audit/core.py'),
                                 'cxr_audit.core._with_colors': ('core.html#_with_colors', 'cxr_audit/core.py'),

@@ -410,10 +410,26 @@ def cxr_theme() -> dict:
         "background": "white"}}
 
 # %% ../nbs/00_core.ipynb #8687833b
+_CLASS_TABLES: dict[tuple, dict] = {}
+
+def _reuse_class_table(alt):
+    """Altair turns an encoding given as a string (`x="field:Q"`) into its channel class through a table of all its ~570
+    schema classes, each schema hashed as JSON, and builds that table anew for every such channel (~20 ms each, ~0.7 s of
+    the demo audit); build it once per set of classes instead (the same table, so the same charts)."""
+    F = getattr(getattr(getattr(alt, "utils", None), "schemapi", None), "_FromDict", None)
+    if F is None or getattr(F, "_cxr_audit_reuse", False): return
+    build = F.__init__
+    def __init__(self, wrapper_classes, /):
+        classes = tuple(wrapper_classes)
+        if classes in _CLASS_TABLES: self.class_dict = _CLASS_TABLES[classes]
+        else: build(self, classes); _CLASS_TABLES[classes] = self.class_dict
+    F.__init__, F._cxr_audit_reuse = __init__, True
+
 def enable_theme(svg: bool = True # also render charts as static SVG in notebooks (docs work offline)
                 ):
     "Register and enable the `cxr_audit` Altair theme; return `altair`."
     import altair as alt
+    _reuse_class_table(alt)
     if svg: alt.renderers.enable("svg")
     if hasattr(alt, "theme") and hasattr(alt.theme, "register"):
         alt.theme.register("cxr_audit", enable=True)(cxr_theme)
