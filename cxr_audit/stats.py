@@ -5,6 +5,7 @@
 # %% ../nbs/04_stats.ipynb #14a8ee88
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 import warnings
@@ -16,12 +17,21 @@ from typing import Callable, Hashable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy import sparse
-from scipy import stats as sps
 
 from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, progress, require_columns, rng
 
+class _Lazy:
+    "A module imported on first use (scipy.stats alone takes ~0.5 s to import, and most commands never need it)."
+    def __init__(self, name: str): self._name, self._module = name, None
+    def __getattr__(self, attr):
+        if self._module is None: self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+sps = _Lazy("scipy.stats")
+
+
 # %% auto #0
-__all__ = ['VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
+__all__ = ['sps', 'VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
            'resampling_unit', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights', 'as_stats',
            'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts',
            'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision',
@@ -1127,11 +1137,11 @@ def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: i
     correlation.__doc__ = doc
     return correlation
 
-spearman = _rank_correlation("spearman", "spearman_rho", sps.spearmanr, 1.06, 3,
+spearman = _rank_correlation("spearman", "spearman_rho", lambda x, y: sps.spearmanr(x, y), 1.06, 3,
                              "Spearman's rho with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #d7b0b55b
-kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", sps.kendalltau, 0.437, 4,
+kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", lambda x, y: sps.kendalltau(x, y), 0.437, 4,
                                 "Kendall's tau-b with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #e28d64e2

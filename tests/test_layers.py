@@ -90,3 +90,12 @@ def test_ruff():
     assert ruff, "ruff is part of the dev extra (settings.ini dev_requirements)"
     res = subprocess.run([ruff, "check", "cxr_audit", "tests", "benchmarks", ".ci"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_heavy_modules_are_imported_only_when_used():
+    "Every `cxr-audit` command, side process and chart process imports the package: scipy.stats (~0.5 s) waits for its first use."
+    code = ("import sys, cxr_audit.audit, cxr_audit.cli; print('scipy.stats' in sys.modules); "
+            "from cxr_audit.stats import spearman; spearman([1, 2, 3, 4], [1, 3, 2, 4]); print('scipy.stats' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
