@@ -1296,8 +1296,10 @@ def exact_binomial_ci(successes: int,                # number of successes k (a 
     "A proportion with its Clopper–Pearson exact interval."
     k, n = _count(successes, "exact_binomial_ci: successes"), _count(trials, "exact_binomial_ci: trials")
     if n < 1 or not 0 <= k <= n: raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
-    ci = sps.binomtest(k, n).proportion_ci(confidence_level=_check_size(size), method="exact")
-    return Estimate(metric, k / n, float(ci.low), float(ci.high), n=n, method="Clopper-Pearson exact")
+    a = (1 - _check_size(size)) / 2   # the closed form: beta quantiles (scipy's binomtest finds the same bounds by root search, ~100x slower)
+    lo = 0.0 if k == 0 else float(sps.beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(sps.beta.ppf(1 - a, k + 1, n - k))
+    return Estimate(metric, k / n, lo, hi, n=n, method="Clopper-Pearson exact")
 
 # %% ../nbs/04_stats.ipynb #758837ba
 def binomial_cis(df,                 # table with one count pair per row
