@@ -5,6 +5,7 @@
 # %% ../nbs/10_longitudinal.ipynb #de6e7759
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
 import json
@@ -130,7 +131,7 @@ class _Reading:
     findings: tuple = ()  # the terms that name a finding here (an anatomy word with nothing abnormal said of it does not)
     masks: tuple = ()     # (start, end) of de-identification masks (XXXX)
 
-    def clause(self, pos: int) -> int: return int(np.searchsorted(self.breaks, pos, side="right"))
+    def clause(self, pos: int) -> int: return bisect.bisect_right(self.breaks, pos)   # breaks are in order (np.searchsorted on a tuple was 10x slower)
 
 # %% ../nbs/10_longitudinal.ipynb #b060765a
 def _alt(patterns: Iterable[str], flags=re.I) -> re.Pattern:
