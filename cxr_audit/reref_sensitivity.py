@@ -367,8 +367,7 @@ def _with_clusters(scores: pd.DataFrame, clusters, unit: str) -> tuple[pd.DataFr
     return scores.assign(_cluster=resolve_clusters(clusters, scores, key=unit, what="pairwise_gaps clusters")), "_cluster"
 
 def _systems_of(rows: pd.DataFrame, metric: str, unit: str, value, cluster_column: str | None):
-    "`({system: statistics}, cluster labels)` of one variant, units in a fixed order."
-    rows = rows.sort_values([unit, "system"], kind="mergesort")
+    "`({system: statistics}, cluster labels)` of one variant (its rows sorted by unit and system), units in a fixed order."
     if value is not None and _stat_cols(rows): return systems_from_scores(rows, metric, unit, cluster_column)
     order = pd.unique(rows[unit])
     systems = {s: mean_stats(g.set_index(unit).loc[order, "value"].to_numpy()) for s, g in rows.groupby("system", sort=False)}
@@ -413,8 +412,11 @@ def pairwise_gaps(scores,                                # a scores long table
     value = _value_fn(metric, values)
     kind = value if value is not None and _stat_cols(rows) else "mean"
     blocks, labels = {}, None
+    rows = rows.sort_values([unit, "system"], kind="mergesort")   # once: a stable sort, so each variant's rows keep this order
+    by_variant = {v: part for v, part in rows.groupby("variant", sort=False, observed=True)}
     for variant in variants:
-        per_system, variant_labels = _systems_of(rows[rows.variant == variant], metric, unit, value, cluster_column)
+        part = by_variant[variant] if variant in by_variant else rows.iloc[:0]
+        per_system, variant_labels = _systems_of(part, metric, unit, value, cluster_column)
         blocks[f"{metric} under {variant}"] = (per_system, kind)
         labels = variant_labels if labels is None else labels
     boot = bootstrap_metrics(blocks, reps, seed, labels, pairs=pairs, size=size, higher_is_better=_higher_is_better(metric))
