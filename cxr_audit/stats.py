@@ -1054,18 +1054,33 @@ def ranking_reversals(before,           # PairedResult (or its to_frame table) u
                       size: float | None = None       # interval coverage (default: each result's own)
                      ) -> pd.DataFrame:
     "Per pair: `metric`, both estimates and verdicts, `flip`, `verdict_change` and `significant_flip`."
-    a, b = _pair_table(before, method, size), _pair_table(after, method, size)
+    return _reversals(_pair_table(before, method, size), _pair_table(after, method, size))
+
+def _matched(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list, list, list]:
+    "Rows of `a` as (metric, first, second), and per row (estimate, verdict) before and after, from two pair tables (`_pair_table`)."
     by_metric = a["metric"].notna().all() and b["metric"].notna().all()
     key = (lambda m, f, s: (m, f, s)) if by_metric else (lambda m, f, s: (f, s))
     other = {key(m, f, s): (e, v) for m, f, s, e, v in zip(b["metric"], b["first"], b["second"], b["estimate"], b["verdict"])}
-    rows = []
+    names, before, after = [], [], []
     for m, f, s, e, v in zip(a["metric"], a["first"], a["second"], a["estimate"], a["verdict"]):
         if key(m, f, s) in other: e2, v2 = other[key(m, f, s)]
         elif key(m, s, f) in other: e2, v2 = -other[key(m, s, f)][0], -other[key(m, s, f)][1]
         else: raise InputError(f"comparisons: pair ({f!r}, {s!r}) of {m!r} is missing under the second condition")
-        rows.append({"metric": m, "first": f, "second": s, "estimate_before": e, "estimate_after": e2,
-                     "verdict_before": int(v), "verdict_after": int(v2)})
-    df = pd.DataFrame(rows)
+        names.append((m, f, s)); before.append((e, int(v))); after.append((e2, int(v2)))
+    return names, before, after
+
+def _outcomes(before: list, after: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "flip, verdict_change and significant_flip per pair, from `_matched`."
+    eb, ea = np.array([e for e, _ in before], dtype=float), np.array([e for e, _ in after], dtype=float)
+    flip = np.sign(eb) * np.sign(ea) < 0
+    change = np.array([v for _, v in before], dtype=int) != np.array([v for _, v in after], dtype=int)
+    return flip, change, flip & change
+
+def _reversals(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    "`ranking_reversals` of two pair tables (`_pair_table`)."
+    names, before, after = _matched(a, b)
+    df = pd.DataFrame([{"metric": m, "first": f, "second": s, "estimate_before": x[0], "estimate_after": y[0], "verdict_before": x[1],
+                        "verdict_after": y[1]} for (m, f, s), x, y in zip(names, before, after)])
     df["flip"] = np.sign(df.estimate_before) * np.sign(df.estimate_after) < 0
     df["verdict_change"] = df.verdict_before != df.verdict_after
     df["significant_flip"] = df.flip & df.verdict_change
@@ -1078,11 +1093,12 @@ def count_reversals(before,                    # results under the baseline cond
                     size: float | None = None  # interval coverage (default: each result's own)
                    ) -> pd.DataFrame:
     "Per condition: `pairs, flips, significant_flips, verdict_changes` against `before`."
-    rows = []
+    rows, a = [], _pair_table(before, method, size)   # the baseline's table once, not once per condition
     for name, after in afters.items():
-        t = ranking_reversals(before, after, method, size)
-        rows.append({"condition": name, "pairs": len(t), "flips": int(t.flip.sum()),
-                     "significant_flips": int(t.significant_flip.sum()), "verdict_changes": int(t.verdict_change.sum())})
+        names, b, c = _matched(a, _pair_table(after, method, size))   # counts only: no per-pair table
+        flip, change, sig = _outcomes(b, c)
+        rows.append({"condition": name, "pairs": len(names), "flips": int(flip.sum()),
+                     "significant_flips": int(sig.sum()), "verdict_changes": int(change.sum())})
     return pd.DataFrame(rows)
 
 # %% ../nbs/04_stats.ipynb #04597e80
