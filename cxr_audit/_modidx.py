@@ -929,6 +929,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.labels._check_phrases': ('labels.html#_check_phrases', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._check_triggers': ('labels.html#_check_triggers', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._chexbert_recode': ('labels.html#_chexbert_recode', 'cxr_audit/labels.py'),
+                                  'cxr_audit.labels._compiled': ('labels.html#_compiled', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._contrast_labeler': ('labels.html#_contrast_labeler', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._counts_rows': ('labels.html#_counts_rows', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._cue_evidence': ('labels.html#_cue_evidence', 'cxr_audit/labels.py'),

@@ -73,10 +73,15 @@ def _expand(pattern: str, macros: Mapping, depth: int = 4) -> str:
     out = re.sub(r"<([A-Z0-9_]+)>", lambda m: macros[m.group(1)] if m.group(1) in macros else m.group(0), pattern)
     return out if out == pattern or depth == 0 else _expand(out, macros, depth - 1)
 
+@lru_cache(maxsize=None)
+def _compiled(pattern: str) -> re.Pattern:
+    "A phrase pattern compiled once per process (a phrase bank has more patterns than `re`'s own cache keeps, so they were compiled again and again)."
+    return re.compile(pattern)
+
 def _check_pattern(p, where: str, macros: Mapping) -> str:
     if not isinstance(p, str) or not p.strip(): raise InputError(f"{where}: a pattern must be a non-empty string, got {p!r}")
     if "(?P<" in p: raise InputError(f"{where}: named groups are not allowed in patterns ({p!r})")
-    try: re.compile(_expand(p, macros))
+    try: _compiled(_expand(p, macros))
     except re.error as e: raise InputError(f"{where}: pattern {p!r} is not a valid regular expression ({e})") from e
     return p
 
@@ -154,7 +159,7 @@ class _Matcher:
         alts = [_wrap("|".join(f"(?:{p})" for p, _ in items))] if items else []
         alts += [f"(?:{p})" for p, _ in marks]
         self.rx = re.compile("|".join(alts) or r"(?!)")
-        self._items = [(re.compile(p), tag, bool(_CONTEXTUAL.search(p))) for p, tag in list(items) + list(marks)]
+        self._items = [(_compiled(p), tag, bool(_CONTEXTUAL.search(p))) for p, tag in list(items) + list(marks)]
         self._memo: dict[str, int] = {}
 
     def _first_plain(self, text: str) -> int:
