@@ -74,12 +74,12 @@ sync-check: $(VENV)/.stamp-dev
 	fi; echo "notebooks clean and in sync with cxr_audit/"
 
 # Parallel workers (pytest-xdist), one test file per worker at a time: tests/test_notebooks.py (each notebook executed once,
-# then the docs site built from those runs) stays on one worker, the other files spread over the rest; the slowest tests
-# are listed at the end.
+# then the docs site built from those runs) stays on one worker, the other files spread over the rest, the longest files
+# first (tests/conftest.py: SLOW_FILES); the slowest tests are listed at the end.
 PYTEST_WORKERS ?= auto
 test: sync-check
 	$(VENV)/bin/ruff check cxr_audit tests benchmarks .ci
-	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 export: $(VENV)/.stamp-dev
 	$(VENV)/bin/nbdev_export

@@ -2474,6 +2474,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                  'cxr_audit.stats._col': ('stats.html#_col', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._count': ('stats.html#_count', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._cross_cells': ('stats.html#_cross_cells', 'cxr_audit/stats.py'),
+                                 'cxr_audit.stats._distinct_and_sums': ('stats.html#_distinct_and_sums', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._distinct_columns': ('stats.html#_distinct_columns', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._div': ('stats.html#_div', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._dropped_note': ('stats.html#_dropped_note', 'cxr_audit/stats.py'),

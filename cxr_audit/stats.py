@@ -983,14 +983,19 @@ def distinct_replicates(matrix,                   # (units × items) incidence m
                         chunk: int | None = None  # rows of the weight matrix per chunk
                        ) -> np.ndarray:
     "Number of distinct items among the units of each resample (same weights as `resample_weights`)."
-    X = _binary(matrix); n = X.shape[0]
+    return _distinct_and_sums(_binary(matrix), None, reps, seed, clusters, chunk)[0]
+
+def _distinct_and_sums(X, S, reps: int, seed, clusters, chunk) -> tuple[np.ndarray, np.ndarray | None]:
+    "Distinct items of each resample and, when `S` (units × k) is given, its column sums (`replicate_sums`), from one draw of the weights."
+    n = X.shape[0]
     codes, m = cluster_codes(clusters, n)
     single, shared = _split_items(X)
-    out = np.empty(_positive(reps, "reps"))
+    out, sums = np.empty(_positive(reps, "reps")), None if S is None else np.empty((reps, S.shape[1]))
     for lo, W in weight_chunks(n, reps, seed, codes, m, _chunk(chunk, max(n, m, shared.shape[0]), reps)):
         drawn = (W > 0).astype(np.float64)
         out[lo:lo + len(W)] = drawn @ single + (np.asarray(shared @ drawn.T) > 0).sum(0)
-    return out
+        if S is not None: sums[lo:lo + len(W)] = W @ S
+    return out, sums
 
 # %% ../nbs/04_stats.ipynb #66c92016
 def bootstrap_distinct(matrix,                # (units × items) incidence matrix
@@ -1011,8 +1016,8 @@ def bootstrap_distinct(matrix,                # (units × items) incidence matri
     if scheme != "recount": raise ValueError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
     X = _binary(matrix); n = X.shape[0]; size = _check_size(size)
     tot = distinct_stats(X, totals)[:, 1]
-    d = distinct_replicates(X, reps, seed, clusters, chunk)
-    den = replicate_sums(tot[:, None], reps, seed, clusters, chunk)[:, 0]
+    d, sums = _distinct_and_sums(X, as_stats(tot[:, None]), reps, seed, clusters, chunk)   # the same weights, drawn once
+    den = sums[:, 0]
     codes, m = cluster_codes(clusters, n)
     Xg = sparse.csc_matrix(_group_sums(X, codes, m)); Xg.data[:] = 1     # which unit/cluster has which item
     own = np.asarray(Xg[:, np.diff(Xg.indptr) == 1].sum(1)).ravel()     # items found in that unit/cluster only

@@ -11,12 +11,29 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cxr_audit.llm import local_llama_server
+# Two test workers share the two cores: a BLAS or OpenMP pool of several threads per worker only spins against the other
+# worker (numpy-heavy tests took twice the CPU time, torch's tiny test models several times). One such thread per test
+# process and per subprocess (the CLI inherits the environment); set before numpy and torch are loaded; a user's value is kept.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ.setdefault(_var, "1")
+
+from cxr_audit.llm import local_llama_server  # noqa: E402
 
 # The suite already runs on parallel workers (pytest-xdist, one per core): an audit's second process for its side stages
 # would only compete with the other worker. Audits here run their stages in one process (CLI subprocesses inherit this);
 # tests/test_audit_real.py::test_a_second_process_gives_the_same_report_and_sees_the_cohort runs the two-process path.
 os.environ.setdefault("CXR_AUDIT_WORKERS", "1")
+
+# The test files that take longest, longest first (seconds of one worker, measured on a 2-core machine). With
+# `--dist loadfile --no-loadscope-reorder` (the Makefile) the workers take files in this order, so the longest ones start
+# at once and the short ones fill in at the end; by default xdist orders files by their number of tests, and the
+# notebooks (one file, ~250 s) started half-way and ran alone at the end. The order changes no test, only when it runs.
+SLOW_FILES = ("test_notebooks.py", "test_cli.py", "test_paper_notebooks.py", "test_llm_batch.py", "test_audit_real.py",
+              "test_presentation.py", "test_fuzz_input.py", "test_metrics.py", "test_llm.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))   # stable: the order within a file is kept
 
 
 def smollm2_gguf() -> Path:

@@ -192,7 +192,7 @@ CRASH_SCRIPT = """
 import sys
 from cxr_audit.llm import OpenAIChat, run_batch
 base_url, cache = sys.argv[1], sys.argv[2]
-reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]} for i in range(40)]
+reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]} for i in range(24)]
 run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=3, max_tokens=6, progress=False)
 print("finished")
 """
@@ -206,7 +206,7 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
         proc = subprocess.Popen([sys.executable, str(script), proxy.base_url, str(cache)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         t_end = time.monotonic() + 300
-        while len(_cached_keys(cache)) < 8:
+        while len(_cached_keys(cache)) < 8:   # the kill comes with about 16 of its 24 requests still to send
             assert proc.poll() is None and time.monotonic() < t_end, proc.stdout.read().decode()
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
@@ -217,7 +217,7 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
             sent_before = [b["messages"][-1]["content"] for b in proxy.bodies]
             proxy.bodies.clear()
         done_before = _cached_keys(cache)
-        reqs = _requests(40)
+        reqs = _requests(24)
         run = run_batch(reqs, OpenAIChat("smollm2", base_url=proxy.base_url), cache=cache, max_concurrency=3,
                         max_tokens=6, progress=False)
         out = run.to_frame()
@@ -225,8 +225,8 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
         lost = int((out.status != "ok").sum())
         repeated = len(set(sent_before) & set(sent_after))
         print(f"kill -9 resume: {len(done_before)} cached before the kill, {len(sent_before)} sent before, lost={lost}, repeated={repeated}")
-        assert lost == 0 and run.n_ok == 40 and out.cached.sum() == len(done_before)
+        assert lost == 0 and run.n_ok == 24 and out.cached.sum() == len(done_before)
         assert repeated <= 3, f"{repeated} requests were sent twice (at most the 3 in flight may be)"
-        assert len(sent_after) == 40 - len(done_before)
+        assert len(sent_after) == 24 - len(done_before)
     finally:
         proxy.close()

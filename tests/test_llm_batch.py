@@ -1,6 +1,7 @@
 """Batch files (cxr_audit.llm_batch): exported files against the documented OpenAI batch input format, a ReRef run
 finished through export -> execute -> import rounds against the real llama.cpp server (tests/conftest.py), idempotent
-re-import, and a kill -9 in the middle of an import.
+re-import, and a kill -9 in the middle of an import. ReRef's end-to-end test against the real server is here too: its live
+calls are the first round of the live run the batch test compares against (the `live` fixture), so they are made once.
 
 `provider_stand_in` below is a TEST STAND-IN for the batch provider (OpenAI / Azure Batch, `vllm run-batch`): it posts
 each exported line's body to the real local llama.cpp server and writes the provider's output (and error) JSONL format. A body
@@ -27,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -183,15 +185,54 @@ def _studies():
                          "impression": ["No acute process.", "Mild cardiomegaly."]})
 
 
-def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_references(tmp_path, llama_server):
-    base = llama_server.base_url
-    settings = dict(max_rounds=2, generator_max_tokens=160, verifier_max_tokens=160)
-    relay = RecordingRelay(base)   # the live run reaches the server through it; it keeps each reply under its exact request
-    live_llm = OpenAIChat("smollm2", base_url=relay.base_url, structured="json_object_schema")
+SETTINGS = dict(generator_max_tokens=160, verifier_max_tokens=160)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, llama_server):
+    """The live ReRef runs of `_studies()` on "negation:implicit" against the real server, all through one `RecordingRelay` and one
+    cache. First one round (two requests at a time) and the same run again (test_end_to_end_on_a_real_llama_cpp_server), then two
+    rounds (one request at a time), the live run the batch test compares against: its first round is the same requests, answered
+    by the cache, so only its second round reaches the server. The relay keeps the server's reply to every request."""
+    tmp = tmp_path_factory.mktemp("live")
+    relay = RecordingRelay(llama_server.base_url)   # the live runs reach the server through it; it keeps each reply under its exact request
+    llm = OpenAIChat("smollm2", base_url=relay.base_url, structured="json_object_schema")
+    studies = _studies().assign(restricted=[True, True])
+    # one round (about 700 prompt tokens per call); the retry and give-up paths are covered by tests/test_reref.py's scripted test
+    one = R.ReRef(llm, llm, max_rounds=1, **SETTINGS)
+    kw = dict(cache=tmp / "cache.sqlite", retries=0, max_concurrency=2)
+    first = R.rewrite_table(studies, "negation:implicit", one, **kw)   # restricted rows: allowed, the server is on loopback
+    second = R.rewrite_table(studies, "negation:implicit", one, **kw)
+    cache = ChatCache(tmp / "cache.sqlite"); by_model = cache.stats()["by_model"]; cache.close()
     # no time limit on the live calls: on a busy machine a 120 s limit fails calls the batch path would answer
-    live = R.rewrite_table(_studies(), "negation:implicit", R.ReRef(live_llm, live_llm, **settings),
-                           cache=tmp_path / "live.sqlite", retries=0, max_concurrency=1, timeout_s=3600)
+    two = R.rewrite_table(_studies(), "negation:implicit", R.ReRef(llm, llm, max_rounds=2, **SETTINGS),
+                          cache=tmp / "cache.sqlite", retries=0, max_concurrency=1, timeout_s=3600)
     relay.close()
+    return dict(first=first, second=second, by_model=by_model, two=two, replies=relay.replies)
+
+
+def test_end_to_end_on_a_real_llama_cpp_server(live):   # the session's server (tests/conftest.py); ReRef's live test
+    first, second = live["first"], live["second"]
+    rounds, s1 = first.rounds, first.calls
+    assert len(first.references) == 4 and len(rounds) == 2 and (first.references.iterations == [0, 1, 0, 1]).all()
+    assert s1["requests"] >= 3 and s1["tokens_in"] > 1000 and s1["tokens_out"] > 0
+    ok = rounds[rounds.generator_status == "ok"]
+    assert len(ok) >= 1 and ok.findings.map(lambda x: isinstance(x, str)).all()
+    # every round either produced a rewrite or recorded why not; verdicts, when present, are booleans
+    assert ((rounds.generator_status == "ok") | rounds.error.notna()).all()
+    judged = rounds[rounds.verifier_status == "ok"]
+    assert judged.is_valid_perturbation.map(lambda x: isinstance(x, (bool, np.bool_))).all()
+    # the prompts went to the server in the packaged templates, through run_batch and its cache
+    assert live["by_model"]
+    assert second.calls["cached"] == s1["ok"] > 0
+    if s1["failed"] == 0:
+        assert second.calls["called"] == 0
+        pd.testing.assert_frame_equal(first.references, second.references)
+
+
+def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_references(tmp_path, llama_server, live):
+    base, replies, live = llama_server.base_url, live["replies"], live["two"]   # `live`: the two-round live run
+    settings = dict(max_rounds=2, **SETTINGS)
     CountingOpenAIChat.sent = 0
     llm = CountingOpenAIChat("smollm2", base_url=base, structured="json_object_schema")
     cache = ChatCache(tmp_path / "batch.sqlite")
@@ -210,7 +251,7 @@ def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_refer
             out, err = tmp_path / f"round{k}" / f"{f}.output", tmp_path / f"round{k}" / f"{f}.errors"
             # the stand-in provider answers a body the live run sent with the server's reply to it (llama.cpp decodes greedily or
             # with the request's seed, so a second POST would return the same), and posts any other body to the server
-            reused += provider_stand_in(tmp_path / f"round{k}" / f, out, err, base, served=relay.replies)
+            reused += provider_stand_in(tmp_path / f"round{k}" / f, out, err, base, served=replies)
             lines += len(objs)
             outputs += [out, err]
             import_batch(cache, [out, err])

