@@ -15,6 +15,10 @@ import pytest
 # worker (numpy-heavy tests took twice the CPU time, torch's tiny test models several times). One such thread per test
 # process and per subprocess (the CLI inherits the environment); set before numpy and torch are loaded; a user's value is kept.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ.setdefault(_var, "1")
+# The same for the llama.cpp servers the tests start (llama-cpp-python's server reads its settings from the environment):
+# it reads prompts with one thread per core by default, and its two threads spin on each other while the other worker
+# holds a core (measured on a paper page's LLM test beside a busy process: 48 s of CPU with two, 39 s with one).
+os.environ.setdefault("N_THREADS_BATCH", "1")
 
 from cxr_audit.llm import local_llama_server  # noqa: E402
 
