@@ -2500,6 +2500,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                  'cxr_audit.stats._percentile': ('stats.html#_percentile', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._positive': ('stats.html#_positive', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._rank_correlation': ('stats.html#_rank_correlation', 'cxr_audit/stats.py'),
+                                 'cxr_audit.stats._rank_min': ('stats.html#_rank_min', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._rater_labels': ('stats.html#_rater_labels', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._replicates': ('stats.html#_replicates', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._reversals': ('stats.html#_reversals', 'cxr_audit/stats.py'),
