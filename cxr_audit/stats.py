@@ -1099,9 +1099,7 @@ def _reversals(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     names, before, after = _matched(a, b)
     df = pd.DataFrame([{"metric": m, "first": f, "second": s, "estimate_before": x[0], "estimate_after": y[0], "verdict_before": x[1],
                         "verdict_after": y[1]} for (m, f, s), x, y in zip(names, before, after)])
-    df["flip"] = np.sign(df.estimate_before) * np.sign(df.estimate_after) < 0
-    df["verdict_change"] = df.verdict_before != df.verdict_after
-    df["significant_flip"] = df.flip & df.verdict_change
+    df["flip"], df["verdict_change"], df["significant_flip"] = _outcomes(before, after)
     return df
 
 # %% ../nbs/04_stats.ipynb #baeac3ae
