@@ -401,6 +401,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                 'cxr_audit.core.ChartProcess._write': ('core.html#chartprocess._write', 'cxr_audit/core.py'),
                                 'cxr_audit.core.ChartProcess.close': ('core.html#chartprocess.close', 'cxr_audit/core.py'),
                                 'cxr_audit.core.ChartProcess.submit': ('core.html#chartprocess.submit', 'cxr_audit/core.py'),
+                                'cxr_audit.core.ChartProcessStopped': ('core.html#chartprocessstopped', 'cxr_audit/core.py'),
                                 'cxr_audit.core.CxrAuditError': ('core.html#cxrauditerror', 'cxr_audit/core.py'),
                                 'cxr_audit.core.IncompleteRunError': ('core.html#incompleterunerror', 'cxr_audit/core.py'),
                                 'cxr_audit.core.IncompleteRunError.__init__': ( 'core.html#incompleterunerror.__init__',

@@ -41,8 +41,9 @@ __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditErr
            'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
            'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
            'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
-           'enable_theme', 'save_chart', 'chart_svg', 'ChartProcess', 'chart_pool', 'submit_chart', 'chart_svgs',
-           'system_colors', 'use_system_colors', 'system_color', 'show_progress', 'progress']
+           'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped', 'ChartProcess', 'chart_pool',
+           'submit_chart', 'chart_svgs', 'system_colors', 'use_system_colors', 'system_color', 'show_progress',
+           'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -461,7 +462,10 @@ def chart_svg(chart # an Altair chart
     return vlc.vegalite_to_svg(chart.to_dict(validate=False))   # the schema check costs as much as the drawing; tests validate
 
 # %% ../nbs/00_core.ipynb #77cce69b
-_DRAW_LOOP = """import base64, json, pickle, sys, vl_convert as v
+_DRAW_LOOP = """import base64, json, os, pickle, sys
+answers = os.fdopen(os.dup(1), "w", encoding="utf-8")   # one JSON answer per spec; whatever else is printed (Python or native) goes to stderr
+os.dup2(2, 1); sys.stdout = sys.stderr
+import vl_convert as v
 def spec(line):
     if not line.startswith("P"): return line
     import altair as alt
@@ -473,7 +477,7 @@ def spec(line):
 for line in sys.stdin:
     try: out = {"svg": v.vegalite_to_svg(spec(line))}
     except Exception as e: out = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write(json.dumps(out) + "\\n"); sys.stdout.flush()
+    answers.write(json.dumps(out) + "\\n"); answers.flush()
 """
 
 def _chart_payload(chart) -> str | None:
@@ -484,18 +488,25 @@ def _chart_payload(chart) -> str | None:
     try: return "P" + base64.b64encode(pickle.dumps((chart, theme() if theme else None, dict(alt.data_transformers.options)))).decode()
     except Exception: return None   # noqa: BLE001 (a chart that does not pickle is built here instead)
 
+class ChartProcessStopped(RuntimeError):
+    "The chart-drawing process ended before it drew this chart (it crashed, was killed, or answered out of turn); draw it here instead."
+
 class ChartProcess:
     "Another Python process that draws Vega-Lite specs to SVG in the order given (vl-convert there keeps this process's interpreter free)."
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, "-c", _DRAW_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8")
-        self.todo, self.waiting = queue.Queue(), collections.deque()
+        self.todo, self.waiting, self.lock, self.stopped = queue.Queue(), collections.deque(), threading.Lock(), None
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._write, self._read)]
         for t in self.threads: t.start()
 
     def submit(self, spec: dict | str) -> Future:
-        "A future of the SVG of `spec` (a Vega-Lite dict, or a `_chart_payload`)."
-        f = Future(); self.waiting.append(f); self.todo.put(spec if isinstance(spec, str) else json.dumps(spec)); return f
+        "A future of the SVG of `spec` (a Vega-Lite dict, or a `_chart_payload`); failed at once with `ChartProcessStopped` once the process has ended."
+        f = Future()
+        with self.lock:   # the reader fails every waiting future when the process ends: none may be added after that
+            if self.stopped is None:
+                self.waiting.append(f); self.todo.put(spec if isinstance(spec, str) else json.dumps(spec)); return f
+        f.set_exception(ChartProcessStopped(self.stopped)); return f
 
     def _write(self):
         while (line := self.todo.get()) is not None:
@@ -504,10 +515,21 @@ class ChartProcess:
         with contextlib.suppress(OSError): self.proc.stdin.close()
 
     def _read(self):
-        for line in self.proc.stdout:
-            d, f = json.loads(line), self.waiting.popleft()
-            f.set_result(d["svg"]) if "svg" in d else f.set_exception(RuntimeError(f"vl-convert: {d['error']}"))
-        while self.waiting: self.waiting.popleft().set_exception(RuntimeError("the chart-drawing process stopped"))
+        why = None
+        try:
+            for line in self.proc.stdout:
+                d = json.loads(line)
+                with self.lock: f = self.waiting.popleft()
+                f.set_result(d["svg"]) if "svg" in d else f.set_exception(RuntimeError(f"vl-convert: {d['error']}"))
+        except Exception as e:   # noqa: BLE001 (an answer that is not JSON, or one too many: the order is lost, so is the process)
+            why = f"the chart-drawing process answered out of turn ({type(e).__name__}: {e}); stopped it"
+            self.proc.kill()
+        finally:
+            status = self.proc.wait()
+            with self.lock:
+                self.stopped = why or f"the chart-drawing process stopped (exit status {status})"
+                pending = list(self.waiting); self.waiting.clear()
+            for f in pending: f.set_exception(ChartProcessStopped(self.stopped))
 
     def close(self):
         "Finish the charts asked for, then end the process."
@@ -538,7 +560,7 @@ def chart_svgs(charts: Sequence,  # Altair charts
     "Each chart rendered to an SVG string, in order."
     if workers <= 1 or len(charts) < 4: return [chart_svg(c) for c in charts]
     with chart_pool() as pool: futures = [submit_chart(pool, c) for c in charts]
-    return [f.result() for f in futures]
+    return [chart_svg(c) if isinstance(f.exception(), ChartProcessStopped) else f.result() for c, f in zip(charts, futures)]
 
 # %% ../nbs/00_core.ipynb #9945e9dd
 EXTRA_COLORS = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499", "#DDDDDD"]  # Tol muted
