@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_pool, chart_svg, chart_svgs, config_label, enable_theme, submit_chart,
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs, config_label, enable_theme, shared_chart_pool, submit_chart,
                             system_color, system_colors, use_system_colors, write_manifest, write_table)
 from .corpus import to_generations, to_studies
 from .synth import make_demo_corpus
@@ -108,8 +108,8 @@ nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radiu
 def _drawn(svg) -> str | None:
     "An SVG string, or a future's result (None when its drawing failed)."
     if isinstance(svg, str): return svg
-    try: return svg.result()
-    except Exception: return None   # noqa: BLE001 (e.g. the drawing process could not start)
+    try: return svg.result(timeout=600)
+    except Exception: return None   # noqa: BLE001 (the drawing process stopped, could not start, or hangs: drawn here instead)
 
 def render_report(sections: Sequence[Section],     # the sections, in order
                   title: str = "cxr_audit report", # page title
@@ -639,7 +639,7 @@ class _SideProcess:
 def run_stages(names: Sequence[str], # stage names, in report order
                ctx: AuditContext,    # the run
                colors: dict,         # system colours (`core.system_colors`)
-               pool,                 # where the charts are drawn (`core.chart_pool`, `core.submit_chart`)
+               pool,                 # where the charts are drawn (`core.shared_chart_pool`, `core.submit_chart`)
                workers: int = 1      # 2: `SIDE_STAGES` run in a second process meanwhile
               ) -> tuple[list[Section], dict]:
     "Every stage's section in `names` order, and `id(chart) -> future SVG` of their charts."
@@ -691,8 +691,8 @@ def run_audit(studies,                              # a `studies` table
     if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
     if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)   # the jar and its answers, beside the first stages
     colors = system_colors(config_label(g.system, g.policy))                  # one colour per system, in every chart
-    with use_system_colors(colors), chart_pool() as pool:                        # charts drawn in another process
-        sections, drawn = run_stages(names, ctx, colors, pool, audit_workers(workers))
+    with use_system_colors(colors):                   # charts drawn in another process, kept for the next audit
+        sections, drawn = run_stages(names, ctx, colors, shared_chart_pool(), audit_workers(workers))
     ctx.params.pop("_progress", None)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"

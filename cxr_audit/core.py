@@ -5,6 +5,7 @@
 # %% ../nbs/00_core.ipynb #34340960
 from __future__ import annotations
 
+import atexit
 import base64
 import codecs
 import collections
@@ -42,8 +43,8 @@ __all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditErr
            'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
            'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
            'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped', 'ChartProcess', 'chart_pool',
-           'submit_chart', 'chart_svgs', 'system_colors', 'use_system_colors', 'system_color', 'show_progress',
-           'progress']
+           'shared_chart_pool', 'submit_chart', 'chart_svgs', 'system_colors', 'use_system_colors', 'system_color',
+           'show_progress', 'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -497,6 +498,7 @@ class ChartProcess:
         self.proc = subprocess.Popen([sys.executable, "-c", _DRAW_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8")
         self.todo, self.waiting, self.lock, self.stopped = queue.Queue(), collections.deque(), threading.Lock(), None
+        self.owner = os.getpid()   # a forked child inherits this object but not its threads
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self._write, self._read)]
         for t in self.threads: t.start()
 
@@ -531,21 +533,39 @@ class ChartProcess:
                 pending = list(self.waiting); self.waiting.clear()
             for f in pending: f.set_exception(ChartProcessStopped(self.stopped))
 
-    def close(self):
-        "Finish the charts asked for, then end the process."
+    def close(self, timeout: float = 600):
+        "Finish the charts asked for (waiting up to `timeout` seconds), then end the process."
         self.todo.put(None)
-        for t in self.threads: t.join(timeout=600)
-        with contextlib.suppress(subprocess.TimeoutExpired): self.proc.wait(timeout=30)
+        for t in self.threads: t.join(timeout=timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired): self.proc.wait(timeout=min(timeout, 30))
         if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
 def chart_pool() -> ChartProcess:
-    "Where the audit draws its charts: another process (a thread would not help: vl-convert keeps Python's interpreter lock while it draws)."
+    "A new drawing process of one's own (close it, or use it in a `with` block); the audit uses `shared_chart_pool()`."
     return ChartProcess()
 
-def submit_chart(pool,  # a `chart_pool()`, or any executor (e.g. a `ThreadPoolExecutor`)
+_SHARED_POOL: dict = {}
+_SHARED_LOCK = threading.Lock()
+
+def _close_shared_pool():
+    pool = _SHARED_POOL.pop("pool", None)
+    if pool is not None and pool.owner == os.getpid(): pool.close(timeout=10)   # at exit: nothing waits for a chart any more
+
+def shared_chart_pool() -> ChartProcess:
+    """This Python process's drawing process: started on first use and kept for every later audit and `chart_svgs` call
+    (starting one costs ~1.4 s of CPU: Python, vl-convert's engine, Altair); started again if it has stopped, or in a
+    forked child; closed at exit. A thread would not help: vl-convert keeps Python's interpreter lock while it draws."""
+    with _SHARED_LOCK:
+        pool = _SHARED_POOL.get("pool")
+        if pool is None or pool.stopped is not None or pool.owner != os.getpid() or pool.proc.poll() is not None:
+            if not _SHARED_POOL.get("atexit"): atexit.register(_close_shared_pool); _SHARED_POOL["atexit"] = True
+            pool = _SHARED_POOL["pool"] = ChartProcess()
+        return pool
+
+def submit_chart(pool,  # a `shared_chart_pool()` or `chart_pool()`, or any executor (e.g. a `ThreadPoolExecutor`)
                  chart  # an Altair chart
                 ) -> Future:
     "Start drawing `chart` to SVG on `pool`; the theme and data options in force here apply (a `ChartProcess` builds the spec itself)."
@@ -559,7 +579,7 @@ def chart_svgs(charts: Sequence,  # Altair charts
               ) -> list[str]:
     "Each chart rendered to an SVG string, in order."
     if workers <= 1 or len(charts) < 4: return [chart_svg(c) for c in charts]
-    with chart_pool() as pool: futures = [submit_chart(pool, c) for c in charts]
+    pool = shared_chart_pool(); futures = [submit_chart(pool, c) for c in charts]
     return [chart_svg(c) if isinstance(f.exception(), ChartProcessStopped) else f.result() for c, f in zip(charts, futures)]
 
 # %% ../nbs/00_core.ipynb #9945e9dd
