@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cxr_audit.metrics import METEOR_MAX_TOKENS, Meteor, run_meteor, tokenizer
+from cxr_audit import reports
 from cxr_audit.reports import split_sentences
 
 IU = json.loads((Path(__file__).parent / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json").read_text("utf-8"))
@@ -27,6 +28,7 @@ def long_text(field: str = "report", sep: str = " ", n: int = MB) -> str:
 
 TIMED_SPLIT = """
 import json, sys, time
+from cxr_audit import reports
 from cxr_audit.reports import split_sentences
 text, splitter = open(sys.argv[1]).read(), sys.argv[2]
 split_sentences("Lungs clear. Heart normal.", splitter=splitter)   # imports and first use out of the timing
@@ -37,15 +39,29 @@ print(json.dumps({"seconds": time.process_time() - t, "sentences": n}))
 
 @pytest.mark.parametrize("splitter", ["regex", "pysbd", "default"])
 @pytest.mark.parametrize("field", ["report", "section_findings"])
-def test_split_sentences_1mb_under_a_second(tmp_path, splitter, field):
-    # section_findings has no headers: the whole MB is one segment (pysbd took 63 s on 100 KB of it, minutes on 1 MB);
-    # run in a child so the old quadratic code fails by the timeout instead of hanging the suite
+def test_split_sentences_1mb_finishes(tmp_path, splitter, field):
+    # section_findings has no headers: the whole MB is one segment (pysbd took 63 s on 100 KB of it, minutes on 1 MB, as the
+    # old quadratic code did); run in a child so that such code fails by the 60 s limit instead of hanging the suite. No
+    # assertion on the time (the machine is shared: ~0.5 s of CPU, 1.05 s once on a busy run): what keeps it linear is
+    # checked below, and the CPU time is in the message
     f = tmp_path / "long.txt"; f.write_text(long_text(field), encoding="utf-8")
     out = subprocess.run([sys.executable, "-c", TIMED_SPLIT, str(f), splitter], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
-    assert r["sentences"] > 15_000
-    assert r["seconds"] < 1.0, r
+    assert r["sentences"] > 15_000, r
+
+
+@pytest.mark.parametrize("field", ["report", "section_findings"])
+def test_no_splitter_call_sees_more_than_the_long_segment_limit(field):
+    # the linear bound: a long segment is cut at its sentence ends first, so the splitter (pysbd's cost grows with the square
+    # of its input) is only ever given pieces of at most `_LONG_SEGMENT` characters; a piece still longer is kept whole
+    seen = []
+    def spy(piece):
+        seen.append(len(piece)); return [piece]
+    text = long_text(field, n=100_000)
+    out = split_sentences(text, splitter=spy)
+    assert len(seen) > 100 and max(seen) <= reports._LONG_SEGMENT
+    assert "".join(out).replace(" ", "") == "".join(split_sentences(text, splitter="regex")).replace(" ", "")
 
 
 @pytest.mark.parametrize("splitter", ["regex", "pysbd"])
@@ -81,12 +97,17 @@ def test_split_sentences_normal_reports_unchanged():
 
 @pytest.mark.parametrize("name", ["r2gen", "r2gen_iu"])
 def test_metric_tokenisation_1mb_linear(name):
+    # ten times the text takes about ten times the CPU, not a hundred: a ratio within one run (the best of three of each, as
+    # the machine is shared), never an absolute time
     import time
     text, tok = long_text(sep="\n"), tokenizer(name)
-    t = time.perf_counter(); out = tok(text); dt = time.perf_counter() - t
-    assert dt < 1.0 and len(out) > 0.9 * MB
-    t = time.perf_counter(); tok(text[: MB // 10]); dt10 = time.perf_counter() - t
-    assert dt < 20 * dt10 + 0.2        # ten times the text: about ten times the time, not a hundred
+    assert len(tok(text)) > 0.9 * MB
+    def cpu(t: str) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.process_time(); tok(t); best = min(best, time.process_time() - t0)
+        return best
+    assert cpu(text) < 20 * cpu(text[: MB // 10]) + 0.2
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="METEOR needs Java on PATH")
