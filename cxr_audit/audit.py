@@ -38,11 +38,12 @@ from .evaluator import score_systems
 from .review import simulate_review
 
 # %% auto #0
-__all__ = ['STAGES', 'SIDE_STAGES', 'TABLE_STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html', 'render_report',
-           'n_words', 'dataset_summary', 'system_summary', 'length_profile', 'plot_lengths', 'plot_counts',
-           'AuditContext', 'corpus_stage', 'cohort_stage', 'interval_cells', 'concentration_stage', 'labels_stage',
-           'policy_stage', 'uncertainty_stage', 'metrics_stage', 'reref_stage', 'longitudinal_stage', 'review_stage',
-           'default_stages', 'check_pair', 'run_stage', 'audit_workers', 'run_stages', 'run_audit', 'run_demo']
+__all__ = ['CHART_WAIT_S', 'STAGES', 'SIDE_STAGES', 'TABLE_STAGES', 'Html', 'Section', 'text_html', 'table_html', 'block_html',
+           'render_report', 'n_words', 'dataset_summary', 'system_summary', 'length_profile', 'plot_lengths',
+           'plot_counts', 'AuditContext', 'corpus_stage', 'cohort_stage', 'interval_cells', 'concentration_stage',
+           'labels_stage', 'policy_stage', 'uncertainty_stage', 'metrics_stage', 'reref_stage', 'longitudinal_stage',
+           'review_stage', 'default_stages', 'check_pair', 'run_stage', 'audit_workers', 'run_stages', 'run_audit',
+           'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -105,10 +106,12 @@ h1{font-size:1.7em;margin:.2em 0}h2{border-bottom:1px solid #ddd;padding-bottom:
 nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """
 
-def _drawn(svg) -> str | None:
-    "An SVG string, or a future's result (None when its drawing failed)."
+CHART_WAIT_S = 600   # the report waits this long in all for the drawing process, then draws what is missing itself
+
+def _drawn(svg, deadline: float) -> str | None:
+    "An SVG string, or a future's result (None when its drawing failed or `deadline`, a `time.monotonic()`, has passed)."
     if isinstance(svg, str): return svg
-    try: return svg.result(timeout=600)
+    try: return svg.result(timeout=max(0.0, deadline - time.monotonic()))
     except Exception: return None   # noqa: BLE001 (the drawing process stopped, could not start, or hangs: drawn here instead)
 
 def render_report(sections: Sequence[Section],     # the sections, in order
@@ -124,7 +127,8 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     failed = [s for s in sections if s.error]
     if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
                           + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
-    given = {k: svg for k, v in (drawn or {}).items() if (svg := _drawn(v)) is not None}   # one that failed is drawn again here
+    deadline = time.monotonic() + CHART_WAIT_S   # one wait for all charts: a hung drawing process costs it once, not per chart
+    given = {k: svg for k, v in (drawn or {}).items() if (svg := _drawn(v, deadline)) is not None}   # one that failed is drawn again here
     charts = [b for s in sections for b in s.blocks if _is_chart(b) and id(b) not in given]
     given.update(zip(map(id, charts), chart_svgs(charts)))                           # the rest drawn now, in parallel
     drawn = {k: f'<figure class="chart">{svg}</figure>' for k, svg in given.items()}
