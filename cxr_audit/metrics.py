@@ -41,20 +41,20 @@ from .stats import mean, mean_stats, micro_f1, micro_stats
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
 
 # %% auto #0
-__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'METEOR_MAX_TOKENS', 'METEOR_BATCH',
-           'METEOR_JVM_OPTIONS', 'METEOR_MEMO', 'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS',
-           'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS', 'FULL_METRICS',
-           'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs', 'MetricBase',
-           'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts', 'pair_counts',
-           'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL',
+__all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'SUBSET_PREFIX', 'METEOR_MAX_TOKENS',
+           'METEOR_BATCH', 'METEOR_JVM_OPTIONS', 'METEOR_MEMO', 'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS',
+           'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS',
+           'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs',
+           'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts',
+           'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL',
            'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase',
-           'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index', 'meteor_jvm', 'close_meteor',
-           'MeteorRun', 'meteor_jvm_options', 'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor', 'CheXpertF1',
-           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
-           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
-           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
-           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
-           'metric_availability', 'registry_table']
+           'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index', 'remove_stale_subsets', 'meteor_jvm',
+           'close_meteor', 'MeteorRun', 'meteor_jvm_options', 'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor',
+           'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats',
+           'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason',
+           'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts',
+           'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics',
+           'metric_kind', 'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -636,12 +636,35 @@ class _MeteorJar:
 _METEOR_JVMS: dict[tuple, _MeteorJar] = {}
 _METEOR_LOCK = threading.Lock()
 _SUBSET_DIR: list[str] = []   # this process's folder of paraphrase subsets (removed at exit)
+SUBSET_PREFIX = "cxr_audit_meteor_"   # + the process id + "_": a temporary folder of paraphrase subsets
+
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: return True    # running, under another user
+    return True
+
+def remove_stale_subsets(tmp: str | os.PathLike | None = None # where to look (default: the temporary folder)
+                        ) -> list[Path]:
+    """Remove the paraphrase-subset folders of processes that no longer run (a process killed before its exit hook leaves
+    its folder behind); returns the folders removed. Only folders named with a process id, of this user, on POSIX."""
+    if os.name != "posix": return []   # os.kill(pid, 0) would stop the process on Windows
+    gone = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{SUBSET_PREFIX}*_*"):
+        m = re.fullmatch(rf"{SUBSET_PREFIX}(\d+)_.+", d.name)
+        try: mine = d.is_dir() and d.stat().st_uid == os.getuid()
+        except OSError: continue
+        if m and mine and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True); gone.append(d)
+    return gone
 
 def _paraphrase_subset(jar: str, words: frozenset) -> Path:
     "A paraphrase file holding the entries of the jar's table that `words` can match (see `ParaphraseIndex`)."
     if not _SUBSET_DIR:
-        _SUBSET_DIR.append(tempfile.mkdtemp(prefix="cxr_audit_meteor_"))
+        remove_stale_subsets()
+        _SUBSET_DIR.append(tempfile.mkdtemp(prefix=f"{SUBSET_PREFIX}{os.getpid()}_"))
         atexit.register(shutil.rmtree, _SUBSET_DIR[0], True)
+    os.makedirs(_SUBSET_DIR[0], exist_ok=True)   # removed meanwhile (a temporary-folder cleaner): made again
     idx = paraphrase_index(jar)
     path = Path(_SUBSET_DIR[0]) / f"paraphrase-{len(os.listdir(_SUBSET_DIR[0]))}.gz"
     return idx.write(idx.entries(words), path)
