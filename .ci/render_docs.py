@@ -153,14 +153,14 @@ def to_node(nb, missing=()):
     `missing`: optional packages absent here, whose imports are guarded while nbdev runs the import cells again."""
     import nbformat
     from execnb.nbio import nb2str
-    from nbdev.processors import FilterDefaults
+    from nbdev.processors import FilterDefaults, exec_show_docs
     orig = {id(c): c.source for c in nb.cells if c.cell_type == "code"} if missing else {}
     for c in nb.cells:
         if id(c) in orig: c.source = _guard_imports(c.source, missing)
     proc = FilterDefaults().nb_proc(nb)
     proc.process()
-    for p in proc.procs:   # exec_show_docs ran the doc cells in a shell of its own
-        if hasattr(getattr(p, "k", None), "atexit_operations"): _release(p.k)
+    for p in proc.procs:   # exec_show_docs ran the doc cells in a shell of its own (none for a page without docs)
+        if isinstance(p, exec_show_docs) and hasattr(p, "k"): _release(p.k)
     for c in nb.cells:
         if id(c) in orig and c.source == _guard_imports(orig[id(c)], missing): c.source = orig[id(c)]
     node = nbformat.reads(nb2str(nb), as_version=4)
@@ -201,10 +201,9 @@ def _exporter():
       outputs are not sanitized either way (nbconvert's `sanitize_html` is off: the notebooks are ours)."""
     from nbconvert import HTMLExporter
     from nbconvert.exporters.templateexporter import TemplateExporter
-    from traitlets.config import Config
-
     from nbconvert.filters.highlight import Highlight2HTML
     from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
+    from traitlets.config import Config
 
     class PageExporter(HTMLExporter):
         def from_notebook_node(self, nb, resources=None, **kw):
