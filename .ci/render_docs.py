@@ -148,12 +148,33 @@ def _release(shell):
     atexit.unregister(shell.atexit_operations)
 
 
+@functools.lru_cache(None)
+def _parse_each_source_once():
+    """execnb's `NbCell.parsed_` means to keep a cell's syntax tree but never does (it stores `_parsed_` as an attribute, then
+    looks for it as a dict key), so nbdev's docs processors parse each cell again at every look, three times or more a page
+    (~3% of the notebook test worker's CPU, measured with py-spy). Replaced by one that keeps the tree with the source it was
+    parsed from: a processor that changes a cell's source gets a fresh parse; nbdev only reads the trees."""
+    import ast
+    from execnb.nbio import NbCell
+
+    def parsed_(self):
+        if self.cell_type != "code" or self.source.strip()[:1] in ["%", "!"]: return None
+        src, body = self.__dict__.get("_parsed_once_", (None, None))
+        if src != self.source:
+            try: body = ast.parse(self.source).body
+            except SyntaxError: return None   # as execnb: `x = !ls` is not Python
+            self.__dict__["_parsed_once_"] = (self.source, body)
+        return body
+    NbCell.parsed_ = parsed_
+
+
 def to_node(nb, missing=()):
     """nbdev's docs processors (hidden cells out, `show_doc` tables in, directives stripped), then an nbformat node.
     `missing`: optional packages absent here, whose imports are guarded while nbdev runs the import cells again."""
     import nbformat
     from execnb.nbio import nb2str
     from nbdev.processors import FilterDefaults, exec_show_docs
+    _parse_each_source_once()
     orig = {id(c): c.source for c in nb.cells if c.cell_type == "code"} if missing else {}
     for c in nb.cells:
         if id(c) in orig: c.source = _guard_imports(c.source, missing)
