@@ -663,21 +663,25 @@ COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate"
                                         "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 
-def _add_command(sub, name: str, command, full: str | None = None):
-    "Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review prepare')."
+def _add_command(sub, name: str, command, full: str | None = None, options: bool = True):
+    """Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review prepare');
+    `options=False`: the name and help line only (a command this run does not parse)."""
     if isinstance(command, Mapping):
         group = sub.add_parser(name, help=f"{name}: " + ", ".join(command))
         steps = group.add_subparsers(dest=f"_{name}_step", metavar="STEP", required=True)
-        for step, func in command.items(): _add_command(steps, step, func, f"{name} {step}")
+        for step, func in command.items(): _add_command(steps, step, func, f"{name} {step}", options)
         return
     doc = (command.__doc__ or name).strip().splitlines()[0]
-    add_arguments(sub.add_parser(name, help=doc, description=doc), command).set_defaults(_command=command, _name=full or name)
+    parser = sub.add_parser(name, help=doc, description=doc)
+    if options: add_arguments(parser, command).set_defaults(_command=command, _name=full or name)
 
-def build_parser() -> argparse.ArgumentParser:
-    "The `cxr-audit` parser, one subparser per entry in `COMMANDS`."
+def build_parser(only: str | None = None # a command name: only its options are built (None or an unknown name: every command's)
+                ) -> argparse.ArgumentParser:
+    """The `cxr-audit` parser, one subparser per entry in `COMMANDS`. Reading the options' help from the source (`docments`)
+    is most of the cost of building it, so a run builds the options of its own command only (`only`)."""
     parser = argparse.ArgumentParser(prog="cxr-audit", description="Audit how chest X-ray report generation is evaluated (offline).")
     sub = parser.add_subparsers(dest="_command_name", metavar="COMMAND", required=True)
-    for name, command in COMMANDS.items(): _add_command(sub, name, command)
+    for name, command in COMMANDS.items(): _add_command(sub, name, command, options=only not in COMMANDS or name == only)
     return parser
 
 # %% ../nbs/15_cli.ipynb #73e4d3de
@@ -702,7 +706,8 @@ def _reader_gone() -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     "Parse `argv`, run the command, print its message; the exit code (2: a user error, one line on stderr)."
-    args = vars(build_parser().parse_args(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = vars(build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv))
     command, name = args.pop("_command"), args.pop("_name")
     kwargs = {k: v for k, v in args.items() if not k.startswith("_")}
     try:
