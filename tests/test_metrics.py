@@ -501,9 +501,9 @@ def _jvm_pids():
 
 
 def _alive(pid):
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    st = Path(f"/proc/{pid}/stat")
+    from cxr_audit.metrics import _pid_alive   # private: the check the stale-subset clean-up uses
+    if not _pid_alive(pid): return False
+    st = Path(f"/proc/{pid}/stat")              # a child not yet reaped (a zombie) has ended
     return not (st.exists() and st.read_text().split()[2] == "Z")
 
 
