@@ -18,6 +18,7 @@ from cxr_audit.metrics import (AVAILABILITY_COLUMNS, BRIDGED_METRICS, LIGHT_METR
                                RadEvalError, RadEvalMetric, bundle_metrics, chexbert_counts, coco_bleu, compare_with_pycocoevalcap,
                                get_metric, list_metrics, meteor_value, metric_availability, metric_kind, negated, radeval_metric,
                                radeval_values, sample_stats, score, tokenizer)
+from cxr_audit.metrics import _pid_alive   # private: the liveness check the stale-subset clean-up uses
 from cxr_audit.stats import bootstrap, resample_indices, resample_weights, systems_from_scores
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
@@ -501,7 +502,6 @@ def _jvm_pids():
 
 
 def _alive(pid):
-    from cxr_audit.metrics import _pid_alive   # private: the check the stale-subset clean-up uses
     if not _pid_alive(pid): return False
     st = Path(f"/proc/{pid}/stat")              # a child not yet reaped (a zombie) has ended
     return not (st.exists() and st.read_text().split()[2] == "Z")
