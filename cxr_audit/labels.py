@@ -29,16 +29,16 @@ from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_
                              paired_bootstrap, resolve_clusters)
 
 # %% auto #0
-__all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING',
+__all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING', 'PROFILES',
            'TRIGGER_DIRECTIONS', 'STATE_NAMES', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES',
-           'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention',
-           'Labeler', 'input_flag', 'default_labeler', 'label_reports', 'to_wide', 'readable_states', 'from_wide',
-           'parse_expected', 'state_accuracy', 'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv',
-           'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace',
-           'trace_label_triggers', 'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary',
-           'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit',
-           'trace_audit', 'reference_texts', 'run_names', 'label_generations', 'findings_to_labels', 'LabelAudit',
-           'label_audit']
+           'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'check_profile', 'load_label_phrases', 'phrase_table',
+           'load_context_triggers', 'Mention', 'Labeler', 'input_flag', 'default_labeler', 'label_reports', 'to_wide',
+           'readable_states', 'from_wide', 'parse_expected', 'state_accuracy', 'read_chexpert_csv',
+           'write_chexpert_input', 'read_chexbert_csv', 'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels',
+           'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes',
+           'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
+           'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'reference_profile', 'run_names',
+           'label_generations', 'findings_to_labels', 'LabelAudit', 'label_audit']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -64,7 +64,7 @@ def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool)
     return base
 
 # %% ../nbs/06_labels.ipynb #8cf405fe
-PHRASE_KINDS = ("exclude", "normal", "stable", "uncertain", "mention")
+PHRASE_KINDS = ("exclude", "positive", "normal", "stable", "uncertain", "mention")
 _SILENT_KINDS = ("exclude", "stable")   # kinds that match but give no state
 OTHER_FINDING = "Other Finding"   # internal name of `other_findings`; never an output label
 
@@ -85,6 +85,17 @@ def _check_pattern(p, where: str, macros: Mapping) -> str:
     except re.error as e: raise InputError(f"{where}: pattern {p!r} is not a valid regular expression ({e})") from e
     return p
 
+def _check_implied(P: dict, what: str) -> None:
+    "Each `implied` rule names two observations, a valid pattern and a state."
+    for i, r in enumerate(P.setdefault("implied", [])):
+        where = f"{what}: implied[{i}]"
+        if not isinstance(r, Mapping) or {"from", "phrase", "label", "state"} - set(r):
+            raise InputError(f"{where}: needs 'from', 'phrase', 'label' and 'state'")
+        bad = [r[k] for k in ("from", "label") if r[k] not in CHEXPERT_13]
+        if bad: raise InputError(f"{where}: {bad[0]!r} is not a CheXpert observation")
+        if r["state"] not in STATES: raise InputError(f"{where}: state {r['state']!r} is not 1, 0 or -1")
+        _check_pattern(r["phrase"], where, {})
+
 def _check_phrases(P: dict, what: str) -> dict:
     "Raise an `InputError` naming the first problem in a phrase bank; return it."
     macros = P.setdefault("macros", {})
@@ -95,21 +106,73 @@ def _check_phrases(P: dict, what: str) -> dict:
     for o, spec in list(obs.items()) + [(OTHER_FINDING, P.setdefault("other_findings", {}))]:
         for kind in PHRASE_KINDS:
             for i, p in enumerate(spec.get(kind) or []): _check_pattern(p, f"{what}: {o} {kind}[{i}]", macros)
+    _check_implied(P, what)
     return P
 
+# %% ../nbs/06_labels.ipynb #7b364326
+PROFILES = ("chexpert", "clinical")   # the labeler's readings; the first is the default everywhere
+
+def check_profile(profile: str,               # "chexpert" or "clinical"
+                  official_quirks: bool = False # the official tool's documented responses (chexpert profile only)
+                 ) -> str:
+    "`profile` if it names a profile the quirks can go with; otherwise a one-line `InputError`."
+    if profile not in PROFILES: raise InputError(f"labeler profile {profile!r} is not one of {', '.join(map(repr, PROFILES))}")
+    if official_quirks and profile != "chexpert":
+        raise InputError(f"official_quirks=True needs the 'chexpert' profile, not {profile!r}")
+    return profile
+
+def _overlay(P: dict, O: Mapping) -> dict:
+    "`P` with a profile layer `O` applied: a kind ending in '+' adds patterns, any other kind or key is replaced."
+    for k, v in O.items():
+        if k.startswith("_") or k == "triggers": continue
+        if k == "macros": P["macros"] = {**P.get("macros", {}), **v}
+        elif k != "observations": P[k] = v
+        else:
+            for o, spec in v.items():
+                dest = P["observations"].setdefault(o, {})
+                for kind, pats in spec.items():
+                    if kind.endswith("+"): dest[kind[:-1]] = list(dest.get(kind[:-1]) or []) + list(pats)
+                    else: dest[kind] = list(pats)
+    return P
+
+def _profile_layers(profile: str, official_quirks: bool) -> list[dict]:
+    "The layers of `labeler_profiles.json` that make `profile` (none for the clinical reading)."
+    layers = _resource("labeler_profiles.json")
+    names = (["chexpert"] if check_profile(profile, official_quirks) == "chexpert" else []) + (["official_quirks"] if official_quirks else [])
+    return [layers[n] for n in names]
+
+def _profile_bank(profile: str, official_quirks: bool) -> dict:
+    "The packaged phrase bank of one profile (the clinical bank with the profile's layers applied)."
+    P = _resource("chexpert_phrases.json")
+    for layer in _profile_layers(profile, official_quirks): P = _overlay(P, layer)
+    return P
+
+def _profile_triggers(T: dict, profile: str, official_quirks: bool) -> dict:
+    "The trigger table with the profile's `triggers` layers applied (a key ending in '+' adds patterns)."
+    for layer in _profile_layers(profile, official_quirks):
+        for k, v in layer.get("triggers", {}).items():
+            if k.endswith("+"): T[k[:-1]] = list(T.get(k[:-1]) or []) + list(v)
+            else: T[k] = v
+    return T
+
 def load_label_phrases(phrases: str | os.PathLike | Mapping | None = None, # None, a JSON file or a dict (see above)
-                       replace: bool = False  # use `phrases` alone instead of updating the packaged bank
+                       replace: bool = False,       # use `phrases` alone instead of updating the packaged bank
+                       profile: str = "chexpert",   # the packaged bank's reading: "chexpert" or "clinical"
+                       official_quirks: bool = False # add the official tool's documented responses (chexpert only)
                       ) -> dict:
-    "The CheXpert phrase bank: the packaged one, updated by (or replaced with) `phrases`."
+    "The CheXpert phrase bank of `profile`, updated by (or replaced with) `phrases`."
     what = "chexpert_phrases.json" if phrases is None or isinstance(phrases, Mapping) else str(phrases)
-    return _check_phrases(_merged(_resource("chexpert_phrases.json"), (None if phrases is None else read_json(phrases, "phrase")), ("observations",), replace), what)
+    user = None if phrases is None else read_json(phrases, "phrase")
+    return _check_phrases(_merged(_profile_bank(profile, official_quirks), user, ("observations",), replace), what)
 
 # %% ../nbs/06_labels.ipynb #85e0e656
 def phrase_table(phrases: str | os.PathLike | Mapping | None = None, # as for `load_label_phrases`
-                 kinds: Sequence[str] = PHRASE_KINDS # which kinds of pattern to list
+                 kinds: Sequence[str] = PHRASE_KINDS, # which kinds of pattern to list
+                 profile: str = "chexpert",           # the profile's bank (as for `load_label_phrases`)
+                 official_quirks: bool = False        # with the official tool's documented responses
                 ) -> pd.DataFrame:
     "One row per pattern: `observation, kind, pattern, regex` (the regex with macros expanded)."
-    P = load_label_phrases(phrases)
+    P = load_label_phrases(phrases, profile=profile, official_quirks=official_quirks)
     specs = list(P["observations"].items()) + [(OTHER_FINDING, P["other_findings"])]
     return pd.DataFrame([{"observation": o, "kind": k, "pattern": p, "regex": _expand(p, P["macros"])}
                          for o, spec in specs for k in kinds for p in (spec.get(k) or [])])
@@ -129,12 +192,15 @@ def _check_triggers(T: dict, what: str) -> dict:
     return T
 
 def load_context_triggers(triggers: str | os.PathLike | Mapping | None = None, # None, a JSON file or a dict
-                          replace: bool = False # use `triggers` alone instead of updating the packaged table
+                          replace: bool = False,       # use `triggers` alone instead of updating the packaged table
+                          profile: str = "chexpert",   # the profile whose trigger layers apply (as `load_label_phrases`)
+                          official_quirks: bool = False # with the official tool's documented responses
                          ) -> dict:
-    "The ConText trigger table: the packaged one, updated by (or replaced with) `triggers`."
+    "The ConText trigger table of `profile`: the packaged one, updated by (or replaced with) `triggers`."
     what = "context_triggers.json" if triggers is None or isinstance(triggers, Mapping) else str(triggers)
     user = None if triggers is None else read_json(triggers, "trigger")
-    return _check_triggers(_merged(_resource("context_triggers.json"), user, ("negation", "uncertainty", "scope"), replace), what)
+    base = _profile_triggers(_resource("context_triggers.json"), profile, official_quirks)
+    return _check_triggers(_merged(base, user, ("negation", "uncertainty", "scope"), replace), what)
 
 # %% ../nbs/06_labels.ipynb #18fa4a90
 class Mention(NamedTuple):
@@ -212,24 +278,36 @@ def _inside(t: _Trigger, spans) -> bool: return any(s <= t.start and t.end <= e 
 
 # %% ../nbs/06_labels.ipynb #b15dd5a9
 class Labeler:
-    "A compiled rule-based CheXpert-14 labeler (phrase bank + ConText triggers); call it on texts."
+    "A compiled rule-based CheXpert-14 labeler (phrase bank + ConText triggers) of one profile; call it on texts."
     def __init__(self, phrases: str | os.PathLike | Mapping | None = None,  # phrase bank override (see `load_label_phrases`)
                  triggers: str | os.PathLike | Mapping | None = None, # trigger table override (see `load_context_triggers`)
                  splitter: str | Callable[[str], list[str]] = "regex", # "regex" (fast default), "default"/"pysbd", "stanza" or a callable
-                 source: str = "cxr_audit",                # the `source` column of the output
+                 source: str | None = None,                # the `source` column of the output (default: `name`)
                  cache_size: int = 200_000,                # sentences kept in the cache (0: no cache)
-                 replace: bool = False):                   # use `phrases`/`triggers` alone, not over the packaged ones
-        self.phrases, self.triggers = load_label_phrases(phrases, replace), load_context_triggers(triggers, replace)
-        self.splitter, self.source, self.cache_size = splitter, source, int(cache_size)
+                 replace: bool = False,                    # use `phrases`/`triggers` alone, not over the packaged ones
+                 profile: str = "chexpert",                # "chexpert" (official definitions) or "clinical"
+                 official_quirks: bool = False):           # reproduce the official tool's documented responses
+        self.profile, self.official_quirks = check_profile(profile, official_quirks), bool(official_quirks)
+        self.phrases = load_label_phrases(phrases, replace, profile, official_quirks)
+        self.triggers = load_context_triggers(triggers, replace, profile, official_quirks)
+        self.splitter, self.cache_size = splitter, int(cache_size)
+        self.source = self.name if source is None else source
         macros = self.phrases["macros"]
         specs = list(self.phrases["observations"].items()) + [(OTHER_FINDING, self.phrases["other_findings"])]
         self._obs = [(o, mt, _cue_regex(s.get("cues") or ())) for o, s in specs if (mt := _phrase_matcher(s, macros)) is not None]
         self._trig = _trigger_matcher(self.triggers)
         self._nf_ignores = frozenset(self.phrases.get("no_finding_ignores", ["Support Devices"]))
+        self._implied = [(r["from"], _compiled(rf"(?:{r['phrase']})"), r["label"], float(r["state"])) for r in self.phrases["implied"]]
         sc = self.triggers["scope"]
         self._back_words, self._fwd_words = sc.get("backward_max_words"), sc.get("forward_max_words")
+        self._bi_words = sc.get("bidirectional_max_words")
         self._cache: dict[str, tuple] = {}
         self._text_cache: dict[str, dict] = {}    # report text -> its evidence (`label_text`), same bound as the sentence cache
+
+    @property
+    def name(self) -> str:
+        "What produced the labels: `cxr_audit:<profile>`, with `+quirks` when the official responses are on."
+        return f"cxr_audit:{self.profile}" + ("+quirks" if self.official_quirks else "")
 
     def __repr__(self): return f"Labeler(source={self.source!r}, observations={len(self._obs) - 1}, cache={len(self._cache)})"
 
@@ -257,17 +335,18 @@ def _word_starts(low: str) -> list[int]: return [m.start() for m in re.finditer(
 @patch
 def _scopes(self: Labeler, t: _Trigger, low: str, t_start: list[int], t_end: list[int], words) -> list[tuple[int, int, bool]]:
     "(start, end, forward?) spans covered by trigger `t`."
-    out = []
+    out, fwd_n, back_n = [], self._fwd_words, self._back_words
+    if t.direction == "bidirectional" and self._bi_words: fwd_n = back_n = self._bi_words
     if t.direction in ("forward", "bidirectional"):
         end = min([s for s in t_start if s >= t.end] + [len(low)])
-        after = [w for w in words if w >= t.end] if self._fwd_words else []
-        if len(after) > (self._fwd_words or 0): end = min(end, after[self._fwd_words])
+        after = [w for w in words if w >= t.end] if fwd_n else []
+        if len(after) > (fwd_n or 0): end = min(end, after[fwd_n])
         out.append((t.end, end, True))
     if t.direction in ("backward", "bidirectional"):
         start = max([e for e in t_end if e <= t.start] + [0])
-        if self._back_words:
+        if back_n:
             before = [w for w in words if w < t.start]
-            if len(before) > self._back_words: start = max(start, before[-self._back_words])
+            if len(before) > back_n: start = max(start, before[-back_n])
         out.append((start, t.start, False))
     return out
 
@@ -283,8 +362,16 @@ def _decide(self: Labeler, s: int, e: int, trig, scopes) -> _Trigger | None:
     return best
 
 # %% ../nbs/06_labels.ipynb #bdd36d2e
-_STATE = {("mention", None): 1.0, ("mention", "negation"): 0.0, ("mention", "uncertainty"): -1.0,
+_STATE = {("positive", None): 1.0, ("mention", None): 1.0, ("mention", "negation"): 0.0, ("mention", "uncertainty"): -1.0,
           ("uncertain", None): -1.0, ("uncertain", "negation"): 0.0, ("uncertain", "uncertainty"): -1.0}
+
+_FIXED = ("normal", "positive")   # kinds whose state the context does not change
+
+@patch
+def _implied_mentions(self: Labeler, found: Sequence[Mention]) -> tuple[Mention, ...]:
+    "The mentions that `implied` rules add: a positive or uncertain mention of `from` whose phrase matches gives `label`."
+    return tuple(m._replace(label=lab, state=st, kind="implied") for src, rx, lab, st in self._implied
+                 for m in found if m.label == src and m.state != 0.0 and rx.fullmatch(_lower(m.phrase)))
 
 @patch
 def sentence_mentions(self: Labeler, sentence: str # one sentence (no headers)
@@ -297,16 +384,16 @@ def sentence_mentions(self: Labeler, sentence: str # one sentence (no headers)
     out = ()
     if found:
         trig, ts, te = self._find_triggers(low)
-        normal = [(s, e) for _, k, s, e in found if k == "normal"]
+        normal = [(s, e) for _, k, s, e in found if k in _FIXED]
         trig = [t for t in trig if not _inside(t, normal)] if normal else trig
-        words = _word_starts(low) if self._back_words or self._fwd_words else []
+        words = _word_starts(low) if self._back_words or self._fwd_words or self._bi_words else []
         scopes = [self._scopes(t, low, ts, te, words) for t in trig]
         res = []
         for o, k, s, e in sorted(found, key=lambda x: (x[2], x[3])):
-            t = None if k == "normal" else self._decide(s, e, trig, scopes)
+            t = None if k in _FIXED else self._decide(s, e, trig, scopes)
             state = 0.0 if k == "normal" else _STATE[(k, t.kind if t else None)]
             res.append(Mention(o, state, k, s, e, sentence[s:e], sentence[t.start:t.end] if t else None, t.kind if t else None))
-        out = tuple(res)
+        out = tuple(res) + self._implied_mentions(res)
     if self.cache_size:
         if len(self._cache) >= self.cache_size: self._cache.clear()
         self._cache[sentence] = out
@@ -422,10 +509,13 @@ def __call__(self: Labeler, texts,            # report texts: a sequence, a pand
 # %% ../nbs/06_labels.ipynb #722f43d7
 _DEFAULT: dict = {}
 
-def default_labeler() -> Labeler:
-    "The packaged labeler, built on first use and reused."
-    if "L" not in _DEFAULT: _DEFAULT["L"] = Labeler()
-    return _DEFAULT["L"]
+def default_labeler(profile: str = "chexpert",      # "chexpert" or "clinical"
+                    official_quirks: bool = False  # the official tool's documented responses (chexpert only)
+                   ) -> Labeler:
+    "The packaged labeler of `profile`, built on first use and reused."
+    key = (check_profile(profile, official_quirks), bool(official_quirks))
+    if key not in _DEFAULT: _DEFAULT[key] = Labeler(profile=profile, official_quirks=official_quirks)
+    return _DEFAULT[key]
 
 # %% ../nbs/06_labels.ipynb #cd96356f
 def label_reports(texts,                  # report texts: a sequence, a pandas Series or {id: text}
@@ -1097,13 +1187,13 @@ def trace_label_triggers(labels,                    # a long labels table (any l
                          dominance: float = 0.5,    # share of one evidence that makes a label "dominated"...
                          min_positives: int = 10,   # ...when it has at least this many positives
                          by: str = "sentence",      # count normalized evidence "sentence"s or matched "phrase"s
-                         labeler: Labeler | None = None # whose phrase bank finds evidence and normal wording (default: the packaged one)
+                         labeler: Labeler | None = None # whose phrase bank finds evidence and normal wording (default: the clinical profile)
                         ) -> LabelTrace:
     "For each label and state, the evidence that produced it, with counts, shares, flags and provenance hashes."
     if by not in ("sentence", "phrase"): raise ValueError(f"by must be 'sentence' or 'phrase', got {by!r}")
     df = require_columns(labels, ["text_id", "label", "state"], "labels")
     if "source" not in df.columns: df = df.assign(source="labels")
-    ref = labeler or default_labeler()
+    ref = labeler or default_labeler("clinical")
     rows = _trace_rows(df, _texts_map(texts, df), ref)
     group = [c for c in ("source", "system") if c in rows.columns]
     phrases = _phrase_counts(rows, group, f"{by}_norm")
@@ -1182,9 +1272,9 @@ CARDIAC_PHRASES = ("cardiomegaly", "cardiac enlargement", "enlarged heart", "hea
 
 def naive_cardiac_labeler(source: str = "naive-mention" # the `source` column of its labels
                          ) -> Labeler:
-    "Our labeler with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as positive."
+    "The clinical profile with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as positive."
     return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [], "normal": [], "stable": []}}},
-                   source=source)
+                   source=source, profile="clinical")
 
 # %% ../nbs/06_labels.ipynb #3b03122e
 def exclusion_sensitivity(alignment: LabelAlignment,                   # from `align_labels`
@@ -1340,6 +1430,29 @@ def reference_texts(studies # a `studies` table: study_id and findings/impressio
         blank = joined.eq("")
         joined[blank] = [extract_section(t, "both") if isinstance(t, str) else t for t in s.loc[blank, "text"]]
     return pd.Series(joined.values, index=s["study_id"].map(str).values, name="text")
+
+# %% ../nbs/06_labels.ipynb #8acbcb87
+_STATE_COLUMNS = {"positive": 1.0, "uncertain": -1.0, "negative": 0.0}
+
+def reference_profile(studies,                       # a `studies` table (findings and impression, or text)
+                      labeler: Labeler | None = None, # default: the packaged labeler (chexpert profile)
+                      by: str | None = "dataset"     # a column of `studies` to profile separately (None: one profile)
+                     ) -> pd.DataFrame:
+    "Per dataset and label: references, median and IQR of reference length in words, and the share of references in each state."
+    s = as_pandas(studies, "studies")
+    lab = labeler or default_labeler()
+    texts = reference_texts(s)
+    groups = s[by].astype(str).to_numpy() if by is not None and by in s.columns else np.full(len(s), "all", dtype=object)
+    wide = to_wide(lab(texts.tolist(), ids=list(range(len(texts)))))
+    rows = []
+    for g in pd.unique(groups):
+        w, words = wide[groups == g], texts[groups == g].str.split().str.len()
+        q1, med, q3 = words.quantile([0.25, 0.5, 0.75])
+        for label in CHEXPERT_14:
+            shares = {k: float((w[label] == v).mean()) for k, v in _STATE_COLUMNS.items()}
+            rows.append({"dataset": g, "references": len(w), "median_words": med, "words_q1": q1, "words_q3": q3, "label": label,
+                         **shares, "blank": float(w[label].isna().mean()), "labeler": lab.source})
+    return pd.DataFrame(rows)
 
 # %% ../nbs/06_labels.ipynb #8875f876
 def run_names(generations # a `generations` table (system, and policy when there is one)

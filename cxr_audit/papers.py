@@ -71,7 +71,7 @@ class Preset:
     exclude: tuple = ()                         # labels left out in the exclusion sensitivity analysis
     second_model: str = ""                      # a model assessed the same way, outside the comparison family
     official_labeler: Mapping = field(default_factory=dict) # labeler -> the commit the paper names
-    labeler: str = "cxr_audit"                  # the labeler this package uses by default (`labels.default_labeler`)
+    labeler: str = "cxr_audit:chexpert"         # the labeler and profile this package uses by default (`labels.default_labeler`)
     top_k: int = 5                              # k of the top-k share
     distinct: tuple = (1, 2)                    # n of the Distinct-n measures
     annotator_model: str = ""                   # the LLM that annotates reports (a name in words)
@@ -161,7 +161,7 @@ PAPER_004 = Preset(
     cohort_sizes={"MIMIC->IU": {"entries": 575, "studies": 575}, "IU->MIMIC": {"entries": 401, "studies": 347}},
     exclude=("Cardiomegaly",), second_model="MedGemma 1.5 4B (revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b)",
     official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f", "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
-    labeler="cxr_audit", top_k=5, distinct=(1, 2),
+    labeler="cxr_audit:chexpert", top_k=5, distinct=(1, 2),
     not_in_paper=("cohort_params.004_iu.fractions", "labeler"))
 
 # %% ../nbs/16_papers.ipynb #d4987146
@@ -316,7 +316,7 @@ PAPER_003 = Preset(
     cohorts={"L-MIMIC": "003_lmimic"}, cohort_params={"003_lmimic": {"min_visit": 2}},
     cohort_sizes={"follow-up reports": {"train": 92374, "validate": 737, "test": 2058},
                   "L-MIMIC": {"train": 73093, "validate": 588, "test": 1863, "test with a frontal image": 1755}},
-    labeler="cxr_audit", annotator_model="Qwen2.5-32B",
+    labeler="cxr_audit:chexpert", annotator_model="Qwen2.5-32B",
     prompt_settings={"n_task_examples": 3, "n_change_indicators": 8, "n_progression_examples": 2},
     decoding={"greedy": dict(DECODING["greedy"]), "sampling": dict(DECODING["sampling"])}, runs=5,
     keywords=tuple(keyword_terms()), classes=PROGRESSION_CLASSES,
@@ -355,7 +355,7 @@ PAPER_000 = Preset(
              "Med-CXRGen": "up to 4 views side by side, frontal first; indication, technique, comparison",
              "Libra": "frontal view, repeated as the prior; indication, technique, comparison",
              "LLaVA-Rad": "frontal view", "CheX-MIMIC": "frontal view; no text"},
-    uncertain_positive=UNCERTAIN_POSITIVE, labels=CHEXPERT_5, labeler="cxr_audit", reference_section="findings",
+    uncertain_positive=UNCERTAIN_POSITIVE, labels=CHEXPERT_5, labeler="cxr_audit:chexpert", reference_section="findings",
     cohorts={d: "000_test" for d in ("MIMIC-CXR", "CheXpert Plus", "IU X-ray", "ReXGradient-160K")},
     cohort_params={"000_test": {"section": "findings"}, "MIMIC-CXR": {"split": "test"}, "CheXpert Plus": {"split": "valid"},
                    "IU X-ray": {"split": "test"}, "ReXGradient-160K": {"split": "test"}},

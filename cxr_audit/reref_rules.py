@@ -190,10 +190,10 @@ class SentenceInfo:
 # %% ../nbs/09a_reref_rules.ipynb #5680a662
 def sentence_info(sentence: str,                 # one sentence
                   rules: Rules,                  # the lexicons (the temporal pattern)
-                  labeler: Labeler | None = None # default: the CheXpert-14 rule labeler
+                  labeler: Labeler | None = None # default: the rule labeler, clinical profile (reads by meaning)
                  ) -> SentenceInfo:
     "Labels, states, explicit and implicit denials, and the temporal flag of one sentence."
-    mentions = [m for m in (labeler or default_labeler()).sentence_mentions(sentence) if m.label in CHEXPERT_14 or m.state != 0.0]
+    mentions = [m for m in (labeler or default_labeler("clinical")).sentence_mentions(sentence) if m.label in CHEXPERT_14 or m.state != 0.0]
     return SentenceInfo(tuple((m.label, m.state) for m in mentions),
                         frozenset(m.label for m in mentions if m.state == 0.0 and m.trigger_kind == "negation"),
                         frozenset(m.label for m in mentions if m.kind == "normal"), bool(rules.rx["temporal"].search(sentence)))
@@ -201,7 +201,7 @@ def sentence_info(sentence: str,                 # one sentence
 # %% ../nbs/09a_reref_rules.ipynb #70123975
 def is_normal_statement(sentence: str,                 # one sentence
                         rules: Rules,                  # the lexicons
-                        labeler: Labeler | None = None # default: the CheXpert-14 rule labeler
+                        labeler: Labeler | None = None # default: the rule labeler, clinical profile (reads by meaning)
                        ) -> bool:
     "Whether a sentence only states normal findings (and is not about change)."
     info = sentence_info(sentence, rules, labeler)
@@ -497,24 +497,24 @@ def rule_rewrite(findings: str,                  # the original Findings
                  impression: str,                # the original Impression
                  variant: str,                   # the target variation
                  rules: Rules | None = None,     # default: the packaged lexicons
-                 labeler: Labeler | None = None, # default: the CheXpert-14 rule labeler
+                 labeler: Labeler | None = None, # default: the rule labeler, clinical profile (reads by meaning)
                  attempt: int = 0                # loop round (chooses among alternative phrasings)
                 ) -> dict:
     "The rule-based rewrite of one report towards `variant`: `{'findings', 'impression'}`."
     if variant not in RULES: raise InputError(f"rule_rewrite: unknown variation {variant!r}; variations are {list(RULES)}")
     findings, impression, rule = (findings or "").strip(), (impression or "").strip(), RULES[variant]
     if rule is None or not findings: return {"findings": findings, "impression": impression}
-    new_findings, new_impression = rule(findings, impression, RuleContext(rules or load_rules(), labeler or default_labeler(), int(attempt)))
+    new_findings, new_impression = rule(findings, impression, RuleContext(rules or load_rules(), labeler or default_labeler("clinical"), int(attempt)))
     return {"findings": new_findings, "impression": new_impression}
 
 # %% ../nbs/09a_reref_rules.ipynb #83b5fb5c
 STRICT_AXES = ("structure", "anatomical_granularity", "quantitative_granularity", "terminology", "hedging")
 
 def label_states(text: str,                     # a report text
-                 labeler: Labeler | None = None # default: the CheXpert-14 rule labeler
+                 labeler: Labeler | None = None # default: the rule labeler, clinical profile (reads by meaning)
                 ) -> dict:
     "`{label: state}` of one text by the CheXpert-14 labeler (unmentioned labels absent)."
-    evidence, _ = (labeler or default_labeler()).label_text(text)
+    evidence, _ = (labeler or default_labeler("clinical")).label_text(text)
     return {label: e.state for label, e in evidence.items()}
 
 # %% ../nbs/09a_reref_rules.ipynb #3f7b1542
@@ -646,11 +646,11 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
                 alternative: Mapping,            # {"findings", "impression"} after
                 variant: str,                    # the target variation
                 rules: Rules | None = None,      # default: the packaged lexicons
-                labeler: Labeler | None = None   # default: the CheXpert-14 rule labeler
+                labeler: Labeler | None = None   # default: the rule labeler, clinical profile (reads by meaning)
                ) -> dict:
     "The rule-based Verifier's verdict (the four booleans and a reasoning text)."
     if variant not in DETECTORS: raise InputError(f"rule_verify: unknown variation {variant!r}")
-    ctx = RuleContext(rules or load_rules(), labeler or default_labeler())
+    ctx = RuleContext(rules or load_rules(), labeler or default_labeler("clinical"))
     before, after = ({k: (r.get(k) or "").strip() for k in ("findings", "impression")} for r in (original, alternative))
     no_info, already, changed = DETECTORS[variant](before, after, ctx)
     mode = "strict" if variant.split(":")[0] in STRICT_AXES else "present"
@@ -672,7 +672,7 @@ class _TaskRules(RuleChat):
     "A ReRef step played by rules: it reads the task from the messages and answers it with the lexicons."
     prompt_style, step, default_name = "task", "", ""
     def __init__(self, rules: str | os.PathLike | Mapping | Rules | None = None, # lexicons (see `load_rules`)
-                 labeler: Labeler | None = None,  # default: the CheXpert-14 rule labeler
+                 labeler: Labeler | None = None,  # default: the rule labeler, clinical profile (reads by meaning)
                  name: str | None = None):        # the back end's name, its cache identity (default: `default_name`)
         self.rules_ = rules if isinstance(rules, Rules) else load_rules(rules)
         self.labeler_ = labeler
@@ -694,7 +694,7 @@ class RuleVerifier(_TaskRules):
 
 # %% ../nbs/09a_reref_rules.ipynb #2451c024
 def rule_reref(rules: str | os.PathLike | Mapping | Rules | None = None, # lexicons (see `load_rules`)
-               labeler: Labeler | None = None,  # default: the CheXpert-14 rule labeler
+               labeler: Labeler | None = None,  # default: the rule labeler, clinical profile (reads by meaning)
                **settings                       # further `ReRef` settings (max_rounds, taxonomy, ...)
               ) -> ReRef:
     "A ReRef loop with the rule-based Generator and Verifier."
@@ -703,7 +703,7 @@ def rule_reref(rules: str | os.PathLike | Mapping | Rules | None = None, # lexic
 
 # %% ../nbs/09a_reref_rules.ipynb #81a9fe1b
 def label_agreement(references,                     # a references table (from `rewrite_table`)
-                    labeler: Labeler | None = None  # default: the CheXpert-14 rule labeler
+                    labeler: Labeler | None = None  # default: the rule labeler, clinical profile (reads by meaning)
                    ) -> pd.DataFrame:
     "Per variant: rewrites that differ from the original, and the share keeping all 14 label states (strict and present-only)."
     refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references")

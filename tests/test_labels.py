@@ -274,7 +274,7 @@ def test_label_audit_equals_its_steps(demo, audit):
     # the contrast labeler finds the trigger, ours does not; the exclusion flips only under the contrast labeler
     assert audit.contrast.trace.flagged().label.eq("Cardiomegaly").any() and audit.trace.flags.normal_wording_positives.sum() == 0
     ex = audit.exclusion
-    assert ex.labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit"] * 2
+    assert ex.labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit:chexpert"] * 2
     assert bool(ex.sign_flip.iloc[1]) and not bool(ex.sign_flip.iloc[3])
 
 

@@ -242,7 +242,8 @@ def test_uncertain_convention_the_issues_example_both_ways():
         al = align_labels(label_reports(refs), label_reports(hyps), uncertain_positive=unc)
         assert al.summary(reps=20).query("metric == 'micro_f1'").estimate.item() == f1
     sc = score(refs, hyps, ["chexpert_f1_14", get_metric("chexpert_f1_5", uncertain_positive=True), "bleu_4"])
-    assert sc.note.tolist() == ["uncertain (-1) counted as negative", "uncertain (-1) counted as positive", ""]
+    assert sc.note.tolist() == ["labeler cxr_audit:chexpert; uncertain (-1) counted as negative",
+                               "labeler cxr_audit:chexpert; uncertain (-1) counted as positive", ""]
 
 
 # --- BLEU-2 (paper 000) against pycocoevalcap, on real IU X-ray report pairs ------------------------------------------

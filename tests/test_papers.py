@@ -87,7 +87,7 @@ def test_entry_endpoints_counted_by_hand(data):
     k50 = ep[ep.config == "ON+K50"].set_index("entry_id")
     assert not k50.loc["s0/0", "valid"] and k50.loc["s1/0", "valid"]
     assert ep.patient_id.tolist() == [f"p{int(e[1:].split('/')[0]) // 2}" for e in ep.entry_id]
-    assert set(ep.labeler) == {"cxr_audit"} and set(ep.reference_section) == {"both"}
+    assert set(ep.labeler) == {"cxr_audit:chexpert"} and set(ep.reference_section) == {"both"}
 
 
 def test_surface_rule_keeps_flagged_outputs():

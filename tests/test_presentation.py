@@ -124,7 +124,7 @@ def test_labels_section_renders_the_audit():
     audit = label_audit(ctx.studies, ctx.generations, ctx.extra["findings"], reps=50, seed=2026, contrast="naive")
     pd.testing.assert_frame_equal(frames[0], audit.summary())                    # the section shows the result, nothing else
     assert {"reference-report labels", "ground truth"} <= set(frames[0].reference)
-    assert "Cardiomegaly" in set(frames[1].label) and frames[2].labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit"] * 2
+    assert "Cardiomegaly" in set(frames[1].label) and frames[2].labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit:chexpert"] * 2
     assert sum(type(b).__module__.startswith("altair") for b in sec.blocks) == 2 and "rule-based" in sec.blocks[0]
 
 
