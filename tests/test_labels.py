@@ -8,7 +8,7 @@ import pytest
 
 from cxr_audit.core import InputError, config_label, sha256_frame
 from cxr_audit.corpus import to_generations
-from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, LabelAudit, Labeler, TraceAudit, align_labels,
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, LabelAudit, Labeler, default_labeler, TraceAudit, align_labels,
                               check_text_provenance, exclusion_sensitivity, findings_to_labels, from_wide, label_audit,
                               label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
                               read_chexbert_csv, read_chexpert_csv, reference_texts, run_names, state_accuracy, to_binary, to_wide, trace_audit,
@@ -44,15 +44,20 @@ def test_fixture_size_and_coverage(sentences, reports):
         assert {1.0, 0.0, -1.0} <= set(exp[lab].dropna()), lab
 
 
+# The fixture's expected states are what the sentences mean: the clinical profile reads them (the chexpert profile departs
+# from them where the official labeler's definitions do; see the profile tests below).
+CLINICAL = Labeler(profile="clinical")
+
+
 def test_sentence_accuracy(sentences):
-    acc = state_accuracy(label_reports(sentences.text, ids=sentences.sentence_id),
+    acc = state_accuracy(CLINICAL(sentences.text, ids=sentences.sentence_id),
                          parse_expected(sentences.expected, ids=sentences.sentence_id), labels_order=CHEXPERT_13)
     assert (acc.accuracy >= 0.9).all(), acc
     assert acc.correct.sum() / acc.n.sum() >= 0.95
 
 
 def test_report_accuracy(reports):
-    acc = state_accuracy(label_reports(reports.text, ids=reports.report_id), parse_expected(reports.expected, ids=reports.report_id))
+    acc = state_accuracy(CLINICAL(reports.text, ids=reports.report_id), parse_expected(reports.expected, ids=reports.report_id))
     assert (acc.accuracy >= 0.9).all(), acc
     assert acc.set_index("label").loc["No Finding", "n"] >= 10
 
@@ -105,7 +110,7 @@ def test_probe_finds_the_naive_trigger():
     ps = probe_summary(probe_labeler(naive_cardiac_labeler())).set_index("label")
     assert ps.loc["Cardiomegaly", "triggers"] >= 5
     assert ps.drop("Cardiomegaly").triggers.sum() == 0
-    assert probe_summary(probe_labeler(label_reports)).triggers.sum() == 0
+    assert probe_summary(probe_labeler(CLINICAL)).triggers.sum() == 0
 
 
 def test_trace_detects_the_naive_trigger(demo):
@@ -293,7 +298,7 @@ def test_label_audit_save_and_plots(tmp_path, audit):
     assert pd.read_csv(files["summary"]).shape[0] == len(audit.to_frame())
     for kind in ("counts", "triggers"):
         assert type(audit.plot(kind)).__module__.startswith("altair")
-    assert "sim-" in audit.headline() and audit._repr_markdown_().startswith("With `cxr_audit` labels")
+    assert "sim-" in audit.headline() and audit._repr_markdown_().startswith("With `cxr_audit:chexpert` labels")
 
 
 def test_label_audit_is_deterministic_and_seeded(demo):
@@ -359,7 +364,7 @@ STABLE_ABNORMAL = [("Stable cardiomegaly.", "Cardiomegaly"), ("Stable enlarged h
 
 @pytest.mark.parametrize("text", STABLE_NORMAL)
 def test_normal_and_stability_wording_claims_no_finding(text):
-    w = to_wide(label_reports([text])).iloc[0]
+    w = to_wide(CLINICAL([text])).iloc[0]
     assert not w[PATHOLOGY].isin([1.0, -1.0]).any(), w.dropna()
     assert w["No Finding"] == 1.0
 
@@ -371,7 +376,7 @@ def test_stable_abnormality_stays_positive(text, label):
 
 
 def test_probes_cover_every_label_and_all_pass():
-    pb = probe_labeler(label_reports)
+    pb = probe_labeler(CLINICAL)
     assert set(pb.label) == set(CHEXPERT_14)
     for lab in CHEXPERT_13:
         e = pb[pb.label == lab]
@@ -382,14 +387,14 @@ def test_probes_cover_every_label_and_all_pass():
 
 def test_probes_catch_stability_read_as_doubt():
     # the rule the labeler had before issue 17: stability wording as uncertain cardiomegaly
-    doubt = Labeler(phrases={"observations": {"Cardiomegaly": {"stable": [], "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
+    doubt = Labeler(profile="clinical", phrases={"observations": {"Cardiomegaly": {"stable": [], "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
     ps = probe_summary(probe_labeler(doubt)).set_index("label")
     assert ps.loc["Cardiomegaly", "triggers"] >= 2 and ps.drop("Cardiomegaly").triggers.sum() == 0
 
 
 def test_real_reports_trace_shows_no_normal_or_stability_trigger(iu_texts):
     assert len(iu_texts) == 50
-    tr = trace_label_triggers(label_reports(iu_texts), texts=iu_texts, min_positives=5)
+    tr = trace_label_triggers(CLINICAL(iu_texts), texts=iu_texts, min_positives=5)
     assert len(tr.flagged()) == 0
     assert tr.flags.normal_wording_positives.sum() == 0 and tr.flags.normal_wording_uncertain.sum() == 0
     assert tr.flags.set_index("label").loc["Cardiomegaly", "positives"] > 0      # real findings are still found
@@ -397,14 +402,14 @@ def test_real_reports_trace_shows_no_normal_or_stability_trigger(iu_texts):
 
 def test_trace_catches_stability_read_as_doubt_on_real_reports(iu_texts):
     back = ["<STABLE>(?: appearance of)?(?: the)? <CM>", "<CM>(?: <BE>)? <STABLE>"]
-    doubt = Labeler(phrases={"observations": {"Enlarged Cardiomediastinum": {"stable": [], "uncertain": back}}})
+    doubt = Labeler(profile="clinical", phrases={"observations": {"Enlarged Cardiomediastinum": {"stable": [], "uncertain": back}}})
     tr = trace_label_triggers(doubt(iu_texts), texts=iu_texts, min_positives=5)
     row = tr.flagged().set_index("label").loc["Enlarged Cardiomediastinum"]
     assert row.normal_wording_uncertain >= 5 and "stability wording" in row.verdict
 
 
 def test_real_reports_no_finding_consistent_with_the_labels(iu_texts):
-    w = to_wide(label_reports(iu_texts))
+    w = to_wide(CLINICAL(iu_texts))
     pathology = w[PATHOLOGY].isin([1.0, -1.0]).any(axis=1)
     assert ((w["No Finding"] == 1.0) == ~pathology).all()
     assert w["No Finding"].isin([1.0]).sum() >= 10 and pathology.sum() >= 10       # both kinds of report are there
@@ -413,9 +418,10 @@ def test_real_reports_no_finding_consistent_with_the_labels(iu_texts):
 
 def test_other_findings_block_no_finding_only_when_asked():
     text = ["Degenerative changes of the thoracic spine. Lungs are clear."]
-    assert to_wide(label_reports(text)).iloc[0]["No Finding"] == 1.0
-    strict = Labeler(phrases={"no_finding_ignores": ["Support Devices"]})
+    assert to_wide(CLINICAL(text)).iloc[0]["No Finding"] == 1.0
+    strict = Labeler(profile="clinical", phrases={"no_finding_ignores": ["Support Devices"]})
     assert np.isnan(to_wide(strict(text)).iloc[0]["No Finding"])
+    assert np.isnan(to_wide(label_reports(text)).iloc[0]["No Finding"])            # the chexpert profile: they block it
     assert to_wide(label_reports(["Pacemaker in place. Lungs are clear."])).iloc[0]["No Finding"] == 1.0
 
 
@@ -431,6 +437,64 @@ def test_agreement_with_the_official_labelers_sample():
     assert [(int(i), wo.columns[j]) for i, j in cells] == [(0, "Lung Opacity"), (0, "Consolidation"), (3, "Lung Opacity"), (3, "Consolidation")]
     d = differ.to_numpy()
     assert np.isnan(wo.to_numpy()[d]).all() and (wu.to_numpy()[d] == 0.0).all()      # blank there, 0 here
+
+
+# --- profiles: the official definitions (chexpert, the default), the clinical reading, and the official quirks -------
+
+OFFICIAL_NO_FINDING = ["Calcified granuloma.", "Degenerative changes of the spine.", "Emphysema.", "Mild scoliosis.",
+                       "Small hiatal hernia.", "Atherosclerotic calcification of the aorta.", "Mild thoracic kyphosis."]
+
+
+@pytest.mark.parametrize("text", OFFICIAL_NO_FINDING)
+def test_chexpert_profile_other_findings_block_no_finding(text):
+    assert np.isnan(to_wide(label_reports([text + " Lungs are clear."])).iloc[0]["No Finding"])
+    assert to_wide(CLINICAL([text + " Lungs are clear."])).iloc[0]["No Finding"] == 1.0
+
+
+def test_chexpert_profile_follows_the_official_definitions():
+    w = to_wide(label_reports(["Stable cardiomediastinal silhouette.", "Findings of CHF.", "Heart size at the upper limits of normal.",
+                               "Bibasilar scarring.", "Increased interstitial markings.", "Sternotomy wires.", "Right PICC line."])).to_numpy()
+    col = {l: i for i, l in enumerate(CHEXPERT_14)}
+    assert w[0, col["Enlarged Cardiomediastinum"]] == -1.0 and np.isnan(w[0, col["No Finding"]])   # stability is doubt
+    assert w[1, col["Edema"]] == 1.0 and w[1, col["Cardiomegaly"]] == -1.0                      # the chf rule
+    assert w[2, col["Cardiomegaly"]] == 0.0                                                      # upper limits of normal
+    assert w[3, col["Lung Opacity"]] == 1.0 and w[4, col["Lung Opacity"]] == 1.0                # its opacity vocabulary
+    assert np.isnan(w[5, col["Support Devices"]]) and w[6, col["Support Devices"]] == 1.0      # its device vocabulary
+
+
+NORMAL_HEART = ["The heart size is within normal limits.", "Heart size within normal limits.",
+                "The heart size and pulmonary vascularity appear within normal limits.", "Normal heart size.",
+                "The heart is normal in size.", "Heart size and mediastinal contours are within normal limits."]
+
+
+@pytest.mark.parametrize("text", NORMAL_HEART)
+def test_normal_heart_wording_is_cardiomegaly_only_with_the_official_quirks(text):
+    for lab in (default_labeler(), CLINICAL):
+        assert to_wide(lab([text])).iloc[0]["Cardiomegaly"] != 1.0, (lab.name, text)
+    quirks = to_wide(default_labeler(official_quirks=True)([text])).iloc[0]["Cardiomegaly"]
+    assert quirks == (1.0 if "within normal limits" in text and "heart size" in text.lower() else 0.0)
+
+
+def test_profiles_name_every_label_table(demo):
+    for lab in (default_labeler(), CLINICAL, default_labeler(official_quirks=True)):
+        assert set(lab(["Mild cardiomegaly."]).source) == {lab.name}
+        assert set(label_generations(demo.generations.head(5), lab).source) == {lab.name}
+    assert {default_labeler().name, CLINICAL.name, default_labeler(official_quirks=True).name} == \
+        {"cxr_audit:chexpert", "cxr_audit:clinical", "cxr_audit:chexpert+quirks"}
+    with pytest.raises(InputError, match="labeler profile 'official' is not one of"):
+        Labeler(profile="official")
+    with pytest.raises(InputError, match="needs the 'chexpert' profile"):
+        default_labeler("clinical", official_quirks=True)
+
+
+def test_real_reports_no_finding_follows_the_official_rule(iu_texts):
+    "chexpert: No Finding exactly when no observation but Support Devices, and no other finding, is positive or uncertain."
+    lab = default_labeler()
+    w = to_wide(lab(iu_texts))
+    other = [any(m.label == "Other Finding" and m.state != 0.0 for m, _, _ in lab._report_mentions(t)) for t in iu_texts]
+    blocked = w[PATHOLOGY].isin([1.0, -1.0]).any(axis=1).to_numpy() | np.array(other)
+    assert ((w["No Finding"] == 1.0).to_numpy() == ~blocked).all()
+    assert sum(other) >= 5 and (w["No Finding"] == 1.0).sum() < (to_wide(CLINICAL(iu_texts))["No Finding"] == 1.0).sum()
 
 
 # --- per-entry alignment and one "uncertain" convention (issue 18) ------------------------------------------------
