@@ -116,10 +116,16 @@ def check_profile(profile: str,               # "chexpert" or "clinical"
                   official_quirks: bool = False # the official tool's documented responses (chexpert profile only)
                  ) -> str:
     "`profile` if it names a profile the quirks can go with; otherwise a one-line `InputError`."
-    if profile not in PROFILES: raise InputError(f"labeler profile {profile!r} is not one of {', '.join(map(repr, PROFILES))}")
+    if profile not in PROFILES:
+        raise InputError(f"labeler profile {profile!r} is not one of {', '.join(map(repr, PROFILES))}")
     if official_quirks and profile != "chexpert":
         raise InputError(f"official_quirks=True needs the 'chexpert' profile, not {profile!r}")
     return profile
+
+def _set_kind(dest: dict, key: str, items) -> None:
+    "A key ending in '+' adds `items` to that list of `dest`; any other key is replaced."
+    if key.endswith("+"): dest[key[:-1]] = list(dest.get(key[:-1]) or []) + list(items)
+    else: dest[key] = items
 
 def _overlay(P: dict, O: Mapping) -> dict:
     "`P` with a profile layer `O` applied: a kind ending in '+' adds patterns, any other kind or key is replaced."
@@ -130,15 +136,14 @@ def _overlay(P: dict, O: Mapping) -> dict:
         else:
             for o, spec in v.items():
                 dest = P["observations"].setdefault(o, {})
-                for kind, pats in spec.items():
-                    if kind.endswith("+"): dest[kind[:-1]] = list(dest.get(kind[:-1]) or []) + list(pats)
-                    else: dest[kind] = list(pats)
+                for kind, pats in spec.items(): _set_kind(dest, kind, list(pats))
     return P
 
 def _profile_layers(profile: str, official_quirks: bool) -> list[dict]:
     "The layers of `labeler_profiles.json` that make `profile` (none for the clinical reading)."
     layers = _resource("labeler_profiles.json")
-    names = (["chexpert"] if check_profile(profile, official_quirks) == "chexpert" else []) + (["official_quirks"] if official_quirks else [])
+    names = ["chexpert"] if check_profile(profile, official_quirks) == "chexpert" else []
+    names += ["official_quirks"] if official_quirks else []
     return [layers[n] for n in names]
 
 def _profile_bank(profile: str, official_quirks: bool) -> dict:
@@ -150,9 +155,7 @@ def _profile_bank(profile: str, official_quirks: bool) -> dict:
 def _profile_triggers(T: dict, profile: str, official_quirks: bool) -> dict:
     "The trigger table with the profile's `triggers` layers applied (a key ending in '+' adds patterns)."
     for layer in _profile_layers(profile, official_quirks):
-        for k, v in layer.get("triggers", {}).items():
-            if k.endswith("+"): T[k[:-1]] = list(T.get(k[:-1]) or []) + list(v)
-            else: T[k] = v
+        for k, v in layer.get("triggers", {}).items(): _set_kind(T, k, v)
     return T
 
 def load_label_phrases(phrases: str | os.PathLike | Mapping | None = None, # None, a JSON file or a dict (see above)
@@ -297,7 +300,8 @@ class Labeler:
         self._obs = [(o, mt, _cue_regex(s.get("cues") or ())) for o, s in specs if (mt := _phrase_matcher(s, macros)) is not None]
         self._trig = _trigger_matcher(self.triggers)
         self._nf_ignores = frozenset(self.phrases.get("no_finding_ignores", ["Support Devices"]))
-        self._implied = [(r["from"], _compiled(rf"(?:{r['phrase']})"), r["label"], float(r["state"])) for r in self.phrases["implied"]]
+        self._implied = [(r["from"], _compiled(rf"(?:{r['phrase']})"), r["label"], float(r["state"]))
+                         for r in self.phrases["implied"]]
         sc = self.triggers["scope"]
         self._back_words, self._fwd_words = sc.get("backward_max_words"), sc.get("forward_max_words")
         self._bi_words = sc.get("bidirectional_max_words")
@@ -1438,11 +1442,12 @@ def reference_profile(studies,                       # a `studies` table (findin
                       labeler: Labeler | None = None, # default: the packaged labeler (chexpert profile)
                       by: str | None = "dataset"     # a column of `studies` to profile separately (None: one profile)
                      ) -> pd.DataFrame:
-    "Per dataset and label: references, median and IQR of reference length in words, and the share of references in each state."
+    "Per dataset and label: references, median and IQR of length in words, and the share of references in each state."
     s = as_pandas(studies, "studies")
     lab = labeler or default_labeler()
     texts = reference_texts(s)
-    groups = s[by].astype(str).to_numpy() if by is not None and by in s.columns else np.full(len(s), "all", dtype=object)
+    has_by = by is not None and by in s.columns
+    groups = s[by].astype(str).to_numpy() if has_by else np.full(len(s), "all", dtype=object)
     wide = to_wide(lab(texts.tolist(), ids=list(range(len(texts)))))
     rows = []
     for g in pd.unique(groups):
@@ -1450,8 +1455,8 @@ def reference_profile(studies,                       # a `studies` table (findin
         q1, med, q3 = words.quantile([0.25, 0.5, 0.75])
         for label in CHEXPERT_14:
             shares = {k: float((w[label] == v).mean()) for k, v in _STATE_COLUMNS.items()}
-            rows.append({"dataset": g, "references": len(w), "median_words": med, "words_q1": q1, "words_q3": q3, "label": label,
-                         **shares, "blank": float(w[label].isna().mean()), "labeler": lab.source})
+            rows.append({"dataset": g, "references": len(w), "median_words": med, "words_q1": q1, "words_q3": q3,
+                         "label": label, **shares, "blank": float(w[label].isna().mean()), "labeler": lab.source})
     return pd.DataFrame(rows)
 
 # %% ../nbs/06_labels.ipynb #8875f876

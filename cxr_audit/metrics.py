@@ -920,7 +920,9 @@ class CheXpertF1(MetricBase):
         return micro_stats((R & H).sum(1), (~R & H).sum(1), (R & ~H).sum(1))
 
     @property
-    def note(self) -> str: return f"labeler {(self.labeler or default_labeler()).source}; {uncertain_note(self.uncertain_positive)}"
+    def note(self) -> str:
+        lab = self.labeler or default_labeler()
+        return f"labeler {lab.source}; {uncertain_note(self.uncertain_positive)}"
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return _out(micro_f1(summed))
