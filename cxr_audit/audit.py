@@ -29,11 +29,11 @@ from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
-from .labels import label_audit
+from .labels import get_labeler, label_audit
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
 from .generate import plot_policy_summary, policy_summary
-from .metrics import prefetch_meteor, start_meteor
+from .metrics import get_metric, prefetch_meteor, start_meteor
 from .evaluator import score_systems
 from .review import simulate_review
 
@@ -326,14 +326,22 @@ _LABEL_EXCLUSION_COLUMNS = ["labeler", "scope", "value_a", "value_b", "differenc
 
 
 
+def _labeler_words(lab) -> str:
+    "Which labeler produced the labels, in words, for the audit's captions."
+    if not hasattr(lab, "profile"): return f"the official CheXpert labeler's output (labels `{lab.source}`, read from a file)"
+    how = {"chexpert": "the official labeler's definitions", "clinical": "the clinical reading"}[lab.profile]
+    quirks = ", with the official tool's documented quirks" if getattr(lab, "official_quirks", False) else ""
+    return f"the offline rule-based labeler (`cxr_audit.labels`, labels `{lab.source}`: {how}{quirks}; no LLM)"
+
 def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "Label alignment against references (and the ground truth, when given) and the label-trigger audit."
     reps, seed = ctx.reps(200), ctx.seed
-    audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, contrast="naive")
+    lab = get_labeler(ctx.params.get("labeler"))
+    audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, labeler=lab, contrast="naive")
     al, naive = audit.alignment, audit.contrast
     matched = int((al.matching.status == "matched").sum())
-    blocks = [f"CheXpert-14 labels from the offline rule-based labeler (`cxr_audit.labels`, labels `{audit.labeler}`; no LLM) for "
+    blocks = [f"CheXpert-14 labels from {_labeler_words(lab)} for "
               f"**{len(al.reference_ids)}** reference reports (findings and impression) and **{len(al.matching)}** generated reports "
               f"of **{len(al.systems)}** run(s). Only raw state 1 counts as positive. Case matching: {matched} matched, "
               f"{len(al.matching) - matched} not matched. Intervals: {reps} bootstrap resamples of cases (seed {seed}).",
@@ -384,7 +392,9 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
     reps, seed = ctx.reps(2000), ctx.seed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = score_systems(ctx.generations, ctx.studies, _REPORT_METRICS, reps=reps, seed=seed, baseline=0,
+        lab = get_labeler(ctx.params.get("labeler"))
+        metrics = [get_metric(m, labeler=lab) if m.startswith("chexpert_f1") else m for m in _REPORT_METRICS]
+        res = score_systems(ctx.generations, ctx.studies, metrics, reps=reps, seed=seed, baseline=0,
                             by=("system", "policy"), first_seed=True, skip_unavailable=True,
                             keep_flagged=bool(ctx.params.get("keep_flagged", False)))
     c, base = res.counts, res.configs[0]
@@ -395,7 +405,7 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
             f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are percentile "
             f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` on the "
             f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
-            f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses cxr_audit's rule-based CheXpert labeler; "
+            f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses {_labeler_words(lab)}; "
             f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
             + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every average "
                f"({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))

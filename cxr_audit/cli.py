@@ -71,6 +71,15 @@ def _studies_table(path):
     return t
 
 # %% ../nbs/15_cli.ipynb #b09bc5bb
+def _labeler_arg(value: str) -> str:
+    "The `--labeler` value: a packaged labeler's name, or an existing file of official labels (checked before any work)."
+    from cxr_audit.labels import LABELER_NAMES
+    v = str(value)
+    if v in LABELER_NAMES: return v
+    if not Path(v).is_file():
+        raise InputError(f"--labeler {v!r}: not one of {', '.join(LABELER_NAMES)} and no such file (the official labeler's output CSV)")
+    return str(Path(v))
+
 def _stage_reps(reps: int | None) -> int | None:
     "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
     if reps is not None and int(reps) < 1:
@@ -97,6 +106,7 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
           reps: int | None = None,           # resamples in every stage (None: each stage's own default)
           seed: int = DEFAULT_SEED,          # seed of every resample
           keep_flagged: bool = False,        # score studies whose reference is only de-identification masks (left out by default)
+          labeler: str = "chexpert",         # CheXpert labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
           workers: int | None = None         # processes running the stages (default: 2 with 4+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
@@ -104,7 +114,7 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
     reps = _stage_reps(reps)
     params = {"studies": Path(studies).name, "generations": Path(generations).name, "cohort_recipe": cohort_recipe,
               "seed": seed, **({"reps": reps} if reps is not None else {}),
-              **({"keep_flagged": True} if keep_flagged else {})}
+              **({"keep_flagged": True} if keep_flagged else {}), "labeler": _labeler_arg(labeler)}
     path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
                      what=(studies, generations), workers=workers)
     return f"Wrote the audit report to {path}"
@@ -336,11 +346,12 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
            uncertain_positive: bool = False, # count uncertain (-1) as positive
            reps: int = 1000,                 # bootstrap resamples of the intervals
            seed: int = DEFAULT_SEED,         # random seed of the resamples
-           clusters: str = "patient_id"      # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
+           clusters: str = "patient_id",     # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
+           labeler: str = "chexpert"         # chexpert (official definitions), clinical, chexpert+quirks, or the official labeler's output CSV
           ) -> str:
-    "Label references and generated reports with the offline labeler, align them on study_id, trace the labels, write the tables."
+    "Label references and generated reports (offline labeler or official labels), align them on study_id, trace the labels, write the tables."
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, label_audit
+    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit
     if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
     refs = to_studies(_table(references, str(references)), what=str(references), dataset="references")
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
@@ -348,13 +359,13 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
         raise InputError(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
     clusters = _clusters_arg(clusters, refs)
     audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters, labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
-                        uncertain_positive=uncertain_positive)
+                        uncertain_positive=uncertain_positive, labeler=get_labeler(_labeler_arg(labeler)))
     audit.save(out, inputs={"references": Path(references), "predictions": Path(predictions)})
     al, f1 = audit.alignment, audit.summary()
     f1 = f1[f1["labels"] == str(len(al.labels))]
     ok = int((al.matching.status == "matched").sum())
     scores = "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
-    return (f"labels: {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), {ok}/{len(al.matching)} matched; "
+    return (f"labels ({audit.labeler}): {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), {ok}/{len(al.matching)} matched; "
             f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);"
             + _unit_line(refs, clusters) + f" Wrote {out}")
 
@@ -534,25 +545,31 @@ def score(generations: str,                              # generations table (.c
           by: list[str] | None = None,                   # columns defining a configuration (default: system policy seed)
           clusters: str = "patient_id",                  # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies) (generations or studies column)
           keep_flagged: bool = False,                    # score studies whose reference is only de-identification masks (left out by default)
+          labeler: str = "chexpert",                     # CheXpert-F1 labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
          ) -> str:
     "Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired differences."
     import warnings
     from cxr_audit.evaluator import DEFAULT_SCORE_METRICS, score_systems
+    from cxr_audit.labels import get_labeler
+    from cxr_audit.metrics import get_metric
     metrics = tuple(metrics or DEFAULT_SCORE_METRICS)
+    lab = get_labeler(_labeler_arg(labeler))
+    scored = [get_metric(m, labeler=lab) if m.startswith("chexpert_f1") else m for m in metrics]
     if int(reps) < 0: raise InputError(f"score: --reps must be >= 0, got {reps}")
     gpath, spath = Path(generations), Path(studies) if studies else None
     g, s = typed_generation_columns(_table(gpath), gpath.name), _table(spath) if spath else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = score_systems(g, s, metrics, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
+        res = score_systems(g, s, scored, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
                             clusters=_clusters_arg(clusters, g, s), what=(gpath.name, spath.name if spath else "studies"),
                             keep_flagged=keep_flagged)
     params = {"command": "cxr-audit score", "metrics": list(metrics), "reps": int(reps), "seed": int(seed), "ref_section": ref_section,
-              "baseline": baseline, "by": by, "clusters": clusters or None, "keep_flagged": keep_flagged}
+              "labeler": lab.source, "baseline": baseline, "by": by, "clusters": clusters or None, "keep_flagged": keep_flagged}
     paths = res.save(out, params, {"generations": gpath, **({"studies": spath} if spath else {})})
     cl = f" in {res.counts['clusters']} clusters" if res.counts["clusters"] else ""
     lines = [f"score: {len(res.configs)} configuration(s) x {len(res.metrics)} metric(s) on {res.counts['units']:,} studies{cl}, "
-             f"{int(reps)} resamples (seed {int(seed)}); {res.headline()}."
+             f"{int(reps)} resamples (seed {int(seed)})"
+             + (f", CheXpert labels {lab.source}" if any(m.startswith("chexpert_f1") for m in metrics) else "") + f"; {res.headline()}."
              + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
     lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(res)

@@ -635,7 +635,10 @@ def _score_configs(g, metrics, reps, seed, baseline, skip, size, method, keep_fl
         baseline = cfgs[baseline]
     run = dict(reps=reps, seed=seed, size=size)
     conv = tuple(dict.fromkeys(f"{m.name}: {m.note}" for m in metrics if getattr(m, "note", "")))
-    return replace(_bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run), conventions=conv, flagged=flagged)
+    res = _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run)
+    said = metric_notes(metrics)      # each row says what produced its number (e.g. CheXpert-F1's labeler and profile)
+    noted = lambda t: None if t is None else t.assign(note=[said.get(m, "") for m in t["metric"]])
+    return replace(res, estimates=noted(res.estimates), comparisons=noted(res.comparisons), conventions=conv, flagged=flagged)
 
 def _flag_counts(flagged: pd.DataFrame, cfgs: list) -> dict:
     "Units left out for an empty or a mask-only reference; empty and mask-only generations per configuration among the units scored."

@@ -30,15 +30,16 @@ from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_
 
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING', 'PROFILES',
-           'TRIGGER_DIRECTIONS', 'STATE_NAMES', 'CHEXBERT_CLASSES', 'UNCERTAIN_POSITIVE', 'MATCH_STATUSES', 'SCORES',
-           'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'check_profile', 'load_label_phrases', 'phrase_table',
-           'load_context_triggers', 'Mention', 'Labeler', 'input_flag', 'default_labeler', 'label_reports', 'to_wide',
-           'readable_states', 'from_wide', 'parse_expected', 'state_accuracy', 'read_chexpert_csv',
-           'write_chexpert_input', 'read_chexbert_csv', 'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels',
-           'normalize_evidence', 'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes',
-           'probe_labeler', 'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
-           'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'reference_profile', 'run_names',
-           'label_generations', 'findings_to_labels', 'LabelAudit', 'label_audit']
+           'TRIGGER_DIRECTIONS', 'STATE_NAMES', 'CHEXBERT_CLASSES', 'LABELER_NAMES', 'UNCERTAIN_POSITIVE',
+           'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'check_profile', 'load_label_phrases',
+           'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'input_flag', 'default_labeler',
+           'label_reports', 'to_wide', 'readable_states', 'from_wide', 'parse_expected', 'state_accuracy',
+           'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv', 'FileLabeler', 'get_labeler',
+           'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace',
+           'trace_label_triggers', 'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary',
+           'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit',
+           'trace_audit', 'reference_texts', 'reference_profile', 'run_names', 'label_generations',
+           'findings_to_labels', 'LabelAudit', 'label_audit']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -692,6 +693,75 @@ def read_chexbert_csv(path: str | os.PathLike, # CheXbert output CSV
     "A CheXbert-style CSV as a long `labels` table (states in the CheXpert encoding, `text` added)."
     return _read_labeled_csv(path, ("Report Impression", "Reports", "report", "text"), source, ids, id_column,
                              lambda d: _chexbert_recode(d, encoding))
+
+# %% ../nbs/06_labels.ipynb #322d051e
+def _norm_text(t) -> str: return " ".join(str(t).split())
+
+class FileLabeler:
+    "Labels another labeler wrote (the official CheXpert labeler's CSV), looked up by report text; usable wherever a `Labeler` is."
+    def __init__(self, labels,                       # the official output CSV, or a long labels table with a `text` column
+                 source: str | None = None):         # the `source` column of the output (default: `official:<file name>`)
+        self.path = None if isinstance(labels, pd.DataFrame) else Path(labels)
+        what = str(self.path) if self.path is not None else "labels table"
+        tab = read_chexpert_csv(self.path) if self.path is not None else require_columns(labels, ["text_id", "label", "state", "text"], what)
+        self.source = source or (f"official:{self.path.name}" if self.path is not None else str(tab["source"].iloc[0]))
+        wide = to_wide(tab.assign(source=self.source))
+        texts = tab.drop_duplicates("text_id").set_index("text_id")["text"].reindex(wide.index)
+        self._states: dict[str, np.ndarray] = {}
+        first: dict[str, object] = {}
+        for tid, t, row in zip(wide.index, texts, wide.to_numpy(dtype=float)):
+            if is_missing(t) or not str(t).strip(): continue
+            k = _norm_text(t)
+            if k in self._states and not np.array_equal(self._states[k], row, equal_nan=True):
+                raise InputError(f"{what}: rows {first[k]} and {tid} hold the same text with different labels ({k[:60]!r})")
+            self._states.setdefault(k, row); first.setdefault(k, tid)
+        self.what = what
+
+    name = property(lambda self: self.source)
+    def __len__(self): return len(self._states)
+    def __repr__(self): return f"FileLabeler(source={self.source!r}, texts={len(self)})"
+
+    def missing(self, texts) -> list[str]:
+        "The labelable texts of `texts` the file does not hold (in order, once each)."
+        return list(dict.fromkeys(t for t in texts if not input_flag(t) and _norm_text(t) not in self._states))
+
+    def require(self, texts, what: str = "texts"):
+        "Raise a one-line `InputError` naming the missing texts when the file does not hold every labelable text."
+        miss = self.missing(texts)
+        if miss: raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in {self.what} "
+                                  f"(first: {miss[0][:60]!r}); label them with the official tool (write_chexpert_input) and pass its output")
+
+    def label_text(self, text) -> tuple[dict[str, _Evidence], str | None]:
+        "`({label: evidence}, flag)` for one report, read from the file (no phrase or sentence evidence)."
+        flag = input_flag(text)
+        if flag: return {}, flag
+        row = self._states.get(_norm_text(text))
+        if row is None: self.require([text])
+        return {l: _Evidence(float(s), None, None, None, None, None) for l, s in zip(CHEXPERT_14, row) if not np.isnan(s)}, None
+
+@patch
+def __call__(self: FileLabeler, texts,          # report texts: a sequence, a pandas Series or {id: text}
+             ids=None                         # one id per text (default: the Series index or positions)
+            ) -> pd.DataFrame:
+    "The long `labels` table of `texts`, as the file labels them (every labelable text must be in the file)."
+    texts, ids = _texts_and_ids(texts, ids)
+    self.require(texts)
+    return Labeler.__call__(self, texts, ids)
+
+# %% ../nbs/06_labels.ipynb #5f2030a7
+LABELER_NAMES = ("chexpert", "clinical", "chexpert+quirks")   # the names `get_labeler` (and `--labeler`) take besides a path
+
+def get_labeler(spec=None # None, a name of `LABELER_NAMES` (or a source like `cxr_audit:clinical`), an official CSV path, or a labeler
+               ):
+    "The labeler `spec` names: a packaged profile, the official labels of a CSV (`FileLabeler`), or `spec` itself."
+    if spec is None: return default_labeler()
+    if not isinstance(spec, (str, os.PathLike)): return spec     # a labeler object (or any callable like one) is used as given
+    s = str(spec).removeprefix("cxr_audit:")          # a labels table's `source` names its labeler too
+    if s in LABELER_NAMES: return default_labeler(s.split("+")[0], s.endswith("+quirks"))
+    if Path(s).suffix.lower() in (".csv", ".tsv", ".parquet") or Path(s).exists():
+        if not Path(s).is_file(): raise InputError(f"labeler: no official labels file {s}")
+        return FileLabeler(s)
+    raise InputError(f"labeler {s!r} is not one of {', '.join(LABELER_NAMES)} or an official labeler CSV")
 
 # %% ../nbs/06_labels.ipynb #26ee3f4d
 UNCERTAIN_POSITIVE = False   # the one default of every `uncertain_positive` parameter: uncertain (-1) is negative
@@ -1439,12 +1509,12 @@ def reference_texts(studies # a `studies` table: study_id and findings/impressio
 _STATE_COLUMNS = {"positive": 1.0, "uncertain": -1.0, "negative": 0.0}
 
 def reference_profile(studies,                       # a `studies` table (findings and impression, or text)
-                      labeler: Labeler | None = None, # default: the packaged labeler (chexpert profile)
+                      labeler=None,                   # a labeler or a name/path `get_labeler` reads (default: chexpert)
                       by: str | None = "dataset"     # a column of `studies` to profile separately (None: one profile)
                      ) -> pd.DataFrame:
     "Per dataset and label: references, median and IQR of length in words, and the share of references in each state."
     s = as_pandas(studies, "studies")
-    lab = labeler or default_labeler()
+    lab = get_labeler(labeler)
     texts = reference_texts(s)
     has_by = by is not None and by in s.columns
     groups = s[by].astype(str).to_numpy() if has_by else np.full(len(s), "all", dtype=object)
@@ -1541,8 +1611,9 @@ class LabelAudit:
             for name, labs in self.label_sets.items():
                 sm = al.summary(self.reps, self.seed, None if len(labs) == len(al.labels) else labs, self.clusters, self.size)
                 parts.append(sm.assign(reference=_AGAINST[against], labels=name))
-        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps", "convention"]
-        return pd.concat(parts, ignore_index=True)[cols]
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps", "convention",
+                "labeler"]
+        return pd.concat(parts, ignore_index=True).assign(labeler=self.labeler)[cols]
 
     @cached_property
     def exclusion(self) -> pd.DataFrame:
@@ -1554,14 +1625,15 @@ class LabelAudit:
                          ignore_index=True)
 
     def to_frame(self) -> pd.DataFrame:
-        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps, convention`."
+        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps, convention, labeler`."
         return self.scores
 
     def summary(self, metric: str = "micro_f1" # the score shown (one of `SCORES`)
                ) -> pd.DataFrame:
         "The short table: one score per reference, label set and system, with its interval."
         s = self.scores[self.scores.metric == metric]
-        return s[["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "convention"]].reset_index(drop=True)
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "convention", "labeler"]
+        return s[cols].reset_index(drop=True)
 
     def compare(self,
                 metric: str = "micro_f1",             # one of `SCORES`
@@ -1612,6 +1684,14 @@ def _study_clusters(clusters, studies) -> dict | None:
     return dict(zip(s["study_id"].map(str), resolve_clusters(clusters, s, key="study_id")))
 
 # %% ../nbs/06_labels.ipynb #66258eff
+def _audit_probes(lab) -> pd.DataFrame:
+    "The labeler on the probe sentences; a file of labels answers only for the probes it holds (none: an empty table)."
+    if not isinstance(lab, FileLabeler): return probe_labeler(lab)
+    pr = load_probes()
+    held = pr[[not lab.missing([t]) for t in pr["text"]]]
+    if not len(held): return pr.iloc[:0].assign(got=np.nan, ok=False, trigger=False)
+    return probe_labeler(lab, held, builtin=False)
+
 def label_audit(studies,                                # `studies`: study_id and findings/impression (or text)
                 generations,                            # `generations`: sample_id, study_id, system, policy, hypothesis
                 findings=None,                          # ground truth (study_id, observation, status), e.g. the demo's
@@ -1620,14 +1700,14 @@ def label_audit(studies,                                # `studies`: study_id an
                 clusters=None,                          # column of `studies`, labels aligned with its rows, or study_id -> cluster
                 labels: Sequence[str] = CHEXPERT_14,    # the observations aligned and scored
                 uncertain_positive: bool = UNCERTAIN_POSITIVE, # count uncertain (-1) as positive
-                labeler: Labeler | None = None,         # the labeler (default: the packaged one)
+                labeler=None,                           # a `Labeler`, `FileLabeler` or a name/path `get_labeler` reads (default: chexpert)
                 contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": `naive_cardiac_labeler`)
                 pair: Sequence[str] | None = None,      # the two runs (`system+policy`) of the exclusion sensitivity (default: two policies of one system)
                 exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped by the exclusion sensitivity
                 size: float = 0.95                      # interval coverage
                ) -> LabelAudit:
     "Label references and generated reports, align them (and with the ground truth), trace and probe the labeler."
-    lab, g, refs = labeler or default_labeler(), to_generations(generations), reference_texts(studies)
+    lab, g, refs = get_labeler(labeler), to_generations(generations), reference_texts(studies)
     ref_lab, gen_lab, cmap = label_reports(refs, labeler=lab), label_generations(g, lab), g[["sample_id", "study_id"]]
     al = align_labels(ref_lab, gen_lab, labels, uncertain_positive, case_map=cmap)
     truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab, labels,
@@ -1637,7 +1717,7 @@ def label_audit(studies,                                # `studies`: study_id an
     other = _contrast_labeler(contrast)
     kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair, exclude=exclude, size=size)
     return LabelAudit(ref_lab, gen_lab, al, truth, trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))),
-                      probe_labeler(lab), pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
+                      _audit_probes(lab), pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
                       None if other is None else label_audit(studies, g, labeler=other, **kw))
 
 # %% ../nbs/06_labels.ipynb #60cb87d9
@@ -1675,7 +1755,8 @@ def save(self: LabelAudit,
               "alignment_counts.parquet": al.counts, "matching.csv": al.matching, "per_label.csv": al.per_label(),
               "summary.csv": self.to_frame(), "trace_flags.csv": self.trace.flags, "trace_phrases.csv": self.trace.phrases,
               "probes.csv": self.probes, **({"exclusion.csv": self.exclusion} if len(self.exclusion) else {})}
-    paths = {name.split(".")[0]: write_table(t, out / name) for name, t in tables.items()}
+    named = lambda t: t if {"source", "labeler"} & set(t.columns) else t.assign(labeler=self.labeler)  # each table names its labeler
+    paths = {name.split(".")[0]: write_table(t if name == "matching.csv" else named(t), out / name) for name, t in tables.items()}
     paths["chart"] = save_chart(self.plot("counts"), out / "per_label.svg")
     write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="label_audit",
                    params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "by_entry": al.by_entry, "reps": self.reps, "seed": self.seed,

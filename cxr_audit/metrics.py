@@ -38,7 +38,7 @@ except ImportError: _LCSseq = None
 from .core import InputError, cache_dir, install_hint, is_missing
 from .reports import clean_report_iu, clean_report_mimic
 from .stats import mean, mean_stats, micro_f1, micro_stats
-from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, to_binary, uncertain_note
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler, get_labeler, to_binary, uncertain_note
 
 # %% auto #0
 __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'SUBSET_PREFIX', 'METEOR_MAX_TOKENS',
@@ -891,6 +891,7 @@ class Meteor(MetricBase):
 def _label_states(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.ndarray:
     "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once."
     seen: dict[str, np.ndarray] = {}
+    if hasattr(labeler, "require"): labeler.require(texts)    # labels read from a file: name every missing text up front
     for t in texts:
         if t not in seen:
             ev, _ = labeler.label_text(t)
@@ -903,13 +904,14 @@ class CheXpertF1(MetricBase):
     "Micro-F1 of CheXpert labels of hypotheses against references, from per-sample `[tp, fp, fn]`."
     labels: tuple = None              # observations scored (default: all 14)
     uncertain_positive: bool = UNCERTAIN_POSITIVE # count -1 (uncertain) as positive (True: RadEval's CheXbert-F1 convention)
-    labeler: object = None            # a `cxr_audit.labels.Labeler` (default: the packaged one)
+    labeler: object = None            # a `Labeler`, a `FileLabeler` or a name/path `get_labeler` reads (default: the packaged one)
     name: str = "chexpert_f1_14"
     stat_names: tuple = ("tp", "fp", "fn")
     extra: str = ""
 
     def __post_init__(self):
         self.labels = tuple(CHEXPERT_14 if self.labels is None else self.labels)
+        if self.labeler is not None: self.labeler = get_labeler(self.labeler)
         bad = [l for l in self.labels if l not in CHEXPERT_14]
         if bad or not self.labels: raise InputError(f"CheXpertF1: unknown labels {bad}; use names of CHEXPERT_14")
 

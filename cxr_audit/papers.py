@@ -17,7 +17,7 @@ from .core import DEFAULT_SEED, InputError, as_pandas, config_label, is_missing,
 from .cohort import IU_004_FRACTIONS, MIMIC_004_VIEWS, Cohort, run_recipe
 from .stats import ComparisonFamily, comparison_family, micro_stats, proportion_stats
 from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
-from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, default_labeler
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, default_labeler, get_labeler
 from .metrics import metric_availability
 from .evaluator import study_section
 from .generate import SimulatedGenerator, generate_table, get_policy
@@ -71,7 +71,7 @@ class Preset:
     exclude: tuple = ()                         # labels left out in the exclusion sensitivity analysis
     second_model: str = ""                      # a model assessed the same way, outside the comparison family
     official_labeler: Mapping = field(default_factory=dict) # labeler -> the commit the paper names
-    labeler: str = "cxr_audit:chexpert"         # the labeler and profile this package uses by default (`labels.default_labeler`)
+    labeler: str = "cxr_audit:chexpert"         # the labeler and profile the paper's numbers are read with (`labels.get_labeler`)
     top_k: int = 5                              # k of the top-k share
     distinct: tuple = (1, 2)                    # n of the Distinct-n measures
     annotator_model: str = ""                   # the LLM that annotates reports (a name in words)
@@ -161,7 +161,7 @@ PAPER_004 = Preset(
     cohort_sizes={"MIMIC->IU": {"entries": 575, "studies": 575}, "IU->MIMIC": {"entries": 401, "studies": 347}},
     exclude=("Cardiomegaly",), second_model="MedGemma 1.5 4B (revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b)",
     official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f", "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
-    labeler="cxr_audit:chexpert", top_k=5, distinct=(1, 2),
+    labeler="cxr_audit:chexpert+quirks", top_k=5, distinct=(1, 2),
     not_in_paper=("cohort_params.004_iu.fractions", "labeler"))
 
 # %% ../nbs/16_papers.ipynb #d4987146
@@ -211,10 +211,10 @@ def entry_endpoints(generations,            # a `generations` table of one direc
                     studies,                # the studies (or cohort) table: study_id, findings/impression, the cluster columns
                     *,
                     preset: Preset = PAPER_004, # the paper's protocol
-                    labeler=None            # a `labels.Labeler` or a callable like one; None: the package's labeler
+                    labeler=None            # a `labels.Labeler`, a callable like one, or a name/path; None: the preset's
                    ) -> pd.DataFrame:
     "One row per generation (entry): ids, surface validity and its flags, the prefix hit, and TP/FP/FN over the preset's labels."
-    g, lab = _generations(generations), labeler or default_labeler()
+    g, lab = _generations(generations), get_labeler(labeler if labeler is not None else preset.labeler)
     refs = _study_table(studies, g, preset)
     audit = audit_concentration(g, by=("config",), prefixes=preset.prefixes, grouping=preset.grouping,
                                 validity_rule=preset.validity_rule, reps=1)

@@ -370,3 +370,70 @@ def test_longitudinal_batch_records_every_sentence_then_reads_the_imported_answe
     assert "every LLM answer is in the cache" in capsys.readouterr().out
     assert cli_main([a for a in argv if a not in ("--cache", str(cache))]) == 2
     assert "--batch needs --annotator openai and --cache FILE" in capsys.readouterr().err
+
+
+OFFICIAL = ROOT / "tests" / "fixtures" / "labels" / "chexpert_official_sample.csv"
+
+
+def _micro_f1(ref: pd.DataFrame, hyp: pd.DataFrame) -> float:
+    "Micro-F1 over the 14 labels, only raw state 1 positive, computed by hand from two wide state tables."
+    r, h = (ref == 1).to_numpy(), (hyp == 1).to_numpy()
+    tp, fp, fn = (r & h).sum(), (~r & h).sum(), (r & ~h).sum()
+    return 2 * tp / (2 * tp + fp + fn)
+
+
+def test_official_labels_score_end_to_end(tmp_path):
+    "`--labeler PATH`: the official labeler's own output (its shipped sample) scores references and generations by text."
+    off = pd.read_csv(OFFICIAL)
+    texts, states = off["Reports"].tolist(), off.drop(columns="Reports")
+    n = len(texts)
+    gens = pd.DataFrame({"sample_id": [f"{s}{i}" for s in "ab" for i in range(n)], "study_id": [f"s{i}" for i in range(n)] * 2,
+                         "system": ["own"] * n + ["template"] * n, "policy": "greedy",
+                         "hypothesis": texts[1:] + texts[:1] + [texts[0]] * n})   # `own`: shifted by one study; `template`: one report
+    studies = pd.DataFrame({"study_id": [f"s{i}" for i in range(n)], "patient_id": [f"p{i}" for i in range(n)],
+                            "findings": texts, "impression": ""})
+    gens.to_csv(tmp_path / "g.csv", index=False); studies.to_csv(tmp_path / "s.csv", index=False)
+    r = cli("score", tmp_path / "g.csv", "--studies", tmp_path / "s.csv", "--metrics", "chexpert_f1_14", "--reps", 0,
+            "--clusters", "none", "--labeler", OFFICIAL, "--out", tmp_path / "sc")
+    assert r.returncode == 0, r.stderr
+    assert "CheXpert labels official:chexpert_official_sample.csv" in r.stdout
+    systems = pd.read_csv(tmp_path / "sc" / "systems.csv")
+    assert systems["note"].str.startswith("labeler official:chexpert_official_sample.csv").all()   # the table names its labels
+    got = systems.set_index("config")["estimate"]
+    shifted = states.iloc[list(range(1, n)) + [0]].reset_index(drop=True)
+    assert got.filter(like="own").iloc[0] == pytest.approx(_micro_f1(states, shifted))
+    assert got.filter(like="template").iloc[0] == pytest.approx(_micro_f1(states, states.iloc[[0] * n].reset_index(drop=True)))
+    # the package's labeler reads the stable cardiomegaly as uncertain: the two labelers give different numbers, each named
+    r2 = cli("score", tmp_path / "g.csv", "--studies", tmp_path / "s.csv", "--metrics", "chexpert_f1_14", "--reps", 0,
+             "--clusters", "none", "--out", tmp_path / "sc2")
+    assert r2.returncode == 0 and "CheXpert labels cxr_audit:chexpert" in r2.stdout
+    # the labels command with the same file: every label row names it
+    r3 = cli("labels", "--references", tmp_path / "s.csv", "--predictions", tmp_path / "g.csv", "--reps", 20,
+             "--labeler", OFFICIAL, "--out", tmp_path / "lb")
+    assert r3.returncode == 0, r3.stderr
+    assert "labels (official:chexpert_official_sample.csv)" in r3.stdout
+    # every label-based table it wrote names the labels' source (`source` on label rows, `labeler` on scores); matching is ids only
+    written = {p.name: pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+               for p in (tmp_path / "lb").iterdir() if p.suffix in (".csv", ".parquet") and p.name != "matching.csv"}
+    assert {"reference_labels.parquet", "prediction_labels.parquet", "summary.csv", "per_label.csv"} <= set(written)
+    for name, t in written.items():
+        col = "source" if "source" in t.columns else "labeler"
+        assert col in t.columns, name
+        assert set(t[col]) <= {"official:chexpert_official_sample.csv"}, name
+
+
+def test_official_labels_missing_text_is_one_clear_error(tmp_path):
+    off = pd.read_csv(OFFICIAL)
+    gens = pd.DataFrame({"sample_id": ["a", "b"], "study_id": ["s0", "s1"], "system": "x", "policy": "greedy",
+                         "hypothesis": [off["Reports"][0], "New right upper lobe consolidation."],
+                         "reference": off["Reports"][:2].tolist()})
+    gens.to_csv(tmp_path / "g.csv", index=False)
+    r = cli("score", tmp_path / "g.csv", "--metrics", "chexpert_f1_14", "--reps", 0, "--clusters", "none",
+            "--labeler", OFFICIAL, "--out", tmp_path / "sc")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "1 of" in r.stderr and "are not in" in r.stderr and "New right upper lobe consolidation" in r.stderr
+    assert not (tmp_path / "sc" / "systems.csv").exists()
+    r = cli("score", tmp_path / "g.csv", "--metrics", "chexpert_f1_14", "--labeler", tmp_path / "nope.csv", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = cli("score", tmp_path / "g.csv", "--metrics", "chexpert_f1_14", "--labeler", "chexbert", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "not one of chexpert, clinical, chexpert+quirks" in r.stderr

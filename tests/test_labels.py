@@ -629,3 +629,64 @@ def test_label_text_is_cached_per_text_and_equal_uncached(demo):
     assert len(plain._text_cache) == 0
     ev, _ = cached.label_text(texts[0]); ev.clear()                      # the caller's dict is its own
     assert cached.label_text(texts[0]) == first[0]
+
+
+# --- labels from the official labeler's file, used like a labeler; every label-based table names its labels -----------------
+
+from cxr_audit.labels import FileLabeler, get_labeler, label_audit, reference_profile  # noqa: E402
+
+
+def test_file_labeler_reads_the_official_states_by_text(tmp_path):
+    off = pd.read_csv(FIX / "chexpert_official_sample.csv")
+    lab = FileLabeler(FIX / "chexpert_official_sample.csv")
+    # the same texts with other line breaks and spacing, in another order
+    texts = {f"t{i}": "  ".join(t.split()) for i, t in reversed(list(enumerate(off["Reports"])))}
+    w = to_wide(lab(texts))
+    for i in range(len(off)):
+        want = off.loc[i, list(CHEXPERT_14)].to_numpy(dtype=float)
+        assert np.array_equal(w.loc[f"t{i}"].to_numpy(dtype=float), want, equal_nan=True)
+    # one text twice with different states: an error naming both rows
+    bad = pd.concat([off, off.iloc[[0]].assign(Edema=1.0)], ignore_index=True)
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(InputError, match=r"rows 0 and 4 hold the same text with different labels"):
+        FileLabeler(tmp_path / "bad.csv")
+
+
+def test_get_labeler_names_and_errors(tmp_path):
+    assert get_labeler(None) is default_labeler()
+    assert get_labeler("clinical").name == "cxr_audit:clinical" and get_labeler("cxr_audit:chexpert+quirks").official_quirks
+    custom = Labeler(profile="clinical")
+    assert get_labeler(custom) is custom
+    with pytest.raises(InputError, match="is not one of chexpert, clinical, chexpert\\+quirks"):
+        get_labeler("negbio")
+    with pytest.raises(InputError, match="no official labels file"):
+        get_labeler(tmp_path / "absent.csv")
+
+
+def test_every_label_table_names_its_labeler(tmp_path):
+    c = make_demo_corpus(n_patients=8, seed=3)
+    for name in ("chexpert", "clinical", "chexpert+quirks"):
+        lab = get_labeler(name)
+        a = label_audit(c.studies, c.generations, reps=20, seed=0, labeler=lab)
+        assert set(a.reference_labels.source) == set(a.generated_labels.source) == {lab.name}
+        assert set(a.summary().labeler) == set(a.to_frame().labeler) == {lab.name}
+        assert set(a.trace.flags.source) <= {lab.name} and set(a.exclusion.labeler) <= {lab.name}
+        assert set(reference_profile(c.studies, labeler=lab).labeler) == {lab.name}
+        paths = a.save(tmp_path / name)
+        for key, p in paths.items():
+            if p.suffix not in (".csv", ".parquet") or key == "matching": continue
+            t = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+            col = "source" if "source" in t.columns else "labeler"
+            assert col in t.columns and set(t[col]) <= {lab.name}, p.name
+
+
+def test_label_audit_on_official_labels_has_no_probes_it_cannot_answer():
+    off = pd.read_csv(FIX / "chexpert_official_sample.csv")
+    studies = pd.DataFrame({"study_id": ["a", "b"], "findings": off["Reports"][:2], "impression": ""})
+    gens = pd.DataFrame({"sample_id": ["x", "y"], "study_id": ["a", "b"], "system": "s", "policy": "p",
+                         "hypothesis": [off["Reports"][1], off["Reports"][1]]})
+    a = label_audit(studies, gens, reps=10, labeler=FIX / "chexpert_official_sample.csv")
+    assert a.labeler == "official:chexpert_official_sample.csv" and len(a.probes) == 0
+    gens.loc[0, "hypothesis"] = "A new finding the official file never saw."
+    with pytest.raises(InputError, match="1 of 2 texts are not in"):
+        label_audit(studies, gens, reps=10, labeler=FIX / "chexpert_official_sample.csv")

@@ -75,7 +75,7 @@ def test_preset_cohort_uses_the_recipe_and_its_params():
 
 def test_entry_endpoints_counted_by_hand(data):
     s, g = data
-    ep = entry_endpoints(g, s)
+    ep = entry_endpoints(g, s, labeler="chexpert")     # the official definitions, normal heart-size wording read as normal
     assert len(ep) == len(g) and ep.entry_id.is_unique is False
     on = ep[ep.config == "ON+B4"].set_index("entry_id")
     # even studies: reference Cardiomegaly + Pleural Effusion; ON+B4 says Cardiomegaly: tp 1, fn 1
@@ -88,6 +88,10 @@ def test_entry_endpoints_counted_by_hand(data):
     assert not k50.loc["s0/0", "valid"] and k50.loc["s1/0", "valid"]
     assert ep.patient_id.tolist() == [f"p{int(e[1:].split('/')[0]) // 2}" for e in ep.entry_id]
     assert set(ep.labeler) == {"cxr_audit:chexpert"} and set(ep.reference_section) == {"both"}
+    # the preset's own labels: the official tool's quirks on, so "heart size within normal limits" is a Cardiomegaly FP
+    quirks = entry_endpoints(g, s).set_index(["config", "entry_id"])
+    assert set(quirks.labeler) == {"cxr_audit:chexpert+quirks"}
+    assert quirks.loc[("ON+B4", "s1/1"), ["tp", "fp", "fn"]].tolist() == [0, 1, 1]
 
 
 def test_surface_rule_keeps_flagged_outputs():
