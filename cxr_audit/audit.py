@@ -29,7 +29,7 @@ from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
-from .labels import get_labeler, label_audit
+from .labels import SWAP_LABELERS, get_labeler, label_audit, labeler_swap, swap_note
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
 from .generate import plot_policy_summary, policy_summary
@@ -333,6 +333,17 @@ def _labeler_words(lab) -> str:
     quirks = ", with the official tool's documented quirks" if getattr(lab, "official_quirks", False) else ""
     return f"the offline rule-based labeler (`cxr_audit.labels`, labels `{lab.source}`: {how}{quirks}; no LLM)"
 
+def _swap_blocks(ctx: AuditContext, lab) -> list:
+    "The labeler swap: each run's micro-F1 under the audit's labeler and the other packaged readings, ranked."
+    names = [lab] + [n for n in SWAP_LABELERS if get_labeler(n) is not lab]
+    swap = labeler_swap(ctx.studies, ctx.generations, names)
+    cells = swap.assign(cell=[f"{f:.3f} ({r})" for f, r in zip(swap.micro_f1, swap["rank"])])
+    table = cells.pivot(index="system", columns="labeler", values="cell")[list(pd.unique(swap.labeler))].reset_index()
+    return ["**Labeler swap.** The same runs scored again under other readings of the reports (micro-F1 over the 14 labels, "
+            "point estimates, rank in brackets): `cxr_audit:chexpert` follows the official labeler's definitions, "
+            "`cxr_audit:clinical` lets other findings pass as No Finding, and `+quirks` adds the official tool's documented "
+            "responses such as normal heart-size wording read as cardiomegaly.", table, swap_note(swap)]
+
 def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "Label alignment against references (and the ground truth, when given) and the label-trigger audit."
@@ -356,6 +367,7 @@ def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     else: blocks += [f"**Exclusion sensitivity** of `{audit.pair[0]}` − `{audit.pair[1]}` (micro-F1, all labels, then without "
                      f"{', '.join(audit.exclude)}), under each labeler (a descriptive check, outside any Holm family):",
                      audit.exclusion[_LABEL_EXCLUSION_COLUMNS]]
+    blocks += _swap_blocks(ctx, lab)
     return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting a label-based score.")
 
 # %% ../nbs/14_audit.ipynb #7c6bfc62

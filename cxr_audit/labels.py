@@ -31,15 +31,15 @@ from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING', 'PROFILES',
            'TRIGGER_DIRECTIONS', 'STATE_NAMES', 'CHEXBERT_CLASSES', 'LABELER_NAMES', 'UNCERTAIN_POSITIVE',
-           'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'check_profile', 'load_label_phrases',
-           'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'input_flag', 'default_labeler',
-           'label_reports', 'to_wide', 'readable_states', 'from_wide', 'parse_expected', 'state_accuracy',
-           'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv', 'FileLabeler', 'get_labeler',
-           'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels', 'normalize_evidence', 'LabelTrace',
-           'trace_label_triggers', 'check_text_provenance', 'load_probes', 'probe_labeler', 'probe_summary',
-           'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts', 'plot_trigger_phrases', 'TraceAudit',
-           'trace_audit', 'reference_texts', 'reference_profile', 'run_names', 'label_generations',
-           'findings_to_labels', 'LabelAudit', 'label_audit']
+           'MATCH_STATUSES', 'SCORES', 'PROBE_COLUMNS', 'CARDIAC_PHRASES', 'SWAP_LABELERS', 'check_profile',
+           'load_label_phrases', 'phrase_table', 'load_context_triggers', 'Mention', 'Labeler', 'input_flag',
+           'default_labeler', 'label_reports', 'to_wide', 'readable_states', 'from_wide', 'parse_expected',
+           'state_accuracy', 'read_chexpert_csv', 'write_chexpert_input', 'read_chexbert_csv', 'FileLabeler',
+           'get_labeler', 'uncertain_note', 'to_binary', 'LabelAlignment', 'align_labels', 'normalize_evidence',
+           'LabelTrace', 'trace_label_triggers', 'check_text_provenance', 'load_probes', 'probe_labeler',
+           'probe_summary', 'naive_cardiac_labeler', 'exclusion_sensitivity', 'plot_label_counts',
+           'plot_trigger_phrases', 'TraceAudit', 'trace_audit', 'reference_texts', 'reference_profile', 'run_names',
+           'label_generations', 'findings_to_labels', 'LabelAudit', 'label_audit', 'labeler_swap', 'swap_note']
 
 # %% ../nbs/06_labels.ipynb #bbe8db47
 CHEXPERT_14 = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Lung Opacity", "Edema",
@@ -731,6 +731,13 @@ class FileLabeler:
         if miss: raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in {self.what} "
                                   f"(first: {miss[0][:60]!r}); label them with the official tool (write_chexpert_input) and pass its output")
 
+    def __call__(self, texts,                 # report texts: a sequence, a pandas Series or {id: text}
+                 ids=None):                   # one id per text (default: the Series index or positions)
+        "The long `labels` table of `texts`, as the file labels them (every labelable text must be in the file)."
+        texts, ids = _texts_and_ids(texts, ids)
+        self.require(texts)
+        return Labeler.__call__(self, texts, ids)   # the same table layout, filled from `label_text` below
+
     def label_text(self, text) -> tuple[dict[str, _Evidence], str | None]:
         "`({label: evidence}, flag)` for one report, read from the file (no phrase or sentence evidence)."
         flag = input_flag(text)
@@ -739,14 +746,6 @@ class FileLabeler:
         if row is None: self.require([text])
         return {l: _Evidence(float(s), None, None, None, None, None) for l, s in zip(CHEXPERT_14, row) if not np.isnan(s)}, None
 
-@patch
-def __call__(self: FileLabeler, texts,          # report texts: a sequence, a pandas Series or {id: text}
-             ids=None                         # one id per text (default: the Series index or positions)
-            ) -> pd.DataFrame:
-    "The long `labels` table of `texts`, as the file labels them (every labelable text must be in the file)."
-    texts, ids = _texts_and_ids(texts, ids)
-    self.require(texts)
-    return Labeler.__call__(self, texts, ids)
 
 # %% ../nbs/06_labels.ipynb #5f2030a7
 LABELER_NAMES = ("chexpert", "clinical", "chexpert+quirks")   # the names `get_labeler` (and `--labeler`) take besides a path
@@ -1762,3 +1761,38 @@ def save(self: LabelAudit,
                    params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "by_entry": al.by_entry, "reps": self.reps, "seed": self.seed,
                            "size": self.size, "clustered": self.clusters is not None, "labeler": self.labeler})
     return {**paths, "manifest": out / "manifest.json"}
+
+# %% ../nbs/06_labels.ipynb #c94b1722
+SWAP_LABELERS = ("chexpert", "clinical", "chexpert+quirks")   # the default readings of `labeler_swap`
+
+def labeler_swap(studies,                              # `studies`: study_id and findings/impression (or text)
+                 generations,                          # `generations`: sample_id, study_id, system, policy, hypothesis
+                 labelers: Sequence = SWAP_LABELERS,   # labelers, or names/paths `get_labeler` reads
+                 labels: Sequence[str] = CHEXPERT_14,  # observations scored
+                 uncertain_positive: bool = UNCERTAIN_POSITIVE # count uncertain (-1) as positive
+                ) -> pd.DataFrame:
+    "Micro-F1 of every run under each labeler (point estimates) and its rank there (1: best): `labeler, system, micro_f1, rank, convention`."
+    g, refs = to_generations(generations), reference_texts(studies)
+    if not len(labelers): raise InputError("labeler_swap: no labelers given")
+    rows = []
+    for spec in labelers:
+        lab = get_labeler(spec)
+        al = align_labels(label_reports(refs, labeler=lab), label_generations(g, lab), labels, uncertain_positive,
+                          case_map=g[["sample_id", "study_id"]])
+        c = al.per_label().groupby("system", sort=False)[["tp", "fp", "fn"]].sum()
+        f1 = (2 * c.tp / (2 * c.tp + c.fp + c.fn).where(2 * c.tp + c.fp + c.fn > 0)).rename("micro_f1")
+        rows.append(f1.reset_index().assign(labeler=getattr(lab, "source", str(spec)), convention=al.convention))
+    out = pd.concat(rows, ignore_index=True)
+    out["rank"] = out.groupby("labeler")["micro_f1"].rank(ascending=False, method="min").astype("Int64")
+    return out[["labeler", "system", "micro_f1", "rank", "convention"]]
+
+def swap_note(swap: pd.DataFrame # from `labeler_swap`
+             ) -> str:
+    "One sentence: whether the best run and the order of the runs are the same under every labeler."
+    order = {lab: tuple(t.sort_values(["micro_f1", "system"], ascending=[False, True]).system) for lab, t in swap.groupby("labeler", sort=False)}
+    best = {lab: o[0] for lab, o in order.items()}
+    if len(set(order.values())) == 1:
+        return f"The runs keep one order under all {len(order)} labelers ({', '.join(f'`{l}`' for l in order)}); best: `{next(iter(best.values()))}`."
+    if len(set(best.values())) == 1:
+        return f"The best run (`{next(iter(best.values()))}`) is the same under every labeler, but the order of the others changes."
+    return "The best run depends on the labeler: " + "; ".join(f"`{b}` under `{l}`" for l, b in best.items()) + "."

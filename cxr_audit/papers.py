@@ -17,7 +17,7 @@ from .core import DEFAULT_SEED, InputError, as_pandas, config_label, is_missing,
 from .cohort import IU_004_FRACTIONS, MIMIC_004_VIEWS, Cohort, run_recipe
 from .stats import ComparisonFamily, comparison_family, micro_stats, proportion_stats
 from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
-from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, default_labeler, get_labeler
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, get_labeler
 from .metrics import metric_availability
 from .evaluator import study_section
 from .generate import SimulatedGenerator, generate_table, get_policy

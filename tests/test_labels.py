@@ -8,11 +8,11 @@ import pytest
 
 from cxr_audit.core import InputError, config_label, sha256_frame
 from cxr_audit.corpus import to_generations
-from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, LabelAudit, Labeler, default_labeler, TraceAudit, align_labels,
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, FileLabeler, LabelAudit, Labeler, default_labeler, TraceAudit, align_labels,
                               check_text_provenance, exclusion_sensitivity, findings_to_labels, from_wide, label_audit,
                               label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
                               read_chexbert_csv, read_chexpert_csv, reference_texts, run_names, state_accuracy, to_binary, to_wide, trace_audit,
-                              trace_label_triggers)
+                              trace_label_triggers, get_labeler, reference_profile)
 from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.synth import make_demo_corpus
 
@@ -632,9 +632,6 @@ def test_label_text_is_cached_per_text_and_equal_uncached(demo):
 
 
 # --- labels from the official labeler's file, used like a labeler; every label-based table names its labels -----------------
-
-from cxr_audit.labels import FileLabeler, get_labeler, label_audit, reference_profile  # noqa: E402
-
 
 def test_file_labeler_reads_the_official_states_by_text(tmp_path):
     off = pd.read_csv(FIX / "chexpert_official_sample.csv")
