@@ -24,12 +24,12 @@ from .reports import SECTIONS, parse_sections
 
 # %% auto #0
 __all__ = ['VARIANTS', 'EXPERIMENT_VARIANTS', 'ORIGINAL', 'REPORT_SECTIONS', 'VERDICT_FIELDS', 'REWRITE_SCHEMA', 'VERDICT_SCHEMA',
-           'TASK_COLUMNS', 'ROUND_COLUMNS', 'GENERATOR_MAX_TOKENS', 'RESULT_COLUMNS', 'REFERENCES_COLUMNS', 'Variation',
-           'Axis', 'Taxonomy', 'load_taxonomy', 'resolve_variants', 'variant_steps', 'Prompts', 'load_prompts',
-           'format_report', 'prompt_fields', 'fill_template', 'generator_messages', 'verifier_messages',
-           'pydantic_schemas', 'as_rewrite', 'as_verdict', 'is_accepted', 'is_infeasible', 'task_messages', 'read_task',
-           'ReRef', 'Round', 'FrameResult', 'LoopRun', 'is_waiting', 'waiting_rounds', 'RewriteRun', 'backend_label',
-           'backend_description', 'rewrite_table']
+           'TASK_COLUMNS', 'ROUND_COLUMNS', 'GENERATOR_MAX_TOKENS', 'RESULT_COLUMNS', 'REFERENCES_COLUMNS',
+           'SCORED_SECTION', 'STATUSES', 'Variation', 'Axis', 'Taxonomy', 'load_taxonomy', 'resolve_variants',
+           'variant_steps', 'Prompts', 'load_prompts', 'format_report', 'prompt_fields', 'fill_template',
+           'generator_messages', 'verifier_messages', 'pydantic_schemas', 'as_rewrite', 'as_verdict', 'is_accepted',
+           'is_infeasible', 'task_messages', 'read_task', 'ReRef', 'Round', 'FrameResult', 'LoopRun', 'is_waiting',
+           'waiting_rounds', 'RewriteRun', 'backend_label', 'backend_description', 'rewrite_table']
 
 # %% ../nbs/09_reref.ipynb #6ad1f272
 VARIANTS = ("structure:structured", "structure:free_text", "section_assignment:alternative",
@@ -648,7 +648,9 @@ def rewrite(self: ReRef, findings: str,  # the original Findings
 
 # %% ../nbs/09_reref.ipynb #4cff0fba
 REFERENCES_COLUMNS = ("study_id", "variant", "findings", "impression", "feasible", "accepted", "iterations")
-_EXTRA = ("usable", *VERDICT_FIELDS, "reasoning", "error", "backend")
+_EXTRA = ("usable", "status", *VERDICT_FIELDS, "reasoning", "error", "backend")
+SCORED_SECTION = "findings"   # the section paper 000 scores: a rewrite that leaves it as it was cannot shift a score
+STATUSES = ("original", "usable", "scored section unchanged", "rejected", "not applicable", "no findings section", "waiting for batch")
 
 @dataclass(frozen=True, eq=False)
 class RewriteRun(FrameResult):
@@ -669,12 +671,14 @@ class RewriteRun(FrameResult):
         return waiting_rounds(self.rounds)
 
     def feasibility(self) -> pd.DataFrame:
-        "Per variant: studies, usable rewrites, the share feasible, accepted and usable; mean rounds; the back end."
+        "Per variant: studies, usable rewrites, the share feasible, accepted and usable, rewrites that left the scored section as it was; mean rounds; the back end."
         r = self.references[self.references.variant != ORIGINAL]
         g = r.groupby("variant", sort=False)
         return pd.DataFrame({"studies": g.size(), "n_usable": g.usable.sum().astype(int), "feasible": g.feasible.mean(),
                              "accepted": g.accepted.mean(), "usable": g.usable.mean(), "no_info": g.does_not_contain_required_info.mean(),
-                             "already": g.is_already_in_expected_form.mean(), "mean_rounds": g.iterations.mean()}
+                             "already": g.is_already_in_expected_form.mean(),
+                             "n_unchanged": g.status.apply(lambda s: int((s == "scored section unchanged").sum())) if "status" in r else 0,
+                             "mean_rounds": g.iterations.mean()}
                             ).reset_index().assign(backend=self.backend or "not stated")
     def summary(self) -> pd.DataFrame:
         "The short table: `feasibility()`."
@@ -787,24 +791,35 @@ def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dic
 def _waiting_row(study_id: str, variant: str) -> dict:
     "The references row of a variant that waits for batch results: no text yet, not usable (listed in `RewriteRun.pending`)."
     return {"study_id": study_id, "variant": variant, "findings": None, "impression": None, "feasible": False, "accepted": False,
-            "iterations": 0, "usable": False, "error": None}
+            "iterations": 0, "usable": False, "status": "waiting for batch", "error": None}
 
 def _no_findings_rows(study: Mapping, variants: list) -> list[dict]:
-    blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "error": "no findings section to rewrite"}
+    blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "status": "no findings section",
+             "error": "no findings section to rewrite"}
     return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank} for v in variants]
+
+def _same_text(a, b) -> bool: return " ".join(str(a or "").split()) == " ".join(str(b or "").split())
+
+def _status(row: Mapping, study: Mapping) -> str:
+    "Why a rewrite is or is not usable: a scored section left as it was counts as not usable, whatever the back end."
+    if not row["feasible"]: return "not applicable"
+    if not row["accepted"]: return "rejected"
+    return "scored section unchanged" if _same_text(row[SCORED_SECTION], study[SCORED_SECTION]) else "usable"
 
 def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict, backend: str) -> pd.DataFrame:
     rows = []
     for sid in studies.study_id:
         study = base[sid]
         rows.append({"study_id": sid, "variant": ORIGINAL, "findings": study["findings"], "impression": study["impression"], "feasible": True,
-                     "accepted": True, "iterations": 0, "usable": True, "error": None if study["findings"] else "no findings section"})
+                     "accepted": True, "iterations": 0, "usable": True, "status": "original",
+                     "error": None if study["findings"] else "no findings section"})
         if not study["findings"]: rows += _no_findings_rows(study, variants); continue
         for v in variants:
             steps = variant_steps(v)
             if any((sid, tuple(steps[:k + 1])) not in done for k in range(len(steps))): rows.append(_waiting_row(sid, v)); continue
             row = _compound(sid, v, [done[(sid, tuple(steps[:k + 1]))] for k in range(len(steps))])
-            rows.append({**row, "usable": bool(row["feasible"] and row["accepted"])})
+            status = _status(row, study)
+            rows.append({**row, "usable": status == "usable", "status": status})
     df = pd.DataFrame(rows, columns=list(REFERENCES_COLUMNS) + list(_EXTRA))
     for c in ("feasible", "accepted", "usable"): df[c] = df[c].astype(bool)
     df["iterations"] = df["iterations"].astype(int)

@@ -16,21 +16,24 @@ import pandas as pd
 
 from .core import InputError, read_json, require_columns, resource_text, sha256_text
 from .reports import regex_splitter
-from .labels import CHEXPERT_14, Labeler, default_labeler
+from .labels import CHEXPERT_14, OTHER_FINDING, Labeler, default_labeler
 from .llm import RuleChat, canonical_json
 from .reref import ORIGINAL, VARIANTS, ReRef, read_task
 
 # %% auto #0
 __all__ = ['RULES', 'STRICT_AXES', 'DETECTORS', 'Rules', 'load_rules', 'Item', 'parse_section', 'section_sentences',
            'is_structured', 'sentence_group', 'render_structured', 'render_prose', 'SentenceInfo', 'sentence_info',
-           'is_normal_statement', 'replace_once', 'edit_section', 'RuleContext', 'rule_rewrite', 'label_states',
-           'label_differences', 'rule_verify', 'RuleRewriter', 'RuleVerifier', 'rule_reref', 'label_agreement']
+           'is_normal_statement', 'finding_mentions', 'finding_differences', 'replace_once', 'edit_section',
+           'RuleContext', 'rule_rewrite', 'label_states', 'label_differences', 'rule_verify', 'RuleRewriter',
+           'RuleVerifier', 'rule_reref', 'label_agreement']
 
 # %% ../nbs/09a_reref_rules.ipynb #68f03083
 _RULE_KEYS = ("temporal", "measurement", "number", "normal_words", "summary_normal", "groups", "other_heading", "implicit",
               "implicit_widen", "implicit_remainder", "explicit", "terminology", "hedging", "hedging_sentences",
-              "anatomy_low", "substructure", "aggregate", "split_high", "quantitative", "size_words", "hedge_cues", "severity", "section_strip")
-_PATTERN_KEYS = ("temporal", "measurement", "number", "normal_words", "substructure", "aggregate", "hedge_cues", "severity")
+              "anatomy_low", "substructure", "aggregate", "split_high", "quantitative", "size_words", "hedge_cues", "severity", "section_strip",
+              "comparison", "differential_strip", "minimal_keep")
+_PATTERN_KEYS = ("temporal", "measurement", "number", "normal_words", "substructure", "aggregate", "hedge_cues", "severity",
+                 "comparison")
 
 @dataclass(frozen=True)
 class Rules:
@@ -148,6 +151,7 @@ def render_structured(sentences: Sequence[str],                # the sentences, 
                       group: Callable[[str], str] | None = None # heading of a sentence (default: `sentence_group`)
                      ) -> str:
     "Sentences under anatomical headings (a heading line, then its sentences), or as a numbered list."
+    sentences = [s for s in sentences if re.search(r"[A-Za-z0-9]", s)]   # no empty items
     if numbered: return "\n".join(f"{k}. {s}" for k, s in enumerate(sentences, 1))
     heading_of = group or functools.partial(sentence_group, rules=rules)
     order = [heading for heading, _ in rules.groups] + [rules["other_heading"]]
@@ -209,6 +213,33 @@ def is_normal_statement(sentence: str,                 # one sentence
     if info.labels: return info.all_absent
     return bool(rules.rx["normal_words"].search(sentence))
 
+# %% ../nbs/09a_reref_rules.ipynb #1e66dd2d
+def _phrase_key(phrase: str) -> str:
+    "A mention's words for comparison: lower case, plural endings off."
+    plural = lambda w: re.sub(r"(?<=[a-z]{3})(?<![siu])s$", "", re.sub(r"(?<=[a-z]{2})ies$", "y", w))
+    return " ".join(plural(w) for w in re.findall(r"[a-z0-9]+", phrase.lower()))
+
+def finding_mentions(text: str,                      # a report or a section
+                     labeler: Labeler | None = None, # default: the rule labeler, clinical profile (reads by meaning)
+                     mode: str = "strict",           # "strict": denied labels too; "present": only present (1) and uncertain (-1)
+                     by: str = "phrase"              # "phrase": each finding by its words; "label": CheXpert findings by label
+                    ) -> frozenset:
+    "What a text states, one finding at a time: `(label, phrase, state)` of present and uncertain mentions, `(label, '', 0.0)` of denials."
+    if mode not in ("strict", "present") or by not in ("phrase", "label"): raise InputError(f"finding_mentions: mode {mode!r} / by {by!r}")
+    lab, out = labeler or default_labeler("clinical"), set()
+    for s in section_sentences(text):
+        for m in lab.sentence_mentions(s):
+            if m.state != 0.0: out.add((m.label, _phrase_key(m.phrase) if by == "phrase" or m.label == OTHER_FINDING else "", m.state))
+            elif mode == "strict" and m.label in CHEXPERT_14: out.add((m.label, "", 0.0))
+    return frozenset(out)
+
+def finding_differences(before: frozenset, # `finding_mentions` of the original
+                        after: frozenset   # ... of the rewrite
+                       ) -> list[str]:
+    "The findings a rewrite lost or added, in words."
+    say = lambda k: f"{k[0]}{f' ({k[1]})' if k[1] else ''} {k[2]:g}"
+    return [f"lost {say(k)}" for k in sorted(before - after)] + [f"added {say(k)}" for k in sorted(after - before)]
+
 # %% ../nbs/09a_reref_rules.ipynb #b92ada52
 def _cap(text: str) -> str: return text[:1].upper() + text[1:] if text else text
 
@@ -246,7 +277,14 @@ def replace_once(sentence: str,   # one sentence
     for text, done in segments:
         result += _cap(text) if done and at == 0 and sentence[:1].isupper() else text
         at += len(text)
-    return _tidy(result)
+    return _tidy(_undouble(result, sentence))
+
+_DOUBLE = re.compile(r"\b(\w+) \1\b", re.I)
+
+def _undouble(text: str, original: str) -> str:
+    "A word the replacement doubled ('pulmonary pulmonary') written once; doubles the original had are kept."
+    had = {m.group(1).lower() for m in _DOUBLE.finditer(original)}
+    return _DOUBLE.sub(lambda m: m.group(0) if m.group(1).lower() in had else m.group(1), text)
 
 # %% ../nbs/09a_reref_rules.ipynb #fdb75803
 def _render_items(items: Sequence[Item]) -> str:
@@ -268,7 +306,8 @@ def edit_section(text: str,                     # a report section
     if [x for xs in new for x in xs] == flat: return text
     out, k = [], 0
     for item in items:
-        kept = [x for xs in new[k:k + len(item.sentences)] for x in xs]; k += len(item.sentences)
+        kept = [x for xs in new[k:k + len(item.sentences)] for x in xs if re.search(r"[A-Za-z0-9]", x)]   # no empty "2. ." items
+        k += len(item.sentences)
         if kept: out.append(Item(item.heading, item.marker, kept))
     return _render_items(out)
 
@@ -345,37 +384,76 @@ def _has_positive(text: str, ctx: RuleContext) -> bool:
     evidence, _ = ctx.labeler.label_text(text)
     return any(e.state != 0.0 for label, e in evidence.items() if label not in ("No Finding", "Support Devices"))
 
+def _minimal_keep(sentences: Sequence[str], ctx: RuleContext) -> list[bool]:
+    "Which Findings sentences a minimal report keeps: every abnormal one, and the shortest normal one of each core system without a finding."
+    normal = [ctx.normal(s) for s in sentences]
+    group = [sentence_group(s, ctx.rules) for s in sentences]
+    sick = {g for g, n in zip(group, normal) if not n}
+    best = {}
+    for k, (s, g, n) in enumerate(zip(sentences, group, normal)):
+        if n and g in ctx.rules["minimal_keep"] and g not in sick and (g not in best or len(s) < len(sentences[best[g]])): best[g] = k
+    keep = [not n or k in best.values() for k, n in enumerate(normal)]
+    if not any(keep): keep[min(range(len(sentences)), key=lambda k: len(sentences[k]))] = True   # never an empty Findings
+    return keep
+
 @_rule("findings_scope:minimal")
 def _minimal(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
-    sentences = section_sentences(findings)
-    drop = [ctx.normal(s) for s in sentences]
-    if not any(drop): return findings, impression
-    if all(drop):
-        if len(sentences) <= 1 or _has_positive(findings + " " + impression, ctx): return findings, impression
-        return ctx.pick(ctx.rules["summary_normal"]), impression
-    return edit_section(findings, lambda ss: [[] if ctx.normal(s) else [s] for s in ss]), impression
+    "Normal statements condensed in the report's own words (one per core system), abnormal findings kept word for word."
+    keep = _minimal_keep(section_sentences(findings), ctx)
+    if all(keep): return findings, impression
+    return edit_section(findings, lambda ss: [[s] if k else [] for s, k in zip(ss, keep)]), impression
+
 
 # %% ../nbs/09a_reref_rules.ipynb #9c7d4b92
+def _is_comparison(sentence: str, ctx: RuleContext) -> bool: return bool(ctx.rules.rx["comparison"].search(sentence))
+
+_DANGLING = re.compile(r"\b(?:is|are|was|were|be|been|has|have|with|of|from|to|and|or|the|a|an)\W*$", re.I)
+
 def _strip_comparison(sentence: str, ctx: RuleContext) -> str | None:
-    "The sentence without its comparison with a prior study, when a pattern removes it cleanly (same findings)."
+    "The sentence without its comparison with a prior study, when a pattern removes it cleanly (the same findings, one by one)."
     stripped = replace_once(sentence, ctx.rules.table("section_strip"))
-    clean = (stripped != sentence and not ctx.rules.rx["temporal"].search(stripped)
-             and ctx.info(stripped).present == ctx.info(sentence).present)
+    clean = (stripped != sentence and not _is_comparison(stripped, ctx) and not _DANGLING.search(stripped)
+             and finding_mentions(stripped, ctx.labeler) == finding_mentions(sentence, ctx.labeler))
     return stripped if clean else None
+
+def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
+    "The finding without its differential or interpretation clause ('..., which may represent ...'): the finding stays."
+    stripped = replace_once(sentence, ctx.rules.table("differential_strip"))
+    if stripped == sentence or _DANGLING.search(stripped): return None
+    kept = finding_mentions(stripped, ctx.labeler, "present")
+    return stripped if kept and finding_mentions(sentence, ctx.labeler, "present") - kept else None
+
+def _no_content(sentence: str, ctx: RuleContext) -> bool:
+    "A sentence that names no finding and no anatomy ('No interval change.', 'Comparison with the prior study.')."
+    return not finding_mentions(sentence, ctx.labeler) and not any(p.search(sentence) for _, p in ctx.rules.groups)
+
+def _section_plan(findings: str, ctx: RuleContext) -> dict:
+    "Findings sentence -> what the Findings keep of it: the comparison or the differential goes, the finding stays."
+    plan = {}
+    for s in section_sentences(findings):
+        if _is_comparison(s, ctx):
+            kept = _strip_comparison(s, ctx)
+            if kept is not None: plan[s] = [kept]
+            elif _no_content(s, ctx): plan[s] = []
+        if s not in plan and (kept := _strip_differential(s, ctx)) is not None: plan[s] = [kept]
+    return plan
 
 @_rule("section_assignment:alternative")
 def _section_assignment(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
-    "Comparisons with prior studies leave the Findings for the Impression (stripped from a sentence when possible)."
-    in_findings, in_impression = section_sentences(findings), section_sentences(impression)
-    move = [ctx.info(s).temporal and not ctx.normal(s) for s in in_findings]
-    kept = {s: _strip_comparison(s, ctx) for s, mv in zip(in_findings, move) if mv}
-    if not any(move) or all(mv and kept[s] is None for s, mv in zip(in_findings, move)): return findings, impression
-    stated = {ctx.info(s).present for s in in_impression}
-    def covered(sentence: str) -> bool:   # the Impression already says it, at the same severity
-        present = ctx.info(sentence).present
-        return bool(present) and present in stated and _severity_words(sentence, ctx.rules) <= _severity_words(impression, ctx.rules)
-    added = [s for s, mv in zip(in_findings, move) if mv and not covered(s)]
-    findings = edit_section(findings, lambda ss: [[kept[s]] if mv and kept[s] else [] if mv else [s] for s, mv in zip(ss, move)])
+    "Comparisons with prior studies and differentials leave the Findings for the Impression; no finding leaves the Findings."
+    plan, in_impression = _section_plan(findings, ctx), section_sentences(impression)
+    if not plan or all(not kept for kept in plan.values()) and len(plan) == len(section_sentences(findings)): return findings, impression
+    stated = finding_mentions(impression, ctx.labeler, "present")
+    said = {_key(s) for s in in_impression}
+    def covered(sentence: str) -> bool:   # the Impression already says it: every finding, the comparison and the severity
+        if _key(sentence) in said: return True
+        mine = finding_mentions(sentence, ctx.labeler, "present")
+        if not mine or not mine <= stated: return False
+        near = [s for s in in_impression if finding_mentions(s, ctx.labeler, "present") & mine]
+        told = not _is_comparison(sentence, ctx) or any(_is_comparison(s, ctx) for s in near)
+        return told and _severity_words(sentence, ctx.rules) <= _severity_words(" ".join(near), ctx.rules)
+    added = [s for s in plan if not covered(s)]
+    findings = edit_section(findings, lambda ss: [plan.get(s, [s]) for s in ss])
     if not added: return findings, impression
     if is_structured(impression) and any(item.marker == "number" for item in parse_section(impression)):
         return findings, render_structured(in_impression + added, ctx.rules, numbered=True)
@@ -579,8 +657,9 @@ def _detect_free_text(original, alternative, ctx):
     return False, not _any_structured(original), not _any_structured(alternative)
 @_detector("section_assignment:alternative")
 def _detect_section(original, alternative, ctx):
-    temporal = sum(ctx.info(s).temporal and not ctx.normal(s) for s in section_sentences(original["findings"]))
-    return temporal == 0, False, section_sentences(alternative["findings"]) != section_sentences(original["findings"])
+    table = ctx.rules.table("differential_strip")
+    movable = any(_is_comparison(s, ctx) or replace_once(s, table) != s for s in section_sentences(original["findings"]))
+    return not movable, False, section_sentences(alternative["findings"]) != section_sentences(original["findings"])
 @_detector("findings_scope:exhaustive")
 def _detect_exhaustive(original, alternative, ctx):
     full = len(_systems(original, ctx)) == len(_SYSTEMS)
@@ -588,8 +667,8 @@ def _detect_exhaustive(original, alternative, ctx):
     return not full, full, more or _normals(alternative["findings"], ctx) > _normals(original["findings"], ctx)
 @_detector("findings_scope:minimal")
 def _detect_minimal(original, alternative, ctx):
-    normals = _normals(original["findings"], ctx)
-    return False, normals == 0 or len(section_sentences(original["findings"])) <= 1, _normals(alternative["findings"], ctx) < normals
+    normals, sentences = _normals(original["findings"], ctx), section_sentences(original["findings"])
+    return False, normals == 0 or all(_minimal_keep(sentences, ctx)), _normals(alternative["findings"], ctx) < normals
 @_detector("anatomical_granularity:high")
 def _detect_anatomy_high(original, alternative, ctx):
     aggregates, substructures = _aggregates(original, ctx), _substructures(original, ctx)
@@ -630,8 +709,17 @@ def _numbers(report: Mapping, rules: Rules) -> set:
     "Numbers in the sentences of a report (list markers do not count)."
     return set(rules.rx["number"].findall(" ".join(_all_sentences(report))))
 
-def _verdict_reasons(mode: str, diffs: list, new_numbers: list, severity: list, empty: bool) -> list[str]:
+def _left_findings(before: Mapping, after: Mapping, ctx: RuleContext) -> list[str]:
+    "Findings of the original Findings (without their differential clauses) that the rewrite's Findings no longer state."
+    table = ctx.rules.table("differential_strip")
+    core = finding_mentions(" ".join(replace_once(s, table) for s in section_sentences(before["findings"])), ctx.labeler, "present")
+    return [d.replace("lost ", "", 1) for d in finding_differences(core - finding_mentions(after["findings"], ctx.labeler, "present"), frozenset())]
+
+def _verdict_reasons(mode: str, diffs: list, new_numbers: list, severity: list, empty: bool, findings: list = (), left: list = ()
+                    ) -> list[str]:
     reasons = [f"labels ({mode}): " + ("unchanged" if not diffs else "; ".join(diffs))]
+    reasons.append("findings one by one: " + ("unchanged" if not findings else "; ".join(findings)))
+    if left: reasons.append(f"left the Findings: {'; '.join(left)}")
     if new_numbers: reasons.append(f"numbers not in the original: {new_numbers}")
     if severity: reasons.append(f"severity words differ: {severity}")
     if empty: reasons.append("the Findings section is empty")
@@ -655,12 +743,15 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
     no_info, already, changed = DETECTORS[variant](before, after, ctx)
     mode = "strict" if variant.split(":")[0] in STRICT_AXES else "present"
     diffs = label_differences(label_states(_both(before), ctx.labeler), label_states(_both(after), ctx.labeler), mode)
+    by = "label" if variant.startswith("terminology") else "phrase"    # a terminology rewrite changes the words, not the finding
+    found = finding_differences(finding_mentions(_both(before), ctx.labeler, mode, by), finding_mentions(_both(after), ctx.labeler, mode, by))
+    left = _left_findings(before, after, ctx) if variant.startswith("section_assignment") else []
     new_numbers = sorted(_numbers(after, ctx.rules) - _numbers(before, ctx.rules))
     severity = ([] if variant.startswith("quantitative_granularity")
                 else sorted(_severity_words(_both(before), ctx.rules) ^ _severity_words(_both(after), ctx.rules)))
     empty = bool(before["findings"]) and not after["findings"]
-    reasons = _verdict_reasons(mode, diffs, new_numbers, severity, empty) + [_change_reason(no_info, already, changed)]
-    return {"is_clinically_consistent": not (diffs or new_numbers or severity or empty),
+    reasons = _verdict_reasons(mode, diffs, new_numbers, severity, empty, found, left) + [_change_reason(no_info, already, changed)]
+    return {"is_clinically_consistent": not (diffs or found or left or new_numbers or severity or empty),
             "is_valid_perturbation": bool(no_info or already or changed),
             "does_not_contain_required_info": bool(no_info), "is_already_in_expected_form": bool(already and not no_info),
             "reasoning": "; ".join(reasons) + "."}

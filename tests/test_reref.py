@@ -147,7 +147,11 @@ def test_every_usable_rule_rewrite_differs_from_its_original(demo_run):
     # and a rewrite that equals its original is never "usable": it is infeasible or not accepted
     feas = demo_run.feasibility().set_index("variant")
     assert feas.loc["findings_scope:exhaustive", "usable"] == 0 and feas.loc["quantitative_granularity:high", "usable"] == 0
-    assert (feas.usable[list(set(R.VARIANTS) - {"findings_scope:exhaustive", "quantitative_granularity:high"})] > 0).all()
+    # the demo's Findings are all prose: a free-text rewrite only touches the Impression, so it leaves the scored section as it was
+    assert feas.loc["structure:free_text", "usable"] == 0 and feas.loc["structure:free_text", "n_unchanged"] > 0
+    assert set(ref.loc[ref.variant == "structure:free_text", "status"]) <= {"scored section unchanged", "not applicable"}
+    others = set(R.VARIANTS) - {"findings_scope:exhaustive", "quantitative_granularity:high", "structure:free_text"}
+    assert (feas.usable[list(others)] > 0).all()
 
 
 def test_rule_back_end_is_deterministic(tmp_path, demo):
@@ -403,3 +407,63 @@ def test_compound_variations_run_end_to_end(demo):
     compound_ok = refs.xs(both, level="variant").usable
     assert compound_ok.any() and (~compound_ok | refs.xs("findings_scope:minimal", level="variant").usable).all()
     assert both in set(res.shifts.variant) and both in set(res.boxes.variant) and res.plot("shifts").to_dict()
+
+
+# --- the rule back end on real report wording (IU X-ray sentences) ------------------------------------------------------------
+
+def test_section_assignment_keeps_ordinary_findings_in_the_findings():
+    "'changes' and 'prior' are not comparisons: degenerative changes stay in the scored Findings, and dropping them is refused."
+    fi, im = "Lungs are clear. There are degenerative changes of the thoracic spine.", "Large hiatal hernia."
+    out = RR.rule_rewrite(fi, im, "section_assignment:alternative")
+    assert out == {"findings": fi, "impression": im}                       # nothing to move: no comparison, no differential
+    bad = RR.rule_verify({"findings": fi, "impression": im}, {"findings": "Lungs are clear.", "impression": im},
+                         "section_assignment:alternative")                 # the rewrite the old rule made, and accepted
+    assert not bad["is_clinically_consistent"] and "degenerative change" in bad["reasoning"]
+    # a real comparison leaves, the finding stays in the Findings, and the Impression gains the comparison
+    fi2 = "Stable calcified granuloma in the right upper lobe. Heart size is normal. No pneumothorax."
+    out2 = RR.rule_rewrite(fi2, "No acute disease.", "section_assignment:alternative")
+    assert out2["findings"].startswith("Calcified granuloma in the right upper lobe.") and "Stable calcified granuloma" in out2["impression"]
+    v = RR.rule_verify({"findings": fi2, "impression": "No acute disease."}, out2, "section_assignment:alternative")
+    assert R.is_accepted(v), v["reasoning"]
+
+
+def test_section_assignment_moves_a_differential_and_keeps_the_finding():
+    fi = "A hazy opacity is present in the right lung, which may represent aspiration or hemorrhage. No pneumothorax."
+    out = RR.rule_rewrite(fi, "Hazy right lung opacity.", "section_assignment:alternative")
+    assert out["findings"] == "A hazy opacity is present in the right lung. No pneumothorax."
+    assert "which may represent aspiration or hemorrhage" in out["impression"]
+    v = RR.rule_verify({"findings": fi, "impression": "Hazy right lung opacity."}, out, "section_assignment:alternative")
+    assert v["is_clinically_consistent"] and v["is_valid_perturbation"], v["reasoning"]
+    # moving the finding itself out of the Findings is refused, even though the report as a whole still says it
+    moved = {"findings": "No pneumothorax.", "impression": "Hazy right lung opacity. " + fi.split(". ")[0] + "."}
+    v2 = RR.rule_verify({"findings": fi, "impression": "Hazy right lung opacity."}, moved, "section_assignment:alternative")
+    assert not v2["is_clinically_consistent"] and "left the Findings" in v2["reasoning"]
+
+
+def test_unchanged_scored_section_is_not_usable():
+    "A free-text rewrite of a report whose Findings are prose already only touches the Impression: not usable, and said why."
+    studies = pd.DataFrame({"study_id": ["a"], "findings": ["The heart is normal in size. The lungs are clear. No effusion."],
+                            "impression": ["1. No acute cardiopulmonary disease. 2. Stable appearance of the chest."]})
+    refs = R.rewrite_table(studies, ["structure:free_text"], RR.rule_reref()).references.set_index("variant")
+    row = refs.loc["structure:free_text"]
+    assert row["impression"] != studies.impression[0] and row["findings"] == studies.findings[0]   # the rule did change the report
+    assert not row["usable"] and row["status"] == "scored section unchanged"
+
+
+def test_terminology_does_not_double_a_word():
+    out = RR.rule_rewrite("Mild pulmonary vascular congestion. No effusion.", "", "terminology:alternative")
+    assert "pulmonary pulmonary" not in out["findings"].lower() and "pulmonary venous congestion" in out["findings"]
+    # a doubled word the replacement makes is written once; the original's own words are not touched
+    assert RR._undouble("the pulmonary pulmonary vessels", "the pulmonary vessels") == "the pulmonary vessels"
+
+
+def test_minimal_keeps_the_reports_own_words():
+    "Minimal drops normal statements, keeping one per core system in the report's words: no constant sentence."
+    a = RR.rule_rewrite("The heart is normal in size. The mediastinum is unremarkable. The lungs are clear. No pleural effusion. "
+                        "The osseous structures are intact.", "No acute disease.", "findings_scope:minimal")["findings"]
+    b = RR.rule_rewrite("Heart size and pulmonary vascularity appear within normal limits. The lungs are free of focal airspace "
+                        "disease. No pneumothorax or pleural effusion is seen. Degenerative changes are present in the spine.",
+                        "No acute disease.", "findings_scope:minimal")["findings"]
+    assert a == "The heart is normal in size. The lungs are clear. No pleural effusion."
+    assert "Degenerative changes are present in the spine." in b and a != b
+    assert "No acute cardiopulmonary abnormality." not in (a, b)
