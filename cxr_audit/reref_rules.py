@@ -24,8 +24,8 @@ from .reref import ORIGINAL, VARIANTS, ReRef, read_task
 __all__ = ['RULES', 'STRICT_AXES', 'DETECTORS', 'Rules', 'load_rules', 'Item', 'parse_section', 'section_sentences',
            'is_structured', 'sentence_group', 'render_structured', 'render_prose', 'SentenceInfo', 'sentence_info',
            'is_normal_statement', 'finding_mentions', 'finding_differences', 'replace_once', 'edit_section',
-           'RuleContext', 'rule_rewrite', 'label_states', 'label_differences', 'rule_verify', 'RuleRewriter',
-           'RuleVerifier', 'rule_reref', 'label_agreement']
+           'RuleContext', 'rule_rewrite', 'label_states', 'label_differences', 'rule_verify', 'content_check',
+           'RuleRewriter', 'RuleVerifier', 'rule_reref', 'label_agreement']
 
 # %% ../nbs/09a_reref_rules.ipynb #68f03083
 _RULE_KEYS = ("temporal", "measurement", "number", "normal_words", "summary_normal", "groups", "other_heading", "implicit",
@@ -755,6 +755,21 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
             "is_valid_perturbation": bool(no_info or already or changed),
             "does_not_contain_required_info": bool(no_info), "is_already_in_expected_form": bool(already and not no_info),
             "reasoning": "; ".join(reasons) + "."}
+
+def content_check(original: Mapping,              # {"findings", "impression"} before
+                  alternative: Mapping,           # {"findings", "impression"} after (any back end's)
+                  variant: str,                   # the variation it was made for
+                  rules: Rules | None = None,     # default: the packaged lexicons
+                  labeler: Labeler | None = None  # default: the rule labeler, clinical profile (reads by meaning)
+                 ) -> list[str]:
+    "What a rewrite did to the findings, one by one: present or uncertain findings lost or added, and (section assignment) findings that left the Findings; empty when it kept them all."
+    ctx = RuleContext(rules or load_rules(), labeler or default_labeler("clinical"))
+    before, after = ({k: (r.get(k) or "").strip() for k in ("findings", "impression")} for r in (original, alternative))
+    steps = variant.split("+")   # a compound variation: each of its steps
+    by = "label" if any(v.startswith("terminology") for v in steps) else "phrase"
+    found = finding_differences(finding_mentions(_both(before), ctx.labeler, "present", by), finding_mentions(_both(after), ctx.labeler, "present", by))
+    moved = _left_findings(before, after, ctx) if any(v.startswith("section_assignment") for v in steps) else []
+    return found + [f"left the Findings: {x}" for x in moved]
 
 # %% ../nbs/09a_reref_rules.ipynb #1b678e8e
 _RULE_CODE_VERSION = "1"

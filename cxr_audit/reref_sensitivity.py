@@ -24,13 +24,13 @@ from .stats import (VALUES, PairedResult, bootstrap_metrics, check_reps, count_r
                              ranking_reversals, resolve_clusters, systems_from_scores)
 from .reref import (ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, backend_description, backend_label,
                              rewrite_table)
-from .reref_rules import label_agreement, rule_reref
+from .reref_rules import content_check, label_agreement, rule_reref
 
 # %% auto #0
-__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'PLOT_KINDS', 'score_references',
-           'usable_counts', 'system_scores', 'score_shifts', 'shift_summary', 'iqr_summary', 'PairwiseGaps',
-           'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts', 'reversal_distribution', 'study_scores',
-           'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts', 'plot_gaps', 'plot_reversals',
+__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'EXAMPLE_RULE', 'PLOT_KINDS',
+           'score_references', 'usable_counts', 'system_scores', 'score_shifts', 'shift_summary', 'iqr_summary',
+           'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts', 'reversal_distribution',
+           'study_scores', 'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts', 'plot_gaps', 'plot_reversals',
            'plot_reversal_fractions', 'plot_study_scores', 'StudyExample', 'ReferenceSensitivity', 'metric_source',
            'reference_sensitivity']
 
@@ -502,13 +502,17 @@ def study_scores(scores,                        # a scores long table (from `sco
                  study_id: str | None = None,   # the study (default: the usable case with the largest |difference| on `metric`)
                  variant: str | None = None,    # the rewritten reference (default: as for `study_id`)
                  system: str | None = None,     # the system whose report is scored (default: as for `study_id`)
-                 metric: str | None = None      # the metric that picks the default case (default: the first of `scores`)
+                 metric: str | None = None,     # the metric that picks the default case (default: the first of `scores`)
+                 among=None                     # (study_id, variant) pairs the default case is chosen from (default: every usable one)
                 ) -> pd.DataFrame:
     "One study's per-study scores of one system against its original and one rewritten reference, every metric (the Figure 5 kind); raw values, not sign-flipped."
     table = require_columns(scores, ["sample_id", "study_id", "system", "variant", "metric", "value"], "scores")
     pairs = _paired(table.assign(study_id=table.study_id.astype(str)))
     for name, chosen in (("study_id", study_id), ("variant", variant), ("system", system)):
         if chosen is not None: pairs = pairs[pairs[name] == str(chosen)]
+    if among is not None:
+        allowed = {(str(s), str(v)) for s, v in among}
+        pairs = pairs[[(s, v) in allowed for s, v in zip(pairs.study_id, pairs.variant)]]
     case = _chosen_case(pairs, metric or str(table.metric.iloc[0]))
     rows = pairs[(pairs.sample_id == case.sample_id) & (pairs.variant == case.variant)]
     out = rows.assign(score_original=rows.before, score_rewritten=rows.value, difference=rows.value - rows.before)
@@ -686,6 +690,7 @@ class StudyExample(FrameResult):
     rewritten: str         # the rewritten reference text
     hypothesis: str        # the generated report
     scores: pd.DataFrame   # `study_scores` rows: every metric under both references
+    rule: str = ""         # how the case was chosen
 
     def summary(self) -> pd.DataFrame:
         "Per metric: the score against each reference and the difference."
@@ -696,7 +701,8 @@ class StudyExample(FrameResult):
         return plot_study_scores(self.scores, title)
     def _repr_markdown_(self):
         return (f"**Study `{self.study_id}`**, report of `{self.system}`, original vs `{self.variant}` (references: {self.backend})\n\n"
-                f"- original: {self.original}\n- rewritten: {self.rewritten}\n- generated: {self.hypothesis}\n\n" + md_table(self.summary()))
+                + (f"Chosen as {self.rule}.\n\n" if self.rule else "")
+                + f"- original: {self.original}\n- rewritten: {self.rewritten}\n- generated: {self.hypothesis}\n\n" + md_table(self.summary()))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #9995c865
 @dataclass(frozen=True, eq=False)
@@ -876,6 +882,21 @@ def caption(self: ReferenceSensitivity) -> str:
             + (f" {NOT_APPLICABLE.capitalize()} (no usable rewrite): {', '.join(na)}." if na else ""))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #d7776435
+EXAMPLE_RULE = ("the usable rewrite with the largest change in `{metric}` among those that keep the original's findings one by one "
+                "(`reref_rules.content_check`: no present or uncertain finding lost or added, none moved out of the Findings)")
+
+def _checked_rewrites(references: pd.DataFrame) -> list[tuple]:
+    "(study_id, variant) of the usable rewrites that pass the finding-level content check."
+    refs = references.assign(study_id=references.study_id.astype(str))
+    orig = refs[refs.variant == ORIGINAL].set_index("study_id")
+    out = []
+    for r in refs[(refs.variant != ORIGINAL) & refs.usable].itertuples():
+        o = orig.loc[r.study_id]
+        if not content_check({"findings": o.findings, "impression": o.impression}, {"findings": r.findings, "impression": r.impression},
+                             r.variant):
+            out.append((r.study_id, r.variant))
+    return out
+
 @patch
 def example(self: ReferenceSensitivity,
             study_id: str | None = None,  # the study (default: the usable case with the largest |difference| on `metric`)
@@ -884,14 +905,16 @@ def example(self: ReferenceSensitivity,
             metric: str | None = None     # the metric that picks the default case (default: the first metric)
            ) -> StudyExample:
     "One report scored against a study's original and a rewritten reference, with the texts (the Figure 5 kind)."
-    table = study_scores(self.scores, study_id, variant, system, metric)
-    case = table.iloc[0]
     refs = self.run.references.assign(study_id=self.run.references.study_id.astype(str)).set_index(["study_id", "variant"])
+    among = None if study_id is not None and variant is not None else _checked_rewrites(self.run.references)
+    table = study_scores(self.scores, study_id, variant, system, metric, among)
+    case = table.iloc[0]
     text = {v: _section_text(refs.loc[(case.study_id, v)], self.params["section"]) for v in (ORIGINAL, case.variant)}
     gens = self.generations if self.generations is not None else pd.DataFrame(columns=["sample_id", "hypothesis"])
     hyp = gens.loc[gens.sample_id.astype(str) == str(case.sample_id), "hypothesis"]
     return StudyExample(str(case.study_id), str(case.system), str(case.variant), self.params["backend"], text[ORIGINAL],
-                        text[case.variant], str(hyp.iloc[0]) if len(hyp) else "", table)
+                        text[case.variant], str(hyp.iloc[0]) if len(hyp) else "", table,
+                        "given" if among is None else EXAMPLE_RULE.format(metric=metric or str(self.scores.metric.iloc[0])))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #9ad1e8a7
 PLOT_KINDS = {"shifts": "Figure 4: normalized shifts per variation and metric (box 25-75%, whiskers 5-95%)",

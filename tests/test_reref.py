@@ -467,3 +467,32 @@ def test_minimal_keeps_the_reports_own_words():
     assert a == "The heart is normal in size. The lungs are clear. No pleural effusion."
     assert "Degenerative changes are present in the spine." in b and a != b
     assert "No acute cardiopulmonary abnormality." not in (a, b)
+
+
+def test_figure5_example_is_never_a_rewrite_that_dropped_a_finding():
+    "An LLM Verifier accepted a rewrite that lost the effusion; it moves the score most, but the example skips it and says why."
+    from cxr_audit.reref_sensitivity import EXAMPLE_RULE, reference_sensitivity
+    studies = pd.DataFrame({"study_id": ["s1", "s2"], "patient_id": ["p1", "p2"], "dataset": "IU X-ray",
+                            "findings": ["Small left pleural effusion. The heart size is normal.", "Mild cardiomegaly. The lungs are clear."],
+                            "impression": ["Small left effusion.", "Mild cardiomegaly."]})
+    gens = pd.DataFrame({"sample_id": ["a1", "a2", "b1", "b2"], "study_id": ["s1", "s2"] * 2, "system": ["A", "A", "B", "B"],
+                         "policy": "greedy", "hypothesis": [studies.findings[0], studies.findings[1], "The heart size is normal.",
+                                                            "The lungs are clear."]})
+    base = dict(feasible=True, accepted=True, iterations=1, usable=True, status="usable", is_clinically_consistent=True,
+                is_valid_perturbation=True, does_not_contain_required_info=False, is_already_in_expected_form=False,
+                reasoning="", error=None, backend="llm:test")
+    rows = [dict(base, study_id=s.study_id, variant="original", findings=s.findings, impression=s.impression, iterations=0,
+                 status="original") for s in studies.itertuples()]
+    rows += [dict(base, study_id="s1", variant="negation:explicit", findings="The heart size is normal.", impression="Small left effusion."),
+             dict(base, study_id="s2", variant="negation:explicit", findings="Mild cardiomegaly. The lungs are clear bilaterally.",
+                  impression="Mild cardiomegaly.")]
+    run = R.RewriteRun(pd.DataFrame(rows), pd.DataFrame(), {}, "llm:test")
+    res = reference_sensitivity(studies, gens, metrics=["rouge_l"], reps=20, references=run)
+    from cxr_audit.reref_sensitivity import study_scores
+    assert study_scores(res.scores, metric="rouge_l").study_id.iloc[0] == "s1"     # by size of the change alone: the bad rewrite
+    ex = res.example()
+    assert ex.study_id == "s2" and ex.rule == EXAMPLE_RULE.format(metric="rouge_l")
+    assert "Chosen as the usable rewrite with the largest change" in ex._repr_markdown_()
+    assert RR.content_check({"findings": studies.findings[0], "impression": studies.impression[0]},
+                            {"findings": "The heart size is normal.", "impression": "Small left effusion."},
+                            "negation:explicit") == ["lost Pleural Effusion (pleural effusion) 1"]
