@@ -80,6 +80,7 @@ class Preset:
     runs: int = 1                               # repeated stochastic annotation runs of the robustness analysis
     keywords: tuple = ()                        # the finding terms annotators choose from
     classes: tuple = ()                         # the progression classes scored
+    significance: str = "holm"                  # what makes a gap between two systems significant: "holm" or "ci" (`reref_sensitivity.SIGNIFICANCE_RULES`)
     rules: Mapping = field(default_factory=dict)  # scoring rules in words (unmentioned answers, excluded findings, keyword matching)
     match: str = "exact"                        # how reference and generated findings are matched (`exact` or `families`)
     splitter: str = "default"                   # sentence splitter (`reports.split_sentences`)
@@ -162,7 +163,7 @@ PAPER_004 = Preset(
     exclude=("Cardiomegaly",), second_model="MedGemma 1.5 4B (revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b)",
     official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f", "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
     labeler="cxr_audit:chexpert+quirks", top_k=5, distinct=(1, 2),
-    not_in_paper=("cohort_params.004_iu.fractions", "labeler"))
+    not_in_paper=("cohort_params.004_iu.fractions", "labeler"), not_used=("significance",))
 
 # %% ../nbs/16_papers.ipynb #d4987146
 def _generations(generations) -> pd.DataFrame:
@@ -327,7 +328,7 @@ PAPER_003 = Preset(
     metrics=("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1", "progression_micro_f1",
              "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened"),
     not_in_paper=("seed", "match", "labels", "labeler", "uncertain_positive"),
-    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
+    not_used=("significance", "p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
               "second_model", "official_labeler", "top_k", "distinct"))
 
 # %% ../nbs/16_papers.ipynb #d3804850
@@ -367,7 +368,7 @@ PAPER_000 = Preset(
     metric_names={"crimson": "CRIMSON", "green": "GREEN", "radgraph_f1": "RadGraph-F1", "ratescore": "RaTEScore",
                   "radcliq_v1_neg": "RadCliQ-v1", "chexbert_f1_5": "CheXbert-F1", "bleu_2": "BLEU-2", "rouge_l": "ROUGE-L",
                   "bertscore": "BERTScore"},
-    variations=EXPERIMENT_VARIANTS, rewriter_model="o3 (Azure OpenAI), as both Generator and Verifier",
+    significance="ci", variations=EXPERIMENT_VARIANTS, rewriter_model="o3 (Azure OpenAI), as both Generator and Verifier",
     rewriting={"generator_temperature": 0.7, "generator_max_tokens": 16382, "verifier_temperature": 0.0, "max_rounds": 5},
     sensitivity={"level": "study", "shift": "mean over studies of score(rewritten reference) − score(original reference)",
                  "normalization": "standard deviation of the metric across (model, dataset) pairs under the original references",
@@ -434,5 +435,5 @@ def reference_sensitivity(self: Preset,  # noqa: F811 (the module function of th
     loop = backend if isinstance(backend, ReRef) else self.reref_loop(backend)
     metrics = metrics or [m for m in dict.fromkeys(self.metric_plan().runs_as) if m]
     options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size, section=self.reference_section,
-                   level=self.sensitivity.get("level", "study"))
+                   level=self.sensitivity.get("level", "study"), rule=self.significance)
     return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})

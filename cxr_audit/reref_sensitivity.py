@@ -27,12 +27,12 @@ from .reref import (ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, backend_
 from .reref_rules import content_check, label_agreement, rule_reref
 
 # %% auto #0
-__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'EXAMPLE_RULE', 'PLOT_KINDS',
-           'score_references', 'usable_counts', 'system_scores', 'score_shifts', 'shift_summary', 'iqr_summary',
-           'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts', 'reversal_distribution',
-           'study_scores', 'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts', 'plot_gaps', 'plot_reversals',
-           'plot_reversal_fractions', 'plot_study_scores', 'StudyExample', 'ReferenceSensitivity', 'metric_source',
-           'reference_sensitivity']
+__all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'SIGNIFICANCE_RULES', 'EXAMPLE_RULE',
+           'PLOT_KINDS', 'score_references', 'usable_counts', 'system_scores', 'score_shifts', 'shift_summary',
+           'iqr_summary', 'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts',
+           'reversal_distribution', 'study_scores', 'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts',
+           'plot_gaps', 'plot_reversals', 'plot_reversal_fractions', 'plot_study_scores', 'StudyExample',
+           'ReferenceSensitivity', 'metric_source', 'reference_sensitivity']
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #2cefe5a6
 DEFAULT_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_5")
@@ -292,13 +292,23 @@ def iqr_summary(summary # a box table (from `shift_summary`)
     return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #b7433434
-def _verdicts(table: pd.DataFrame, higher_is_better: bool) -> np.ndarray:
-    "'first better', 'second better' or 'tie' per comparison, from the Holm-consistent `significant`."
+SIGNIFICANCE_RULES = {"holm": "Holm-adjusted p below 1 − size over the family of system pairs (the package's default)",
+                      "ci": "the unadjusted interval of the gap excludes 0 (paper 000's rule)"}
+
+def _check_rule(rule: str) -> str:
+    if rule not in SIGNIFICANCE_RULES: raise InputError(f"significance rule {rule!r} is not one of {', '.join(SIGNIFICANCE_RULES)}")
+    return rule
+
+def _ci_excludes_zero(table: pd.DataFrame) -> pd.Series: return (table.ci_low > 0) | (table.ci_high < 0)
+
+def _verdicts(table: pd.DataFrame, higher_is_better: bool, rule: str = "holm") -> np.ndarray:
+    "'first better', 'second better' or 'tie' per comparison, by the significance rule (`significant` for Holm, the interval for ci)."
     ahead = table.estimate > 0 if higher_is_better else table.estimate < 0
-    return np.where(table.significant, np.where(ahead, "first better", "second better"), "tie")
+    sig = table.significant if rule == "holm" else _ci_excludes_zero(table)
+    return np.where(sig, np.where(ahead, "first better", "second better"), "tie")
 
 _REVERSAL_COLUMNS = ["dataset", "metric", "variant", "n_studies", "n_usable", "applicable", "status", "pairs", "flips",
-                     "significant_flips", "verdict_changes", "fraction", "significant_fraction", "backend"]
+                     "significant_flips", "verdict_changes", "fraction", "significant_fraction", "rule", "backend"]
 _OUTCOMES = ["pairs", "flips", "significant_flips", "verdict_changes"]
 
 def _reversal_rows(counts: pd.DataFrame, usable: Mapping, variants: Sequence[str]) -> pd.DataFrame:
@@ -321,6 +331,7 @@ class PairwiseGaps:
     results: dict    # variant -> `PairedResult` (effects first − second), the original references first
     usable: dict = field(default_factory=dict)  # variant -> (studies with a usable rewrite, studies), not-applicable variants included
     backend: str = "not stated"                 # what wrote the rewritten references
+    rule: str = "holm"                          # what makes a gap significant (`SIGNIFICANCE_RULES`): verdicts and significant flips
 
     @property
     def reps(self) -> int: return int(self.compare().replicates.shape[1])
@@ -337,22 +348,24 @@ class PairwiseGaps:
                                                          + (f" ({', '.join(self.not_applicable)}: {NOT_APPLICABLE})" if self.not_applicable else ""))
         return self.results[variant]
     def to_frame(self) -> pd.DataFrame:
-        "One row per compared variant and pair: usable counts, estimate, interval, p, p_holm, `significant` (Holm) and the verdict."
+        "One row per compared variant and pair: usable counts, estimate, interval, p, p_holm, `significant` (Holm), `significant_ci` (the interval excludes 0) and the verdict by `rule`."
         parts = []
         for variant, result in self.results.items():
             table = result.to_frame().assign(variant=variant)
-            parts.append(table.assign(verdict=_verdicts(table, result.higher_is_better)))
-        table = pd.concat(parts, ignore_index=True).assign(dataset=self.dataset, backend=self.backend)
+            parts.append(table.assign(significant_ci=_ci_excludes_zero(table), verdict=_verdicts(table, result.higher_is_better, self.rule)))
+        table = pd.concat(parts, ignore_index=True).assign(dataset=self.dataset, backend=self.backend, rule=self.rule)
         counts = {v: self.usable.get(v, (np.nan, np.nan)) for v in self.results}
         table["n_usable"], table["n_studies"] = table.variant.map(lambda v: counts[v][0]), table.variant.map(lambda v: counts[v][1])
         return table[["dataset", "metric", "variant", "n_studies", "n_usable", "first", "second", "estimate", "ci_low", "ci_high",
-                      "p", "p_holm", "significant", "verdict", "backend"]]
+                      "p", "p_holm", "significant", "significant_ci", "verdict", "rule", "backend"]]
     def summary(self) -> pd.DataFrame:
         "Per variant: usable counts, system pairs, flips of order, significant flips, verdict changes and their fractions (NaN where not applicable)."
         others = {v: r for v, r in self.results.items() if v != ORIGINAL}
-        counts = count_reversals(self.compare(), others) if others else pd.DataFrame(columns=["condition", *_OUTCOMES])
+        pick = (lambda r: r) if self.rule == "holm" else (lambda r: r.to_frame().drop(columns="significant"))  # no column: the interval decides
+        counts = (count_reversals(pick(self.compare()), {v: pick(r) for v, r in others.items()}) if others
+                  else pd.DataFrame(columns=["condition", *_OUTCOMES]))
         variants = [v for v in dict.fromkeys([*others, *self.usable]) if v != ORIGINAL]
-        table = _reversal_rows(counts, self.usable, variants).assign(dataset=self.dataset, metric=self.metric, backend=self.backend)
+        table = _reversal_rows(counts, self.usable, variants).assign(dataset=self.dataset, metric=self.metric, rule=self.rule, backend=self.backend)
         return table[_REVERSAL_COLUMNS]
     def note(self) -> str:
         "The p-value convention and floors of these comparisons."
@@ -400,10 +413,11 @@ def pairwise_gaps(scores,                                # a scores long table
                   size: float = 0.95,                    # interval coverage; significance level is 1 − size
                   values: Mapping | None = None,         # metric -> value function (see `system_scores`)
                   unit: str | None = None,               # column shared by systems (default: study_id when present)
-                  clusters=None                          # resampling clusters: a column of `scores`, an array aligned with its rows, or a mapping unit -> cluster
+                  clusters=None,                         # resampling clusters: a column of `scores`, an array aligned with its rows, or a mapping unit -> cluster
+                  rule: str = "holm"                     # what makes a gap significant: "holm" or "ci" (see `SIGNIFICANCE_RULES`)
                  ) -> PairwiseGaps:
     "The paired differences between systems under each reference variant, on shared resamples."
-    table = require_columns(scores, ["system", "dataset", "variant", "metric", "value"], "scores")
+    table, rule = require_columns(scores, ["system", "dataset", "variant", "metric", "value"], "scores"), _check_rule(rule)
     unit = unit or _unit(table)
     table, cluster_column = _with_clusters(table, clusters, unit)
     rows = _gap_rows(table, metric, dataset, systems)
@@ -421,7 +435,7 @@ def pairwise_gaps(scores,                                # a scores long table
         labels = variant_labels if labels is None else labels
     boot = bootstrap_metrics(blocks, reps, seed, labels, pairs=pairs, size=size, higher_is_better=_higher_is_better(metric))
     results = {v: dataclasses.replace(r, metric=metric) for v, r in zip(variants, boot.values())}
-    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results, usable, _backend_of(rows))
+    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results, usable, _backend_of(rows), rule)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #5ef10891
 def _n_pairs(scores: pd.DataFrame) -> int:
@@ -438,13 +452,14 @@ def all_pairwise_gaps(scores,                                # a scores long tab
                       size: float = 0.95,                    # interval coverage; significance level is 1 − size
                       values: Mapping | None = None,         # metric -> value function (see `system_scores`)
                       unit: str | None = None,               # see `pairwise_gaps`
-                      clusters=None                          # see `pairwise_gaps`
+                      clusters=None,                         # see `pairwise_gaps`
+                      rule: str = "holm"                     # see `pairwise_gaps`
                      ) -> dict:
     "`{(dataset, metric): PairwiseGaps}` for every dataset and metric."
     table = require_columns(scores, ["dataset", "metric", "variant", "system"], "scores")
     check_reps(reps, _n_pairs(table), 1 - size, "reference-sensitivity comparisons")
     return {(dataset, metric): pairwise_gaps(table, metric, dataset, systems, reps=reps, seed=seed, size=size, values=values,
-                                             unit=unit, clusters=clusters)
+                                             unit=unit, clusters=clusters, rule=rule)
             for dataset in (datasets or list(pd.unique(table.dataset))) for metric in (metrics or list(pd.unique(table.metric)))}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #3bad2e38
@@ -596,14 +611,14 @@ def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame
               title: str | None = None,    # chart title
               notes: Sequence[str] | None = None # lines under the title (default: `chart_notes` of the table)
              ):
-    "The gap first − second with its interval under each compared reference variant, coloured by the (Holm) verdict."
+    "The gap first − second with its interval under each compared reference variant, coloured by the verdict (its significance rule named in the legend)."
     alt = enable_theme(svg=False)
     table = require_columns(gaps, ["variant", "first", "second", "estimate", "ci_low", "ci_high", "verdict"], "gaps")
     first, second = first or table["first"].iloc[0], second or table["second"].iloc[0]
     table = table[(table["first"] == first) & (table["second"] == second)]
     y = alt.Y("variant:N", sort=_variant_order(table.variant), title=None)
     colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(_VERDICT_COLORS), range=list(_VERDICT_COLORS.values())),
-                       title="verdict (Holm)")
+                       title=f"verdict ({table.rule.iloc[0] if 'rule' in table and len(table) else 'holm'})")
     tips = ["variant", *(alt.Tooltip(f"{c}:Q", format="+.4f") for c in ("estimate", "ci_low", "ci_high")), "verdict"]
     base = alt.Chart(table).encode(y=y, color=colour, tooltip=tips)
     lines = chart_notes(table) if notes is None else list(notes)
@@ -808,7 +823,8 @@ def reference_sensitivity(studies,                            # a studies table:
                           values: Mapping | None = None,      # metric -> value function (see `system_scores`)
                           references: RewriteRun | None = None, # an earlier rewrite run of these studies: skips rewriting
                           rewrite_options: Mapping | None = None, # `rewrite_table` options (cache, progress, ...); ReRef settings (max_rounds, seed, generator_max_tokens, ...) when `backend` is not a ReRef
-                          level: str = "study"                # shifts: "study" (mean per-study difference, the paper's) or "corpus" (see `score_shifts`)
+                          level: str = "study",               # shifts: "study" (mean per-study difference, the paper's) or "corpus" (see `score_shifts`)
+                          rule: str = "holm"                  # what makes a gap significant: "holm" (default) or "ci" (paper 000's; see `SIGNIFICANCE_RULES`)
                          ) -> ReferenceSensitivity:
     "Rewrite the references, score every system under each, and measure shifts and ranking reversals: one result."
     table = require_columns(studies, ["study_id"], "studies")
@@ -822,9 +838,9 @@ def reference_sensitivity(studies,                            # a studies table:
     if scores.empty: raise InputError(f"reference_sensitivity: no study has both a {section!r} reference and a generated report")
     shifts = score_shifts(scores, values, level=level)
     boxes = shift_summary(shifts)
-    gaps = (all_pairwise_gaps(scores, reps=reps, seed=seed, size=size, values=values, clusters=cluster_map)
+    gaps = (all_pairwise_gaps(scores, reps=reps, seed=seed, size=size, values=values, clusters=cluster_map, rule=_check_rule(rule))
             if scores.system.nunique() > 1 else {})
-    params = _params(run, loop, scores, metrics, {"section": section, "level": level, "reps": int(reps), "seed": int(seed), "size": float(size),
+    params = _params(run, loop, scores, metrics, {"section": section, "level": level, "reps": int(reps), "seed": int(seed), "size": float(size), "rule": rule,
                                                   "clusters": clusters if isinstance(clusters, str) or clusters is None else "given"})
     gens = _configs(generations)
     gens = gens[gens.sample_id.astype(str).isin(set(scores.sample_id))]

@@ -496,3 +496,28 @@ def test_figure5_example_is_never_a_rewrite_that_dropped_a_finding():
     assert RR.content_check({"findings": studies.findings[0], "impression": studies.impression[0]},
                             {"findings": "The heart size is normal.", "impression": "Small left effusion."},
                             "negation:explicit") == ["lost Pleural Effusion (pleural effusion) 1"]
+
+
+def test_paper_000_significance_rule_is_the_papers_and_is_named():
+    "PAPER_000 calls a gap significant when its unadjusted 95% interval excludes 0; the Holm column stays beside it."
+    from cxr_audit.papers import PAPER_000
+    from cxr_audit.reref_sensitivity import SIGNIFICANCE_RULES, reference_sensitivity
+    demo = make_demo_corpus(40, seed=1)
+    run = R.rewrite_table(demo.studies, ["negation:implicit"], RR.rule_reref())
+    paper = PAPER_000.reference_sensitivity(demo.studies, demo.generations, metrics=["rouge_l"], references=run, reps=200,
+                                            clusters="patient_id")
+    own = reference_sensitivity(demo.studies, demo.generations, metrics=["rouge_l"], references=run, reps=200, clusters="patient_id")
+    assert PAPER_000.significance == "ci" and paper.params["rule"] == "ci" and own.params["rule"] == "holm"
+    for res, rule in ((paper, "ci"), (own, "holm")):
+        for gaps in res.gaps.values():
+            t = gaps.to_frame()
+            assert set(t.rule) == {rule} and {"significant", "significant_ci"} <= set(t.columns)
+            sig = t.significant_ci if rule == "ci" else t.significant
+            assert ((t.verdict != "tie") == sig).all()
+        assert set(res.reversals.rule) == {rule}
+    # the same resamples: only the rule differs, and the unadjusted rule never finds fewer significant gaps than Holm
+    p, o = (next(iter(r.gaps.values())).to_frame() for r in (paper, own))
+    assert (p.estimate.to_numpy() == o.estimate.to_numpy()).all() and (p.verdict != "tie").sum() >= (o.verdict != "tie").sum()
+    assert SIGNIFICANCE_RULES["ci"].endswith("(paper 000's rule)")
+    with pytest.raises(Exception, match="significance rule 'bonferroni'"):
+        reference_sensitivity(demo.studies, demo.generations, metrics=["rouge_l"], references=run, reps=50, rule="bonferroni")
