@@ -78,7 +78,8 @@ def load_rules(path: str | os.PathLike | Mapping | None = None # None: the packa
     rules = Rules(raw, sha256_text(canonical_json(raw))[:12])
     try:
         rules.rx; rules.groups
-        for name in ("terminology", "hedging", "hedging_sentences", "anatomy_low", "quantitative"): rules.table(name)
+        for name in ("terminology", "hedging", "hedging_sentences", "anatomy_low", "quantitative", "section_strip", "differential_strip"):
+            rules.table(name)
     except re.error as e: raise InputError(f"rules: bad regular expression ({e})") from None
     return rules
 
@@ -407,13 +408,14 @@ def _minimal(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str
 # %% ../nbs/09a_reref_rules.ipynb #9c7d4b92
 def _is_comparison(sentence: str, ctx: RuleContext) -> bool: return bool(ctx.rules.rx["comparison"].search(sentence))
 
-_DANGLING = re.compile(r"\b(?:is|are|was|were|be|been|has|have|with|of|from|to|and|or|the|a|an)\W*$", re.I)
+_DANGLING = re.compile(r"\b(?:is|are|was|were|be|been|has|have|with|of|from|to|and|or|but|the|a|an|appears?|remains?|seems?"
+                       r"|grossly|otherwise|largely|essentially|overall)\W*$", re.I)
 
 def _strip_comparison(sentence: str, ctx: RuleContext) -> str | None:
-    "The sentence without its comparison with a prior study, when a pattern removes it cleanly (the same findings, one by one)."
+    "The sentence without its comparison with a prior study, when a pattern removes it cleanly: the same findings, one by one, and some left ('Stable heart size.' -> 'Heart size.' says nothing)."
     stripped = replace_once(sentence, ctx.rules.table("section_strip"))
     clean = (stripped != sentence and not _is_comparison(stripped, ctx) and not _DANGLING.search(stripped)
-             and finding_mentions(stripped, ctx.labeler) == finding_mentions(sentence, ctx.labeler))
+             and bool(kept := finding_mentions(stripped, ctx.labeler)) and kept == finding_mentions(sentence, ctx.labeler))
     return stripped if clean else None
 
 def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
@@ -423,9 +425,15 @@ def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
     kept = finding_mentions(stripped, ctx.labeler, "present")
     return stripped if kept and finding_mentions(sentence, ctx.labeler, "present") - kept else None
 
+_GENERIC = frozenset("""no not significant significantly appreciable substantial definite acute interval change changes changed there is are
+was were has have had been be this the a an of to with from since compared comparison prior previous preceding earlier last recent
+study studies exam examination radiograph radiographs film films image images chest x xray ray ct cxr again seen noted appearance
+overall otherwise grossly findings finding and or in on as at dated date xxxx""".split())
+
 def _no_content(sentence: str, ctx: RuleContext) -> bool:
-    "A sentence that names no finding and no anatomy ('No interval change.', 'Comparison with the prior study.')."
-    return not finding_mentions(sentence, ctx.labeler) and not any(p.search(sentence) for _, p in ctx.rules.groups)
+    "A sentence that says nothing beyond the comparison itself ('No interval change.', 'Compared with the prior study of XXXX.')."
+    rest = ctx.rules.rx["comparison"].sub(" ", sentence)
+    return not finding_mentions(sentence, ctx.labeler) and not set(re.findall(r"[a-z]+", rest.lower())) - _GENERIC
 
 def _section_plan(findings: str, ctx: RuleContext) -> dict:
     "Findings sentence -> what the Findings keep of it: the comparison or the differential goes, the finding stays."
@@ -502,7 +510,10 @@ def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tupl
     def one(sentence: str) -> list:
         x = ctx.info(sentence)
         if x.temporal or not x.all_absent or not x.normal or any(label not in nouns for label in x.labels): return [sentence]
-        words = [nouns[k] for k in nouns if k in x.labels]
+        labels = set(x.labels)
+        if "Enlarged Cardiomediastinum" in labels and re.search(r"\b(?:heart|cardiac)\b", sentence, re.I):
+            labels.add("Cardiomegaly")   # "cardiac and mediastinal contours are normal" says the heart is normal too: keep it
+        words = [nouns[k] for k in nouns if k in labels]
         other = "other " if re.search(r"\b(?:otherwise|remainder|elsewhere)\b", sentence, re.I) else ""
         return ["No " + other + (words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]) + "."]
     def rewrite(sentences: list) -> list: return _dedupe([one(s) for s in sentences])

@@ -521,3 +521,30 @@ def test_paper_000_significance_rule_is_the_papers_and_is_named():
     assert SIGNIFICANCE_RULES["ci"].endswith("(paper 000's rule)")
     with pytest.raises(Exception, match="significance rule 'bonferroni'"):
         reference_sensitivity(demo.studies, demo.generations, metrics=["rouge_l"], references=run, reps=50, rule="bonferroni")
+
+
+def test_user_prompt_files_reach_the_server(tmp_path):
+    "The loop with the user's own prompt files (load_prompts(path)), over HTTP: the server receives the user's words, filled."
+    (tmp_path / "gen.txt").write_text("HOUSE STYLE REWRITE.\nReport:\n<orig_report>\nTarget: <variation_to_generate>\n")
+    (tmp_path / "ver.txt").write_text("HOUSE STYLE CHECK.\nOriginal:\n<orig_report>\nNew findings: <alt_findings>\n"
+                                      "New impression: <alt_impression>\n")
+    (tmp_path / "sys.txt").write_text("You are the department's report editor.")
+    received = []
+    def stand_in(messages, schema, temperature=None, max_tokens=None, seed=None):
+        received.append(messages)
+        if messages[-1]["content"].startswith("HOUSE STYLE CHECK."):
+            return {"is_clinically_consistent": True, "is_valid_perturbation": True, "does_not_contain_required_info": False,
+                    "is_already_in_expected_form": False, "reasoning": "same content"}
+        return {"findings": "The lungs and pleural spaces are clear.", "impression": "No acute process."}
+    prompts = R.load_prompts(generator=tmp_path / "gen.txt", verifier=tmp_path / "ver.txt", system=tmp_path / "sys.txt")
+    studies = pd.DataFrame({"study_id": ["s1"], "findings": ["No focal consolidation. No pleural effusion or pneumothorax."],
+                            "impression": ["No acute process."]})
+    with LocalEndpoint(RuleChat(stand_in, name="stand-in")) as ep:
+        llm = OpenAIChat("stand-in", base_url=ep.base_url)
+        run = R.rewrite_table(studies, "negation:implicit", R.ReRef(llm, llm, prompts=prompts), cache=False, retries=0)
+    gen, ver = received[0], received[1]
+    assert gen[0] == {"role": "system", "content": "You are the department's report editor."}
+    assert gen[-1]["content"].startswith("HOUSE STYLE REWRITE.\nReport:\n") and "No focal consolidation." in gen[-1]["content"]
+    assert "Target: " in gen[-1]["content"] and "<variation_to_generate>" not in gen[-1]["content"]
+    assert "New findings: The lungs and pleural spaces are clear." in ver[-1]["content"]
+    assert run.references.set_index("variant").loc["negation:implicit", "status"] == "usable"
