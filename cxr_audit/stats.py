@@ -10,8 +10,8 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass, field, replace
-from functools import cached_property
-from itertools import combinations
+from functools import cached_property, lru_cache
+from itertools import chain, combinations, permutations
 from typing import Callable, Hashable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -32,18 +32,18 @@ _special = _Lazy("scipy.special")   # lighter (~0.25 s): the beta and F quantile
 
 
 # %% auto #0
-__all__ = ['sps', 'VALUES', 'CIMethod', 'PConvention', 'spearman', 'kendall_tau', 'resample_indices', 'resolve_clusters',
-           'resampling_unit', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights', 'as_stats',
-           'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats', 'label_counts',
-           'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1', 'macro_precision',
-           'macro_recall', 'corpus_bleu', 'replicate_sums', 'DegenerateIntervalWarning', 'BootstrapResult', 'bootstrap',
-           'holm', 'p_value_floor', 'reps_needed', 'p_value_note', 'UnderpoweredWarning', 'check_reps', 'PairedResult',
-           'bootstrap_metrics', 'paired_bootstrap', 'holm_family', 'ComparisonFamily', 'comparison_family',
-           'systems_from_scores', 'incidence', 'distinct_stats', 'distinct_replicates', 'bootstrap_distinct',
-           'replicate_ranks', 'rank_ci', 'ranking_reversals', 'count_reversals', 'Estimate', 'kendalls_w',
-           'mean_spearman', 'agreement_stats', 'agreement_table', 'percent_agreement', 'within_one', 'cohen_kappa',
-           'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci', 'binomial_cis', 'rater_agreement', 'icc2_1',
-           'plot_forest', 'plot_win_probability']
+__all__ = ['sps', 'VALUES', 'CIMethod', 'PConvention', 'EXACT_SPEARMAN_MAX_N', 'spearman', 'kendall_tau', 'resample_indices',
+           'resolve_clusters', 'resampling_unit', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights',
+           'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats',
+           'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1',
+           'macro_precision', 'macro_recall', 'corpus_bleu', 'replicate_sums', 'DegenerateIntervalWarning',
+           'BootstrapResult', 'bootstrap', 'holm', 'p_value_floor', 'reps_needed', 'p_value_note',
+           'UnderpoweredWarning', 'check_reps', 'PairedResult', 'bootstrap_metrics', 'paired_bootstrap', 'holm_family',
+           'ComparisonFamily', 'comparison_family', 'systems_from_scores', 'incidence', 'distinct_stats',
+           'distinct_replicates', 'bootstrap_distinct', 'replicate_ranks', 'rank_ci', 'ranking_reversals',
+           'count_reversals', 'Estimate', 'kendalls_w', 'mean_spearman', 'agreement_stats', 'agreement_table',
+           'percent_agreement', 'within_one', 'cohen_kappa', 'quadratic_kappa', 'gwet_ac1', 'exact_binomial_ci',
+           'binomial_cis', 'rater_agreement', 'icc2_1', 'plot_forest', 'plot_win_probability']
 
 # %% ../nbs/04_stats.ipynb #20427941
 def resample_indices(units: int,            # number of resampling units (units, or clusters)
@@ -1155,6 +1155,23 @@ def _fisher_ci(r: float, var: float, size: float) -> tuple[float, float]:
     z, h = np.arctanh(np.clip(r, -1, 1)), sps.norm.ppf((1 + size) / 2) * math.sqrt(var)
     return float(np.tanh(z - h)), float(np.tanh(z + h))
 
+EXACT_SPEARMAN_MAX_N = 10   # up to this many pairs, Spearman's p-value comes from every ordering (10! = 3,628,800)
+
+@lru_cache(maxsize=4)
+def _orderings(n: int) -> np.ndarray:
+    "Every permutation of range(n), one per row (int8)."
+    return np.fromiter(chain.from_iterable(permutations(range(n))), dtype=np.int8).reshape(-1, n)
+
+def _spearman(x: np.ndarray, y: np.ndarray):
+    "Spearman's rho with its two-sided p-value: exact over all n! orderings for n <= EXACT_SPEARMAN_MAX_N, else scipy's t approximation."
+    r = sps.spearmanr(x, y)
+    n = len(x)
+    if n > EXACT_SPEARMAN_MAX_N or not np.isfinite(r.statistic): return r.statistic, r.pvalue, "asymptotic t p"
+    rx, ry = sps.rankdata(x) - (n + 1) / 2, sps.rankdata(y) - (n + 1) / 2
+    sxy = np.sqrt((rx @ rx) * (ry @ ry))
+    null = np.abs(ry[_orderings(n)] @ rx) / sxy                 # |rho| under every ordering of the second ranking
+    return r.statistic, float(np.mean(null >= abs(r.statistic) - 1e-12)), f"exact permutation p over all {math.factorial(n):,} orderings"
+
 def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: int, doc: str):
     "A public rank correlation `name`: scipy's `correlate` and its p-value, with a Fisher-z interval of variance `var_num/(n-lost)`."
     def correlation(first,            # one score per object (system) under the first evaluation
@@ -1162,18 +1179,18 @@ def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: i
                     size: float = 0.95 # interval coverage
                    ) -> Estimate:
         x, y = _pair_arrays(first, second, name); n = len(x)
-        r = correlate(x, y)
-        return Estimate(metric, float(r.statistic), *_fisher_ci(r.statistic, var_num / (n - lost) if n > lost else np.nan, size),
-                        float(r.pvalue), n, f"Fisher z, var {var_num}/(n-{lost}); scipy p")
+        stat, p, how = correlate(x, y)
+        return Estimate(metric, float(stat), *_fisher_ci(stat, var_num / (n - lost) if n > lost else np.nan, size),
+                        float(p), n, f"Fisher z, var {var_num}/(n-{lost}); {how}")
     correlation.__name__ = correlation.__qualname__ = name
     correlation.__doc__ = doc
     return correlation
 
-spearman = _rank_correlation("spearman", "spearman_rho", lambda x, y: sps.spearmanr(x, y), 1.06, 3,
-                             "Spearman's rho with scipy's p-value and a Fisher-z interval.")
+spearman = _rank_correlation("spearman", "spearman_rho", _spearman, 1.06, 3,
+                             "Spearman's rho with an exact permutation p-value for up to 10 pairs (asymptotic above) and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #d7b0b55b
-kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", lambda x, y: sps.kendalltau(x, y), 0.437, 4,
+kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", lambda x, y: (*sps.kendalltau(x, y), "scipy p (exact for small n without ties)"), 0.437, 4,
                                 "Kendall's tau-b with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #e28d64e2

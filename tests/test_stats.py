@@ -563,3 +563,16 @@ def test_paired_to_frame_is_built_once_per_setting_and_returned_as_a_copy():
     assert not r.to_frame(size=0.9).equals(f2) and len(r._frames) == 2
     s1 = r.systems_frame(); s1["estimate"] = 99.0
     assert r.systems_frame()["estimate"].iloc[0] != 99.0 and len(r._frames) == 3
+
+
+def test_spearman_p_is_exact_for_a_handful_of_systems():
+    "Two identical rankings of 5 systems: p = 2/120 (the ranking and its reverse), not the large-sample 1e-24."
+    from cxr_audit.stats import spearman
+    r = spearman([1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
+    assert r.p == pytest.approx(2 / 120) and "exact permutation p" in r.method
+    # ties: the permutations of the tied ranks, the same count by brute force
+    import itertools
+    x, y = [0.1, 0.2, 0.2, 0.5, 0.7, 0.9], [1, 3, 2, 2, 5, 4]
+    rho = sps.spearmanr(x, y).statistic
+    null = [abs(sps.spearmanr(x, [y[i] for i in p]).statistic) for p in itertools.permutations(range(6))]
+    assert spearman(x, y).p == pytest.approx(np.mean(np.array(null) >= abs(rho) - 1e-12))
