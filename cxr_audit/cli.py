@@ -268,6 +268,14 @@ def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
             "evaluate with no LLM call")
 
 
+def _save_incomplete(e, out: str, inputs: dict, params: dict) -> None:
+    "The annotations, the replies and the unreadable counts of an incomplete longitudinal run, with a manifest."
+    from cxr_audit.core import write_manifest
+    tables = {"reference_sentences.parquet": e.reference_sentences, "generated_sentences.parquet": e.generated_sentences,
+              "llm_calls.parquet": e.llm_calls, "validity.csv": e.validity}
+    paths = {n.split(".")[0]: write_table(t, Path(out) / n) for n, t in tables.items() if t is not None}
+    write_manifest(Path(out) / "manifest.json", inputs=inputs, outputs=paths, params={**params, "complete": False}, notes=[str(e)])
+
 def longitudinal(*, studies: str,                                      # studies table (the references; .csv/.parquet)
                  generations: str,                                     # generations table (.csv/.parquet)
                  out: str,                                             # output folder
@@ -288,23 +296,30 @@ def longitudinal(*, studies: str,                                      # studies
                  seed: int = DEFAULT_SEED,                             # seed of the resamples
                  clusters: str = "patient_id",                         # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
                  match: Literal["exact", "families"] = "exact",        # how findings of reference and generation are matched (exact term, or keyword families)
-                 section: str = "findings"                             # studies column holding the reference text
+                 section: str = "findings",                            # studies column holding the reference text
+                 max_invalid: float = 0.05                             # above this share of unreadable annotator replies: no score, exit 1
                 ) -> str:
     "Annotate references and generations longitudinally, evaluate every system, write tables, charts and a manifest."
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.longitudinal import LANGUAGE_METRICS, progression_evaluation
+    from cxr_audit.longitudinal import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation, unreadable_text
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                      n_task_examples, n_change_indicators, n_progression_examples)
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset="studies")
     if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
     clusters = _clusters_arg(clusters, st)
-    ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann, reps=reps,
-                                seed=seed, clusters=clusters, metrics=chosen, match=match, section=section)
+    try:
+        ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann, reps=reps,
+                                    seed=seed, clusters=clusters, metrics=chosen, match=match, section=section, max_invalid=max_invalid)
+    except IncompleteAnnotation as e:   # write what was annotated and the replies, for a look; report no score; exit 1
+        _save_incomplete(e, out, {"studies": studies, "generations": generations}, {"annotator": repr(ann), "max_invalid": max_invalid})
+        raise IncompleteRunError(f"longitudinal: annotator {ann.name}: {e}. Wrote the annotations and replies to {out}", output=out) from None
     ev.save(out, inputs={"studies": studies, "generations": generations},
             params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
+    unread = unreadable_text(ev.validity())
     f1 = ev.summary().query("metric == 'progression_micro_f1'")
-    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name}; "
+    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name} "
+            f"({unread}); "
             "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
             + (f". {ev.headline()} {ev.note('progression_micro_f1')}" if len(ev.systems) > 1 else "")
             + "".join(f" Note: {n}" for n in ev.notes) + _unit_line(st, clusters) + f" Wrote {out}")

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
                             read_table, require_columns, resource_text, rng, save_chart, sha256_text, system_color, write_manifest,
                             write_table)
 from .reports import default_splitter_name, split_sentences
@@ -35,16 +35,16 @@ from .llm import DECODING, RuleChat, batch_summary, is_restricted, run_batch
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
-           'PAPER_SETTINGS', 'SCOPES', 'MATCHES', 'LANGUAGE_METRICS', 'PROGRESSION_METRICS', 'TABLE5_METRICS',
-           'load_keywords', 'keyword_terms', 'keyword_families', 'load_lexicon', 'Cue', 'RuleAnnotator',
-           'report_sentences', 'annotate_reports', 'load_prompts', 'longitudinal_prompt', 'keyword_prompt',
-           'progression_prompt', 'parse_choice', 'parse_binary', 'parse_progression', 'parse_keyword', 'LLMAnnotator',
-           'rule_chat', 'read_gold', 'annotation_counts', 'AnnotationQuality', 'evaluate_annotators',
+           'PAPER_SETTINGS', 'SCOPES', 'MAX_INVALID', 'MATCHES', 'LANGUAGE_METRICS', 'PROGRESSION_METRICS',
+           'TABLE5_METRICS', 'load_keywords', 'keyword_terms', 'keyword_families', 'load_lexicon', 'Cue',
+           'RuleAnnotator', 'report_sentences', 'annotate_reports', 'load_prompts', 'longitudinal_prompt',
+           'keyword_prompt', 'progression_prompt', 'parse_choice', 'parse_binary', 'parse_progression', 'parse_keyword',
+           'LLMAnnotator', 'rule_chat', 'read_gold', 'annotation_counts', 'AnnotationQuality', 'evaluate_annotators',
            'report_progression', 'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement',
-           'ProgressionEvaluation', 'progression_evaluation', 'plot_progression_f1', 'plot_progression_wins',
-           'ranking_stability', 'runs_summary', 'ranking_agreement', 'keyword_counts', 'KeywordDistance',
-           'keyword_distance', 'finding_categories', 'category_results', 'LMimic', 'build_lmimic',
-           'plot_class_distribution', 'plot_lmimic_reports']
+           'unreadable_text', 'ProgressionEvaluation', 'IncompleteAnnotation', 'progression_evaluation',
+           'plot_progression_f1', 'plot_progression_wins', 'ranking_stability', 'runs_summary', 'ranking_agreement',
+           'keyword_counts', 'KeywordDistance', 'keyword_distance', 'finding_categories', 'category_results', 'LMimic',
+           'build_lmimic', 'plot_class_distribution', 'plot_lmimic_reports']
 
 # %% ../nbs/10_longitudinal.ipynb #36f216b2
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
@@ -482,14 +482,19 @@ def _norm(text: str) -> str:
     t = re.sub(r"[-_]+", " ", str(text).lower())
     return re.sub(r"\s+", " ", t.strip(" \t\r\n\"'`.,;:!*()[]")).strip()
 
+_THINK = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|$)", re.I | re.S)
+_ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is)?\s*[:=]?\s*(.+?)\s*$", re.I | re.M)
+
 def parse_choice(text: str | None,             # a model's reply (None: no reply)
                  aliases: Mapping[str, str]    # normalized answer -> label
                 ) -> str | None:
-    "The one label in a reply (bracketed answers first, else the whole reply); None if none or several differ."
+    "The one label in a reply: bracketed answers first, else an `Answer: ...` line, the whole reply or its last line (reasoning in `<think>` left out); None if none or several differ."
     if text is None: return None
-    cands = _BRACKETED.findall(text) or [text]
-    found = {aliases[_norm(c)] for c in cands if _norm(c) in aliases}
-    return found.pop() if len(found) == 1 else None
+    text = _THINK.sub(" ", text)                     # a reasoning model's thoughts are not its answer
+    for cands in (_BRACKETED.findall(text), _ANSWER.findall(text)[-1:], [text], [l for l in text.splitlines() if l.strip()][-1:]):
+        found = {aliases[_norm(c)] for c in cands if _norm(c) in aliases}
+        if found: return found.pop() if len(found) == 1 else None
+    return None
 
 # %% ../nbs/10_longitudinal.ipynb #9cabf734
 _BINARY = {"1": 1, "0": 0, "yes": 1, "no": 0}
@@ -538,7 +543,7 @@ class LLMAnnotator:
                  n_progression_examples: int = 2,   # worked examples in the progression prompt (paper: 0, 2, 4)
                  decoding: str | Mapping = "greedy", # "greedy", "sampling" (T 0.7, top-p 0.9, top-k 20) or explicit parameters
                  seed: int | None = None,           # sampling seed (separates repeated stochastic runs)
-                 max_tokens: int = 64,              # cap on each reply
+                 max_tokens: int = 512,             # cap on each reply: room for a model that reasons before its answer
                  invalid_retries: int = 2,          # extra asks for an answer that could not be parsed
                  cache=None,                        # ChatCache or path; None: the default cache; False: none
                  max_concurrency: int = 4,          # requests in flight
@@ -722,21 +727,25 @@ def annotation_counts(gold,               # gold table (see `read_gold`)
                       predicted,          # predictions aligned to its rows (`is_longitudinal, keyword, progression`)
                       scope: str = "end_to_end" # "end_to_end" or "isolated" (see `SCOPES`)
                      ) -> pd.DataFrame:
-    "Per gold sentence: longitudinal `l_tp, l_fp, l_fn, l_tn`, progression `tp_*, fp_*, fn_*, tn_*` per class, and `evaluated`."
+    "Per gold sentence: longitudinal `l_tp, l_fp, l_fn, l_tn`, progression `tp_*, fp_*, fn_*, tn_*` per class, `evaluated` and `valid` (a reply was read)."
     g, p = read_gold(gold), as_pandas(predicted, "predictions").reset_index(drop=True)
     if len(p) != len(g): raise InputError(f"predictions: {len(p)} rows for {len(g)} gold sentences")
-    pl = p["is_longitudinal"].astype("boolean").fillna(False).astype(bool).values if "is_longitudinal" in p else np.ones(len(g), bool)
-    gl = g["is_longitudinal"].values
-    out = pd.DataFrame({"l_tp": gl & pl, "l_fp": ~gl & pl, "l_fn": gl & ~pl, "l_tn": ~gl & ~pl}).astype(float)
+    raw = p["is_longitudinal"].astype("boolean") if "is_longitudinal" in p else pd.Series(True, index=p.index, dtype="boolean")
+    valid = raw.notna().to_numpy()                 # an unreadable reply is missing: left out of every count, never a negative
+    pl, gl = raw.fillna(False).astype(bool).to_numpy(), g["is_longitudinal"].values
+    out = pd.DataFrame({"l_tp": gl & pl, "l_fp": ~gl & pl, "l_fn": gl & ~pl, "l_tn": ~gl & ~pl}).astype(float).mul(valid, axis=0)
     gc = [_klass(a, b) for a, b in zip(gl, g["progression"])]
     pc = [_klass(a, b) for a, b in zip(pl if scope == "end_to_end" else np.ones(len(g), bool), p["progression"])]
     ev = np.array([k != SUPPORT_DEVICES for k in g["keyword"]])
-    if scope == "isolated": ev &= np.array([c is not None and k is not None for c, k in zip(gc, g["keyword"])])
+    if scope == "isolated":
+        ev &= np.array([c is not None and k is not None for c, k in zip(gc, g["keyword"])])
+        valid = ~ev | np.array([x in PROGRESSION_LABELS for x in p["progression"]])   # asked, and the answer was read
     elif scope != "end_to_end": raise InputError(f"scope must be one of {SCOPES}, got {scope!r}")
+    ev &= valid
     for c in PROGRESSION_CLASSES:
         t, q = np.array([x == c for x in gc]), np.array([x == c for x in pc])
         for name, v in (("tp", t & q), ("fp", ~t & q), ("fn", t & ~q), ("tn", ~t & ~q)): out[f"{name}_{c}"] = (v & ev).astype(float)
-    return out.assign(evaluated=ev)
+    return out.assign(evaluated=ev, valid=valid)
 
 # %% ../nbs/10_longitudinal.ipynb #5397d7ef
 _ANNOTATION_METRICS = ("longitudinal_accuracy", "longitudinal_precision", "longitudinal_recall", "longitudinal_f1",
@@ -749,7 +758,8 @@ def _class_counts(C: pd.DataFrame, kind: str) -> np.ndarray:
 def _annotation_stats(C: pd.DataFrame, scope: str) -> dict:
     "metric -> (per-sentence stats, value function name)."
     tp, fp, fn, tn = (_class_counts(C, k) for k in ("tp", "fp", "fn", "tn"))
-    out = {"longitudinal_accuracy": (np.column_stack([C.l_tp + C.l_tn, np.ones(len(C))]), "ratio"),
+    read = C["valid"].astype(float) if "valid" in C else np.ones(len(C))
+    out = {"longitudinal_accuracy": (np.column_stack([C.l_tp + C.l_tn, read]), "ratio"),
            **{f"longitudinal_{m}": (micro_stats(C.l_tp, C.l_fp, C.l_fn), f"micro_{m}") for m in ("precision", "recall", "f1")}}
     if scope == "isolated": out = {}
     out["progression_micro_accuracy"] = (np.column_stack([(tp + tn).sum(1), 3.0 * C.evaluated]), "ratio")
@@ -796,6 +806,14 @@ class _PairedMeasures:
         chosen = {m: self.compare(m) for m in (metrics or self.results)}
         with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)  # undefined measures give NaN rows
 
+MAX_INVALID = 0.05   # above this share of unreadable replies an annotation run is incomplete: its scores are not reported
+
+def _validity_rows(name: str, asked: int, invalid: int, max_invalid: float) -> dict:
+    rate = invalid / asked if asked else 0.0
+    return {"annotator": name, "asked": asked, "n_invalid": invalid, "invalid_rate": rate, "complete": rate <= max_invalid}
+
+def _incomplete_cell(v: pd.Series) -> str: return f"incomplete: {v.invalid_rate:.1%} of replies unreadable"
+
 @dataclass(frozen=True, eq=False, repr=False)
 class AnnotationQuality(_PairedMeasures):
     gold: pd.DataFrame
@@ -804,11 +822,27 @@ class AnnotationQuality(_PairedMeasures):
     results: dict              # metric -> PairedResult over annotators
     scope: str = "end_to_end"
     baseline: str | None = None
+    max_invalid: float = MAX_INVALID   # an annotator with more unreadable replies than this share is incomplete
     _member = "annotator"
 
+    def validity(self) -> pd.DataFrame:
+        "Per annotator: sentences asked, replies that could not be read (left out of every measure), their share, and `complete`."
+        rows = []
+        for name, C in self.counts.items():
+            asked = np.ones(len(C), bool) if self.scope == "end_to_end" else (C.evaluated | ~C.valid).to_numpy()
+            rows.append(_validity_rows(name, int(asked.sum()), int((~C.valid).sum()), self.max_invalid))
+        return pd.DataFrame(rows)
+
+    @property
+    def incomplete(self) -> list[str]:
+        "The annotators whose unreadable replies pass `max_invalid`: their measures are not reported."
+        v = self.validity()
+        return v.annotator[~v.complete].tolist()
+
     def summary(self) -> pd.DataFrame:
-        "`annotator, metric, estimate, ci_low, ci_high, n`."
-        return self.to_frame()[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
+        "`annotator, metric, estimate, ci_low, ci_high, n, n_invalid, invalid_rate, complete` (measures over the replies read)."
+        out = self.to_frame()[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
+        return out.merge(self.validity()[["annotator", "n_invalid", "invalid_rate", "complete"]], on="annotator", how="left")
 
     def note(self, metrics: Sequence[str] | None = None # the metrics of `comparisons(metrics)`
             ) -> str:
@@ -845,7 +879,8 @@ def evaluate_annotators(gold,                        # gold table or path (see `
                         reps: int = 1000,            # bootstrap resamples
                         seed: int = DEFAULT_SEED,    # seed of the resamples
                         clusters="report_id",        # a gold column, one label per gold row, or None (resample sentences)
-                        size: float = 0.95           # interval coverage
+                        size: float = 0.95,          # interval coverage
+                        max_invalid: float = MAX_INVALID # above this share of unreadable replies an annotator is incomplete
                        ) -> AnnotationQuality:
     "Bootstrap annotation quality of one or more annotators on gold sentence labels."
     g = read_gold(gold)
@@ -855,16 +890,20 @@ def evaluate_annotators(gold,                        # gold table or path (see `
     metrics = {m: ({n: stats[n][m][0] for n in stats}, stats[next(iter(stats))][m][1]) for m in next(iter(stats.values()))}
     res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=resolve_clusters(clusters, g),
                             baseline=baseline if len(preds) > 1 else None, size=size)
-    return AnnotationQuality(g, preds, counts, res, scope, baseline)
+    return AnnotationQuality(g, preds, counts, res, scope, baseline, float(max_invalid))
 
 # %% ../nbs/10_longitudinal.ipynb #b7d9b034
 @patch
 def table(self: AnnotationQuality, digits: int = 3 # decimals shown
          ) -> pd.DataFrame:
-    "metric × annotator, `estimate [ci_low, ci_high]`."
+    "metric × annotator, `estimate [ci_low, ci_high]` over the replies read, and the unreadable ones; an incomplete annotator shows no measure."
     s = self.summary()
     s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
-    return s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
+    out = s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
+    v = self.validity().set_index("annotator")
+    for name in self.incomplete: out[name] = _incomplete_cell(v.loc[name])
+    out.loc["unreadable replies"] = [f"{v.n_invalid[n]} of {v.asked[n]} ({v.invalid_rate[n]:.1%})" for n in out.columns]
+    return out
 
 # %% ../nbs/10_longitudinal.ipynb #197750b1
 @patch
@@ -1074,6 +1113,16 @@ def _who(data) -> str | None:
     if not isinstance(data, pd.DataFrame) or "annotator" not in data: return None
     return ", ".join(dict.fromkeys(map(str, data["annotator"].dropna()))) or None
 
+def unreadable_text(validity: pd.DataFrame # from `ProgressionEvaluation.validity` or `IncompleteAnnotation.validity`
+                   ) -> str:
+    "The unreadable annotation replies in words."
+    return "; ".join(f"{r.n_invalid} of {r.asked} {r.reports} sentences unreadable ({r.invalid_rate:.1%})" for r in validity.itertuples())
+
+def _validity(ref_s, gen_s, annotators: dict, max_invalid: float) -> pd.DataFrame:
+    sides = (("references", ref_s), ("generations", gen_s))
+    return pd.DataFrame([{"reports": k, **_validity_rows(annotators[k], len(s), int(s["is_longitudinal"].isna().sum()), max_invalid)}
+                         for k, s in sides])
+
 @dataclass(frozen=True, eq=False, repr=False)
 class ProgressionEvaluation(_PairedMeasures):
     reference_sentences: pd.DataFrame  # sentences table of the references (report_id = study_id)
@@ -1091,6 +1140,7 @@ class ProgressionEvaluation(_PairedMeasures):
     match: str = "exact"               # how findings were matched: exact, families or custom map
     splitter: str | None = None        # the sentence splitter used (None: annotations given)
     labeler: str | None = None         # what labeled the diagnoses (`diagnosis_micro_f1`), when measured
+    max_invalid: float = MAX_INVALID   # above this share of unreadable annotation replies (either side) the evaluation is incomplete
 
     @property
     def systems(self) -> list[str]: return self._members
@@ -1099,9 +1149,15 @@ class ProgressionEvaluation(_PairedMeasures):
         "Who annotated the references and the generated reports."
         return {k: _who(s) for k, s in (("references", self.reference_sentences), ("generations", self.generated_sentences))}
 
+    def validity(self) -> pd.DataFrame:
+        "Per side (references, generations): sentences annotated, replies that could not be read, their share, and `complete`."
+        return _validity(self.reference_sentences, self.generated_sentences, self.annotators, self.max_invalid)
+
     def coverage(self) -> dict:
-        "How much was evaluated: reference sentences, the longitudinal ones, evaluated studies, systems, instances."
-        return {"reference_sentences": len(self.reference_sentences),
+        "How much was evaluated: reference sentences, the longitudinal ones, unreadable annotations, evaluated studies, systems, instances."
+        v = self.validity().set_index("reports").n_invalid
+        return {"reference_sentences": len(self.reference_sentences), "unreadable_reference_sentences": int(v["references"]),
+                "unreadable_generated_sentences": int(v["generations"]),
                 "longitudinal_reference_sentences": int(self.reference_sentences["is_longitudinal"].fillna(False).sum()),
                 "studies": len(self.units), "systems": len(self.systems), "instances": len(self.instances)}
 
@@ -1208,6 +1264,13 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
     return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res, tuple(notes + lang_notes), **fields)
 
 # %% ../nbs/10_longitudinal.ipynb #e4a1f0c2
+class IncompleteAnnotation(IncompleteRunError):
+    "The annotator's replies could not be read often enough to score anything; carries what was annotated, for a look."
+    def __init__(self, validity: pd.DataFrame, reference_sentences, generated_sentences, llm_calls, max_invalid: float):
+        super().__init__(f"incomplete annotation: {unreadable_text(validity)}, more than the {max_invalid:.0%} allowed; no measure "
+                         "computed (look at the replies in llm_calls, give the model more max_tokens, or use another model)")
+        self.validity, self.reference_sentences, self.generated_sentences, self.llm_calls = validity, reference_sentences, generated_sentences, llm_calls
+
 def progression_evaluation(studies,                       # studies table: study_id and the reference text column (`section`)
                            generations,                   # generations table (sample_id, study_id, system, policy, hypothesis, ...)
                            progression=None,              # known true changes (study_id, keyword, progression), e.g. the demo corpus's
@@ -1226,7 +1289,8 @@ def progression_evaluation(studies,                       # studies table: study
                            generated_sentences=None,      # annotations of the generated reports made before
                            report_metrics: Sequence[str] = (), # language metrics on the whole reports too (`report_*`; Table 5: bleu_4, meteor)
                            diagnosis: bool = False,       # add `diagnosis_micro_f1` (14 CheXpert labels of the whole reports)
-                           labeler=None                   # the diagnosis labeler (default: the packaged rule `Labeler`)
+                           labeler=None,                  # the diagnosis labeler (default: the packaged rule `Labeler`)
+                           max_invalid: float = MAX_INVALID # above this share of unreadable annotation replies the result is incomplete
                           ) -> ProgressionEvaluation:
     "Paper 003's evaluation of report generators (its Table 5): language, diagnosis and progression measures on one set of resamples."
     annotator = annotator if annotator is not None else RuleAnnotator()
@@ -1235,12 +1299,14 @@ def progression_evaluation(studies,                       # studies table: study
     if st["study_id"].duplicated().any(): raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")
     cluster_of, pairs = _cluster_labels(clusters, st), _pairs_of(generations, set(st["study_id"]))
     ref_s, gen_s, calls = _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences)
+    v = _validity(ref_s, gen_s, {"references": _who(ref_s), "generations": _who(gen_s)}, float(max_invalid))
+    if not v.complete.all(): raise IncompleteAnnotation(v, ref_s, gen_s, calls, float(max_invalid))
     truth = truth_agreement(ref_s, progression, size=size) if progression is not None else None
     label = clusters if clusters is None or isinstance(clusters, str) else "given labels"
     lab = (labeler or default_labeler()) if diagnosis else None
     fields = {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls, "match": _match_label(match, families),
               "splitter": None if reference_sentences is not None and generated_sentences is not None else _splitter_label(splitter),
-              "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}"}
+              "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}", "max_invalid": float(max_invalid)}
     return _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, _matching(match, families) or "exact", fields,
                      section, report_metrics, lab)
 
@@ -1368,7 +1434,7 @@ def save(self: ProgressionEvaluation, out_dir: str | os.PathLike, # folder to wr
     tables = {"reference_sentences.parquet": self.reference_sentences, "generated_sentences.parquet": self.generated_sentences,
               "instances.parquet": self.instances, "summary.csv": self.summary(), "table.csv": self.table().reset_index(),
               "language_scores.parquet": self.scores if len(self.scores) else None, "llm_calls.parquet": self.llm_calls,
-              "truth.csv": None if self.truth is None else self.truth.summary()}
+              "truth.csv": None if self.truth is None else self.truth.summary(), "validity.csv": self.validity()}
     if len(self.systems) > 1:
         tables |= {"comparisons.csv": self.comparisons(), "best_vs_runner_up.csv": self.best_vs_runner_up(), "ranks.csv": self.ranks(),
                    "win_probability_micro_f1.csv": self.win_matrix().rename_axis("system").reset_index()}
@@ -1526,11 +1592,13 @@ def _weighted(truth: Sequence[str], pred: Sequence[str]) -> dict:
     t, p, rows = np.asarray(truth, object), np.asarray(pred, object), []
     for c in PROGRESSION_CLASSES:
         tp, fp, fn = float(((t == c) & (p == c)).sum()), float(((t != c) & (p == c)).sum()), float(((t == c) & (p != c)).sum())
-        rows.append((tp, fp, fn, tp / (tp + fp) if tp + fp else 0.0, tp / (tp + fn) if tp + fn else 0.0))
+        rows.append((tp, fp, fn, tp / (tp + fp) if tp + fp else np.nan, tp / (tp + fn) if tp + fn else np.nan))
     tp, fp, fn, P, R = map(np.array, zip(*rows))
-    F, w = np.where(P + R > 0, 2 * P * R / np.where(P + R > 0, P + R, 1), 0.0), tp + fn
-    micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()) if tp.sum() + fp.sum() + fn.sum() else np.nan
-    avg = (lambda v: float(np.dot(v, w) / w.sum())) if w.sum() else (lambda v: np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"): F = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), np.nan)
+    w, micro = tp + fn, 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()) if tp.sum() + fp.sum() + fn.sum() else np.nan
+    def avg(v):   # support-weighted over the classes where the value is defined: an undefined precision is left out, not 0
+        ok = np.isfinite(v) & (w > 0)
+        return float(np.dot(v[ok], w[ok]) / w[ok].sum()) if ok.any() else np.nan
     return {"n": len(t), "micro_f1": micro, "weighted_precision": avg(P), "weighted_recall": avg(R), "weighted_f1": avg(F)}
 
 def _scored(result) -> tuple[pd.DataFrame, str]:
@@ -1543,7 +1611,8 @@ def _scored(result) -> tuple[pd.DataFrame, str]:
     for name, p in result.predictions.items():
         pl = p["is_longitudinal"] if "is_longitudinal" in p and result.scope == "end_to_end" else pd.Series(True, index=p.index)
         pred = [_klass(a, b) or "absent" for a, b in zip(pl, p["progression"])]
-        parts.append(pd.DataFrame({"member": name, "keyword": g.keyword, "truth": g.progression, "predicted": pred})[keep.to_numpy()])
+        read = result.counts[name]["valid"].to_numpy() if "valid" in result.counts[name] else True   # unreadable replies left out
+        parts.append(pd.DataFrame({"member": name, "keyword": g.keyword, "truth": g.progression, "predicted": pred})[keep.to_numpy() & read])
     return pd.concat(parts, ignore_index=True), "annotator"
 
 def category_results(result,               # an `AnnotationQuality` or a `ProgressionEvaluation`

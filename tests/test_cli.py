@@ -437,3 +437,46 @@ def test_official_labels_missing_text_is_one_clear_error(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr
     r = cli("score", tmp_path / "g.csv", "--metrics", "chexpert_f1_14", "--labeler", "chexbert", "--out", tmp_path / "x")
     assert r.returncode == 2 and "not one of chexpert, clinical, chexpert+quirks" in r.stderr
+
+
+def test_longitudinal_with_unreadable_llm_replies_reports_no_score_and_exits_1(tmp_path, capsys):
+    """An OpenAI-compatible server (the in-process LocalEndpoint, over real HTTP) whose model answers in words the parser cannot
+    read: the sentences are missing (NA), never "not longitudinal"; the rate is stated; no score; exit 1 after writing."""
+    from cxr_audit.llm import LocalEndpoint, RuleChat
+    studies, gens = tmp_path / "s.csv", tmp_path / "g.csv"
+    pd.DataFrame({"study_id": ["a", "b"], "findings": ["Stable cardiomegaly. No effusion.", "The effusion has grown."]}).to_csv(studies, index=False)
+    pd.DataFrame({"study_id": ["a", "b"], "system": ["m1", "m1"], "hypothesis": ["No effusion.", "New opacity."]}).to_csv(gens, index=False)
+    rambling = RuleChat(lambda messages, schema, **kw: "Well, that depends on what the radiologist meant.", name="rambler")
+    with LocalEndpoint(rambling) as ep:
+        code = cli_main(["longitudinal", "--studies", str(studies), "--generations", str(gens), "--out", str(tmp_path / "o"),
+                         "--annotator", "openai", "--model", "rambler", "--base-url", ep.base_url])
+    err = capsys.readouterr().err
+    assert code == 1 and "incomplete" in err and "3 of 3 references sentences unreadable (100.0%)" in err
+    ref = pd.read_parquet(tmp_path / "o" / "reference_sentences.parquet")
+    assert ref.is_longitudinal.isna().all()                       # missing, not False
+    v = pd.read_csv(tmp_path / "o" / "validity.csv").set_index("reports")
+    assert v.loc["references", "invalid_rate"] == 1.0 and not v.complete.any()
+    assert not (tmp_path / "o" / "summary.csv").exists()           # no score written
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["params"]["complete"] is False
+    calls = pd.read_parquet(tmp_path / "o" / "llm_calls.parquet")
+    assert (~calls.valid).all() and calls.text.str.startswith("Well").all()
+
+
+def test_annotation_quality_leaves_unreadable_replies_out_and_marks_the_run_incomplete():
+    from cxr_audit.llm import LocalEndpoint, OpenAIChat, RuleChat
+    from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator, evaluate_annotators
+    gold = pd.DataFrame({"report_id": ["r1", "r1", "r2", "r3"], "sentence": ["Stable cardiomegaly.", "No effusion.",
+                                                                              "The effusion has grown.", "Lungs are clear."],
+                         "is_longitudinal": [True, False, True, False], "keyword": ["enlarged cardiac silhouette", None, "pleural effusion", None],
+                         "progression": ["no change", None, "worsened", None]})
+    rambling = RuleChat(lambda messages, schema, **kw: "Hard to say.", name="rambler")
+    with LocalEndpoint(rambling) as ep:
+        llm = LLMAnnotator(OpenAIChat("rambler", base_url=ep.base_url), cache=False, invalid_retries=0)
+        q = evaluate_annotators(gold, {"rules": RuleAnnotator(), "llm": llm}, reps=50, clusters=None)
+    v = q.validity().set_index("annotator")
+    assert (v.loc["llm", "n_invalid"], v.loc["llm", "invalid_rate"], v.loc["rules", "n_invalid"]) == (4, 1.0, 0)
+    assert q.incomplete == ["llm"] and q.predictions["llm"].is_longitudinal.isna().all()
+    t = q.table()
+    assert t["llm"].str.startswith("incomplete: 100.0% of replies unreadable").iloc[:-1].all()
+    assert t.loc["unreadable replies", "llm"] == "4 of 4 (100.0%)" and t.loc["unreadable replies", "rules"] == "0 of 4 (0.0%)"
+    assert not t["rules"].iloc[:-1].str.startswith("incomplete").any()

@@ -378,18 +378,22 @@ def test_category_results_by_hand(demo):
     assert cr.loc["bone and chest wall", "weighted_f1"] == 0 and cr.loc["all", "n"] == 3 and (cr.annotator == "rules").all()
 
 
-def test_an_invalid_answer_counts_as_not_longitudinal_in_category_results():
-    # an LLM reply that could not be parsed leaves is_longitudinal missing (pd.NA in a nullable column): scored as "not longitudinal"
+def test_an_invalid_answer_is_left_out_never_a_negative_in_category_results():
+    # an LLM reply that could not be parsed leaves is_longitudinal missing (pd.NA in a nullable column): left out of every measure
     from cxr_audit.longitudinal import category_results
-    g = pd.DataFrame({"report_id": ["r1", "r2"], "sentence": ["a", "b"], "is_longitudinal": [1, 1],
-                      "keyword": ["pleural effusion", "pleural effusion"], "progression": ["worsened", "worsened"]})
-    p = pd.DataFrame({"is_longitudinal": pd.array([pd.NA, True], dtype="boolean"), "keyword": [None, "pleural effusion"],
-                      "progression": [None, "worsened"]})
+    g = pd.DataFrame({"report_id": ["r1", "r2", "r3"], "sentence": ["a", "b", "c"], "is_longitudinal": [1, 1, 1],
+                      "keyword": ["pleural effusion", "pleural effusion", "pleural effusion"], "progression": ["worsened", "worsened", "improved"]})
+    p = pd.DataFrame({"is_longitudinal": pd.array([pd.NA, True, True], dtype="boolean"), "keyword": [None, "pleural effusion", "pleural effusion"],
+                      "progression": [None, "worsened", "worsened"]})
     q = evaluate_annotators(g, {"llm": p}, reps=20, clusters=None)
     cr = category_results(q).set_index("category")
-    # one of two worsened findings found: P = 1, R = 1/2, micro F1 = 2/3 in the pleura category and overall
-    assert cr.loc["pleura", "n"] == 2 and cr.loc["pleura", "micro_f1"] == pytest.approx(2 / 3) and cr.loc["all", "micro_f1"] == pytest.approx(2 / 3)
-    assert q.summary().set_index("metric").estimate["longitudinal_recall"] == 0.5
+    # two findings read: worsened found (TP), improved called worsened (FP worsened, FN improved); the unreadable one is not a miss
+    assert cr.loc["pleura", "n"] == 2 and cr.loc["all", "micro_f1"] == pytest.approx(0.5)
+    # improved has no prediction: its precision is undefined and left out of the weighted mean, not counted as 0
+    assert cr.loc["all", "weighted_precision"] == pytest.approx(0.5)
+    est = q.summary().set_index("metric")
+    assert est.estimate["longitudinal_recall"] == 1.0 and est.n_invalid.iloc[0] == 1 and est.invalid_rate.iloc[0] == pytest.approx(1 / 3)
+    assert q.incomplete == ["llm"]                                   # 1 of 3 unreadable is above the 5% allowed
 
 
 def test_table5_is_one_evaluation_on_one_set_of_resamples(demo):
