@@ -249,7 +249,7 @@ def _findings(self: RuleAnnotator, text: str, terms: tuple, cues: tuple) -> tupl
     return tuple(t for t, anat, s in zip(terms, is_anat, said) if not anat or s == {True})
 
 # %% ../nbs/10_longitudinal.ipynb #c23d152a
-_DIRECTION = {"worse": "worsened", "better": "improved", "change": "worsened"}
+_DIRECTION = {"worse": "worsened", "better": "improved", "change": None}   # a change with no stated direction gets no class
 
 @patch
 def _inverted(self: RuleAnnotator, r: _Reading, term: str | None, clause: int) -> bool:
@@ -270,7 +270,7 @@ def _direction(self: RuleAnnotator, r: _Reading, term: str | None, pos: int | No
         kind = next((c.kind for c in change if c.kind != "change"), "change")   # a stated direction beats a bare "change"
         if kind in _DIRECTION: return _DIRECTION[kind]
         return "worsened" if (kind == "more") != self._inverted(r, term, j) else "improved"
-    return "no change"
+    return None   # only a reference to the prior study ("interval CABG", "compared with the prior"): no direction stated
 
 # %% ../nbs/10_longitudinal.ipynb #b1455096
 @patch

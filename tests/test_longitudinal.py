@@ -100,13 +100,30 @@ def test_normal_anatomy_stability_names_no_finding():
         assert r.annotate_sentence(s) == (True, kw, "no change"), s
 
 
-def test_small_interval_change_is_change():
+def test_undirected_change_gets_no_class():
+    "A change with no stated direction, or a bare reference to the prior, is longitudinal without a progression class (issue 39)."
     r = RuleAnnotator()
     for s in ("Small interval change in the left effusion.", "Slight interval change in the left effusion.",
               "Minimal interval change in the left effusion.", "The left effusion has changed since the prior study."):
-        assert r.annotate_sentence(s) == (True, "pleural effusion", "worsened"), s
+        assert r.annotate_sentence(s) == (True, "pleural effusion", None), s
+    assert r.annotate_sentence("There has been interval CABG.") == (True, None, None)
     assert r.annotate_sentence("No interval change in the left effusion.")[2] == "no change"
     assert r.annotate_sentence("Slight interval change, the left effusion is now smaller.")[2] == "improved"   # a direction wins
+    assert r.annotate_sentence("New small left effusion.")[2] == "worsened"                                    # a new lesion: worse
+
+
+def test_static_wording_and_recommendations_are_not_longitudinal():
+    "Sentences of the kind read in real IU reports (our own wording): change words that describe, not compare."
+    r = RuleAnnotator()
+    for s in ("Bone density is decreased.", "Diffuse osteopenia with decreased bone density.",
+              "Suspected cardiomegaly, less XXXX pericardial effusion.", "If the patient's symptoms persist, a repeat study is recommended.",
+              "Increased lung volumes consistent with COPD.", "There are diminished lung volumes with crowding of the vessels."):
+        assert r.annotate_sentence(s)[0] is False, s
+    assert r.annotate_sentence("Stable increased lung volumes.") == (True, "low lung volumes", "no change")
+    assert r.annotate_sentence("Lung volumes are decreased compared to the prior study.")[2] == "worsened"
+    assert r.annotate_sentence("Previously identified small right pneumothorax is not visualized.") == (True, "pneumothorax", "improved")
+    assert r.annotate_sentence("The left costophrenic angle is not visualized.")[0] is False
+    assert r.annotate_sentence("There is a T12-L1 compression fracture, unchanged.")[1] == "spinal fracture"
 
 
 def test_real_fixture_normal_statements_and_masks():
@@ -132,6 +149,8 @@ def test_llm_path_with_rule_backend_matches_rules(gold):
     b = LLMAnnotator(rule_chat(), cache=False).annotate(sents)
     # the stand-in back end answers from the rules; it has no answer for a longitudinal sentence that names no finding
     named = a.keyword.notna()
+    # the progression question has four answers: a change of no stated direction comes back "unmentioned", where the rules leave it blank
+    b = b.assign(progression=b.progression.where(~(named & a.progression.isna() & b.progression.eq("unmentioned")), None))
     pd.testing.assert_frame_equal(a[named].reset_index(drop=True), b[named].reset_index(drop=True))
     assert b.keyword[~named & a.is_longitudinal].isna().all()
 
