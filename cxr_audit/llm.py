@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -970,7 +971,8 @@ class OpenAIChat(ChatBackend):
                  api_version: str | None = None,       # Azure API version; else $OPENAI_API_VERSION
                  strict: bool = False,                 # OpenAI strict schemas (json_schema mode)
                  max_tokens_param: str = "auto",       # "max_tokens", "max_completion_tokens", or auto (the latter for OpenAI/Azure)
-                 client_kwargs: Mapping | None = None  # passed to the openai client (e.g. azure_ad_token_provider)
+                 client_kwargs: Mapping | None = None, # passed to the openai client (e.g. azure_ad_token_provider)
+                 sends_top_k: bool | None = None       # send top-k (`extra_body`); None: to every server but OpenAI and Azure, which reject it
                 ):
         if structured not in STRUCTURED_MODES: raise InputError(f"OpenAIChat: structured must be one of {STRUCTURED_MODES}, not {structured!r}")
         self.model, self.structured, self.strict, self.client_kwargs = model, structured, strict, dict(client_kwargs or {})
@@ -992,6 +994,9 @@ class OpenAIChat(ChatBackend):
         self.max_tokens_param = max_tokens_param if max_tokens_param != "auto" else (
             "max_completion_tokens" if self.is_azure or _is_openai_host(self.endpoint) else "max_tokens")
         self.structured_mode_ = structured if structured != "auto" else ("json_schema" if self.is_azure or _is_openai_host(self.endpoint) else None)
+        # vLLM, llama.cpp, SGLang and Ollama's OpenAI layer read top_k from the body; OpenAI and Azure answer 400 to it
+        self.sends_top_k = (not (self.is_azure or _is_openai_host(self.endpoint))) if sends_top_k is None else bool(sends_top_k)
+        self.top_k_dropped_ = 0   # requests whose top-k was not sent (a server that would reject it)
 
     kind = property(lambda self: "azure-openai" if self.is_azure else "openai")
     endpoint = property(lambda self: self._endpoint, doc="The server URL given (read-only: the client is made from it).")
@@ -1041,7 +1046,11 @@ def _request(self: OpenAIChat, msgs: list, schema, mode: str | None, temperature
     kw = {"model": self.model, "messages": msgs, "temperature": temperature, self.max_tokens_param: max_tokens}
     if seed is not None: kw["seed"] = seed
     if top_p is not None: kw["top_p"] = top_p
-    if top_k is not None: kw["extra_body"] = {"top_k": top_k}
+    if top_k is not None and self.sends_top_k: kw["extra_body"] = {"top_k": top_k}
+    elif top_k is not None:
+        if not self.top_k_dropped_: warnings.warn(f"OpenAIChat: top_k={top_k} is not sent to {safe_url(self.endpoint)} (OpenAI and Azure "
+                                                  "reject it); the paper's top-k sampling is not reproduced there", UserWarning, stacklevel=3)
+        self.top_k_dropped_ += 1
     if timeout_s is not None: kw["timeout"] = timeout_s
     if schema is None: return kw
     js = schema_json(schema)
