@@ -400,7 +400,9 @@ def annotate_reports(reports,                      # Series/dict report_id -> te
                      annotator=None,               # RuleAnnotator (default) or LLMAnnotator
                      splitter: str | Callable = "default", # see `cxr_audit.reports.split_sentences`
                      id_col: str = "report_id",    # column of a table holding the report ID
-                     text_col: str = "text"        # column of a table holding the report text
+                     text_col: str = "text",       # column of a table holding the report text
+                     mask_rule: bool | None = None # blank the keyword and progression of mask-dependent sentences: None for the
+                                                   # rule annotator only (an LLM's answers are kept, the sentence flagged); True: any annotator
                     ) -> pd.DataFrame:
     "The `sentences` table: every sentence of every report with its longitudinal annotation; mask-dependent ones flagged, unkeyed."
     annotator = annotator if annotator is not None else RuleAnnotator()
@@ -412,10 +414,12 @@ def annotate_reports(reports,                      # Series/dict report_id -> te
     ann = annotator.annotate(list(uniq.index), restricted=list(uniq.values)).drop_duplicates("sentence")
     rules = annotator if isinstance(annotator, RuleAnnotator) else RuleAnnotator()
     ann["masked"] = [rules.is_masked(s) for s in ann["sentence"]]
-    ann.loc[ann["masked"], ["keyword", "progression"]] = None   # not guessed, whoever annotated
+    blank = isinstance(annotator, RuleAnnotator) if mask_rule is None else bool(mask_rule)
+    if blank: ann.loc[ann["masked"], ["keyword", "progression"]] = None   # stated in the annotator's name when it is not the rules'
     out = sents.drop(columns="restricted").merge(ann, on="sentence", how="left")
     out["is_longitudinal"] = out["is_longitudinal"].astype("boolean")
-    return out.assign(annotator=annotator.name)[list(SENTENCES_COLUMNS)]
+    name = annotator.name + ("+mask-rule" if blank and not isinstance(annotator, RuleAnnotator) else "")
+    return out.assign(annotator=name)[list(SENTENCES_COLUMNS)]
 
 # %% ../nbs/10_longitudinal.ipynb #4af69c9a
 PAPER_SETTINGS = {"n_task_examples": (0, 3, 5), "n_change_indicators": (0, 4, 8, 12), "n_progression_examples": (0, 2, 4)}
@@ -1334,8 +1338,11 @@ def _oriented(comparisons: pd.DataFrame, first: str, second: str) -> dict:
             "win_prob": 1 - r.win_prob if flip else r.win_prob}
 
 @patch
-def best_vs_runner_up(self: ProgressionEvaluation) -> pd.DataFrame:
-    "Per measure: the best system, the runner-up, their difference with its interval and p-values; `significant` is `p_holm < 1 − size`."
+def best_vs_runner_up(self: ProgressionEvaluation,
+                      rule: str = "holm"   # what `lead` follows: "holm" (p_holm < 1 − size) or "ci" (the interval excludes 0: paper 003's)
+                     ) -> pd.DataFrame:
+    "Per measure: the best system, the runner-up, their difference with its interval and p-values, Holm's `significant`, `ci_excludes_0`, and `lead` by `rule`."
+    if rule not in ("holm", "ci"): raise InputError(f"best_vs_runner_up: rule must be 'holm' or 'ci', got {rule!r}")
     rows, r0 = [], self._result("progression_micro_f1")
     if len(self.systems) > 1: check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
     for m, r in self.results.items():
@@ -1344,7 +1351,10 @@ def best_vs_runner_up(self: ProgressionEvaluation) -> pd.DataFrame:
         with np.errstate(invalid="ignore", divide="ignore"): frame = r.to_frame()
         rows.append({"metric": m, "best": r.systems[order[0]], "runner_up": r.systems[order[1]],
                      **_oriented(frame, r.systems[order[0]], r.systems[order[1]])})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if not len(out): return out
+    sig = out["significant"] if rule == "holm" else out["ci_excludes_0"]
+    return out.assign(rule=rule, lead=np.where(sig, "significant", "not significant"))
 
 # %% ../nbs/10_longitudinal.ipynb #8387a8ff
 @patch

@@ -317,7 +317,7 @@ PAPER_003 = Preset(
     cohorts={"L-MIMIC": "003_lmimic"}, cohort_params={"003_lmimic": {"min_visit": 2}},
     cohort_sizes={"follow-up reports": {"train": 92374, "validate": 737, "test": 2058},
                   "L-MIMIC": {"train": 73093, "validate": 588, "test": 1863, "test with a frontal image": 1755}},
-    labeler="cxr_audit:chexpert", annotator_model="Qwen2.5-32B",
+    labeler="cxr_audit:chexpert", annotator_model="Qwen2.5-32B", significance="ci",
     prompt_settings={"n_task_examples": 3, "n_change_indicators": 8, "n_progression_examples": 2},
     decoding={"greedy": dict(DECODING["greedy"]), "sampling": dict(DECODING["sampling"])}, runs=5,
     keywords=tuple(keyword_terms()), classes=PROGRESSION_CLASSES,
@@ -328,7 +328,7 @@ PAPER_003 = Preset(
     metrics=("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1", "progression_micro_f1",
              "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened"),
     not_in_paper=("seed", "match", "labels", "labeler", "uncertain_positive"),
-    not_used=("significance", "p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
+    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
               "second_model", "official_labeler", "top_k", "distinct"))
 
 # %% ../nbs/16_papers.ipynb #d3804850

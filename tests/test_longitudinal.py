@@ -464,3 +464,26 @@ def test_generations_of_a_restricted_dataset_are_restricted_without_a_restricted
     remote = LLMAnnotator(RemoteRule(rule_chat().fn), cache=False)
     with pytest.raises(RestrictedDataError, match="restricted data"):
         progression_evaluation(st, gens, annotator=remote, reference_sentences=refs, reps=10)
+
+
+def test_masks_of_every_dataset_and_the_mask_rule_is_stated():
+    "MIMIC's ___ and the older [**...**] are masks too; the mask rule blanks an LLM's answer only when asked, and says so."
+    r = RuleAnnotator()
+    for s in ("Compared to ___, the effusion is ___.", "Since [**2101-2-3**], the effusion is [**Known**].", "XXXX since XXXX."):
+        assert r.annotate_sentence(s) == (True, None, None) and r.is_masked(s), s
+    reports = {"a": "Compared to ___, the effusion is ___. Heart size is normal."}
+    llm = LLMAnnotator(rule_chat(RuleAnnotator()), cache=False, name="llm:stand-in")
+    kept = annotate_reports(reports, llm)
+    assert kept.masked.tolist() == [True, False] and set(kept.annotator) == {"llm:stand-in"}
+    blanked = annotate_reports(reports, llm, mask_rule=True)
+    assert set(blanked.annotator) == {"llm:stand-in+mask-rule"} and blanked.keyword.isna().all()
+
+
+def test_best_vs_runner_up_follows_the_named_rule(demo):
+    from cxr_audit.papers import PAPER_003
+    ev = progression_evaluation(demo.studies, demo.generations, metrics=(), reps=200, clusters="patient_id")
+    ci, holm = ev.best_vs_runner_up(rule="ci"), ev.best_vs_runner_up()
+    assert PAPER_003.significance == "ci" and set(ci.rule) == {"ci"} and set(holm.rule) == {"holm"}
+    assert ((ci.lead == "significant") == ci.ci_excludes_0).all() and ((holm.lead == "significant") == holm.significant).all()
+    with pytest.raises(InputError, match="rule must be 'holm' or 'ci'"):
+        ev.best_vs_runner_up(rule="bonferroni")
