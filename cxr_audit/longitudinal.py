@@ -1628,14 +1628,16 @@ def _scored(result) -> tuple[pd.DataFrame, str]:
 def category_results(result,               # an `AnnotationQuality` or a `ProgressionEvaluation`
                      keywords: str | os.PathLike | Mapping | None = None # the keyword list holding the categories
                     ) -> pd.DataFrame:
-    "Per member and finding category (and `all`): `n, micro_f1, weighted_precision, weighted_recall, weighted_f1` (paper 003's Table 10)."
+    "Per member and finding category (and `all`): `n, micro_f1, weighted_precision, weighted_recall, weighted_f1` (paper 003's Table 10), and the unreadable replies left out (`n_invalid`, `invalid_rate`)."
     d, who = _scored(result)
     cats = finding_categories(keywords)
     d = d.assign(category=[cats.get(k, "other") for k in d.keyword])
     rows = [{"member": m, "category": c, **_weighted(x.truth, x.predicted)} for m, dm in d.groupby("member", sort=False)
             for c, x in list(dm.groupby("category", sort=True)) + [("all", dm)]]
     out = pd.DataFrame(rows).rename(columns={"member": who})
-    return out.assign(annotator=result.annotator) if who == "system" else out
+    v = result.validity()   # the unreadable replies, left out of every row above, counted beside them
+    if who == "system": return out.assign(annotator=result.annotator, n_invalid=int(v.n_invalid.sum()), invalid_rate=float(v.n_invalid.sum() / max(v.asked.sum(), 1)))
+    return out.merge(v[["annotator", "n_invalid", "invalid_rate"]], on="annotator", how="left")
 
 # %% ../nbs/10_longitudinal.ipynb #fb78d0b4
 _CATEGORY_ORDER = list(PROGRESSION_CLASSES) + [SUPPORT_DEVICES, "unmentioned", "no label"]

@@ -408,6 +408,7 @@ def test_an_invalid_answer_is_left_out_never_a_negative_in_category_results():
     cr = category_results(q).set_index("category")
     # two findings read: worsened found (TP), improved called worsened (FP worsened, FN improved); the unreadable one is not a miss
     assert cr.loc["pleura", "n"] == 2 and cr.loc["all", "micro_f1"] == pytest.approx(0.5)
+    assert (cr.n_invalid == 1).all() and cr.invalid_rate.iloc[0] == pytest.approx(1 / 3)   # counted beside the rows it is left out of
     # improved has no prediction: its precision is undefined and left out of the weighted mean, not counted as 0
     assert cr.loc["all", "weighted_precision"] == pytest.approx(0.5)
     est = q.summary().set_index("metric")
