@@ -129,7 +129,7 @@ def verdict(studies,                                   # studies table: study_id
             size: float = 0.95                         # interval coverage; significant means p_holm < 1 − size
            ) -> Verdict:
     "For every metric and pair of configurations: the paired difference, Holm's p, the checks, and holds / fragile / not shown."
-    if ref_section not in ("findings", "impression", "both"): raise InputError(f"verdict: ref_section must be findings, impression or both")
+    if ref_section not in ("findings", "impression", "both"): raise InputError(f"verdict: ref_section must be findings, impression or both, got {ref_section!r}")
     lab = get_labeler(labeler)
     other = get_labeler("clinical" if getattr(lab, "profile", "chexpert") == "chexpert" else "chexpert")
     g = _prepared(generations, studies, ref_section, by)
