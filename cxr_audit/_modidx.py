@@ -1680,7 +1680,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.metrics._import_quietly': ('metrics.html#_import_quietly', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics._in_reference': ('metrics.html#_in_reference', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics._jar_of': ('metrics.html#_jar_of', 'cxr_audit/metrics.py'),
-                                   'cxr_audit.metrics._label_states': ('metrics.html#_label_states', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics._lcs_lengths': ('metrics.html#_lcs_lengths', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics._load_index': ('metrics.html#_load_index', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics._memo': ('metrics.html#_memo', 'cxr_audit/metrics.py'),
@@ -1721,6 +1720,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.metrics.import_radeval': ('metrics.html#import_radeval', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics.jar_words': ('metrics.html#jar_words', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics.java_executable': ('metrics.html#java_executable', 'cxr_audit/metrics.py'),
+                                   'cxr_audit.metrics.label_state_matrix': ('metrics.html#label_state_matrix', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics.lcs_length': ('metrics.html#lcs_length', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics.list_metrics': ('metrics.html#list_metrics', 'cxr_audit/metrics.py'),
                                    'cxr_audit.metrics.meteor_jar': ('metrics.html#meteor_jar', 'cxr_audit/metrics.py'),
@@ -2715,4 +2715,5 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.verdict._micro_f1': ('verdict.html#_micro_f1', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._oriented': ('verdict.html#_oriented', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._prepared': ('verdict.html#_prepared', 'cxr_audit/verdict.py'),
+                                   'cxr_audit.verdict._row': ('verdict.html#_row', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict.verdict': ('verdict.html#verdict', 'cxr_audit/verdict.py')}}}

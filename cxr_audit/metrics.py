@@ -50,7 +50,7 @@ __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', '
            'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase',
            'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index', 'remove_stale_subsets', 'meteor_jvm',
            'close_meteor', 'MeteorRun', 'meteor_jvm_options', 'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor',
-           'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats',
+           'label_state_matrix', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats',
            'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason',
            'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts',
            'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics',
@@ -888,7 +888,7 @@ class Meteor(MetricBase):
     def __repr__(self): return f"Meteor(tokenize={self.tokenize!r})"
 
 # %% ../nbs/07_metrics.ipynb #5c0b7bac
-def _label_states(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.ndarray:
+def label_state_matrix(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.ndarray:
     "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once."
     seen: dict[str, np.ndarray] = {}
     if hasattr(labeler, "require"): labeler.require(texts)    # labels read from a file: name every missing text up front
@@ -917,8 +917,8 @@ class CheXpertF1(MetricBase):
 
     def _stats(self, refs, hyps):
         lab = self.labeler or default_labeler()
-        R = to_binary(_label_states(refs, lab, self.labels), self.uncertain_positive).astype(bool)
-        H = to_binary(_label_states(hyps, lab, self.labels), self.uncertain_positive).astype(bool)
+        R = to_binary(label_state_matrix(refs, lab, self.labels), self.uncertain_positive).astype(bool)
+        H = to_binary(label_state_matrix(hyps, lab, self.labels), self.uncertain_positive).astype(bool)
         return micro_stats((R & H).sum(1), (~R & H).sum(1), (R & ~H).sum(1))
 
     @property

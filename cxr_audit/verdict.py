@@ -17,7 +17,7 @@ from .concentration import audit_concentration
 from .corpus import to_generations
 from .evaluator import score_systems
 from .labels import CHEXPERT_14, CHEXPERT_5, get_labeler, to_binary
-from .metrics import _label_states, get_metric
+from .metrics import label_state_matrix, get_metric
 
 # %% auto #0
 __all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'Verdict', 'verdict']
@@ -46,7 +46,7 @@ def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
 
 def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str], labeler, other) -> dict:
     "Micro-F1 gap first − second under `labeler`, under `other`, and without the label giving most of the first's true positives."
-    def states(lab, texts): return to_binary(_label_states(list(texts), lab, labels)).astype(bool)
+    def states(lab, texts): return to_binary(label_state_matrix(list(texts), lab, labels)).astype(bool)
     R, A, B = states(labeler, refs), states(labeler, first), states(labeler, second)
     tp = (R & A).sum(0)
     top = int(np.argmax(tp)) if tp.sum() else None
@@ -114,6 +114,34 @@ class Verdict:
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary().round(4)) + "\n\n" + self.note()
 
 # %% ../nbs/13a_verdict.ipynb #e1807304
+def _row(r, ctx: dict) -> dict:
+    "One comparison's checks, reasons and verdict (`ctx`: the shared tables, labelers and thresholds of `verdict`)."
+    checks, reasons = {}, []
+    checks["stability"] = "pass" if r.win_prob >= ctx['min_win_prob'] else "fail"
+    if checks["stability"] == "fail": reasons.append(f"`{r.first}` wins in only {r.win_prob:.0%} of resamples")
+    checks["concentration"], why = _check_concentration(ctx['conc'], r.first, ctx['min_unique_ratio'], ctx['max_top5_share'])
+    if checks["concentration"] == "fail": reasons.append(why)
+    if r.metric in LABEL_METRICS:
+        a, b = ctx['texts'][r.first], ctx['texts'][r.second]
+        units = a.index.intersection(b.index)
+        lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""), b.loc[units, "hypothesis"].fillna(""),
+                         LABEL_METRICS[r.metric], ctx['lab'], ctx['other'])
+        flips = [f"under `{ctx['other'].source}` the gap is {lg['gap_other']:+.3f}"] if lg["gap_other"] <= 0 else []
+        if lg["top_label"] is not None and lg["gap_without_top"] <= 0:
+            flips.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}; without it the gap is {lg['gap_without_top']:+.3f}")
+        checks["labels"] = "fail" if flips else "pass"; reasons += flips
+    else: checks["labels"] = "not run: not a label metric"
+    moved = ctx['est'].get((r.metric, r.first), np.nan) - ctx['est'].get((r.metric, r.second), np.nan)
+    checks["section"] = "not run: no estimate" if not np.isfinite(moved) else ("pass" if moved > 0 else "fail")
+    if checks["section"] == "fail": reasons.append(f"with the reference `{ctx['alt_section']}` the gap is {moved:+.3f}")
+    checks["references"] = checks["longitudinal"] = _LATER
+    failed = [k for k, v in checks.items() if v == "fail"]
+    v = "not shown" if not r.significant else ("fragile" if failed else "holds")
+    if v == "not shown": reasons.insert(0, f"not significant after Holm (p_holm = {r.p_holm:.3g})")
+    return {"metric": r.metric, "first": r.first, "second": r.second, "estimate": r.estimate, "ci_low": r.ci_low,
+            "ci_high": r.ci_high, "p": r.p, "p_holm": r.p_holm, "win_prob": r.win_prob, "verdict": v,
+            "reasons": "; ".join(reasons) or "every check that ran passes", **checks}
+
 def verdict(studies,                                   # studies table: study_id, findings, impression (patient_id for clusters)
             generations,                               # generations table: sample_id, study_id, system, policy, hypothesis
             metrics: Sequence[str] = ("bleu_4", "rouge_l", "chexpert_f1_14"), # metric names (see `metrics.list_metrics`)
@@ -144,33 +172,9 @@ def verdict(studies,                                   # studies table: study_id
     est = other_ref.estimates.set_index(["metric", "config"])["estimate"]
     conc = audit_concentration(g.assign(system=g["config"], policy="-"), reps=1).summary().set_index("system")
     texts = {c: d.set_index("study_id") for c, d in g.groupby("config")}
-    rows = []
-    for r in _oriented(res.comparisons).itertuples():
-        checks, reasons = {}, []
-        checks["stability"] = "pass" if r.win_prob >= min_win_prob else "fail"
-        if checks["stability"] == "fail": reasons.append(f"`{r.first}` wins in only {r.win_prob:.0%} of resamples")
-        checks["concentration"], why = _check_concentration(conc, r.first, min_unique_ratio, max_top5_share)
-        if checks["concentration"] == "fail": reasons.append(why)
-        if r.metric in LABEL_METRICS:
-            a, b = texts[r.first], texts[r.second]
-            units = a.index.intersection(b.index)
-            lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""), b.loc[units, "hypothesis"].fillna(""),
-                             LABEL_METRICS[r.metric], lab, other)
-            flips = [f"under `{other.source}` the gap is {lg['gap_other']:+.3f}"] if lg["gap_other"] <= 0 else []
-            if lg["top_label"] is not None and lg["gap_without_top"] <= 0:
-                flips.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}; without it the gap is {lg['gap_without_top']:+.3f}")
-            checks["labels"] = "fail" if flips else "pass"; reasons += flips
-        else: checks["labels"] = "not run: not a label metric"
-        moved = est.get((r.metric, r.first), np.nan) - est.get((r.metric, r.second), np.nan)
-        checks["section"] = "not run: no estimate" if not np.isfinite(moved) else ("pass" if moved > 0 else "fail")
-        if checks["section"] == "fail": reasons.append(f"with the reference `{alt_section}` the gap is {moved:+.3f}")
-        checks["references"] = checks["longitudinal"] = _LATER
-        failed = [k for k, v in checks.items() if v == "fail"]
-        v = "not shown" if not r.significant else ("fragile" if failed else "holds")
-        if v == "not shown": reasons.insert(0, f"not significant after Holm (p_holm = {r.p_holm:.3g})")
-        rows.append({"metric": r.metric, "first": r.first, "second": r.second, "estimate": r.estimate, "ci_low": r.ci_low,
-                     "ci_high": r.ci_high, "p": r.p, "p_holm": r.p_holm, "win_prob": r.win_prob, "verdict": v,
-                     "reasons": "; ".join(reasons) or "every check that ran passes", **checks})
+    ctx = {"conc": conc, "est": est, "texts": texts, "lab": lab, "other": other, "alt_section": alt_section, "min_win_prob": min_win_prob,
+           "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share}
+    rows = [_row(r, ctx) for r in _oriented(res.comparisons).itertuples()]
     params = {"reps": int(reps), "seed": int(seed), "clusters": clusters, "labeler": lab.source, "other_labeler": other.source,
               "ref_section": ref_section, "size": float(size), "min_win_prob": min_win_prob, "min_unique_ratio": min_unique_ratio,
               "max_top5_share": max_top5_share}
