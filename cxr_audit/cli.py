@@ -25,7 +25,8 @@ from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_repo
 # %% auto #0
 __all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort',
            'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score',
-           'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
+           'verdict', 'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status',
+           'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
 def _arg_spec(anno, default) -> dict:
@@ -591,6 +592,28 @@ def score(generations: str,                              # generations table (.c
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
+def verdict(*, studies: str,                        # studies table (.csv/.parquet): study_id, findings, impression (patient_id)
+            generations: str,                       # generations table (.csv/.parquet): sample_id, study_id, system, policy, hypothesis
+            out: str,                               # output folder
+            metrics: list[str] | None = None,       # metric names (default: bleu_4 rouge_l chexpert_f1_14)
+            reps: int = 1000,                       # paired resamples
+            seed: int = DEFAULT_SEED,               # seed of the resamples
+            clusters: str = "patient_id",           # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
+            labeler: str = "chexpert",              # labels of CheXpert-F1: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
+            ref_section: Literal["findings", "impression", "both"] = "findings" # the scored reference section
+           ) -> str:
+    "Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the reasons."
+    from cxr_audit.corpus import to_generations, to_studies
+    from cxr_audit.verdict import verdict as judge
+    st = to_studies(_table(studies), what=str(studies), dataset="studies")
+    g = to_generations(_table(generations), what=str(generations))
+    v = judge(st, g, metrics=tuple(metrics or ("bleu_4", "rouge_l", "chexpert_f1_14")), reps=int(reps), seed=int(seed),
+              clusters=_clusters_arg(clusters, st), labeler=_labeler_arg(labeler), ref_section=ref_section)
+    v.save(out, inputs={"studies": Path(studies), "generations": Path(generations)})
+    worst = v.to_frame()[v.to_frame().verdict == "fragile"]
+    lines = [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}" for r in worst.itertuples()]
+    return "\n".join(lines + [f"Warning: {w}" for w in v.params["warnings"]] + [f"Wrote {out}"])
+
 # %% ../nbs/15_cli.ipynb #5ff7e43b
 def generate(model: str,                      # local folder of a saved Hugging Face model (nothing is downloaded)
              studies: str,                    # studies table (.csv/.parquet)
@@ -691,7 +714,7 @@ COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate"
                                         "concentration": concentration,
                                         "longitudinal": longitudinal,
                                         "labels": labels, "trace": trace, "reref": reref,
-                                        "score": score, "generate": generate, "llm-cache": llm_cache,
+                                        "score": score, "verdict": verdict, "generate": generate, "llm-cache": llm_cache,
                                         "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 

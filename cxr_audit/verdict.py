@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .core import DEFAULT_SEED, InputError, enable_theme, md_table, require_columns
+from .core import DEFAULT_SEED, InputError, enable_theme, md_table, require_columns, save_chart, write_manifest, write_table
 from .concentration import audit_concentration
 from .corpus import to_generations
 from .evaluator import score_systems
@@ -111,6 +112,15 @@ class Verdict:
         bars = base.mark_rule().encode(x=alt.X("ci_low:Q", title="difference"), x2="ci_high:Q")
         dots = base.mark_point(filled=True).encode(x="estimate:Q", tooltip=["metric", "pair", "estimate", "p_holm", "verdict", "reasons"])
         return (bars + dots).facet(row=alt.Row("metric:N", title=None)).properties(title=title).resolve_scale(y="independent")
+    def save(self, out_dir,                    # folder to write into (created)
+             inputs: dict | None = None        # name -> input file or table, recorded (hashed) in the manifest
+            ) -> dict:
+        "Write `verdict.csv` (every column), `verdict.svg` and `manifest.json`; return name -> path."
+        out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+        paths = {"verdict": write_table(self.table, out / "verdict.csv"), "chart": save_chart(self.plot(), out / "verdict.svg")}
+        write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="verdict", params=self.params,
+                       notes=[self.headline(), self.note()])
+        return {**paths, "manifest": out / "manifest.json"}
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary().round(4)) + "\n\n" + self.note()
 
 # %% ../nbs/13a_verdict.ipynb #e1807304
@@ -163,8 +173,8 @@ def verdict(studies,                                   # studies table: study_id
     g = _prepared(generations, studies, ref_section, by)
     if g["config"].nunique() < 2: raise InputError("verdict: needs at least two configurations to compare")
     scored = [get_metric(m, labeler=lab) if m in LABEL_METRICS else m for m in metrics]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings(record=True) as caught:   # too few resamples for Holm, and the like: kept, and said
+        warnings.simplefilter("always")
         res = score_systems(g, studies, scored, reps=reps, seed=seed, ref_section=ref_section, by=tuple(by), first_seed=True,
                             clusters=clusters, size=size)
         alt_section = "both" if ref_section != "both" else "findings"
@@ -177,5 +187,6 @@ def verdict(studies,                                   # studies table: study_id
     rows = [_row(r, ctx) for r in _oriented(res.comparisons).itertuples()]
     params = {"reps": int(reps), "seed": int(seed), "clusters": clusters, "labeler": lab.source, "other_labeler": other.source,
               "ref_section": ref_section, "size": float(size), "min_win_prob": min_win_prob, "min_unique_ratio": min_unique_ratio,
-              "max_top5_share": max_top5_share}
+              "max_top5_share": max_top5_share,
+              "warnings": list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))}
     return Verdict(pd.DataFrame(rows), params)

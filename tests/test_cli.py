@@ -480,3 +480,20 @@ def test_annotation_quality_leaves_unreadable_replies_out_and_marks_the_run_inco
     assert t["llm"].str.startswith("incomplete: 100.0% of replies unreadable").iloc[:-1].all()
     assert t.loc["unreadable replies", "llm"] == "4 of 4 (100.0%)" and t.loc["unreadable replies", "rules"] == "0 of 4 (0.0%)"
     assert not t["rules"].iloc[:-1].str.startswith("incomplete").any()
+
+
+def test_verdict_subcommand(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("verdict", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--metrics", "bleu_4",
+            "chexpert_f1_14", "--reps", 400, "--out", tmp_path / "v")
+    assert r.returncode == 0, r.stderr
+    t = pd.read_csv(tmp_path / "v" / "verdict.csv")
+    assert set(t.verdict) <= {"holds", "fragile", "not shown"} and set(t.metric) == {"bleu_4", "chexpert_f1_14"}
+    assert "comparisons:" in r.stdout and f"{len(t)} comparisons" in r.stdout
+    # the template generator never "holds" where it leads: concentration fails
+    led = t[t["first"].str.startswith("sim-template+B4")]
+    assert (led.concentration == "fail").all() and (led.verdict != "holds").all()
+    assert (tmp_path / "v" / "verdict.svg").is_file() and json.loads((tmp_path / "v" / "manifest.json").read_text())["command"] == "verdict"
+    r = cli("verdict", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--labeler", "negbio",
+            "--out", tmp_path / "x")
+    assert r.returncode == 2 and "negbio" in r.stderr and "Traceback" not in r.stderr
