@@ -29,6 +29,7 @@ from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
+from .verdict import verdict
 from .labels import SWAP_LABELERS, get_labeler, label_audit, labeler_swap, swap_note
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
@@ -42,8 +43,8 @@ __all__ = ['CHART_WAIT_S', 'STAGES', 'SIDE_STAGES', 'TABLE_STAGES', 'Html', 'Sec
            'render_report', 'n_words', 'dataset_summary', 'system_summary', 'length_profile', 'plot_lengths',
            'plot_counts', 'AuditContext', 'corpus_stage', 'cohort_stage', 'interval_cells', 'concentration_stage',
            'labels_stage', 'policy_stage', 'uncertainty_stage', 'metrics_stage', 'reref_stage', 'longitudinal_stage',
-           'review_stage', 'default_stages', 'check_pair', 'run_stage', 'audit_workers', 'run_stages', 'run_audit',
-           'run_demo']
+           'review_stage', 'verdict_stage', 'default_stages', 'check_pair', 'run_stage', 'audit_workers', 'run_stages',
+           'run_audit', 'run_demo']
 
 # %% ../nbs/14_audit.ipynb #3c4756ab
 class Html(str):
@@ -559,7 +560,26 @@ def review_stage(ctx: AuditContext # the run: tables, ground truth and parameter
         sim.plot("summary", title="SIMULATED review, phase 1: shares with exact 95% intervals")], note=note)
 
 # %% ../nbs/14_audit.ipynb #91df8d9c
-STAGES: dict[str, Callable[[AuditContext], Section]] = {"corpus": corpus_stage, "cohort": cohort_stage,
+_VERDICT_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_14")   # the audit's verdicts: n-gram and label-based
+
+def verdict_stage(ctx: AuditContext # the run: tables, ground truth and parameters
+                  ) -> Section:
+    "The report's first section: per metric and pair of configurations, holds / fragile / not shown, with the checks behind it."
+    if config_label(ctx.generations.system, ctx.generations.policy).nunique() < 2:
+        return Section("Verdicts", ["A verdict compares configurations; these generations have only one."])
+    v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.reps(1000), seed=ctx.seed,
+                clusters="patient_id" if "patient_id" in ctx.studies.columns else None, labeler=ctx.params.get("labeler") or "chexpert")
+    t = v.to_frame()
+    fragile = t[t.verdict == "fragile"]
+    blocks = [v.headline() + (" The fragile ones and why:" if len(fragile) else ""),
+              *([fragile[["metric", "first", "second", "estimate", "p_holm", "reasons"]].round(4)] if len(fragile) else []),
+              "Every comparison (`first` is ahead; the checks are explained in the *Concentration*, *Labels and traceability* and "
+              "*Reference-based metrics* sections):", v.summary().round(4), v.plot(), v.note()]
+    blocks += [f"**Warning:** {w}" for w in v.params["warnings"]]
+    return Section("Verdicts", blocks, note="Is each lead real? holds: significant after Holm and every check that ran passes; "
+                   "fragile: significant but a check fails; not shown: not significant.")
+
+STAGES: dict[str, Callable[[AuditContext], Section]] = {"verdict": verdict_stage, "corpus": corpus_stage, "cohort": cohort_stage,
                                                         "policies": policy_stage, "concentration": concentration_stage,
                                                         "uncertainty": uncertainty_stage, "metrics": metrics_stage, "reref": reref_stage,
                                                         "longitudinal": longitudinal_stage,

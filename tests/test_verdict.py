@@ -56,3 +56,11 @@ def test_bad_input_is_one_clear_error(demo):
         verdict(demo.studies, g, reps=20)
     with pytest.raises(InputError, match="ref_section must be"):
         verdict(demo.studies, demo.generations, ref_section="technique", reps=20)
+
+
+def test_the_audit_report_opens_with_the_verdicts(demo, tmp_path):
+    from cxr_audit.audit import default_stages, run_audit
+    assert default_stages(True)[0] == default_stages(False)[0] == "verdict"
+    g = demo.generations[demo.generations.policy == "B4"]
+    page = run_audit(demo.studies, g, tmp_path, stages=["verdict", "corpus"], params={"reps": 400}).read_text(encoding="utf-8")
+    assert page.index("Verdicts") < page.index("Corpus overview") and "comparisons:" in page and "not shown" in page
