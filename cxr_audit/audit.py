@@ -573,8 +573,8 @@ def verdict_stage(ctx: AuditContext # the run: tables, ground truth and paramete
     fragile = t[t.verdict == "fragile"]
     blocks = [v.headline() + (" The fragile ones and why:" if len(fragile) else ""),
               *([fragile[["metric", "first", "second", "estimate", "p_holm", "reasons"]].round(4)] if len(fragile) else []),
-              "Every comparison (`first` is ahead; the checks are explained in the *Concentration*, *Labels and traceability* and "
-              "*Reference-based metrics* sections):", v.summary().round(4), v.plot(), v.note()]
+              "Every comparison (`first` is ahead; the evidence of the checks is in the Concentration, Labels and traceability "
+              "and Reference-based metrics sections below):", v.summary().round(4), v.plot(), v.note()]
     blocks += [f"**Warning:** {w}" for w in v.params["warnings"]]
     return Section("Verdicts", blocks, note="Is each lead real? holds: significant after Holm and every check that ran passes; "
                    "fragile: significant but a check fails; not shown: not significant.")
