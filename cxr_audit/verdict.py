@@ -45,8 +45,9 @@ def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
     tp, fp, fn = (R & H).sum(), (~R & H).sum(), (R & ~H).sum()
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn else float("nan")
 
-def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str], labeler, other) -> dict:
-    "Micro-F1 gap first − second under `labeler`, under `other`, and without the label giving most of the first's true positives."
+def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str],
+                labeler, other) -> dict:
+    "Micro-F1 gap first − second under `labeler`, under `other`, and without the label of most of the first's true positives."
     def states(lab, texts): return to_binary(label_state_matrix(list(texts), lab, labels)).astype(bool)
     R, A, B = states(labeler, refs), states(labeler, first), states(labeler, second)
     tp = (R & A).sum(0)
@@ -55,7 +56,8 @@ def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str]
     if top is not None: keep[top] = False
     Ro, Ao, Bo = states(other, refs), states(other, first), states(other, second)
     return {"gap": _micro_f1(R, A) - _micro_f1(R, B), "gap_other": _micro_f1(Ro, Ao) - _micro_f1(Ro, Bo),
-            "top_label": None if top is None else labels[top], "top_share": float(tp[top] / tp.sum()) if top is not None else float("nan"),
+            "top_label": None if top is None else labels[top],
+            "top_share": float(tp[top] / tp.sum()) if top is not None else float("nan"),
             "gap_without_top": _micro_f1(R[:, keep], A[:, keep]) - _micro_f1(R[:, keep], B[:, keep])}
 
 # %% ../nbs/13a_verdict.ipynb #61a3bbd0
@@ -65,16 +67,18 @@ def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> pd.D
     s = require_columns(studies, ["study_id"], "studies").drop_duplicates("study_id").set_index("study_id")
     sections = {"findings": ["findings"], "impression": ["impression"], "both": ["findings", "impression"]}[ref_section]
     missing = [c for c in sections if c not in s.columns]
-    if missing: raise InputError(f"verdict: studies have no {', '.join(missing)} column for ref_section={ref_section!r}")
+    if missing:
+        raise InputError(f"verdict: studies have no {', '.join(missing)} column for ref_section={ref_section!r}")
     text = s[sections].fillna("").astype(str).agg(" ".join, axis=1).str.strip()
     g = g[g["study_id"].isin(text.index)]
     if "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates([*by, "study_id"])
     return g.assign(config=g[list(by)].astype(str).agg("+".join, axis=1), reference=g["study_id"].map(text).to_numpy())
 
-def _check_concentration(conc: pd.DataFrame, leader: str, min_unique_ratio: float, max_top5_share: float) -> tuple[str, str]:
+def _check_concentration(conc: pd.DataFrame, leader: str, min_unique_ratio: float,
+                         max_top5_share: float) -> tuple[str, str]:
     r = conc.loc[leader]
     bad = r.unique_report_ratio < min_unique_ratio or r.top_5_share > max_top5_share
-    why = (f"`{leader}` writes {r.unique_report_ratio:.0%} distinct reports, its 5 most frequent cover {r.top_5_share:.0%}")
+    why = f"`{leader}` writes {r.unique_report_ratio:.0%} distinct reports, its 5 most frequent cover {r.top_5_share:.0%}"
     return ("fail" if bad else "pass"), why
 
 # %% ../nbs/13a_verdict.ipynb #5d0e58dd
@@ -93,10 +97,11 @@ class Verdict:
     def note(self) -> str:
         "How to read the verdicts, with the settings that produced them."
         p = self.params
-        return (f"`holds`: significant after Holm over all {len(self.table)} comparisons (p_holm < {1 - p['size']:g}) and every check that "
-                f"could run passes; `fragile`: significant, but a check fails; `not shown`: not significant. {p['reps']:,} paired resamples "
-                f"of {p['clusters'] or 'studies'} (seed {p['seed']}); references: `{p['ref_section']}`; labels: `{p['labeler']}` "
-                f"(swap: `{p['other_labeler']}`). Not run yet: references (reference rewrites) and longitudinal (progression F1).")
+        return (f"`holds`: significant after Holm over all {len(self.table)} comparisons (p_holm < {1 - p['size']:g}) "
+                "and every check that could run passes; `fragile`: significant, but a check fails; `not shown`: not "
+                f"significant. {p['reps']:,} paired resamples of {p['clusters'] or 'studies'} (seed {p['seed']}); references: "
+                f"`{p['ref_section']}`; labels: `{p['labeler']}` (swap: `{p['other_labeler']}`). Not run yet: references "
+                "(reference rewrites) and longitudinal (progression F1).")
     def headline(self) -> str:
         "One sentence: how many comparisons hold, are fragile, are not shown."
         n = self.table["verdict"].value_counts()
@@ -110,18 +115,22 @@ class Verdict:
         colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=["#009E73", "#E69F00", "#999999"]))
         base = alt.Chart(d).encode(y=alt.Y("pair:N", title=None), color=colour)
         bars = base.mark_rule().encode(x=alt.X("ci_low:Q", title="difference"), x2="ci_high:Q")
-        dots = base.mark_point(filled=True).encode(x="estimate:Q", tooltip=["metric", "pair", "estimate", "p_holm", "verdict", "reasons"])
-        return (bars + dots).facet(row=alt.Row("metric:N", title=None)).properties(title=title).resolve_scale(y="independent")
+        tips = ["metric", "pair", "estimate", "p_holm", "verdict", "reasons"]
+        dots = base.mark_point(filled=True).encode(x="estimate:Q", tooltip=tips)
+        chart = (bars + dots).facet(row=alt.Row("metric:N", title=None)).properties(title=title)
+        return chart.resolve_scale(y="independent")
     def save(self, out_dir,                    # folder to write into (created)
              inputs: dict | None = None        # name -> input file or table, recorded (hashed) in the manifest
             ) -> dict:
         "Write `verdict.csv` (every column), `verdict.svg` and `manifest.json`; return name -> path."
         out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-        paths = {"verdict": write_table(self.table, out / "verdict.csv"), "chart": save_chart(self.plot(), out / "verdict.svg")}
-        write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="verdict", params=self.params,
-                       notes=[self.headline(), self.note()])
+        paths = {"verdict": write_table(self.table, out / "verdict.csv"),
+                 "chart": save_chart(self.plot(), out / "verdict.svg")}
+        write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="verdict",
+                       params=self.params, notes=[self.headline(), self.note()])
         return {**paths, "manifest": out / "manifest.json"}
-    def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary().round(4)) + "\n\n" + self.note()
+    def _repr_markdown_(self):
+        return "\n\n".join([self.headline(), md_table(self.summary().round(4)), self.note()])
 
 # %% ../nbs/13a_verdict.ipynb #e1807304
 def _row(r, ctx: dict) -> dict:
@@ -138,7 +147,8 @@ def _row(r, ctx: dict) -> dict:
                          LABEL_METRICS[r.metric], ctx['lab'], ctx['other'])
         flips = [f"under `{ctx['other'].source}` the gap is {lg['gap_other']:+.3f}"] if lg["gap_other"] <= 0 else []
         if lg["top_label"] is not None and lg["gap_without_top"] <= 0:
-            flips.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}; without it the gap is {lg['gap_without_top']:+.3f}")
+            flips.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}; "
+                         f"without it the gap is {lg['gap_without_top']:+.3f}")
         checks["labels"] = "fail" if flips else "pass"; reasons += flips
     else: checks["labels"] = "not run: not a label metric"
     moved = ctx['est'].get((r.metric, r.first), np.nan) - ctx['est'].get((r.metric, r.second), np.nan)
@@ -167,7 +177,8 @@ def verdict(studies,                                   # studies table: study_id
             size: float = 0.95                         # interval coverage; significant means p_holm < 1 − size
            ) -> Verdict:
     "For every metric and pair of configurations: the paired difference, Holm's p, the checks, and holds / fragile / not shown."
-    if ref_section not in ("findings", "impression", "both"): raise InputError(f"verdict: ref_section must be findings, impression or both, got {ref_section!r}")
+    if ref_section not in ("findings", "impression", "both"):
+        raise InputError(f"verdict: ref_section must be findings, impression or both, got {ref_section!r}")
     lab = get_labeler(labeler)
     other = get_labeler("clinical" if getattr(lab, "profile", "chexpert") == "chexpert" else "chexpert")
     g = _prepared(generations, studies, ref_section, by)
@@ -178,15 +189,16 @@ def verdict(studies,                                   # studies table: study_id
         res = score_systems(g, studies, scored, reps=reps, seed=seed, ref_section=ref_section, by=tuple(by), first_seed=True,
                             clusters=clusters, size=size)
         alt_section = "both" if ref_section != "both" else "findings"
-        other_ref = score_systems(g, studies, scored, reps=0, seed=seed, ref_section=alt_section, by=tuple(by), first_seed=True, clusters=None)
+        other_ref = score_systems(g, studies, scored, reps=0, seed=seed, ref_section=alt_section, by=tuple(by),
+                                  first_seed=True, clusters=None)
     est = other_ref.estimates.set_index(["metric", "config"])["estimate"]
     conc = audit_concentration(g.assign(system=g["config"], policy="-"), reps=1).summary().set_index("system")
     texts = {c: d.set_index("study_id") for c, d in g.groupby("config")}
-    ctx = {"conc": conc, "est": est, "texts": texts, "lab": lab, "other": other, "alt_section": alt_section, "min_win_prob": min_win_prob,
-           "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share}
+    ctx = {"conc": conc, "est": est, "texts": texts, "lab": lab, "other": other, "alt_section": alt_section,
+           "min_win_prob": min_win_prob, "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share}
     rows = [_row(r, ctx) for r in _oriented(res.comparisons).itertuples()]
-    params = {"reps": int(reps), "seed": int(seed), "clusters": clusters, "labeler": lab.source, "other_labeler": other.source,
-              "ref_section": ref_section, "size": float(size), "min_win_prob": min_win_prob, "min_unique_ratio": min_unique_ratio,
-              "max_top5_share": max_top5_share,
+    params = {"reps": int(reps), "seed": int(seed), "clusters": clusters, "labeler": lab.source,
+              "other_labeler": other.source, "ref_section": ref_section, "size": float(size), "min_win_prob": min_win_prob,
+              "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share,
               "warnings": list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))}
     return Verdict(pd.DataFrame(rows), params)
