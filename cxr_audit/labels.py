@@ -703,7 +703,8 @@ class FileLabeler:
                  source: str | None = None):         # the `source` column of the output (default: `official:<file name>`)
         self.path = None if isinstance(labels, pd.DataFrame) else Path(labels)
         what = str(self.path) if self.path is not None else "labels table"
-        tab = read_chexpert_csv(self.path) if self.path is not None else require_columns(labels, ["text_id", "label", "state", "text"], what)
+        tab = (read_chexpert_csv(self.path) if self.path is not None
+               else require_columns(labels, ["text_id", "label", "state", "text"], what))
         self.source = source or (f"official:{self.path.name}" if self.path is not None else str(tab["source"].iloc[0]))
         wide = to_wide(tab.assign(source=self.source))
         texts = tab.drop_duplicates("text_id").set_index("text_id")["text"].reindex(wide.index)
@@ -713,7 +714,8 @@ class FileLabeler:
             if is_missing(t) or not str(t).strip(): continue
             k = _norm_text(t)
             if k in self._states and not np.array_equal(self._states[k], row, equal_nan=True):
-                raise InputError(f"{what}: rows {first[k]} and {tid} hold the same text with different labels ({k[:60]!r})")
+                raise InputError(f"{what}: rows {first[k]} and {tid} hold the same text with different labels "
+                                 f"({k[:60]!r})")
             self._states.setdefault(k, row); first.setdefault(k, tid)
         self.what = what
 
@@ -728,8 +730,10 @@ class FileLabeler:
     def require(self, texts, what: str = "texts"):
         "Raise a one-line `InputError` naming the missing texts when the file does not hold every labelable text."
         miss = self.missing(texts)
-        if miss: raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in {self.what} "
-                                  f"(first: {miss[0][:60]!r}); label them with the official tool (write_chexpert_input) and pass its output")
+        if not miss: return
+        raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in {self.what} "
+                         f"(first: {miss[0][:60]!r}); label them with the official tool (write_chexpert_input) "
+                         "and pass its output")
 
     def __call__(self, texts,                 # report texts: a sequence, a pandas Series or {id: text}
                  ids=None):                   # one id per text (default: the Series index or positions)
@@ -744,7 +748,8 @@ class FileLabeler:
         if flag: return {}, flag
         row = self._states.get(_norm_text(text))
         if row is None: self.require([text])
-        return {l: _Evidence(float(s), None, None, None, None, None) for l, s in zip(CHEXPERT_14, row) if not np.isnan(s)}, None
+        evidence = {l: _Evidence(float(s), None, None, None, None, None) for l, s in zip(CHEXPERT_14, row) if not np.isnan(s)}
+        return evidence, None
 
 
 # %% ../nbs/06_labels.ipynb #5f2030a7

@@ -160,7 +160,8 @@ def _row(r, ctx: dict) -> dict:
     if v == "not shown": reasons.insert(0, f"not significant after Holm (p_holm = {r.p_holm:.3g})")
     return {"metric": r.metric, "first": r.first, "second": r.second, "estimate": r.estimate, "ci_low": r.ci_low,
             "ci_high": r.ci_high, "p": r.p, "p_holm": r.p_holm, "win_prob": r.win_prob, "verdict": v,
-            "reasons": "; ".join(reasons) or "every check that ran passes", **checks}
+            "reasons": "; ".join(reasons) or "every check that ran passes",
+            "labeler": ctx["lab"].source if r.metric in LABEL_METRICS else None, **checks}
 
 def verdict(studies,                                   # studies table: study_id, findings, impression (patient_id for clusters)
             generations,                               # generations table: sample_id, study_id, system, policy, hypothesis
