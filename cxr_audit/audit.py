@@ -29,7 +29,7 @@ from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
-from .verdict import verdict
+from .verdict import CHECKS, verdict
 from .labels import SWAP_LABELERS, get_labeler, label_audit, labeler_swap, swap_note
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal import progression_evaluation
@@ -399,6 +399,32 @@ def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and para
 # %% ../nbs/14_audit.ipynb #c5f766c1
 _REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")   # the audit report's metrics section
 
+def _verdict_of(v, metric: str, a: str, b: str):
+    "The verdict row of one metric and pair (either order), or None."
+    if v is None: return None
+    t = v.table
+    hit = t[(t.metric == metric) & (((t["first"] == a) & (t["second"] == b)) | ((t["first"] == b) & (t["second"] == a)))]
+    return hit.iloc[0] if len(hit) else None
+
+def _verdict_words(res, v) -> str:
+    "Per metric: the best configuration's lead over the runner-up and its verdict (the Verdicts section's), never a bare 'best'."
+    if v is None: return "No verdict was run (stage `verdict`): these leads are not judged here; read them with care."
+    parts = []
+    for m, d in res.estimates.groupby("metric", sort=False):
+        d = d.dropna(subset=["estimate"]).sort_values("estimate", ascending=not res.results[m].higher_is_better
+                                                     if m in res.results else False)
+        if len(d) < 2: continue
+        r = _verdict_of(v, m, d.config.iloc[0], d.config.iloc[1])
+        said = "not judged" if r is None else (f"**{r.verdict}**" + (f" ({r.failed} fails)" if r.verdict == "fragile" else ""))
+        parts.append(f"`{m}`: `{d.config.iloc[0]}` ahead of `{d.config.iloc[1]}`, {said}")
+    return "**Verdicts on the leaders** (from the Verdicts section): " + "; ".join(parts) + "."
+
+def _with_verdicts(table: pd.DataFrame, v) -> pd.DataFrame:
+    "The comparisons with a `verdict` column (holds / fragile / not shown) when the verdict ran."
+    if v is None: return table
+    rows = [_verdict_of(v, r.metric, r.first, r.second) for r in table.itertuples()]
+    return table.assign(verdict=[None if r is None else r.verdict for r in rows])
+
 def metrics_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                   ) -> Section:
     "Reference-based metrics per configuration (first seed of each) with intervals, and paired differences against the first."
@@ -422,10 +448,12 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
             f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
             + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every average "
                f"({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))
-    blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + "."]
+    blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + ".",
+                                                                       _verdict_words(res, ctx.extra.get("_verdict"))]
     if res.comparisons is not None:
         cols = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "significant"]
-        blocks += [res.plot("forest", title=f"Paired differences ({base} − other)"), res.compare()[cols], res.note()]
+        blocks += [res.plot("forest", title=f"Paired differences ({base} − other)"),
+                   _with_verdicts(res.compare()[cols], ctx.extra.get("_verdict")), res.note()]
         blocks += [f"**Warning:** {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     blocks += [x for x in res.caveats() if x not in res.notes]
     return Section("Reference-based metrics", blocks,
@@ -560,21 +588,38 @@ def review_stage(ctx: AuditContext # the run: tables, ground truth and parameter
         sim.plot("summary", title="SIMULATED review, phase 1: shares with exact 95% intervals")], note=note)
 
 # %% ../nbs/14_audit.ipynb #91df8d9c
-_VERDICT_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_14")   # the audit's verdicts: n-gram and label-based
+_VERDICT_METRICS = _REPORT_METRICS   # the audit judges the metrics its metrics section shows
+_CHECK_SECTIONS = {"stability": "Reference-based metrics", "concentration": "Concentration", "labels": "Labels and traceability",
+                   "section": "Reference-based metrics", "references": _REREF_TITLE, "longitudinal": _LONGITUDINAL_TITLE}
+
+def _failed_links(fragile: pd.DataFrame) -> Html:
+    "The fragile comparisons as a list, each failing check linked to the section that shows its evidence."
+    def link(check: str) -> str:
+        title = _CHECK_SECTIONS[check]
+        return f'<a href="#{Section(title).anchor}">{html.escape(check)}</a>'
+    items = [f"<li><code>{html.escape(r.metric)}</code>: <code>{html.escape(r.first)}</code> ahead of "
+             f"<code>{html.escape(r.second)}</code>, fragile on " + ", ".join(link(c) for c in r.failed.split(", ") if c)
+             + "</li>" for r in fragile.itertuples()]
+    return Html("<ul>" + "".join(items) + "</ul>")
 
 def verdict_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                   ) -> Section:
     "The report's first section: per metric and pair of configurations, holds / fragile / not shown, with the checks behind it."
     if config_label(ctx.generations.system, ctx.generations.policy).nunique() < 2:
         return Section("Verdicts", ["A verdict compares configurations; these generations have only one."])
-    v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.reps(1000), seed=ctx.seed,
-                clusters="patient_id" if "patient_id" in ctx.studies.columns else None, labeler=ctx.params.get("labeler") or "chexpert")
+    v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.params.get("reps"), seed=ctx.seed,
+                clusters="patient_id" if "patient_id" in ctx.studies.columns else None,
+                labeler=ctx.params.get("labeler") or "chexpert")
+    ctx.extra["_verdict"] = v   # the metrics section shows it beside each "best"
     t = v.to_frame()
     fragile = t[t.verdict == "fragile"]
-    blocks = [v.headline() + (" The fragile ones and why:" if len(fragile) else ""),
-              *([fragile[["metric", "first", "second", "estimate", "p_holm", "reasons"]].round(4)] if len(fragile) else []),
-              "Every comparison (`first` is ahead; the evidence of the checks is in the Concentration, Labels and traceability "
-              "and Reference-based metrics sections below):", v.summary().round(4), v.plot(), v.note()]
+    blocks = [v.headline() + (" The fragile ones, with the checks that fail (each links to the section with its evidence):"
+                              if len(fragile) else "")]
+    if len(fragile):
+        blocks += [_failed_links(fragile), fragile[["metric", "first", "second", "estimate", "p_holm", "failed", "reasons"]].round(4)]
+    blocks += ["Every comparison (`first` is ahead; one column per check: pass, fail, or not run and why):",
+               t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict", *CHECKS]].round(4),
+               v.plot(), v.note()]
     blocks += [f"**Warning:** {w}" for w in v.params["warnings"]]
     return Section("Verdicts", blocks, note="Is each lead real? holds: significant after Holm and every check that ran passes; "
                    "fragile: significant but a check fails; not shown: not significant.")
@@ -584,6 +629,7 @@ STAGES: dict[str, Callable[[AuditContext], Section]] = {"verdict": verdict_stage
                                                         "uncertainty": uncertainty_stage, "metrics": metrics_stage, "reref": reref_stage,
                                                         "longitudinal": longitudinal_stage,
                                                         "labels": labels_stage, "review": review_stage}
+
 
 # %% ../nbs/14_audit.ipynb #8228d2ab
 def default_stages(synthetic: bool # the tables are the synthetic demo corpus
@@ -682,6 +728,14 @@ class _SideProcess:
     def stop(self):
         if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
 
+def _main_order(names: Sequence[str], cut: int) -> list[int]:
+    "Positions in the order the stages run: the verdict, shown first, runs after the stages that narrow the tables."
+    order = list(range(len(names)))
+    cut = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1) if cut < 0 else cut
+    if "verdict" in names and cut > names.index("verdict"):
+        order.remove(names.index("verdict")); order.insert(cut, names.index("verdict"))
+    return order
+
 def run_stages(names: Sequence[str], # stage names, in report order
                ctx: AuditContext,    # the run
                colors: dict,         # system colours (`core.system_colors`)
@@ -697,7 +751,8 @@ def run_stages(names: Sequence[str], # stage names, in report order
         helper = _SideProcess(Path(tmp) / "sections.pkl") if side else None   # it imports while the first stages run
         try:
             if side and cut < 0: helper.send([names[j] for j in side], ctx, colors)
-            for i, n in enumerate(names):
+            for i in _main_order(names, cut):
+                n = names[i]
                 if i not in side: keep(i, run_stage(n, ctx))
                 if side and i == cut: helper.send([names[j] for j in side], ctx, colors)   # the tables are final from here on
             secs = helper.result() if side else []

@@ -592,27 +592,43 @@ def score(generations: str,                              # generations table (.c
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
+def _pairs_arg(pairs) -> list[tuple[str, str]] | None:
+    "`--pairs FIRST,SECOND ...` as (first, second) tuples (None: every pair)."
+    if not pairs: return None
+    bad = [p for p in pairs if len(str(p).split(",")) != 2]
+    if bad: raise InputError(f"--pairs {bad[0]!r}: write each pair as FIRST,SECOND (two configurations, e.g. sysA+B4,sysB+B4)")
+    return [tuple(x.strip() for x in str(p).split(",")) for p in pairs]
+
 def verdict(*, studies: str,                        # studies table (.csv/.parquet): study_id, findings, impression (patient_id)
             generations: str,                       # generations table (.csv/.parquet): sample_id, study_id, system, policy, hypothesis
             out: str,                               # output folder
             metrics: list[str] | None = None,       # metric names (default: bleu_4 rouge_l chexpert_f1_14)
-            reps: int = 1000,                       # paired resamples
+            pairs: list[str] | None = None,         # FIRST,SECOND configuration pairs to judge (default: every pair)
+            reps: int | None = None,                # paired resamples (default: enough for Holm over the comparisons, at least 1000)
             seed: int = DEFAULT_SEED,               # seed of the resamples
             clusters: str = "patient_id",           # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
             labeler: str = "chexpert",              # labels of CheXpert-F1: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
-            ref_section: Literal["findings", "impression", "both"] = "findings" # the scored reference section
+            ref_section: Literal["findings", "impression", "both"] = "findings", # the scored reference section
+            references: str | None = None,         # references.parquet of an earlier `cxr-audit reref` run (e.g. an LLM's): used, not rewritten
+            checks: list[str] | None = None,        # checks to run (default: all): stability concentration labels section references longitudinal
+            rule: Literal["holm", "ci"] = "holm"    # a reversal under the rewrites or on progression F1 counts when significant by this rule
            ) -> str:
     "Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the reasons."
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.verdict import verdict as judge
+    from cxr_audit.verdict import CHECKS, verdict as judge
     st = to_studies(_table(studies), what=str(studies), dataset="studies")
     g = to_generations(_table(generations), what=str(generations))
-    v = judge(st, g, metrics=tuple(metrics or ("bleu_4", "rouge_l", "chexpert_f1_14")), reps=int(reps), seed=int(seed),
-              clusters=_clusters_arg(clusters, st), labeler=_labeler_arg(labeler), ref_section=ref_section)
-    v.save(out, inputs={"studies": Path(studies), "generations": Path(generations)})
+    refs = _table(references) if references else None
+    v = judge(st, g, metrics=tuple(metrics or ("bleu_4", "rouge_l", "chexpert_f1_14")), pairs=_pairs_arg(pairs),
+              reps=None if reps is None else int(reps), seed=int(seed), clusters=_clusters_arg(clusters, st),
+              labeler=_labeler_arg(labeler), ref_section=ref_section, references=refs, checks=tuple(checks or CHECKS),
+              rule=rule, progress=True)
+    inputs = {"studies": Path(studies), "generations": Path(generations), **({"references": Path(references)} if references else {})}
+    v.save(out, inputs=inputs)
     worst = v.to_frame()[v.to_frame().verdict == "fragile"]
     lines = [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}" for r in worst.itertuples()]
     return "\n".join(lines + [f"Warning: {w}" for w in v.params["warnings"]] + [f"Wrote {out}"])
+
 
 # %% ../nbs/15_cli.ipynb #5ff7e43b
 def generate(model: str,                      # local folder of a saved Hugging Face model (nothing is downloaded)

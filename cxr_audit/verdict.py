@@ -5,6 +5,8 @@
 # %% ../nbs/13a_verdict.ipynb #2c2d8ef6
 from __future__ import annotations
 
+import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,33 +14,51 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import sparse
+from scipy.sparse.csgraph import connected_components
 
-from .core import DEFAULT_SEED, InputError, enable_theme, md_table, require_columns, save_chart, write_manifest, write_table
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, enable_theme, md_table, require_columns,
+                            save_chart, write_manifest, write_table)
+from .stats import holm
 from .concentration import audit_concentration
 from .corpus import to_generations
 from .evaluator import score_systems
 from .labels import CHEXPERT_14, CHEXPERT_5, get_labeler, to_binary
 from .metrics import label_state_matrix, get_metric
+from .reref import ORIGINAL, backend_label, rewrite_table
+from .reref_rules import rule_reref
+from .reref_sensitivity import SIGNIFICANCE_RULES, pairwise_gaps, score_references
+from .longitudinal import LLMAnnotator, RuleAnnotator, progression_evaluation
+
 
 # %% auto #0
-__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'Verdict', 'verdict']
+__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'NOT_ASKED', 'Verdict', 'verdict']
 
 # %% ../nbs/13a_verdict.ipynb #d9dd35a4
 CHECKS = ("stability", "concentration", "labels", "section", "references", "longitudinal")
 LABEL_METRICS = {"chexpert_f1_14": CHEXPERT_14, "chexpert_f1_5": CHEXPERT_5}
 VERDICTS = ("holds", "fragile", "not shown")
-_LATER = "not run: comes with the next part of the verdict (issue 40)"
+NOT_ASKED = "not run: not asked for"
 
 def _oriented(comparisons: pd.DataFrame) -> pd.DataFrame:
     "The comparisons with `first` the configuration ahead (higher score), the difference and its interval turned with it."
     c = comparisons.copy()
     flip = c["estimate"] < 0
-    for a, b in (("first", "second"),):
-        c.loc[flip, [a, b]] = c.loc[flip, [b, a]].to_numpy()
+    c.loc[flip, ["first", "second"]] = c.loc[flip, ["second", "first"]].to_numpy()
     c.loc[flip, "estimate"] = -c.loc[flip, "estimate"]
     c.loc[flip, ["ci_low", "ci_high"]] = -c.loc[flip, ["ci_high", "ci_low"]].to_numpy()
-    c.loc[flip, "win_prob"] = 1 - c.loc[flip, "win_prob"]
+    if "win_prob" in c: c.loc[flip, "win_prob"] = 1 - c.loc[flip, "win_prob"]
     return c
+
+def _facing(frame: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
+    "The rows of a comparison table for the pair, turned so that each reads `first − second`."
+    same = frame[(frame["first"] == first) & (frame["second"] == second)]
+    back = frame[(frame["first"] == second) & (frame["second"] == first)].copy()
+    back["estimate"] = -back["estimate"]
+    back[["ci_low", "ci_high"]] = -back[["ci_high", "ci_low"]].to_numpy()
+    back[["first", "second"]] = [first, second]
+    return pd.concat([same, back])
+
 
 # %% ../nbs/13a_verdict.ipynb #7376028a
 def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
@@ -54,15 +74,18 @@ def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str]
     top = int(np.argmax(tp)) if tp.sum() else None
     keep = np.ones(len(labels), bool)
     if top is not None: keep[top] = False
+    nf = list(labels).index("No Finding") if "No Finding" in labels else None
     Ro, Ao, Bo = states(other, refs), states(other, first), states(other, second)
     return {"gap": _micro_f1(R, A) - _micro_f1(R, B), "gap_other": _micro_f1(Ro, Ao) - _micro_f1(Ro, Bo),
             "top_label": None if top is None else labels[top],
             "top_share": float(tp[top] / tp.sum()) if top is not None else float("nan"),
+            "no_finding_share": float(tp[nf] / tp.sum()) if nf is not None and tp.sum() else float("nan"),
             "gap_without_top": _micro_f1(R[:, keep], A[:, keep]) - _micro_f1(R[:, keep], B[:, keep])}
 
+
 # %% ../nbs/13a_verdict.ipynb #61a3bbd0
-def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> pd.DataFrame:
-    "One row per generated report with its configuration (`config`) and the reference text of its study (`reference`)."
+def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "Every generated report with its configuration (`config`) and reference (`reference`), and the first seed of each."
     g = to_generations(generations)
     s = require_columns(studies, ["study_id"], "studies").drop_duplicates("study_id").set_index("study_id")
     sections = {"findings": ["findings"], "impression": ["impression"], "both": ["findings", "impression"]}[ref_section]
@@ -71,37 +94,259 @@ def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> pd.D
         raise InputError(f"verdict: studies have no {', '.join(missing)} column for ref_section={ref_section!r}")
     text = s[sections].fillna("").astype(str).agg(" ".join, axis=1).str.strip()
     g = g[g["study_id"].isin(text.index)]
-    if "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates([*by, "study_id"])
-    return g.assign(config=g[list(by)].astype(str).agg("+".join, axis=1), reference=g["study_id"].map(text).to_numpy())
+    g = g.assign(config=g[list(by)].astype(str).agg("+".join, axis=1), reference=g["study_id"].map(text).to_numpy())
+    first = g.sort_values("seed", kind="stable") if "seed" in g.columns else g
+    return g, first.drop_duplicates(["config", "study_id"]).sort_index()
 
-def _check_concentration(conc: pd.DataFrame, leader: str, min_unique_ratio: float,
-                         max_top5_share: float) -> tuple[str, str]:
-    r = conc.loc[leader]
-    bad = r.unique_report_ratio < min_unique_ratio or r.top_5_share > max_top5_share
-    why = f"`{leader}` writes {r.unique_report_ratio:.0%} distinct reports, its 5 most frequent cover {r.top_5_share:.0%}"
-    return ("fail" if bad else "pass"), why
+def _by_config(g: pd.DataFrame) -> pd.DataFrame:
+    "The table with each configuration as its `system` (an empty policy, no seed): how the scoring functions see it."
+    return g.assign(system=g["config"], policy="").drop(columns=[c for c in ("seed",) if c in g.columns])
+
+def _chosen_pairs(configs: Sequence[str], pairs) -> list[tuple[str, str]] | None:
+    "The requested pairs, checked against the configurations (None: every pair)."
+    if pairs is None: return None
+    out = []
+    for i, p in enumerate(pairs):
+        if isinstance(p, str) or len(p) != 2:
+            raise InputError(f"verdict: pairs[{i}] must be two configurations (first, second), got {p!r}")
+        unknown = [c for c in p if c not in configs]
+        if unknown: raise InputError(f"verdict: pairs[{i}] names {unknown[0]!r}, not a configuration; they are {list(configs)}")
+        out.append((str(p[0]), str(p[1])))
+    return out
+
+def _kept(comparisons: pd.DataFrame, pairs, size: float) -> pd.DataFrame:
+    "Only the requested pairs (either order), with Holm's adjustment redone over them."
+    if pairs is None: return comparisons
+    want = {frozenset(p) for p in pairs}
+    c = comparisons[[frozenset((a, b)) in want for a, b in zip(comparisons["first"], comparisons["second"])]].copy()
+    c["p_holm"] = holm(c["p"].to_numpy())
+    return c.assign(significant=c["p_holm"] < 1 - size)
+
+
+# %% ../nbs/13a_verdict.ipynb #a101a560
+def _gap(x: float) -> str:
+    "A signed difference with 3 decimals, never `-0.000`."
+    return f"{round(float(x), 3) + 0.0:+.3f}"
+
+def _say(progress: bool, t0: float, message: str):
+    "One progress line on stderr (with the seconds since the start)."
+    if progress: print(f"verdict [{time.perf_counter() - t0:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+def _quiet(fn, *args, **kwargs):
+    "`fn(...)` with its warnings kept: (result, the distinct messages of the warnings it gave)."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args, **kwargs)
+    return out, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+
+def _seed_estimates(g: pd.DataFrame, studies, scored: list, ref_section: str) -> pd.DataFrame | None:
+    "`metric, config, seed, estimate` when some configuration has several seeds (None otherwise)."
+    if "seed" not in g.columns or g.groupby("config")["seed"].nunique().max() < 2: return None
+    x = g.assign(_run=g["config"] + " @ " + g["seed"].astype(str))
+    res, _ = _quiet(score_systems, _by_config(x.assign(config=x["_run"])), studies, scored, reps=0,
+                    ref_section=ref_section, by=("system",), clusters=None)
+    e = res.estimates[["metric", "config", "estimate"]].rename(columns={"config": "_run"})
+    run = x.drop_duplicates("_run").set_index("_run")
+    return e.assign(config=e["_run"].map(run["config"]), seed=e["_run"].map(run["seed"])).drop(columns="_run")
+
+def _distinct_clusters(texts: pd.Series, patients: pd.Series | None = None) -> pd.Series:
+    "Unit -> cluster: units whose texts are the same (after collapsing whitespace), or whose patient is the same, share one."
+    n = len(texts)
+    t = pd.factorize(texts.fillna("").astype(str).str.split().str.join(" "))[0]
+    rows, cols = [np.arange(n)], [n + t]
+    if patients is not None:
+        p = pd.factorize(patients.reindex(texts.index))[0]
+        ok = p >= 0
+        rows.append(np.flatnonzero(ok)); cols.append(n + t.max() + 1 + p[ok])
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    size = int(c.max()) + 1 if len(c) else n
+    graph = sparse.coo_matrix((np.ones(len(r)), (r, c)), shape=(size, size))
+    return pd.Series(connected_components(graph, directed=False)[1][:n], index=texts.index)
+
+
+# %% ../nbs/13a_verdict.ipynb #a828273e
+def _rewrites(studies, s: dict):
+    "The references table of the rewrites: the one given, else rewritten by the rule back end or the chat back end."
+    if s["references"] is not None:
+        refs = getattr(s["references"], "references", s["references"])
+        return require_columns(refs, ["study_id", "variant", "findings", "impression", "usable"], "references")
+    backend = s["backend"]
+    loop = (rule_reref(), None) if backend is None else (backend, backend)
+    refs = rewrite_table(studies, s["variations"], *loop, cache="auto" if backend is not None else False,
+                         progress=s["progress"]).references
+    return refs if "backend" in refs.columns else refs.assign(backend=backend_label(loop[0]))
+
+def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict) -> tuple[pd.DataFrame, str]:
+    "Every pair's gap under each applicable variation (`metric, variant, first, second, estimate, ci_low, ci_high, significant`)."
+    refs = _rewrites(studies, s)
+    scores = score_references(_by_config(g), refs, scored, studies=studies, section=s["ref_section"]).assign(dataset="all")
+    cl = s["cluster_map"]
+    parts = []
+    for m in pd.unique(scores["metric"]):
+        pg, _ = _quiet(pairwise_gaps, scores, m, pairs=pairs, reps=s["reps"], seed=s["seed"], size=s["size"],
+                       clusters=cl, rule=s["rule"])
+        f = pg.to_frame()
+        f["significant"] = f["significant"] if s["rule"] == "holm" else f["significant_ci"]
+        parts.append(f[f["variant"] != ORIGINAL])
+    backend = str(refs["backend"].iloc[0]) if "backend" in refs.columns and len(refs) else "not stated"
+    n_var = refs.loc[refs["variant"] != ORIGINAL, "variant"].nunique()
+    return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`"
+
+def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict) -> tuple[pd.DataFrame | None, str]:
+    "Every pair's progression-F1 gap on the studies whose reference has longitudinal sentences, or why there is none."
+    backend = s["backend"]
+    annotator = RuleAnnotator() if backend is None else LLMAnnotator(backend, progress=s["progress"])
+    st = studies.assign(_reference=studies["study_id"].map(g.drop_duplicates("study_id").set_index("study_id")["reference"]))
+    try:
+        ev, _ = _quiet(progression_evaluation, st, _by_config(g), annotator=annotator, reps=s["reps"], seed=s["seed"],
+                       clusters=s["cluster_map"], metrics=(), section="_reference", size=s["size"])
+    except (InputError, IncompleteRunError) as e:
+        return None, f"not run: {e}"
+    f = ev.compare("progression_micro_f1").to_frame()
+    f["significant"] = f["significant"] if s["rule"] == "holm" else f["ci_excludes_0"]
+    c = ev.coverage()
+    return f, (f"{c['studies']} studies with longitudinal reference sentences ({c['longitudinal_reference_sentences']} "
+               f"sentences, annotated by `{ev.annotator}`)")
+
+
+# %% ../nbs/13a_verdict.ipynb #a22eee91
+def _check_stability(r, ctx: dict) -> tuple[str, str]:
+    "The leader wins in most resamples and, where there are several seeds, with every seed both share."
+    why = f"`{r.first}` wins in {r.win_prob:.0%} of {ctx['reps']:,} resamples (needs {ctx['min_win_prob']:.0%})"
+    seeds = ctx["seeds"]
+    if seeds is not None:
+        e = seeds[seeds["metric"] == r.metric].pivot_table(index="seed", columns="config", values="estimate")
+        if {r.first, r.second} <= set(e.columns):
+            gap = (e[r.first] - e[r.second]).dropna()
+            lost = gap[gap < 0]
+            why += (f"; ahead with {len(gap) - len(lost)} of {len(gap)} seeds"
+                    + (f" (behind with seed {', '.join(map(str, lost.index))}: {_gap(lost.iloc[0])})" if len(lost) else ""))
+            if len(lost): return "fail", why
+    return ("pass" if r.win_prob >= ctx["min_win_prob"] else "fail"), why
+
+def _distinct_lead(r, ctx: dict) -> tuple[bool, str]:
+    "Does the lead stay significant when the leader's identical reports (and one patient's studies) are one resampling unit?"
+    a, b = ctx["texts"][r.first], ctx["texts"][r.second]
+    units = a.index.intersection(b.index)
+    cl = _distinct_clusters(a.loc[units, "hypothesis"], ctx["patients"])
+    n = cl.nunique()
+    if n < ctx["min_distinct"]:
+        return False, f"its reports are {n} distinct text{'s' * (n != 1)}, too few to resample (needs {ctx['min_distinct']})"
+    g = ctx["g"]
+    two = g[g["config"].isin([r.first, r.second]) & g["study_id"].isin(units)]
+    res, _ = _quiet(score_systems, _by_config(two.assign(_distinct=two["study_id"].map(cl).to_numpy())), ctx["studies"],
+                    [ctx["scored"][r.metric]], reps=ctx["reps"], seed=ctx["seed"], ref_section=ctx["ref_section"],
+                    by=("system",), clusters="_distinct", size=ctx["size"])
+    c = _facing(res.comparisons, r.first, r.second).iloc[0]
+    held = bool(c.estimate > 0 and c.significant)
+    return held, (f"counting each distinct text once ({n} resampling units) the gap is {_gap(c.estimate)} "
+                  f"[{_gap(c.ci_low)}, {_gap(c.ci_high)}], {'still' if held else 'no longer'} significant")
+
+def _check_concentration(r, ctx: dict) -> tuple[str, str]:
+    "Fails when the leader's reports are concentrated and its lead does not survive counting each distinct text once."
+    c = ctx["conc"].loc[r.first]
+    k = round(c.unique_report_ratio * c.n)
+    why = (f"`{r.first}` writes {k} distinct report{'s' * (k != 1)} for {int(c.n)} studies, its 5 most "
+           f"frequent cover {c.top_5_share:.0%}, {c.prefix_rate:.0%} open with the stock prefix")
+    concentrated = (c.unique_report_ratio < ctx["min_unique_ratio"] or c.top_5_share > ctx["max_top5_share"]
+                    or c.prefix_rate > ctx["max_prefix_rate"])
+    if not concentrated: return "pass", why
+    held, how = _distinct_lead(r, ctx)
+    return ("pass" if held else "fail"), f"{why}; {how}"
+
+
+# %% ../nbs/13a_verdict.ipynb #82d376a0
+def _check_labels(r, ctx: dict) -> tuple[str, str]:
+    "For label metrics: the lead under the other labeler profile and without the label of most of the leader's true positives."
+    if r.metric not in LABEL_METRICS: return "not run: not a label metric", ""
+    a, b = ctx["texts"][r.first], ctx["texts"][r.second]
+    units = a.index.intersection(b.index)
+    lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""), b.loc[units, "hypothesis"].fillna(""),
+                     LABEL_METRICS[r.metric], ctx["lab"], ctx["other"])
+    parts = [f"under `{ctx['other'].source}` the gap is {_gap(lg['gap_other'])}"]
+    if lg["top_label"] is not None:
+        nf = "" if lg["top_label"] == "No Finding" else f" ({lg['no_finding_share']:.0%} No Finding)"
+        parts.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}{nf}; "
+                     f"without {lg['top_label']} the gap is {_gap(lg['gap_without_top'])}")
+    flipped = lg["gap_other"] <= 0 or (lg["top_label"] is not None and lg["gap_without_top"] <= 0)
+    return ("fail" if flipped else "pass"), "; ".join(parts)
+
+def _check_section(r, ctx: dict) -> tuple[str, str]:
+    "The lead keeps its sign with the other reference section (findings + impression, or findings when that was scored)."
+    moved = ctx["est"].get((r.metric, r.first), np.nan) - ctx["est"].get((r.metric, r.second), np.nan)
+    if not np.isfinite(moved): return "not run: no estimate with the other section", ""
+    return ("pass" if moved > 0 else "fail"), f"with the reference `{ctx['alt_section']}` the gap is {_gap(moved)}"
+
+def _reversals(frame: pd.DataFrame, r, label: str) -> tuple[str, str]:
+    "pass / fail on the significant reversals of `first − second` among the rows of `frame` (one per condition)."
+    rows = _facing(frame, r.first, r.second)
+    rev = rows[(rows["estimate"] < 0) & rows["significant"].astype(bool)]
+    low = rows.loc[rows["estimate"].idxmin()] if len(rows) else None
+    lowest = "" if low is None else f"; the smallest gap {_gap(low.estimate)} ({low[label]})"
+    if len(rev):
+        w = rev.loc[rev["estimate"].idxmin()]
+        return "fail", (f"significantly reversed under {len(rev)} of {len(rows)} ({', '.join(rev[label].astype(str))}): "
+                        f"{_gap(w.estimate)} [{_gap(w.ci_low)}, {_gap(w.ci_high)}] under {w[label]}")
+    return "pass", f"no significant reversal{lowest}"
+
+def _check_references(r, ctx: dict) -> tuple[str, str]:
+    "No significant reversal of the lead under any applicable rewrite of the references (paper 000)."
+    gaps, about = ctx["ref_gaps"]
+    if gaps is None: return about, ""
+    rows = gaps[(gaps["metric"] == r.metric)]
+    if not len(_facing(rows, r.first, r.second)): return "not run: no variation was applicable to these studies", about
+    status, why = _reversals(rows, r, "variant")
+    return status, f"{about}, {len(_facing(rows, r.first, r.second))} applicable: {why}"
+
+def _check_longitudinal(r, ctx: dict) -> tuple[str, str]:
+    "No significant reversal of the pair on progression F1 over the longitudinal reference sentences (paper 003)."
+    gaps, about = ctx["long_gaps"]
+    if gaps is None: return about, ""
+    rows = _facing(gaps.assign(measure="progression F1"), r.first, r.second)
+    if not len(rows): return "not run: the pair was not evaluated", about
+    w = rows.iloc[0]
+    bad = bool(w.estimate < 0 and w.significant)
+    return ("fail" if bad else "pass"), (f"on {about}, the progression-F1 gap is {_gap(w.estimate)} "
+                                         f"[{_gap(w.ci_low)}, {_gap(w.ci_high)}]{', significantly reversed' if bad else ''}")
+
+_CHECK_FUNCTIONS = dict(zip(CHECKS, (_check_stability, _check_concentration, _check_labels, _check_section,
+                                     _check_references, _check_longitudinal)))
+
 
 # %% ../nbs/13a_verdict.ipynb #5d0e58dd
 @dataclass(frozen=True, eq=False)
 class Verdict:
     "What `verdict` returns: per metric and pair, the difference, its interval, Holm's p, the checks and the verdict."
-    table: pd.DataFrame                       # one row per metric and compared pair (`first` ahead)
-    params: dict = field(default_factory=dict) # what produced it: reps, seed, clusters, labeler, thresholds
+    table: pd.DataFrame                          # one row per metric and compared pair (`first` ahead)
+    evidence: pd.DataFrame                       # one row per comparison and check: status and what it found, in words
+    params: dict = field(default_factory=dict)   # what produced it: reps, seed, clusters, labeler, back ends, thresholds
 
     def to_frame(self) -> pd.DataFrame:
         "The tidy table: every column, one check per column."
-        return self.table
+        return self.table.copy()
     def summary(self) -> pd.DataFrame:
         "The short table: `metric, first, second, estimate, ci_low, ci_high, p_holm, verdict, reasons`."
-        return self.table[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict", "reasons"]]
+        return self.table[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict", "reasons"]].copy()
+    def explain(self, metric: str, # a metric of the table
+                first: str,        # the configuration ahead
+                second: str        # the other one
+               ) -> pd.DataFrame:
+        "Every check of one comparison: its status and what it found."
+        e = self.evidence
+        rows = e[(e["metric"] == metric) & (e["first"] == first) & (e["second"] == second)]
+        if not len(rows):
+            pairs = sorted(set(zip(e["metric"], e["first"], e["second"])))
+            raise InputError(f"explain: no comparison {(metric, first, second)}; they are {pairs}")
+        return rows[["check", "status", "detail"]].reset_index(drop=True)
     def note(self) -> str:
-        "How to read the verdicts, with the settings that produced them."
+        "How to read the verdicts, with the settings and back ends that produced them."
         p = self.params
         return (f"`holds`: significant after Holm over all {len(self.table)} comparisons (p_holm < {1 - p['size']:g}) "
-                "and every check that could run passes; `fragile`: significant, but a check fails; `not shown`: not "
-                f"significant. {p['reps']:,} paired resamples of {p['clusters'] or 'studies'} (seed {p['seed']}); references: "
-                f"`{p['ref_section']}`; labels: `{p['labeler']}` (swap: `{p['other_labeler']}`). Not run yet: references "
-                "(reference rewrites) and longitudinal (progression F1).")
+                "and every check that ran passes; `fragile`: significant, but a check fails; `not shown`: not "
+                f"significant. {p['reps']:,} paired resamples of {p['clusters'] or 'studies'} (seed {p['seed']}); "
+                f"references: `{p['ref_section']}`; labels: `{p['labeler']}` (swap: `{p['other_labeler']}`); reference "
+                f"rewrites: {p['references']}; longitudinal: {p['longitudinal']}; a reversal counts when significant by "
+                f"the `{p['rule']}` rule" + (f"; settings of preset {p['preset']}" if p.get("preset") else "") + ".")
     def headline(self) -> str:
         "One sentence: how many comparisons hold, are fragile, are not shown."
         n = self.table["verdict"].value_counts()
@@ -115,16 +360,17 @@ class Verdict:
         colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=["#009E73", "#E69F00", "#999999"]))
         base = alt.Chart(d).encode(y=alt.Y("pair:N", title=None), color=colour)
         bars = base.mark_rule().encode(x=alt.X("ci_low:Q", title="difference"), x2="ci_high:Q")
-        tips = ["metric", "pair", "estimate", "p_holm", "verdict", "reasons"]
+        tips = ["metric", "pair", "estimate", "p_holm", "verdict", "failed"]
         dots = base.mark_point(filled=True).encode(x="estimate:Q", tooltip=tips)
         chart = (bars + dots).facet(row=alt.Row("metric:N", title=None)).properties(title=title)
         return chart.resolve_scale(y="independent")
     def save(self, out_dir,                    # folder to write into (created)
              inputs: dict | None = None        # name -> input file or table, recorded (hashed) in the manifest
             ) -> dict:
-        "Write `verdict.csv` (every column), `verdict.svg` and `manifest.json`; return name -> path."
+        "Write `verdict.csv` (every column), `evidence.csv`, `verdict.svg` and `manifest.json`; return name -> path."
         out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
         paths = {"verdict": write_table(self.table, out / "verdict.csv"),
+                 "evidence": write_table(self.evidence, out / "evidence.csv"),
                  "chart": save_chart(self.plot(), out / "verdict.svg")}
         write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="verdict",
                        params=self.params, notes=[self.headline(), self.note()])
@@ -132,74 +378,142 @@ class Verdict:
     def _repr_markdown_(self):
         return "\n\n".join([self.headline(), md_table(self.summary().round(4)), self.note()])
 
+
 # %% ../nbs/13a_verdict.ipynb #e1807304
-def _row(r, ctx: dict) -> dict:
-    "One comparison's checks, reasons and verdict (`ctx`: the shared tables, labelers and thresholds of `verdict`)."
-    checks, reasons = {}, []
-    checks["stability"] = "pass" if r.win_prob >= ctx['min_win_prob'] else "fail"
-    if checks["stability"] == "fail": reasons.append(f"`{r.first}` wins in only {r.win_prob:.0%} of resamples")
-    checks["concentration"], why = _check_concentration(ctx['conc'], r.first, ctx['min_unique_ratio'], ctx['max_top5_share'])
-    if checks["concentration"] == "fail": reasons.append(why)
-    if r.metric in LABEL_METRICS:
-        a, b = ctx['texts'][r.first], ctx['texts'][r.second]
-        units = a.index.intersection(b.index)
-        lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""), b.loc[units, "hypothesis"].fillna(""),
-                         LABEL_METRICS[r.metric], ctx['lab'], ctx['other'])
-        flips = [f"under `{ctx['other'].source}` the gap is {lg['gap_other']:+.3f}"] if lg["gap_other"] <= 0 else []
-        if lg["top_label"] is not None and lg["gap_without_top"] <= 0:
-            flips.append(f"{lg['top_share']:.0%} of `{r.first}`'s true positives are {lg['top_label']}; "
-                         f"without it the gap is {lg['gap_without_top']:+.3f}")
-        checks["labels"] = "fail" if flips else "pass"; reasons += flips
-    else: checks["labels"] = "not run: not a label metric"
-    moved = ctx['est'].get((r.metric, r.first), np.nan) - ctx['est'].get((r.metric, r.second), np.nan)
-    checks["section"] = "not run: no estimate" if not np.isfinite(moved) else ("pass" if moved > 0 else "fail")
-    if checks["section"] == "fail": reasons.append(f"with the reference `{ctx['alt_section']}` the gap is {moved:+.3f}")
-    checks["references"] = checks["longitudinal"] = _LATER
+def _row(r, ctx: dict) -> tuple[dict, list[dict]]:
+    "One comparison's row (checks, reasons, verdict) and its evidence rows (one per check)."
+    checks, evidence, reasons = {}, [], []
+    for name in CHECKS:
+        status, detail = _CHECK_FUNCTIONS[name](r, ctx) if name in ctx["checks"] else (NOT_ASKED, "")
+        checks[name] = status
+        evidence.append({"metric": r.metric, "first": r.first, "second": r.second, "check": name, "status": status,
+                         "detail": detail})
+        if status == "fail": reasons.append(detail)
     failed = [k for k, v in checks.items() if v == "fail"]
     v = "not shown" if not r.significant else ("fragile" if failed else "holds")
     if v == "not shown": reasons.insert(0, f"not significant after Holm (p_holm = {r.p_holm:.3g})")
-    return {"metric": r.metric, "first": r.first, "second": r.second, "estimate": r.estimate, "ci_low": r.ci_low,
-            "ci_high": r.ci_high, "p": r.p, "p_holm": r.p_holm, "win_prob": r.win_prob, "verdict": v,
-            "reasons": "; ".join(reasons) or "every check that ran passes",
-            "labeler": ctx["lab"].source if r.metric in LABEL_METRICS else None, **checks}
+    row = {"metric": r.metric, "first": r.first, "second": r.second, "estimate": r.estimate, "ci_low": r.ci_low,
+           "ci_high": r.ci_high, "p": r.p, "p_holm": r.p_holm, "win_prob": r.win_prob, "verdict": v,
+           "failed": ", ".join(failed), "reasons": "; ".join(reasons) or "every check that ran passes",
+           "labeler": ctx["lab"].source if r.metric in LABEL_METRICS else None, **checks}
+    return row, evidence
 
+
+# %% ../nbs/13a_verdict.ipynb #2dcc9d7d
+_DEFAULTS = {"reps": None, "seed": DEFAULT_SEED, "size": 0.95, "labeler": "chexpert", "ref_section": "findings",
+             "rule": "holm", "variations": "experiment"}
+_PRESET_FIELDS = {"reps": "reps", "seed": "seed", "size": "size", "labeler": "labeler",
+                  "ref_section": "reference_section", "rule": "significance", "variations": "variations"}
+
+def _enough_reps(comparisons: int, size: float) -> int:
+    "Resamples that let the smallest two-sided p (2 / (B + 1)) pass Holm over `comparisons` with room to spare: at least 1,000."
+    return int(max(1000, np.ceil(4 * comparisons / (1 - size) / 1000) * 1000))
+
+def _settings(preset, given: dict) -> dict:
+    "Each setting: the argument when given, else the preset's, else the package default."
+    out = {}
+    for k, default in _DEFAULTS.items():
+        from_preset = getattr(preset, _PRESET_FIELDS[k], None) if preset is not None else None
+        out[k] = given[k] if given[k] is not None else (from_preset if from_preset not in (None, (), "") else default)
+    if out["ref_section"] not in ("findings", "impression", "both"):
+        raise InputError(f"verdict: ref_section must be findings, impression or both, got {out['ref_section']!r}")
+    if out["rule"] not in SIGNIFICANCE_RULES:
+        raise InputError(f"verdict: rule must be one of {list(SIGNIFICANCE_RULES)}, got {out['rule']!r}")
+    unknown = [c for c in given["checks"] if c not in CHECKS]
+    if unknown: raise InputError(f"verdict: unknown check {unknown[0]!r}; the checks are {list(CHECKS)}")
+    variations = out["variations"]
+    return {**out, "variations": list(variations) if isinstance(variations, tuple) else variations,
+            "checks": tuple(given["checks"]), "preset": getattr(preset, "name", None)}
+
+def _cluster_map(st: pd.DataFrame, g: pd.DataFrame, clusters: str | None) -> pd.Series | None:
+    "study_id -> resampling cluster (a study without a value is its own), from the studies or the generations column."
+    if clusters is None: return None
+    source = st if clusters in st.columns else g if clusters in g.columns else None
+    if source is None: raise InputError(f"verdict: clusters {clusters!r} is neither a studies nor a generations column")
+    m = source.drop_duplicates("study_id").set_index("study_id")[clusters]
+    return m.astype(object).where(m.notna(), "study:" + m.index.to_series().astype(str))
+
+def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
+    "The evidence every check reads, computed once: concentration, the other section, seeds, rewrites, progression."
+    p, ctx = s["progress"], {}
+    _say(p, t0, "concentration of each configuration's reports")
+    ctx["conc"] = audit_concentration(g.assign(system=g["config"], policy="-"), reps=1).summary().set_index("system")
+    alt = "both" if s["ref_section"] != "both" else "findings"
+    _say(p, t0, f"scores with the reference section `{alt}`")
+    other, _ = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=0, ref_section=alt,
+                      by=("system",), clusters=None)
+    ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt)
+    ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()), s["ref_section"]) if "stability" in s["checks"] else None
+    ctx["ref_gaps"], ctx["long_gaps"] = (None, NOT_ASKED), (None, NOT_ASKED)
+    if "references" in s["checks"]:
+        _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'} and rescored")
+        ctx["ref_gaps"] = _reference_gaps(g, st, list(scored.values()), chosen, s)
+    if "longitudinal" in s["checks"]:
+        _say(p, t0, "longitudinal sentences annotated, progression F1 compared")
+        ctx["long_gaps"] = _longitudinal_gaps(g, st, s)
+    ctx.update(texts={c: d.set_index("study_id") for c, d in g.groupby("config")}, g=g, studies=st, scored=scored)
+    return ctx
+
+
+# %% ../nbs/13a_verdict.ipynb #122de9a6
 def verdict(studies,                                   # studies table: study_id, findings, impression (patient_id for clusters)
-            generations,                               # generations table: sample_id, study_id, system, policy, hypothesis
+            generations,                               # generations table: sample_id, study_id, system, policy, hypothesis (seed)
             metrics: Sequence[str] = ("bleu_4", "rouge_l", "chexpert_f1_14"), # metric names (see `metrics.list_metrics`)
-            reps: int = 1000,                          # paired resamples
-            seed: int = DEFAULT_SEED,                  # seed of the resamples
+            pairs: Sequence | None = None,             # (first, second) configurations to judge; None: every pair
+            preset=None,                               # a `papers.Preset`: its reps, seed, size, labeler, section, rule, variations
+            reps: int | None = None,                   # paired resamples (None: the preset's, else enough for Holm)
+            seed: int | None = None,                   # seed of the resamples (None: the preset's, else the package's)
             clusters: str | None = "patient_id",       # resampled together (a studies/generations column), None: studies
-            labeler: str = "chexpert",                 # labels of the label metrics (`labels.get_labeler`); the swap uses the other profile
-            ref_section: str = "findings",             # the scored reference section ("findings", "impression", "both")
+            labeler: str | None = None,                # labels of the label metrics (`labels.get_labeler`; None: preset, chexpert)
+            ref_section: str | None = None,            # scored reference: findings, impression, both (None: preset, findings)
             by: Sequence[str] = ("system", "policy"),  # columns that make a configuration (first seed of each)
+            backend=None,                              # chat back end of the references and longitudinal checks; None: rules
+            references=None,                           # rewrites made before (a `RewriteRun` or its table): not rewritten again
+            variations=None,                           # reference variations (`reref.resolve_variants`; None: preset, the 12)
+            checks: Sequence[str] = CHECKS,            # the checks to run (the others say "not run: not asked for")
+            rule: str | None = None,                   # significant reversal: "holm" or "ci" (None: the preset's, else holm)
             min_win_prob: float = 0.95,                # stability: the leader must win in this share of resamples
-            min_unique_ratio: float = 0.5,             # concentration: fewer distinct reports than this share of studies fails
-            max_top5_share: float = 0.5,               # concentration: more of the outputs in the 5 most frequent reports fails
-            size: float = 0.95                         # interval coverage; significant means p_holm < 1 − size
+            min_unique_ratio: float = 0.5,             # concentration: fewer distinct reports than this share of studies
+            max_top5_share: float = 0.5,               # concentration: more of the reports in the 5 most frequent texts
+            max_prefix_rate: float = 0.5,              # concentration: more reports opening with the stock prefix
+            min_distinct: int = 20,                    # concentration: fewer distinct texts cannot carry a lead
+            size: float | None = None,                 # interval coverage; significant means p_holm < 1 − size
+            progress: bool = False                     # one line per step on stderr
            ) -> Verdict:
     "For every metric and pair of configurations: the paired difference, Holm's p, the checks, and holds / fragile / not shown."
-    if ref_section not in ("findings", "impression", "both"):
-        raise InputError(f"verdict: ref_section must be findings, impression or both, got {ref_section!r}")
-    lab = get_labeler(labeler)
+    t0 = time.perf_counter()
+    s = _settings(preset, dict(reps=reps, seed=seed, size=size, labeler=labeler, ref_section=ref_section, rule=rule,
+                               variations=variations, checks=checks))
+    s.update(backend=backend, references=references, progress=bool(progress))
+    lab = get_labeler(s["labeler"])
     other = get_labeler("clinical" if getattr(lab, "profile", "chexpert") == "chexpert" else "chexpert")
-    g = _prepared(generations, studies, ref_section, by)
-    if g["config"].nunique() < 2: raise InputError("verdict: needs at least two configurations to compare")
-    scored = [get_metric(m, labeler=lab) if m in LABEL_METRICS else m for m in metrics]
-    with warnings.catch_warnings(record=True) as caught:   # too few resamples for Holm, and the like: kept, and said
-        warnings.simplefilter("always")
-        res = score_systems(g, studies, scored, reps=reps, seed=seed, ref_section=ref_section, by=tuple(by), first_seed=True,
-                            clusters=clusters, size=size)
-        alt_section = "both" if ref_section != "both" else "findings"
-        other_ref = score_systems(g, studies, scored, reps=0, seed=seed, ref_section=alt_section, by=tuple(by),
-                                  first_seed=True, clusters=None)
-    est = other_ref.estimates.set_index(["metric", "config"])["estimate"]
-    conc = audit_concentration(g.assign(system=g["config"], policy="-"), reps=1).summary().set_index("system")
-    texts = {c: d.set_index("study_id") for c, d in g.groupby("config")}
-    ctx = {"conc": conc, "est": est, "texts": texts, "lab": lab, "other": other, "alt_section": alt_section,
-           "min_win_prob": min_win_prob, "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share}
-    rows = [_row(r, ctx) for r in _oriented(res.comparisons).itertuples()]
-    params = {"reps": int(reps), "seed": int(seed), "clusters": clusters, "labeler": lab.source,
-              "other_labeler": other.source, "ref_section": ref_section, "size": float(size), "min_win_prob": min_win_prob,
-              "min_unique_ratio": min_unique_ratio, "max_top5_share": max_top5_share,
-              "warnings": list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))}
-    return Verdict(pd.DataFrame(rows), params)
+    st = require_columns(studies, ["study_id"], "studies").assign(study_id=lambda d: d["study_id"].astype(str))
+    g_all, g = _prepared(generations, st, s["ref_section"], by)
+    configs = list(dict.fromkeys(g["config"]))
+    if len(configs) < 2: raise InputError("verdict: needs at least two configurations to compare")
+    chosen = _chosen_pairs(configs, pairs)
+    if chosen is not None:
+        keep = {c for p in chosen for c in p}
+        g, g_all = g[g["config"].isin(keep)], g_all[g_all["config"].isin(keep)]
+    s["cluster_map"] = _cluster_map(st, g, clusters)
+    n_pairs = len(chosen) if chosen is not None else len(set(g["config"])) * (len(set(g["config"])) - 1) // 2
+    s["reps"] = int(s["reps"] or _enough_reps(n_pairs * len(metrics), s["size"]))
+    scored = {m: get_metric(m, labeler=lab) if m in LABEL_METRICS else m for m in metrics}
+    _say(s["progress"], t0, f"{len(set(g['config']))} configurations x {g['study_id'].nunique()} studies: "
+         f"{', '.join(metrics)} with {s['reps']:,} paired resamples")
+    res, caught = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=s["reps"], seed=s["seed"],
+                         ref_section=s["ref_section"], by=("system",), clusters=clusters, size=s["size"])
+    ctx = _context(g_all, g, st, scored, chosen, s, t0)
+    ctx.update(lab=lab, other=other, reps=s["reps"], seed=s["seed"], size=s["size"], ref_section=s["ref_section"],
+               checks=s["checks"], patients=s["cluster_map"], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
+               max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct))
+    _say(s["progress"], t0, "checks of each comparison")
+    done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]
+    params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
+    params.update(clusters=clusters, labeler=lab.source, other_labeler=other.source, references=ctx["ref_gaps"][1],
+                  longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
+                  max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct),
+                  seconds=round(time.perf_counter() - t0, 1), warnings=caught)
+    _say(s["progress"], t0, "done")
+    return Verdict(pd.DataFrame([row for row, _ in done]), pd.DataFrame([e for _, ev in done for e in ev]), params)
+

@@ -167,3 +167,19 @@ def test_a_second_process_gives_the_same_report_and_sees_the_cohort(tmp_path, mo
     monkeypatch.setitem(STAGES, "labels", labels_here)
     three = run_audit(studies, gens, tmp_path / "three", stages=stages, params=params, workers=2)
     assert calls == [20] and _without_svg(three) == _without_svg(one)
+
+
+def test_the_report_opens_with_verdicts_that_never_crown_the_template(iu_run, tmp_path):
+    "The README's commands, then `cxr-audit verdict` on the same files: the template's n-gram leads are not 'holds'."
+    d, _, _, audit, _ = iu_run
+    text = page_text(d / "audit" / "report.html")
+    assert text.index("Verdicts") < text.index("Corpus overview") and "Verdicts on the leaders" in text
+    r = cli("verdict", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv", "--out", tmp_path / "v",
+            "--clusters", "none")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "verdict [" in r.stderr and "references rewritten by the rules" in r.stderr   # progress, step by step
+    t = pd.read_csv(tmp_path / "v" / "verdict.csv")
+    led = t[t["first"].str.startswith("template") & t.metric.isin(["bleu_4", "rouge_l"])]
+    assert len(led) and (led.verdict != "holds").all() and led.failed.fillna("").str.contains("concentration").all()
+    assert set(pd.read_csv(tmp_path / "v" / "evidence.csv").check) == {"stability", "concentration", "labels", "section",
+                                                                         "references", "longitudinal"}
