@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import re
+import unicodedata
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,32 @@ from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_
                             require_columns)
 
 # %% auto #0
-__all__ = ['STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'DEID_MASKS',
-           'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'RESTRICTED_DATASETS',
-           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'validate_studies', 'to_studies',
-           'typed_generation_columns', 'to_generations', 'normalize_view', 'text_flag', 'load_table', 'load_mimic_cxr',
-           'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient', 'load_generations', 'LoadReport',
-           'load_report']
+__all__ = ['RESTRICTED_DATASETS', 'STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS',
+           'DEID_MASKS', 'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS',
+           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'validate_studies',
+           'to_studies', 'typed_generation_columns', 'to_generations', 'normalize_view', 'text_flag', 'load_table',
+           'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient',
+           'load_generations', 'LoadReport', 'load_report']
+
+# %% ../nbs/02_corpus.ipynb #f6446c9d
+RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")   # the canonical names of the restricted collections
+_RESTRICTED_STEMS = {"mimic": "mimic-cxr", "chexpert": "chexpert-plus", "rexgradient": "rexgradient"}
+
+def dataset_key(name # a dataset name as written anywhere
+               ) -> str:
+    "The name reduced to what it spells: width folded (NFKC), lower case, letters and digits only."
+    return re.sub(r"[^a-z0-9]", "", unicodedata.normalize("NFKC", str(name)).lower())
+
+def restricted_dataset(name,                        # a dataset name (any spelling), or None
+                       extra: Iterable[str] | str = () # further restricted datasets (names or name stems) of the user
+                      ) -> str | None:
+    "The restricted collection `name` belongs to (its canonical name, or `name` for one of `extra`), else None."
+    if is_missing(name) or not str(name).strip(): return None
+    key = dataset_key(name)
+    for stem, canonical in _RESTRICTED_STEMS.items():
+        if key.startswith(stem): return canonical
+    extras = [dataset_key(x) for x in ([extra] if isinstance(extra, str) else extra)]
+    return str(name) if any(e and key.startswith(e) for e in extras) else None
 
 # %% ../nbs/02_corpus.ipynb #483b8527
 STUDIES_COLUMNS = ("study_id", "patient_id", "dataset", "split", "view", "image_paths", "study_time",
@@ -116,7 +137,8 @@ def to_studies(df,                        # a table with at least `study_id`, `d
         df[c] = pd.Series([None if is_missing(v) else str(v) for v in df[c]], index=df.index, dtype=object) if c in df.columns else None
     df["image_paths"] = [_as_path_list(v) for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))]
     df["study_time"] = pd.to_datetime(df["study_time"], errors="coerce") if "study_time" in df.columns else pd.NaT
-    df["restricted"] = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else False
+    flags = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else False
+    df["restricted"] = pd.Series(flags, index=df.index, dtype=bool) | df["dataset"].map(lambda d: restricted_dataset(d) is not None)
     df["study_id"] = pd.Series([None if is_missing(v) else str(v) for v in df["study_id"]], index=df.index, dtype=object)
     df["dataset"] = df["dataset"].astype(str)
     extra = [c for c in df.columns if c not in STUDIES_COLUMNS]
@@ -667,7 +689,6 @@ def _iu_r2gen(src: Path, image_root=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/02_corpus.ipynb #a110c532
-RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")
 _LABELS = "Clinical history|Age|Gender|Sex|Indication|History|Comparison|Technique"
 # a label after a non-letter in any case, or a capitalised label glued to the previous word ("...nanComparison:")
 _CONTEXT_LABEL = re.compile(rf"((?<![A-Za-z])(?i:{_LABELS})|(?:{_LABELS}))\s*:")
@@ -733,7 +754,7 @@ def load_rexrank(path: str | os.PathLike,           # a ReXrank JSON file, or a 
     if _json_kind(obj) != "rexrank": raise InputError(f"{p}: not a ReXrank file (expected {{study: {{'image_path': [...], ...}}}})")
     rows = pd.DataFrame([_rexrank_row(k, e, dataset, str(p), image_root) for k, e in obj.items()])
     rows = _add_flag(rows, [k in set(obj.repeated) for k in obj], "duplicate_id")
-    restricted = dataset in RESTRICTED_DATASETS if restricted is None else restricted
+    restricted = restricted_dataset(dataset) is not None if restricted is None else restricted
     return _finish(rows, str(p), dataset=dataset, restricted=restricted)
 
 # %% ../nbs/02_corpus.ipynb #56661efe

@@ -34,7 +34,7 @@ import pandas as pd
 from fastcore.basics import patch
 
 from .core import DEFAULT_SEED, CxrAuditError, InputError, as_pandas, cache_dir, is_missing, md_table, optional_import, redact, rng, sha256_text
-from .corpus import RESTRICTED_DATASETS
+from .corpus import restricted_dataset
 
 # %% auto #0
 __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_params', 'as_messages', 'ChatResult', 'LLMError',
@@ -318,8 +318,6 @@ def check_restricted(backend,                       # any back end (its `endpoin
           "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. Nothing was sent.")
 
 # %% ../nbs/08_llm.ipynb #38bb4441
-def _norm_dataset(name) -> str: return re.sub(r"[^a-z0-9]", "", str(name).lower())
-
 def _restricted_cell(v, i) -> bool:
     "A `restricted` cell as a boolean (blank: False); an `InputError` names row `i` for unreadable text."
     if is_missing(v) or (isinstance(v, str) and not v.strip()): return False
@@ -332,10 +330,9 @@ def _restricted_cell(v, i) -> bool:
 def is_restricted(rows,                   # a table, or a list of dicts, with `restricted` and/or `dataset`
                   restricted_datasets=()  # datasets to treat as restricted besides `corpus.RESTRICTED_DATASETS`
                  ) -> list[bool]:
-    "Per row: restricted when its `restricted` cell is true or its `dataset` is a restricted dataset."
+    "Per row: restricted when its `restricted` cell is true or its `dataset` names a restricted collection (any spelling: `corpus.restricted_dataset`)."
     recs = [dict(r) for r in rows] if isinstance(rows, (list, tuple)) else as_pandas(rows, "rows").to_dict("records")
-    names = {_norm_dataset(d) for d in (*RESTRICTED_DATASETS, *([restricted_datasets] if isinstance(restricted_datasets, str) else restricted_datasets))}
-    return [_restricted_cell(r.get("restricted"), i) or (not is_missing(r.get("dataset")) and _norm_dataset(r.get("dataset")) in names)
+    return [_restricted_cell(r.get("restricted"), i) or restricted_dataset(r.get("dataset"), restricted_datasets) is not None
             for i, r in enumerate(recs)]
 
 # %% ../nbs/08_llm.ipynb #59bede0c
