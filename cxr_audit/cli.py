@@ -259,7 +259,8 @@ def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
     refs = pd.DataFrame({"report_id": "reference/" + st["study_id"].astype(str), "text": st[section],
                          "restricted": st["study_id"].astype(str).map(held)})
     hyps = pd.DataFrame({"report_id": "generation/" + gens["sample_id"].astype(str), "text": gens["hypothesis"],
-                         "restricted": gens["study_id"].astype(str).map(held).fillna(False).astype(bool)})
+                         "restricted": gens["study_id"].astype(str).map(held).fillna(False).astype(bool).to_numpy()
+                                       | is_restricted(gens)})   # its study's flag, or the generation's own cell or dataset
     sents = annotate_reports(pd.concat([refs, hyps], ignore_index=True), ann)
     if ann.pending_:
         return (f"longitudinal: {ann.pending_} LLM request(s) for {sents.sentence.nunique()} distinct sentences wait for batch results; run "
@@ -694,11 +695,13 @@ def llm_batch_export(*, cache: str,                  # the LLM cache file the ba
                      out: str,                       # folder for the batch JSONL files and their manifest (created)
                      max_lines: int = 50_000,        # requests per file at most (OpenAI: 50,000; Azure global batch: 100,000)
                      max_bytes: int = 200_000_000,   # bytes per file at most (OpenAI and Azure: 200 MB)
-                     again: bool = False             # also write requests already exported and still unanswered
+                     again: bool = False,            # also write requests already exported and still unanswered
+                     allow_restricted: bool = False  # write restricted requests too (the file stays here, or the agreement covers the provider)
                     ) -> str:
     "Write the recorded, unanswered LLM requests as OpenAI batch JSONL files (for OpenAI/Azure Batch or vllm run-batch)."
     from cxr_audit.llm_batch import export_batch
-    files = export_batch(_batch_cache(cache, "export"), out, max_lines=max_lines, max_bytes=max_bytes, again=again)
+    files = export_batch(_batch_cache(cache, "export"), out, max_lines=max_lines, max_bytes=max_bytes, again=again,
+                         allow_restricted=allow_restricted)
     if not len(files): return f"llm-batch export: nothing to export (no recorded request is waiting{'' if again else ' to go out'})"
     return (f"llm-batch export: {int(files.requests.sum())} requests in {len(files)} file(s) in {Path(out)}: "
             + ", ".join(files.file) + ". Submit them, then run `cxr-audit llm-batch import` on the output and error files.")

@@ -366,17 +366,21 @@ def _describe(item) -> dict:
 # %% ../nbs/00_core.ipynb #db5ef40d
 _KEY_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY")
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
-_BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
+_SCHEMES = "bearer|basic|digest|token|negotiate"
+_BEARER = re.compile(rf"(?i)\b({_SCHEMES})\s+[A-Za-z0-9._~+/=-]{{8,}}")   # an Authorization header's credentials, any scheme
+_HEADER = re.compile(rf"(?i)\b((?:proxy-)?authorization|x-api-key|api-key)(\"?\s*[:=]\s*\"?)(?!(?:{_SCHEMES})\s+<redacted>)"
+                     r"[^\s\"',;}]+")   # a header's bare value (no scheme)
 
 def redact(text,             # any text (other values are returned unchanged)
            secrets=()        # further secret values to remove (e.g. a client's api_key)
           ):
-    "`text` without URL user info, `Bearer` tokens or any configured key value (each replaced by `<redacted>`)."
+    "`text` without URL user info, `Authorization` credentials (Bearer, Basic, any scheme), API-key headers or any configured key value (each replaced by `<redacted>`)."
     if not isinstance(text, str): return text
     keys = {s for s in (*secrets, *(os.environ.get(v) for v in _KEY_VARS)) if isinstance(s, str) and len(s) >= 4}
     for k in sorted(keys, key=len, reverse=True): text = text.replace(k, "<redacted>")
     text = _USERINFO.sub(r"\g<scheme><redacted>@", text)
-    return _BEARER.sub(r"\1 <redacted>", text)
+    text = _BEARER.sub(r"\1 <redacted>", text)
+    return _HEADER.sub(r"\1\2<redacted>", text)
 
 # %% ../nbs/00_core.ipynb #e46fd0c6
 def write_manifest(path: str | os.PathLike,  # where the JSON goes

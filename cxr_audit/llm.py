@@ -5,6 +5,7 @@
 # %% ../nbs/08_llm.ipynb #94ef53c7
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import http.server
@@ -28,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 from fastcore.basics import patch
@@ -457,13 +458,40 @@ class ChatCache:
     def __contains__(self, key): return self._conn().execute("SELECT 1 FROM chat_cache WHERE key=?", (key,)).fetchone() is not None
 
 # %% ../nbs/08_llm.ipynb #136bf4da
+def _url_secrets(url) -> list[str]:
+    "The credentials in a URL's user info: `user:password`, the password, both URL-decoded, and the Basic header's base64."
+    parts = urlsplit(str(url or ""))
+    if parts.username is None: return []
+    user, pw = unquote(parts.username), unquote(parts.password or "")
+    pair = f"{user}:{pw}"
+    return [pair, pw, f"{parts.username}:{parts.password or ''}", parts.password or "", base64.b64encode(pair.encode()).decode()]
+
+def _secrets(backend) -> tuple:
+    "The key values a back end holds and the credentials in its URL (to redact them from errors, logs, replies and the cache)."
+    found = [getattr(backend, "_api_key", None), *_url_secrets(getattr(backend, "_endpoint", None))]
+    return tuple(dict.fromkeys(s for s in found if isinstance(s, str) and len(s) >= 4))
+
+def _masked(res: ChatResult, secrets: tuple) -> ChatResult:
+    "The answer with any secret value it echoes replaced by `<redacted>` (text and parsed strings; patterns are left alone)."
+    keys = sorted({*secrets, *(os.environ.get(v) or "" for v in ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY"))} - {""},
+                  key=len, reverse=True)
+    keys = [k for k in keys if len(k) >= 4 and k in (res.text or "")]
+    if not keys: return res
+    def clean(v):
+        if isinstance(v, str):
+            for k in keys: v = v.replace(k, "<redacted>")
+            return v
+        if isinstance(v, Mapping): return {kk: clean(x) for kk, x in v.items()}
+        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+    return replace(res, text=clean(res.text), parsed=clean(res.parsed))
+
 @patch
 def put(self: ChatCache, key: str,          # the request key (`request_key`)
                          backend,           # the back end that answered
                          result: ChatResult # its answer
        ) -> None:
     "Store one answer (the first answer stored under a key is kept)."
-    ident = backend_identity(backend)
+    ident, result = backend_identity(backend), _masked(result, _secrets(backend))
     row = (key, ident.get("kind", ""), str(ident.get("model", "")), result.text, _parsed_json(result.parsed),
            result.tokens_in, result.tokens_out, float(result.latency_s), result.finish_reason,
            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -641,10 +669,6 @@ def describe_error(exc: BaseException,      # the failure
         return type(exc).__name__ + (f" (HTTP {status})" if status else "")
     return redact(f"{type(exc).__name__}: {exc}", secrets)[:500]
 
-def _secrets(backend) -> tuple:
-    "The key values a back end holds (to redact them from errors and logs)."
-    return tuple(s for s in (getattr(backend, "_api_key", None),) if isinstance(s, str))
-
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
              jitter_seed: int, allow: bool, stop: threading.Event) -> dict:
     "Call the back end for one request with retries; store a success in the cache; never raise."
@@ -665,6 +689,7 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
             return {"status": "failed", "attempts": attempts, "error": why, "text": getattr(e, "text", None),
                     "parsed": None, "tokens_in": tin, "tokens_out": tout, "cached": False,
                     "latency_s": time.perf_counter() - t0, "model": None, "finish_reason": None}
+        res = _masked(res, _secrets(backend))   # an echoed key is never stored nor returned
         if cache is not None:
             try: cache.put(job["key"], backend, res)
             except Exception as e: _log.warning("request %r: answer could not be cached (%s)", job["request_id"], type(e).__name__)

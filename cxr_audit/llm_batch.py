@@ -15,8 +15,9 @@ import pandas as pd
 from fastcore.basics import patch
 
 from .core import InputError, sha256_text, write_manifest
-from .llm import (ChatBackend, ChatCache, ChatResult, LLMError, LLMHTTPError, LLMReplyError, StructuredOutputError, as_messages,
-                  backend_identity, canonical_json, decoding_params, describe_error, parse_structured, schema_json, schema_name)
+from .llm import (ChatBackend, ChatCache, ChatResult, LLMError, LLMHTTPError, LLMReplyError, RestrictedDataError,
+                  StructuredOutputError, as_messages, backend_identity, canonical_json, decoding_params, describe_error,
+                  parse_structured, schema_json, schema_name)
 
 # %% auto #0
 __all__ = ['MAX_LINES', 'MAX_BYTES', 'IMPORT_COLUMNS', 'STATUS_COLUMNS', 'open_ledger', 'request_body', 'BatchCollector',
@@ -153,7 +154,8 @@ def _write_files(out: Path, stem: str, groups: list) -> list[dict]:
 
 def _to_export(con, again: bool) -> list[tuple]:
     where = "" if again else "AND r.state='pending'"
-    return con.execute("SELECT r.key, r.kind, r.model, r.body_json FROM batch_requests r LEFT JOIN chat_cache c ON c.key = r.key "
+    return con.execute("SELECT r.key, r.kind, r.model, r.body_json, r.restricted FROM batch_requests r "
+                       "LEFT JOIN chat_cache c ON c.key = r.key "
                        f"WHERE c.key IS NULL {where} ORDER BY r.model, r.key").fetchall()
 
 # %% ../nbs/08a_llm_batch.ipynb #7191d14e
@@ -161,7 +163,8 @@ def export_batch(cache,                          # the ChatCache (or its path) t
                  out_dir,                        # folder for the JSONL files and the manifest (created)
                  max_lines: int = MAX_LINES,     # requests per file at most
                  max_bytes: int = MAX_BYTES,     # bytes per file at most
-                 again: bool = False             # also write requests already exported and still unanswered
+                 again: bool = False,            # also write requests already exported and still unanswered
+                 allow_restricted: bool = False  # write restricted requests too (the file stays here, or your agreement covers the provider)
                 ) -> pd.DataFrame:
     "Write the recorded, unanswered requests as OpenAI batch JSONL files (one model per file, split under the limits) and a manifest."
     if int(max_lines) < 1 or int(max_bytes) < 1: raise InputError("export_batch: max_lines and max_bytes must be positive")
@@ -169,9 +172,16 @@ def export_batch(cache,                          # the ChatCache (or its path) t
     with open_ledger(cache) as c, c.transaction() as con:
         rows = _to_export(con, again)
         if not rows: return pd.DataFrame(columns=["file", "model", "requests", "bytes"])
+        held = [r[0] for r in rows if r[4]]
+        if held and not allow_restricted:
+            raise RestrictedDataError(
+                f"export_batch: {len(held)} of the {len(rows)} requests waiting are restricted data (first: {held[0]}); a batch "
+                "file goes to a provider off this machine. Run them against a local server instead, or pass "
+                "allow_restricted=True (--allow-restricted) if the file stays here (vllm run-batch) or your data use agreement "
+                "covers the provider. Nothing was written.")
         stem = "batch-" + sha256_text("\n".join(r[0] for r in rows))[:12]
         by_model = {}
-        for key, kind, model, body in rows: by_model.setdefault(model, []).append(_line(key, kind, body))
+        for key, kind, model, body, _ in rows: by_model.setdefault(model, []).append(_line(key, kind, body))
         groups = [(m, g) for m, lines in by_model.items() for g in _split(lines, int(max_lines), int(max_bytes))]
         files = _write_files(out, stem, groups)
         con.executemany("UPDATE batch_requests SET state='exported', file=?, exports=exports+1, exported_utc=? WHERE key=?",

@@ -1053,9 +1053,10 @@ def _language_stats(metrics: Sequence, refs: Sequence[str], hyps: Sequence[str],
     return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), notes
 
 def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
-    "`sample_id, study_id, system, hypothesis` of the generations of known studies (system: `core.config_label`); one report per system and study."
+    "`sample_id, study_id, system, hypothesis, restricted` of the generations of known studies (system: `core.config_label`; restricted: the row's own cell or dataset); one report per system and study."
     g = to_generations(generations)
-    g = g.assign(system=config_label(g["system"], g["policy"]).to_numpy())[["sample_id", "study_id", "system", "hypothesis"]]
+    g = g.assign(system=config_label(g["system"], g["policy"]).to_numpy(), restricted=is_restricted(g))[
+        ["sample_id", "study_id", "system", "hypothesis", "restricted"]]
     g = g[g["study_id"].isin(study_ids)].reset_index(drop=True)
     dup = g.duplicated(["system", "study_id"])
     if dup.any(): raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study {g.study_id[dup].iloc[0]!r}; "
@@ -1215,8 +1216,8 @@ def _annotated(st, pairs, annotator, reference_annotator, splitter, section, ref
         calls.append(_calls_of(ann, before, "references"))
     if generated_sentences is None:
         before = getattr(annotator, "log_", None)
-        held = dict(zip(st["study_id"], is_restricted(st)))   # a generation is as restricted as its study (cell or dataset)
-        restricted = pairs.study_id.map(held).fillna(False).astype(bool)
+        held = dict(zip(st["study_id"], is_restricted(st)))   # a generation is as restricted as its study, or its own row says so
+        restricted = pairs.study_id.map(held).fillna(False).astype(bool) | pairs["restricted"].astype(bool)
         generated_sentences = annotate_reports(pairs.assign(restricted=restricted), annotator, splitter, id_col="sample_id", text_col="hypothesis")
         calls.append(_calls_of(annotator, before, "generations"))
     calls = [c for c in calls if c is not None]

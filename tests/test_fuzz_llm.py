@@ -25,6 +25,7 @@ from cxr_audit.llm import (BatchAbortedError, LLMHTTPError, OpenAIChat, Restrict
 from test_llm import CountingProxy, ScriptedStub, _cached_keys, _requests
 
 KEY = "sk-live-SECRET-0123456789"
+PW = "pw-SECRET-9876"
 
 
 class BadServer(ScriptedStub):
@@ -34,6 +35,12 @@ class BadServer(ScriptedStub):
     def reply(self, step, headers):
         if step == "echo401":  # a server that copies the credentials it got into its error message
             return 401, {"error": {"message": f"invalid key {headers.get('Authorization')}; key={KEY}"}}, []
+        if step == "echo500":  # a proxy that quotes every header it got, Basic credentials included
+            return 500, {"error": {"message": f"upstream refused; headers: {dict(headers)}"}}, []
+        if step == "echokey":  # a 200 answer whose text repeats the key and the URL credentials
+            return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "stub", "choices": [{
+                "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"your key is {KEY}; "
+                f"auth {headers.get('Authorization')}; user pw {PW}"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, []
         if step == "garbage":
             return 200, b"<html>proxy error</html>", []
         choices = [] if step == "nochoices" else [{"index": 0, "finish_reason": "stop", "message": {
@@ -82,6 +89,44 @@ def test_userinfo_in_base_url_is_redacted(tmp_path):
     assert KEY not in text and m["params"]["base_url"] == "http://<redacted>@llm.example.org/v1"
     assert KEY not in describe_error(LLMHTTPError(500, f"upstream {url} failed"))
     assert KEY not in describe_error(RuntimeError(f"Authorization: Bearer {KEY}"))
+
+
+def _basic(user, pw):
+    import base64
+    return base64.b64encode(f"{user}:{pw}".encode()).decode()
+
+
+def test_url_credentials_quoted_by_a_server_never_reach_the_outputs(bad, tmp_path):
+    "A credential in the base URL travels as `Authorization: Basic`; a server that quotes it lands nowhere at rest."
+    srv = bad({"*": ["echo500"]})
+    url = srv.base_url.replace("http://", f"http://alice:{PW}@")
+    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=False, retries=0, progress=False).to_frame()
+    text = out.to_json()
+    assert out.status[0] == "failed" and "HTTP 500" in out.error[0]
+    for secret in (PW, KEY, _basic("alice", PW)):
+        assert secret not in text, secret
+
+
+def test_an_echoed_key_is_masked_in_the_answer_and_never_stored(bad, tmp_path):
+    from cxr_audit.llm import ChatCache
+    srv = bad({"*": ["echokey"]})
+    url = srv.base_url.replace("http://", f"http://alice:{PW}@")
+    cache = ChatCache(tmp_path / "cache.sqlite")
+    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=cache, retries=0, progress=False).to_frame()
+    assert out.status[0] == "ok" and "your key is <redacted>" in out.text[0] and PW not in out.text[0]
+    cache._conn().execute("PRAGMA wal_checkpoint(FULL)")
+    for f in tmp_path.iterdir():   # every file the cache wrote (database, WAL, shared memory)
+        raw = f.read_bytes()
+        for secret in (KEY, PW, _basic("alice", PW)):
+            assert secret.encode() not in raw, (f.name, secret)
+    assert len(cache) == 1
+
+
+def test_basic_and_header_credentials_are_redacted_in_messages():
+    from cxr_audit.core import redact
+    assert redact("Authorization: Basic YWxpY2U6cHctU0VDUkVU") == "Authorization: Basic <redacted>"
+    assert redact('{"x-api-key": "abc123secret"}') == '{"x-api-key": "<redacted>"}'
+    assert redact("proxy-authorization=sk-abcdefgh") == "proxy-authorization=<redacted>"
 
 
 def test_configured_key_value_is_redacted(monkeypatch):

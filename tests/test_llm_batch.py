@@ -243,7 +243,7 @@ def test_reref_finishes_through_batch_files_with_no_live_call_and_the_live_refer
         trail.append(run.status())
         if run.complete: break
         assert run.calls["pending"] > 0 and run.references.findings.isna().sum() == len(run.pending)
-        files = export_batch(cache, tmp_path / f"round{k}")
+        files = export_batch(cache, tmp_path / f"round{k}", allow_restricted=True)   # MIMIC rows: the files run here, locally
         assert len(files) > 0, "pending requests but nothing to export"
         for f in files.file:
             objs = check_batch_file(tmp_path / f"round{k}" / f)
@@ -344,3 +344,19 @@ def test_run_batch_progress_is_a_tqdm_bar_on_a_terminal_and_silent_otherwise():
     proc.wait(timeout=120); os.close(master)
     shown = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0 and "llm batch" in shown and "30/30" in shown and "req/s" in shown   # tqdm's bar and rate
+
+
+def test_export_refuses_restricted_requests_unless_allowed(tmp_path):
+    "Recorded for a local server (allowed), restricted requests do not leave in a batch file without the explicit opt-in."
+    from cxr_audit.llm import RestrictedDataError
+    cache = ChatCache(tmp_path / "c.sqlite")
+    local = OpenAIChat("local-model", base_url="http://127.0.0.1:9/v1", api_key="sk-test-not-real")   # never called
+    reqs = [{"request_id": i, "messages": f"Sentence {i}.", "restricted": i < 2} for i in range(4)]
+    assert run_batch(reqs, BatchCollector(local, cache), cache=cache, progress=False).n_pending == 4
+    with pytest.raises(RestrictedDataError, match=r"2 of the 4 requests waiting are restricted data"):
+        export_batch(cache, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.jsonl"))   # nothing written
+    r = subprocess.run([Path(sys.executable).parent / "cxr-audit", "llm-batch", "export", "--cache", tmp_path / "c.sqlite",
+                        "--out", tmp_path / "cli"], capture_output=True, text=True)
+    assert r.returncode == 2 and "restricted data" in r.stderr and "Traceback" not in r.stderr
+    assert export_batch(cache, tmp_path / "ok", allow_restricted=True).requests.sum() == 4

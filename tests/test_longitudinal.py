@@ -488,3 +488,19 @@ def test_best_vs_runner_up_follows_the_named_rule(demo):
     assert ((ci.lead == "significant") == ci.ci_excludes_0).all() and ((holm.lead == "significant") == holm.significant).all()
     with pytest.raises(InputError, match="rule must be 'holm' or 'ci'"):
         ev.best_vs_runner_up(rule="bonferroni")
+
+
+def test_a_generation_restricted_by_its_own_row_is_guarded():
+    "The study is public, but the generated report's own row names a restricted dataset: it does not leave the machine."
+    from cxr_audit.longitudinal import progression_evaluation
+
+    class Remote(type(rule_chat())):
+        endpoint = "https://llm.example.org/v1"
+    remote = LLMAnnotator(Remote(rule_chat().fn), cache=False)
+    studies = pd.DataFrame({"study_id": ["s1"], "dataset": ["iu-xray"], "findings": ["Stable small effusion."]})
+    gens = pd.DataFrame({"sample_id": ["g1", "g2"], "study_id": ["s1", "s1"], "system": ["a", "b"], "policy": "B4",
+                         "hypothesis": ["Stable effusion.", "Effusion is stable."], "dataset": ["MIMIC-CXR-JPG", "iu-xray"]})
+    with pytest.raises(PermissionError, match="restricted data"):
+        progression_evaluation(studies, gens, annotator=remote, reps=50, metrics=())
+    ok = progression_evaluation(studies, gens.assign(dataset="iu-xray"), annotator=remote, reps=50, metrics=())
+    assert ok.coverage()["studies"] == 1
