@@ -24,7 +24,7 @@ import pandas as pd
 
 from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs, config_label, enable_theme, shared_chart_pool, submit_chart,
                             system_color, system_colors, use_system_colors, write_manifest, write_table)
-from .corpus import to_generations, to_studies
+from .corpus import match_study_keys, to_generations, to_studies
 from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
@@ -223,6 +223,11 @@ class AuditContext:
     @property
     def seed(self) -> int: return int(self.params.get("seed", DEFAULT_SEED))
 
+    @property
+    def ref_section(self) -> str:
+        "The reference section the metrics, the verdict and ReRef score against (`--reference-section`; default findings)."
+        return self.params.get("ref_section") or "findings"
+
     def reps(self, default: int # the stage's own number of resamples
             ) -> int:
         "The run's `reps` when one was given, else the stage's own default."
@@ -250,7 +255,8 @@ def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     lead = (f"**{len(ctx.studies)} studies** {who} in {ds['dataset'].nunique()} dataset(s): "
             f"{', '.join(f'`{d}`' for d in ds['dataset'].unique())}. **{len(ctx.generations)} generated reports** from "
             f"{sy['system'].nunique()} system(s)" + (f" under decoding policies {', '.join(f'`{p}`' for p in policies)}" if policies else "")
-            + f". **Resampling unit** of every section's intervals and tests: {ctx.unit}.")
+            + f". **Resampling unit** of every section's intervals and tests: {ctx.unit}."
+            + (f" **Study keys:** {ctx.params['study_keys']}" if ctx.params.get("study_keys") else ""))
     blocks = [lead, ds, plot_counts(ds, "dataset", "studies", "style" if "style" in ds else None, "Studies per dataset"),
               sy, plot_counts(sy.assign(label=config_label(sy.system, sy.policy)), "label", "reports", "label",
                                       "Reports per system and policy", systems=True),
@@ -433,16 +439,20 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
         warnings.simplefilter("always")
         lab = get_labeler(ctx.params.get("labeler"))
         metrics = [get_metric(m, labeler=lab) if m.startswith("chexpert_f1") else m for m in _REPORT_METRICS]
-        res = score_systems(ctx.generations, ctx.studies, metrics, reps=reps, seed=seed, baseline=0,
+        res = score_systems(ctx.generations, ctx.studies, metrics, reps=reps, seed=seed, baseline=ctx.params.get("baseline") or 0,
+                            ref_section=ctx.ref_section,
                             by=("system", "policy"), first_seed=True, skip_unavailable=True,
                             keep_flagged=bool(ctx.params.get("keep_flagged", False)))
-    c, base = res.counts, res.configs[0]
+    c, base = res.counts, ctx.params.get("baseline") or res.configs[0]
     out = [] if res.flagged is None else res.flagged.loc[res.flagged["excluded"] & (res.flagged["text"] == "reference"), "sample_id"].tolist()
     cl = f" in {c['clusters']} resampling clusters ({ctx.unit})" if c["clusters"] else " (resampled as studies: no `patient_id` column)"
     empty = {k: n for k, n in c["empty_hypothesis"].items() if n}
-    lead = (f"**{c['units']} studies**{cl}, references from their `findings`; **{len(res.configs)} configurations** "
+    why = ("chosen with `--baseline`" if ctx.params.get("baseline") else
+           "the first configuration of the table, as no baseline was named; choose one with `--baseline`")
+    lead = (f"**{c['units']} studies**{cl}, references from their `{ctx.ref_section}` (`--reference-section`); "
+            f"**{len(res.configs)} configurations** "
             f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are percentile "
-            f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` on the "
+            f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` ({why}) on the "
             f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
             f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses {_labeler_words(lab)}; "
             f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
@@ -472,7 +482,7 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
     clusters = ctx.patient_of_study
     try:
         res = reference_sensitivity(ctx.studies, ctx.generations, "experiment", reps=ctx.reps(1000),
-                                    seed=ctx.seed, clusters=clusters,
+                                    seed=ctx.seed, clusters=clusters, section=ctx.ref_section,
                                     max_studies=ctx.params.get("reref_max_studies", 80))
     except InputError as e:
         return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE)
@@ -609,7 +619,7 @@ def verdict_stage(ctx: AuditContext # the run: tables, ground truth and paramete
         return Section("Verdicts", ["A verdict compares configurations; these generations have only one."])
     v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.params.get("reps"), seed=ctx.seed,
                 clusters="patient_id" if "patient_id" in ctx.studies.columns else None,
-                labeler=ctx.params.get("labeler") or "chexpert")
+                labeler=ctx.params.get("labeler") or "chexpert", ref_section=ctx.ref_section)
     ctx.extra["_verdict"] = v   # the metrics section shows it beside each "best"
     t = v.to_frame()
     fragile = t[t.verdict == "fragile"]
@@ -640,16 +650,20 @@ def default_stages(synthetic: bool # the tables are the synthetic demo corpus
 # %% ../nbs/14_audit.ipynb #ecb17d28
 def check_pair(studies,      # a `studies` table
                generations,  # a `generations` table on those studies
-               what: tuple[str, str] = ("studies", "generations") # names of the two tables in errors
+               what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
+               notes: list | None = None # receives a sentence when generations were matched by the benchmark's keys
               ):
-    "Canonical `studies` and `generations` tables; every generation must refer to a known study."
+    "Canonical `studies` and `generations` tables; every generation must refer to a known study (by `study_id` or `source_id`)."
     s = to_studies(studies, what[0])
-    g = to_generations(generations, what[1])
+    g, note = match_study_keys(s, to_generations(generations, what[1]), what)
+    if note is not None and notes is not None: notes.append(note)
     unknown = ~g["study_id"].isin(set(s["study_id"]))
     if unknown.any():
         i = int(np.flatnonzero(unknown.to_numpy())[0])
         raise InputError(f"{what[1]}: row {i} (sample_id={g['sample_id'].iloc[i]!r}): study_id "
-                         f"{g['study_id'].iloc[i]!r} is not in {what[0]} ({int(unknown.sum())} row(s) affected)")
+                         f"{g['study_id'].iloc[i]!r} is not in {what[0]}"
+                         + (" (neither a study_id nor a source_id)" if "source_id" in s.columns else "")
+                         + f" ({int(unknown.sum())} row(s) affected)")
     return s, g
 
 # %% ../nbs/14_audit.ipynb #00afa33e
@@ -770,20 +784,33 @@ def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):
     ref = pd.Series(first["findings"].to_numpy() if "findings" in first else "", index=first["study_id"].astype(str).to_numpy())
     prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())   # the metrics stage finds them scored
 
+def _check_choices(ctx: AuditContext):
+    "The reference section and baseline asked for exist (checked before any stage runs)."
+    if ctx.ref_section not in ("findings", "impression", "both"):
+        raise InputError(f"audit: reference section must be findings, impression or both, got {ctx.ref_section!r}")
+    base, configs = ctx.params.get("baseline"), list(dict.fromkeys(config_label(ctx.generations.system, ctx.generations.policy)))
+    if base and base not in configs:
+        raise InputError(f"audit: baseline {base!r} is not a configuration of the generations; they are {configs}")
+
 def run_audit(studies,                              # a `studies` table
               generations,                          # a `generations` table on those studies
               out_dir,                              # folder of report.html
               stages: Sequence[str] | None = None,  # names in `STAGES` (default: all, in order)
               extra: dict | None = None,            # extra tables, e.g. the demo's ground truth
-              params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root
+              params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root, labeler, ref_section, baseline
               title: str = "cxr_audit report",      # page title
               what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
               progress: bool | None = None,         # a line per stage on stderr (None: when stderr is a terminal)
               workers: int | None = None            # processes running stages (None: `audit_workers()`); 1: all in this one
              ) -> Path:
     "Run the audit stages and write `out_dir/report.html`; return its path (`IncompleteRunError` after writing it when a stage failed)."
-    s, g = check_pair(studies, generations, what)
+    keyed = []
+    s, g = check_pair(studies, generations, what, notes=keyed)
     ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
+    if keyed:
+        ctx.params["study_keys"] = keyed[0]
+        print(f"cxr-audit: {keyed[0]}", file=sys.stderr, flush=True)
+    _check_choices(ctx)
     names = list(stages or default_stages(ctx.synthetic))
     bad = [n for n in names if n not in STAGES]
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")

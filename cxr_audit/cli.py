@@ -108,6 +108,8 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
           seed: int = DEFAULT_SEED,          # seed of every resample
           keep_flagged: bool = False,        # score studies whose reference is only de-identification masks (left out by default)
           labeler: str = "chexpert",         # CheXpert labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
+          reference_section: Literal["findings", "impression", "both"] = "findings", # the section every metric scores against
+          baseline: str | None = None,       # the configuration (system+policy) the others are compared with (default: the first)
           workers: int | None = None         # processes running the stages (default: 2 with 4+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
@@ -115,7 +117,8 @@ def audit(*, studies: str,                   # studies table (.csv/.parquet)
     reps = _stage_reps(reps)
     params = {"studies": Path(studies).name, "generations": Path(generations).name, "cohort_recipe": cohort_recipe,
               "seed": seed, **({"reps": reps} if reps is not None else {}),
-              **({"keep_flagged": True} if keep_flagged else {}), "labeler": _labeler_arg(labeler)}
+              **({"keep_flagged": True} if keep_flagged else {}), "labeler": _labeler_arg(labeler),
+              "ref_section": reference_section, **({"baseline": baseline} if baseline else {})}
     path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
                      what=(studies, generations), workers=workers)
     return f"Wrote the audit report to {path}"
@@ -137,8 +140,9 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     if generations:
         g = to_generations(_table(generations), generations)
         lines.append(f"{generations}: {len(g)} generations, systems {sorted(g['system'].unique())}")
-    if studies and generations: check_pair(s, g, (studies, generations))
-    return "\n".join(lines + ["ok"])
+    keyed = []
+    if studies and generations: check_pair(s, g, (studies, generations), notes=keyed)
+    return "\n".join(lines + keyed + ["ok"])
 
 # %% ../nbs/15_cli.ipynb #67b43b83
 LOADERS: dict[str, Callable] = {"iu-xray": load_iu_xray, "mimic-cxr": load_mimic_cxr,
@@ -162,7 +166,12 @@ def load(path: str,                                  # the dataset's file or fol
     write_table(table, out)
     report = load_report(studies)
     flags = md_table(report.to_frame()[["flag", "n_studies", "examples"]]) if report.n_flagged else ""
-    return "\n".join(x for x in (report.headline(), flags, f"Wrote {out} ({dataset}, {len(studies)} studies)") if x)
+    keys = ""
+    if "source_id" in studies.columns and (studies["source_id"].astype(str) != studies["study_id"].astype(str)).any():
+        a, b = studies["study_id"].iloc[0], studies["source_id"].iloc[0]
+        keys = (f"Key your outputs' `study_id` by the study ids of this table (e.g. {a}) or by the file's own keys "
+                f"(kept as `source_id`, e.g. {b}); either is matched.")
+    return "\n".join(x for x in (report.headline(), flags, f"Wrote {out} ({dataset}, {len(studies)} studies)", keys) if x)
 
 # %% ../nbs/15_cli.ipynb #5ec4a343
 def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 004_iu, 000_test or 003_lmimic
@@ -617,8 +626,11 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
     "Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the reasons."
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.verdict import CHECKS, verdict as judge
-    st = to_studies(_table(studies), what=str(studies), dataset="studies")
-    g = to_generations(_table(generations), what=str(generations))
+    from cxr_audit.audit import check_pair
+    keyed = []
+    st = to_studies(_table(studies), what=str(studies), dataset="studies")   # a table without `dataset` is fine here
+    st, g = check_pair(st, to_generations(_table(generations), what=str(generations)), (str(studies), str(generations)),
+                       notes=keyed)
     refs = _table(references) if references else None
     v = judge(st, g, metrics=tuple(metrics or ("bleu_4", "rouge_l", "chexpert_f1_14")), pairs=_pairs_arg(pairs),
               reps=None if reps is None else int(reps), seed=int(seed), clusters=_clusters_arg(clusters, st),
@@ -627,7 +639,7 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
     inputs = {"studies": Path(studies), "generations": Path(generations), **({"references": Path(references)} if references else {})}
     v.save(out, inputs=inputs)
     worst = v.to_frame()[v.to_frame().verdict == "fragile"]
-    lines = [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}" for r in worst.itertuples()]
+    lines = keyed + [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}" for r in worst.itertuples()]
     return "\n".join(lines + [f"Warning: {w}" for w in v.params["warnings"]] + [f"Wrote {out}"])
 
 

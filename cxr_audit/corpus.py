@@ -25,9 +25,9 @@ from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_
 __all__ = ['RESTRICTED_DATASETS', 'STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS',
            'DEID_MASKS', 'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS',
            'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'validate_studies',
-           'to_studies', 'typed_generation_columns', 'to_generations', 'normalize_view', 'text_flag', 'load_table',
-           'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus', 'load_rexgradient',
-           'load_generations', 'LoadReport', 'load_report']
+           'to_studies', 'typed_generation_columns', 'to_generations', 'match_study_keys', 'normalize_view',
+           'text_flag', 'load_table', 'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus',
+           'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
 
 # %% ../nbs/02_corpus.ipynb #f6446c9d
 RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")   # the canonical names of the restricted collections
@@ -184,6 +184,26 @@ def to_generations(df,                        # a table with at least `study_id`
     _duplicates(df, "sample_id", what)
     extra = [c for c in df.columns if c not in GENERATIONS_COLUMNS]
     return df[list(GENERATIONS_COLUMNS) + extra].reset_index(drop=True)
+
+# %% ../nbs/02_corpus.ipynb #888779ba
+def match_study_keys(studies,                         # a `studies` table (with `source_id` when a loader wrote it)
+                     generations,                     # a canonical `generations` table (see `to_generations`)
+                     what: tuple[str, str] = ("studies", "generations") # names of the two tables in messages
+                    ) -> tuple[pd.DataFrame, str | None]:
+    "Generations that name their studies by `source_id` re-keyed to `study_id`, and a sentence saying so (None: nothing to do)."
+    s, g = as_pandas(studies, what[0]), generations
+    unknown = ~g["study_id"].isin(set(s["study_id"].astype(str)))
+    if not unknown.any() or "source_id" not in s.columns: return g, None
+    src = s.dropna(subset=["source_id"])
+    by_source = pd.Series(src["study_id"].astype(str).to_numpy(), index=src["source_id"].astype(str).to_numpy())
+    by_source = by_source[~by_source.index.duplicated(keep=False)]   # a key shared by two studies names neither
+    mapped = g.loc[unknown, "study_id"].map(by_source)
+    if mapped.isna().any(): return g, None   # some match neither key: the caller's check names the first
+    first = g.loc[unknown, "study_id"].iloc[0]
+    g = g.copy()
+    g.loc[unknown, "study_id"] = mapped.to_numpy()
+    return g, (f"{what[1]}: {int(unknown.sum())} of {len(g)} rows name their study by the benchmark's own key "
+               f"(`source_id` of {what[0]}, e.g. {first!r}); matched to its `study_id` ({mapped.iloc[0]!r}).")
 
 # %% ../nbs/02_corpus.ipynb #50d4ee90
 def _path(path: str | os.PathLike, what: str = "file") -> Path:

@@ -56,7 +56,8 @@ def iu_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("iu_audit")
     load = cli("load", IU_JSON, "--rexrank", "--out", d / "studies.parquet")
     studies = pd.read_parquet(d / "studies.parquet")
-    two_systems(studies).to_csv(d / "outputs.csv", index=False)
+    # the outputs name their studies by the JSON's own keys, as the README says (`load` keeps them as `source_id`)
+    two_systems(studies.assign(study_id=studies.source_id)).to_csv(d / "outputs.csv", index=False)
     check = cli("validate", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv")
     audit = cli("audit", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv", "--out", d / "audit", "--reps", 200)
     return d, load, check, audit, studies
@@ -65,6 +66,9 @@ def iu_run(tmp_path_factory):
 def test_the_three_commands_write_a_complete_report(iu_run):
     d, load, check, audit, studies = iu_run
     for r in (load, check, audit): assert r.returncode == 0, r.stderr[-3000:]
+    assert "Key your outputs' `study_id`" in load.stdout and "source_id" in load.stdout
+    assert "100 of 100 rows name their study by the benchmark's own key" in check.stdout
+    assert "benchmark's own key" in audit.stderr and "Study keys:" in page_text(d / "audit" / "report.html")
     assert len(studies) == 50 and studies.patient_id.isna().all()        # IU X-ray: no patient identifiers
     text = page_text(d / "audit" / "report.html")
     for title in ("Corpus overview", "Cohort", "Decoding policies", "Concentration", "Uncertainty", "Reference-based metrics",

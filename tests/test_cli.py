@@ -497,3 +497,20 @@ def test_verdict_subcommand(demo_runs, tmp_path):
     r = cli("verdict", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--labeler", "negbio",
             "--out", tmp_path / "x")
     assert r.returncode == 2 and "negbio" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_audit_takes_the_reference_section_and_baseline_and_says_them(demo_runs, tmp_path):
+    a = demo_runs[0]
+    base = ["audit", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--stages", "metrics",
+            "--reps", 200]
+    r = cli(*base, "--reference-section", "both", "--baseline", "sim-omit+B4", "--out", tmp_path / "a")
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = re.sub(r"<[^>]+>", "", (tmp_path / "a" / "report.html").read_text(encoding="utf-8"))
+    assert "references from their both (--reference-section)" in page
+    assert "compared with sim-omit+B4 (chosen with --baseline)" in page
+    r = cli(*base, "--out", tmp_path / "b")
+    page = re.sub(r"<[^>]+>", "", (tmp_path / "b" / "report.html").read_text(encoding="utf-8"))
+    assert "references from their findings" in page and "as no baseline was named; choose one with --baseline" in page
+    r = cli(*base, "--baseline", "nope+B4", "--out", tmp_path / "c")
+    assert r.returncode == 2 and "baseline 'nope+B4' is not a configuration" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "c" / "report.html").exists()   # refused before any stage ran
