@@ -993,6 +993,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.labels._row_hash': ('labels.html#_row_hash', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._run_pair': ('labels.html#_run_pair', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._set_kind': ('labels.html#_set_kind', 'cxr_audit/labels.py'),
+                                  'cxr_audit.labels._share_flag': ('labels.html#_share_flag', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._split': ('labels.html#_split', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._split_cached': ('labels.html#_split_cached', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._states': ('labels.html#_states', 'cxr_audit/labels.py'),

@@ -367,7 +367,8 @@ def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameter
               audit.plot("counts", title="Per-label TP, FP and FN against reference-report labels"),
               "**Traceability.** A deliberately naive labeler that reads any cardiac phrase as a cardiomegaly mention (the weakness "
               f"the cross-domain audit found in the official labeler; labels `{naive.labeler}`) is traced on the same outputs: "
-              "labels whose positives come mostly from one sentence, or from normal wording, are flagged.",
+              f"a label is flagged when one sentence gives at least {naive.trace.dominance:.0%} of its positives (with at least "
+              f"{naive.trace.min_positives}), or normal wording at least {naive.trace.normal_share:.0%} of them (the counts are in the verdict).",
               naive.trace.summary()[_LABEL_FLAG_COLUMNS] if len(naive.trace.flagged()) else "The naive labeler shows no flagged label on these outputs.",
               naive.plot("triggers", top=4, title="Naive labeler: evidence behind Cardiomegaly = 1")]
     if audit.pair is None: blocks.append("Exclusion sensitivity needs two runs; only one was given.")

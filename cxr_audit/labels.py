@@ -1205,7 +1205,12 @@ def _flag_row(g: pd.DataFrame, top) -> dict:
             "normal_wording_positives": int(pos["normal_wording"].sum()), "normal_wording_uncertain": int(unc["normal_wording"].sum()),
             "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any() else None}
 
-def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int) -> pd.DataFrame:
+def _share_flag(words: str, k: int, n: int, share: float) -> str | None:
+    "`words (k of n)` when k is at least `share` of n (and not 0), else None."
+    return f"{words} ({k} of {n})" if k and n and k / n >= share else None
+
+def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int,
+                normal_share: float = 0.1) -> pd.DataFrame:
     out, keys = [], group + ["label"]
     pos = phrases[phrases["state"] == 1.0].drop_duplicates(keys)            # the first (most frequent) positive evidence per key
     tops = {tuple(k): r for k, (_, r) in zip(pos[keys].itertuples(index=False), pos.iterrows())}
@@ -1214,9 +1219,13 @@ def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominanc
         out.append({**dict(zip(keys, key)), **_flag_row(g, tops.get(tuple(key)))})
     f = pd.DataFrame(out, columns=group + ["label"] + _FLAG_COLUMNS)
     f["dominated"] = (f["top_share"] >= dominance) & (f["positives"] >= min_positives)
-    f["verdict"] = [", ".join(v for v, on in (("dominated by one sentence", d), ("positives from normal wording", nw > 0),
-                                              ("uncertain from normal or stability wording", nu > 0)) if on) or "-"
-                    for d, nw, nu in zip(f["dominated"], f["normal_wording_positives"], f["normal_wording_uncertain"])]
+    f["normal_flag"] = [bool(_share_flag("", nw, n, normal_share)) or bool(_share_flag("", nu, u, normal_share))
+                        for nw, n, nu, u in zip(f["normal_wording_positives"], f["positives"], f["normal_wording_uncertain"], f["uncertain"])]
+    f["verdict"] = [", ".join(v for v in (("dominated by one sentence" if d else None),
+                                          _share_flag("positives from normal wording", nw, n, normal_share),
+                                          _share_flag("uncertain from normal or stability wording", nu, u, normal_share)) if v) or "-"
+                    for d, nw, n, nu, u in zip(f["dominated"], f["normal_wording_positives"], f["positives"],
+                                               f["normal_wording_uncertain"], f["uncertain"])]
     return f
 
 # %% ../nbs/06_labels.ipynb #13ef4ca7
@@ -1228,13 +1237,15 @@ class LabelTrace:
     by: str                  # "sentence" or "phrase": what `phrases` counts
     dominance: float
     min_positives: int
+    normal_share: float = 0.1   # normal wording is flagged when it gives at least this share of a label's positives (or uncertain)
 
     def to_frame(self) -> pd.DataFrame: return self.flags
 
     def flagged(self) -> pd.DataFrame:
         "Only the labels with a flag."
         f = self.flags
-        return f[f["dominated"] | (f["normal_wording_positives"] > 0) | (f.get("normal_wording_uncertain", 0) > 0)]
+        normal = f["normal_flag"] if "normal_flag" in f else (f["normal_wording_positives"] > 0) | (f.get("normal_wording_uncertain", 0) > 0)
+        return f[f["dominated"] | normal]
 
     def summary(self) -> pd.DataFrame:
         "The flagged labels: group, label, positives, top evidence and share, positives and uncertains from normal wording, `with_term`, verdict."
@@ -1265,6 +1276,7 @@ def trace_label_triggers(labels,                    # a long labels table (any l
                          dominance: float = 0.5,    # share of one evidence that makes a label "dominated"...
                          min_positives: int = 10,   # ...when it has at least this many positives
                          by: str = "sentence",      # count normalized evidence "sentence"s or matched "phrase"s
+                         normal_share: float = 0.1, # flag normal wording when it gives at least this share of a label's positives
                          labeler: Labeler | None = None # whose phrase bank finds evidence and normal wording (default: the clinical profile)
                         ) -> LabelTrace:
     "For each label and state, the evidence that produced it, with counts, shares, flags and provenance hashes."
@@ -1275,8 +1287,8 @@ def trace_label_triggers(labels,                    # a long labels table (any l
     rows = _trace_rows(df, _texts_map(texts, df), ref)
     group = [c for c in ("source", "system") if c in rows.columns]
     phrases = _phrase_counts(rows, group, f"{by}_norm")
-    return LabelTrace(rows.reset_index(drop=True), phrases, _flag_table(rows, phrases, group, dominance, min_positives),
-                      by, dominance, min_positives)
+    return LabelTrace(rows.reset_index(drop=True), phrases, _flag_table(rows, phrases, group, dominance, min_positives, normal_share),
+                      by, dominance, min_positives, normal_share)
 
 # %% ../nbs/06_labels.ipynb #21578df3
 def check_text_provenance(seen,        # text_id -> text the labeler saw (mapping, Series, table, or a labels table with `text`)
@@ -1471,7 +1483,8 @@ class TraceAudit:
                  "trace_phrases": write_table(self.trace.phrases, out / "trace_phrases.csv")}
         if self._top_label(): paths["chart"] = save_chart(self.plot(), out / "trigger_phrases.svg")
         write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="trace_audit",
-                       params={"dominance": self.trace.dominance, "min_positives": self.trace.min_positives, "by": self.trace.by})
+                       params={"dominance": self.trace.dominance, "min_positives": self.trace.min_positives, "by": self.trace.by,
+                               "normal_share": self.trace.normal_share})
         return {**paths, "manifest": out / "manifest.json"}
 
     def _repr_markdown_(self): return self.headline() + ("\n\n" + md_table(self.summary()) if len(self.summary()) else "")

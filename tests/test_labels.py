@@ -687,3 +687,17 @@ def test_label_audit_on_official_labels_has_no_probes_it_cannot_answer():
     gens.loc[0, "hypothesis"] = "A new finding the official file never saw."
     with pytest.raises(InputError, match="1 of 2 texts are not in"):
         label_audit(studies, gens, reps=10, labeler=FIX / "chexpert_official_sample.csv")
+
+
+def test_normal_wording_is_flagged_by_its_share_with_the_counts_stated():
+    "One stray normal sentence among 24 positives is not a flag; five of 24 are, and the verdict says how many."
+    from cxr_audit.labels import trace_label_triggers
+    real = ["Mild cardiomegaly.", "Moderate cardiomegaly.", "The heart is enlarged.", "Enlarged cardiac silhouette."]
+    def labels(n_normal):
+        texts = [real[i % 4] for i in range(24 - n_normal)] + ["Heart size is within normal limits."] * n_normal
+        return pd.DataFrame({"text_id": [f"t{i}" for i in range(24)], "label": "Cardiomegaly", "state": 1.0, "text": texts})
+    one = trace_label_triggers(labels(1)).flags.set_index("label").loc["Cardiomegaly"]
+    assert one.normal_wording_positives == 1 and one.verdict == "-" and not one.normal_flag
+    five = trace_label_triggers(labels(5)).flags.set_index("label").loc["Cardiomegaly"]
+    assert five.verdict == "positives from normal wording (5 of 24)" and five.normal_flag
+    assert trace_label_triggers(labels(1), normal_share=0.01).flags.verdict.iloc[0] == "positives from normal wording (1 of 24)"
