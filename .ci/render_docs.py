@@ -15,6 +15,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
+from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
@@ -189,6 +190,16 @@ def to_node(nb, missing=()):
     return node
 
 
+_WARNING_LINE = re.compile(r"^\S*?\.py:\d+: (\w*Warning): (.*)\n(?:[ \t]+\S.*(?:\n|$))?", re.M)
+
+
+def clean_stream(text):
+    """Printed output as a reader should see it: a warning as `Category: message` (without the file, line and source line
+    Python adds), and no path of the machine that built the page."""
+    text = _WARNING_LINE.sub(r"\1: \2\n", text)
+    return text.replace(str(ROOT) + os.sep, "").replace(str(ROOT), ".")
+
+
 def _doc_cell(c):
     "One processed cell as the page shows it (None: left out)."
     import nbformat
@@ -203,6 +214,7 @@ def _doc_cell(c):
     if d.get("output") == "false": tags.add("remove_output")
     c.metadata["tags"] = sorted(tags)
     for o in c.get("outputs", []):
+        if o.get("output_type") == "stream": o["text"] = clean_stream("".join(o.get("text", "")))
         md = o.get("data", {}).get("text/markdown")
         if md is not None:  # pandoc attributes ({target=...}, {#id}) mean nothing outside Quarto
             o["data"]["text/markdown"] = re.sub(r"\{(?:target|#|\.)[^}\n]*\}", "", "".join(md))
@@ -340,16 +352,71 @@ def write_site_files(out):
         dest = Path(out) / "source" / f"{py.name}.html"
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(page(py.name, source_page(py), pages, f"source/{py.name}.html"), encoding="utf-8")
+    fix_anchors(out)
     (Path(out) / "search.js").write_text(search_js(out, pages), encoding="utf-8")
 
 
+_ID = re.compile(r'\bid="([^"]+)"')
+_FRAGMENT_LINK = re.compile(r'href="([^"#]*)#([^"]*)"')
+
+
+def _anchor_for(frag, have):
+    "The id of `have` a broken fragment meant: the same name in another case, or the class of a `Class.method` name."
+    lower = {i.lower(): i for i in have}
+    for cand in (frag, frag.split(".")[0]):
+        if cand.lower() in lower: return lower[cand.lower()]
+    return None
+
+
+def _fixed_links(text, page, ids):
+    "The page's text with its broken #fragments mended (see `fix_anchors`), and how many were."
+    changed = 0
+    def fix(m):
+        nonlocal changed
+        path, frag = m.group(1), unquote(m.group(2))
+        if re.match(r"^[a-z][a-z0-9+.-]*:", path) or path.startswith("//"): return m.group(0)   # another site
+        have = ids.get((page.parent / unquote(path)).resolve() if path else page.resolve())
+        if have is None or frag in have: return m.group(0)
+        changed += 1
+        new = _anchor_for(frag, have)
+        return f'href="{path}#{new}"' if new else f'href="{path or "#"}"'
+    return _FRAGMENT_LINK.sub(fix, text), changed
+
+
+def fix_anchors(out):
+    """Every internal link's #fragment made to name an id of its target page: nbdev writes symbol links in lower case
+    (`core.html#inputerror`) where the page's id keeps the symbol's case, and links methods and private names that have
+    no anchor of their own; those go to the class, or to the top of the page. Returns how many links were changed."""
+    files = sorted(Path(out).rglob("*.html"))
+    ids = {f.resolve(): set(_ID.findall(f.read_text(encoding="utf-8"))) for f in files}
+    total = 0
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        fixed, n = _fixed_links(text, f, ids)
+        if n: f.write_text(fixed, encoding="utf-8"); total += n
+    return total
+
+
+def _plain(fragment_html):
+    "Text of an HTML fragment: tags, the pilcrow of heading links and white space runs removed."
+    text = html.unescape(re.sub(r"<[^>]+>", " ", fragment_html)).replace("\u00b6", "")
+    return re.sub(r"\s+", " ", text).strip()
+
+
 def search_js(out, pages):
-    "A search box that works from file:// (the index is inline in the script: no fetch): page titles, headings, symbols."
+    """A search box that works from file:// (the index is inline in the script: no fetch): page titles, headings, symbols,
+    and the text under each heading (its first 2,000 characters)."""
     idx = []
     for dest, title, _ in pages:
         f = Path(out) / dest
-        heads = re.findall(r"<h[1-4][^>]*id=\"([^\"]+)\"[^>]*>(.*?)</h[1-4]>", f.read_text(encoding="utf-8")) if f.exists() else []
-        idx.append([dest, title, [[i, re.sub(r"<[^>]+>|¶", "", h).strip()] for i, h in heads]])
+        page_html = f.read_text(encoding="utf-8") if f.exists() else ""
+        parts = re.split(r"(<h[1-4][^>]*id=\"[^\"]+\"[^>]*>.*?</h[1-4]>)", page_html, flags=re.S)
+        heads = []
+        for k in range(1, len(parts), 2):
+            hid = re.search(r'id="([^"]+)"', parts[k]).group(1)
+            body = " ".join(_plain(x) for x in re.findall(r"<(?:p|li|td)\b[^>]*>(.*?)</(?:p|li|td)>", parts[k + 1], flags=re.S))
+            heads.append([hid, _plain(parts[k]), body[:2000].lower()])
+        idx.append([dest, title, heads])
     return ("const IDX=" + json.dumps(idx) + ";\n" + SEARCH_JS)
 
 
@@ -357,7 +424,7 @@ SEARCH_JS = r"""(function(){const q=document.getElementById('q'),out=document.ge
 const root=document.currentScript.src.replace(/search\.js$/,'');
 q.addEventListener('input',function(){const t=q.value.trim().toLowerCase();out.innerHTML='';if(t.length<2)return;let n=0;
 for(const [p,title,hs] of IDX){if(title.toLowerCase().includes(t)){out.insertAdjacentHTML('beforeend','<a href="'+root+p+'">'+title+'</a>');n++;}
-for(const [id,h] of hs){if(n>=30)return;if(h.toLowerCase().includes(t)){const a=document.createElement('a');a.href=root+p+'#'+id;a.textContent=h+' ('+title+')';out.appendChild(a);n++;}}}});})();
+for(const [id,h,body] of hs){if(n>=30)return;if(h.toLowerCase().includes(t)||body.includes(t)){const a=document.createElement('a');a.href=root+p+'#'+id;a.textContent=h+' ('+title+')';out.appendChild(a);n++;}}}});})();
 """
 
 

@@ -24,36 +24,72 @@ def load_renderer():
 
 
 def dead_links(site: Path) -> list[tuple[str, str, str]]:
-    "(page, link, why) for every href/src of the site's pages that goes to an unknown host or to a file missing from the site."
+    "(page, link, why) for every href/src of the site's pages that goes to an unknown host, a missing file or a missing anchor."
     site, bad = site.resolve(), []
-    for f in sorted(site.rglob("*.html")):
-        for link in re.findall(r'(?:href|src)="([^"]*)"', f.read_text(encoding="utf-8")):
-            why = _why_dead(link, f, site)
+    pages = {f.resolve(): f.read_text(encoding="utf-8") for f in sorted(site.rglob("*.html"))}
+    ids = {f: set(re.findall(r'\bid="([^"]+)"', text)) for f, text in pages.items()}
+    for f, text in pages.items():
+        for link in re.findall(r'(?:href|src)="([^"]*)"', text):
+            why = _why_dead(link, f, site, ids)
             if why: bad.append((f.relative_to(site).as_posix(), link, why))
     return bad
 
 
-def _why_dead(link, page, site):
+def _why_dead(link, page, site, ids):
     u = urlsplit(link)
     if u.scheme in ("mailto", "data", "javascript"): return None
     if NO_HOSTS.search(link): return "a project host that does not exist"
     if u.scheme or u.netloc: return None if u.hostname in REAL_HOSTS else f"unknown host {u.hostname}"
-    if not u.path: return None                                            # a fragment on the same page
-    target = (page.parent / unquote(u.path)).resolve()
+    target = (page.parent / unquote(u.path)).resolve() if u.path else page
     if not target.is_relative_to(site): return "leaves the site"
-    return None if target.is_file() else "missing file"
+    if not target.is_file(): return "missing file"
+    if u.fragment and target.suffix == ".html" and unquote(u.fragment) not in ids.get(target, set()): return "missing anchor"
+    return None
 
 
 def test_dead_links_finds_what_it_should(tmp_path):
-    # the checker itself, on a hand-made site: the two kinds of dead link of the old build, and links that are fine
+    # the checker itself, on a hand-made site: the dead links of the old builds, and links that are fine
     (tmp_path / "papers").mkdir()
-    (tmp_path / "core.html").write_text('<a href="https://cxr-audit.github.io/cxr_audit/core.html#x">x</a><a href="#y">y</a>'
+    (tmp_path / "core.html").write_text('<h2 id="x">X</h2><a href="https://cxr-audit.github.io/cxr_audit/core.html#x">x</a>'
+                                        '<a href="#x">here</a><a href="#y">y</a>'
                                         '<a href="papers/reref.html">r</a><a href="https://github.com/cxr-audit/cxr_audit/blob/main/x.py#L1">s</a>')
-    (tmp_path / "papers" / "reref.html").write_text('<a href="../core.html#x">x</a><a href="reref.html">me</a><a href="llm.html">gone</a>'
+    (tmp_path / "papers" / "reref.html").write_text('<a href="../core.html#x">x</a><a href="../core.html#X">case</a>'
+                                                    '<a href="reref.html">me</a><a href="llm.html">gone</a>'
                                                     '<a href="https://docs.python.org/3/">py</a><a href="../../outside.html">o</a>')
-    got = {(p, why) for p, _, why in dead_links(tmp_path)}
-    assert got == {("core.html", "a project host that does not exist"), ("papers/reref.html", "missing file"),
-                   ("papers/reref.html", "leaves the site")}, got
+    got = {(p, link, why) for p, link, why in dead_links(tmp_path)}
+    assert {(p, why) for p, _, why in got} == {
+        ("core.html", "a project host that does not exist"), ("core.html", "missing anchor"), ("papers/reref.html", "missing file"),
+        ("papers/reref.html", "leaves the site"), ("papers/reref.html", "missing anchor")}, got
+    assert ("core.html", "#y", "missing anchor") in got and ("papers/reref.html", "../core.html#X", "missing anchor") in got
+
+
+def test_broken_fragments_are_mended_to_the_anchor_they_meant(tmp_path):
+    rd = load_renderer()
+    (tmp_path / "core.html").write_text('<h3 id="InputError">InputError</h3><h3 id="PairedResult">PairedResult</h3>'
+                                        '<a href="#inputerror">a</a><a href="#nothing">b</a>')
+    (tmp_path / "stats.html").write_text('<a href="core.html#pairedresult.to_frame">c</a><a href="core.html#_path">d</a>'
+                                         '<a href="core.html#InputError">e</a><a href="https://docs.python.org/3/#x">f</a>')
+    assert rd.fix_anchors(tmp_path) == 4
+    assert '<a href="#InputError">a</a><a href="#">b</a>' in (tmp_path / "core.html").read_text()
+    assert ('href="core.html#PairedResult"' in (s := (tmp_path / "stats.html").read_text()) and 'href="core.html">d' in s
+            and 'href="core.html#InputError">e' in s and 'docs.python.org/3/#x' in s)
+    assert not dead_links(tmp_path)
+
+
+def test_warnings_print_as_category_and_message_without_the_builders_path():
+    rd = load_renderer()
+    raw = (f"{ROOT}/cxr_audit/stats.py:687: DegenerateIntervalWarning: 3 resamples gave one value\n"
+           "  warnings.warn(msg, DegenerateIntervalWarning)\nresult 1\n")
+    assert rd.clean_stream(raw) == "DegenerateIntervalWarning: 3 resamples gave one value\nresult 1\n"
+    assert rd.clean_stream(f"wrote {ROOT}/_docs/x.svg") == "wrote _docs/x.svg"
+
+
+def test_search_indexes_the_text_under_each_heading_without_the_pilcrow(tmp_path):
+    rd = load_renderer()
+    (tmp_path / "stats.html").write_text('<h2 id="Holm">Holm adjustment<a class="anchor-link" href="#Holm">&#182;</a></h2>'
+                                         '<p>A difference is <strong>significant</strong> after Holm.</p>')
+    js = rd.search_js(tmp_path, [("stats.html", "stats", "")])
+    assert '"Holm adjustment"' in js and "&#182;" not in js and "significant after holm" in js
 
 
 def test_links_are_made_local():
@@ -113,6 +149,7 @@ def check_rendered_pages(docs_site):
         assert "show_doc(" not in page, name                              # doc cells show output only
         assert 'href="index.html"' in page or 'href="../index.html"' in page, name
         assert "not run in this build of the docs" not in page, name      # the test environment has every extra
+        assert str(ROOT) not in page and not re.search(r"\.py:\d+: \w*Warning", page), name   # no machine path, no raw warning
     core = pages["00_core"]
     assert "<h1" in core and "sha256_frame" in core and "write_manifest" in core
     assert "from fastcore.test import" not in core                        # hidden cells removed
