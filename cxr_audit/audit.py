@@ -456,7 +456,9 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
             f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` ({why}) on the "
             f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
             f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses {_labeler_words(lab)}; "
-            f"no LLM is involved." + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
+            f"no LLM is involved."
+            + (f" **{c['not_common']} studies are left out** because not every configuration has a report for them "
+               "(every configuration is scored on the same studies)." if c.get("not_common") else "") + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
             + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every average "
                f"({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))
     blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + ".",

@@ -227,6 +227,8 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
     "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
     table = typed_generation_columns(_table(generations), str(generations))   # truncated 'no' is False, seed 'x' an error
+    if unit not in table.columns:
+        raise InputError(f"concentration: --unit {unit!r} is not a column of {generations} (columns: {', '.join(map(str, table.columns))})")
     clusters = _clusters_arg(clusters, table)
     a = audit_concentration(table, by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
                             top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
@@ -237,7 +239,12 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
     if "comparisons" in paths:
         t = a.comparison_table()
         msg += f" {int(t.significant.sum())} of {len(t)} paired comparisons significant after Holm (p_holm < {1 - a.size:g})."
-    return msg + _unit_line(table, clusters) + f" Wrote {Path(out)}"
+    msg += _unit_line(table, clusters) + f" Wrote {Path(out)}"
+    why = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))["params"].get("comparisons")
+    if why:   # the groups could not be compared: said (stdout and the manifest), and the run is not complete
+        print(msg, flush=True)
+        raise IncompleteRunError(f"comparisons not made: {why.removeprefix('none: ')}", output=out)
+    return msg
 
 # %% ../nbs/15_cli.ipynb #3b719f7d
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
@@ -599,6 +606,10 @@ def score(generations: str,                              # generations table (.c
              + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
     lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(res)
+    lines += [f"References: {res.counts['reference_fallback']}"] if res.counts.get("reference_fallback") else []
+    if res.counts.get("not_common"):
+        lines.append(f"Left out: {res.counts['not_common']} studies that not every configuration has a report for (every "
+                     f"configuration is scored on the same {res.counts['units']:,} studies)")
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 

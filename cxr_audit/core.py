@@ -335,7 +335,8 @@ def read_json(source,                     # a mapping (copied) or a path to a JS
     except json.JSONDecodeError as e: raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
 
 # %% ../nbs/00_core.ipynb #827af161
-_SECRET = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)
+_SECRET = re.compile(r"(api[_-]?key|secret|password|passwd|credential|authori[sz]ation|(^|[_-])(auth|token|access[_-]?token)$)",
+                     re.I)   # a parameter named like a credential (`hf_token`, `api_key`), not `max_new_tokens`
 _VERSIONED = ("cxr_audit", "numpy", "pandas", "polars", "pyarrow", "scipy", "altair", "vl-convert-python", "pysbd")
 
 def _redact(params: Any) -> Any:
@@ -389,7 +390,7 @@ def write_manifest(path: str | os.PathLike,  # where the JSON goes
                    params: Mapping | None = None,   # parameters of the run (credentials are redacted)
                    **extra                          # any further JSON-serialisable fields
                   ) -> dict:
-    "Write a JSON run manifest with sha256 hashes, package versions and the time; return it."
+    "Write a JSON run manifest with sha256 hashes, package versions and the time; return it. An earlier run's outputs that this run did not write again are removed (`replaced_outputs`)."
     m = {"created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
          "versions": package_versions(),
          "params": _redact(dict(params or {})),
@@ -397,8 +398,22 @@ def write_manifest(path: str | os.PathLike,  # where the JSON goes
          "outputs": {k: _describe(v) for k, v in (outputs or {}).items()},
          **_redact(extra)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    stale = _stale_outputs(Path(path), m["outputs"])
+    for f in stale: f.unlink()
+    if stale: m["replaced_outputs"] = sorted(f.name for f in stale)
     Path(path).write_text(json.dumps(m, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return m
+
+def _stale_outputs(path: Path, outputs: Mapping) -> list[Path]:
+    """Files an earlier run of the same kind (its manifest at `path` shares an output name and file with this one) listed
+    as outputs and this run did not write: left beside the new outputs they would be read as this run's."""
+    try: old = json.loads(path.read_text(encoding="utf-8")).get("outputs", {})
+    except (OSError, ValueError, AttributeError): return []
+    files = lambda d: {k: v.get("path") for k, v in d.items() if isinstance(v, Mapping) and v.get("path")}
+    before, now = files(old if isinstance(old, Mapping) else {}), files(outputs)
+    if not any(before.get(k) == p for k, p in now.items()): return []   # another command's folder: not ours to clear
+    gone = set(before.values()) - set(now.values())
+    return [path.parent / n for n in sorted(gone) if (path.parent / n).is_file() and Path(n).name == n]
 
 # %% ../nbs/00_core.ipynb #3f8f5ae3
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000"]   # Okabe-Ito; the two blues far apart

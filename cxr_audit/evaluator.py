@@ -690,8 +690,28 @@ def score_systems(generations,                    # generations table: hypothesi
                  ) -> SystemScores:
     "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
     g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
-    return _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,
-                          skip_unavailable, size, method, keep_flagged)
+    fell_back = _fallback_note(g, studies, ref_section, what)
+    res = _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,
+                         skip_unavailable, size, method, keep_flagged)
+    if fell_back is None: return res
+    return replace(res, counts={**res.counts, "reference_fallback": fell_back}, conventions=(fell_back, *res.conventions))
+
+def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> str | None:
+    """A sentence when some scored studies have no `ref_section` and are scored against the other section (the evaluator's
+    fallback, `study_section`); an `InputError` when every one of them would be: the section asked for is not there."""
+    if studies is None or ref_section not in ("findings", "impression") or "study_id" not in g.columns: return None
+    other = "impression" if ref_section == "findings" else "findings"
+    s = as_pandas(studies, what[1])
+    s = s[s["study_id"].astype(str).isin(set(g["study_id"].astype(str)))].drop_duplicates("study_id")
+    col = lambda c: s[c].map(_squash) if c in s.columns else pd.Series("", index=s.index)
+    fell = (col(ref_section) == "") & (col(other) != "")
+    if not len(s) or not fell.any(): return None
+    if fell.all():
+        raise InputError(f"ref_section {ref_section!r}: none of the {len(s)} studies scored has {'an' if ref_section == 'impression' else 'a'} "
+                         f"{ref_section} section; scoring "
+                         f"them would use their {other} instead. Choose ref_section {other!r} or 'both'.")
+    return (f"{int(fell.sum())} of {len(s)} studies have no {ref_section}: their {other} is the reference "
+            f"(the evaluator's fallback; ref_section 'both' scores against both).")
 
 def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
     "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."

@@ -514,3 +514,45 @@ def test_audit_takes_the_reference_section_and_baseline_and_says_them(demo_runs,
     r = cli(*base, "--baseline", "nope+B4", "--out", tmp_path / "c")
     assert r.returncode == 2 and "baseline 'nope+B4' is not a configuration" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "c" / "report.html").exists()   # refused before any stage ran
+
+
+def test_score_says_what_it_left_out_and_refuses_a_missing_section(tmp_path):
+    st = pd.DataFrame({"study_id": [f"s{i}" for i in range(6)], "dataset": "x", "findings": [f"Finding {i} here." for i in range(6)],
+                       "impression": ""})
+    st.to_csv(tmp_path / "st.csv", index=False)
+    g = pd.concat([st.assign(system="A"), st.head(2).assign(system="B")])[["study_id", "system", "findings"]].rename(
+        columns={"findings": "hypothesis"})
+    g.to_csv(tmp_path / "g.csv", index=False)
+    r = cli("score", tmp_path / "g.csv", "--studies", tmp_path / "st.csv", "--metrics", "bleu_4", "--reps", 0, "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    assert "Left out: 4 studies that not every configuration has a report for" in r.stdout
+    r = cli("score", tmp_path / "g.csv", "--studies", tmp_path / "st.csv", "--metrics", "bleu_4", "--reps", 0,
+            "--ref-section", "impression", "--out", tmp_path / "o2")
+    assert r.returncode == 2 and "has an impression section" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_rerun_into_the_same_folder_leaves_no_stale_outputs(demo_runs, tmp_path):
+    "Two systems write comparisons.csv; a rerun with one system into the same --out must not leave the old comparisons there."
+    a = demo_runs[0]
+    g = pd.read_parquet(a / "generations.parquet")
+    two = g[g.policy == "B4"].drop_duplicates(["system", "study_id"]).query("system in ['sim-terse', 'sim-template']")
+    two.to_parquet(tmp_path / "two.parquet"); two[two.system == "sim-terse"].to_parquet(tmp_path / "one.parquet")
+    assert cli("concentration", tmp_path / "two.parquet", "--out", tmp_path / "c", "--reps", 50).returncode == 0
+    assert (tmp_path / "c" / "comparisons.csv").is_file()
+    r = cli("concentration", tmp_path / "one.parquet", "--out", tmp_path / "c", "--reps", 50)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "c" / "comparisons.csv").exists()
+    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert "comparisons.csv" in m["replaced_outputs"] and "comparisons" not in m["outputs"]
+
+
+def test_concentration_says_why_it_could_not_compare_and_refuses_an_unknown_unit(demo_runs, tmp_path):
+    g = pd.read_parquet(demo_runs[0] / "generations.parquet")
+    g = g[g.policy == "B4"]
+    pd.concat([g, g.assign(seed=1, sample_id=g.sample_id + "/s1")]).to_parquet(tmp_path / "seeds.parquet")  # `generate --seeds 0 1`
+    r = cli("concentration", tmp_path / "seeds.parquet", "--out", tmp_path / "c", "--reps", 50, "--max-new-tokens", 256)
+    assert r.returncode == 1 and "comparisons not made" in r.stderr and "seed" in r.stderr and "Wrote" in r.stdout
+    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert m["params"]["max_new_tokens"] == 256   # a token cap is not a credential: not redacted
+    r = cli("concentration", tmp_path / "seeds.parquet", "--out", tmp_path / "d", "--unit", "nope")
+    assert r.returncode == 2 and "--unit 'nope' is not a column" in r.stderr and not (tmp_path / "d").exists()

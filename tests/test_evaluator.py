@@ -262,3 +262,18 @@ def test_max_samples_caps_scored_pairs(tmp_path):
     paths = ev.save_results(output_dir=tmp_path)
     assert pd.read_csv(paths["generations"]).shape[0] == 5
     assert pd.read_csv(paths["results_summary"]).columns[-1] == "note"
+
+
+def test_a_missing_reference_section_is_said_and_an_absent_one_refused():
+    "Scoring against the impression when no study has one would silently score against the findings: refused; a few: said."
+    from cxr_audit.core import InputError
+    from cxr_audit.evaluator import score_systems
+    studies = pd.DataFrame({"study_id": ["s1", "s2", "s3"], "findings": ["Small left effusion.", "Clear lungs.", "Mild edema."],
+                            "impression": ["", "", ""]})
+    gens = pd.DataFrame({"study_id": ["s1", "s2", "s3"], "system": "copy", "hypothesis": studies.findings})
+    with pytest.raises(InputError, match="none of the 3 studies scored has an impression section"):
+        score_systems(gens, studies, ["bleu_4"], reps=0, ref_section="impression")
+    some = score_systems(gens, studies.assign(impression=["Effusion.", "", ""]), ["bleu_4"], reps=0, ref_section="impression")
+    assert some.counts["reference_fallback"].startswith("2 of 3 studies have no impression: their findings is the reference")
+    assert some.conventions[0] == some.counts["reference_fallback"]
+    assert "reference_fallback" not in score_systems(gens, studies, ["bleu_4"], reps=0).counts
