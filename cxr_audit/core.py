@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'rng',
-           'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
-           'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
-           'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
-           'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped', 'ChartProcess', 'chart_pool',
-           'shared_chart_pool', 'submit_chart', 'chart_svgs', 'system_colors', 'use_system_colors', 'system_color',
-           'show_progress', 'progress']
+__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'ID_COLUMNS', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditError', 'InputError',
+           'IncompleteRunError', 'rng', 'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes',
+           'sha256_text', 'sha256_file', 'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import',
+           'install_hint', 'cache_dir', 'resource_text', 'read_text', 'read_json', 'package_versions', 'redact',
+           'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped',
+           'ChartProcess', 'chart_pool', 'shared_chart_pool', 'submit_chart', 'chart_svgs', 'system_colors',
+           'use_system_colors', 'system_color', 'show_progress', 'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -69,7 +69,8 @@ def rng(seed: int | np.random.Generator | None = None # an int, a Generator (ret
     "A `numpy.random.Generator` from `seed`."
     if isinstance(seed, np.random.Generator): return seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"seed must be an int, a numpy Generator or None, not {type(seed).__name__}")
+        raise InputError(f"seed must be a whole number, a numpy Generator or None, not {type(seed).__name__} {seed!r}")
+    if seed is not None and seed < 0: raise InputError(f"seed must be >= 0, got {seed}")
     return np.random.default_rng(seed)
 
 # %% ../nbs/00_core.ipynb #c51acc9e
@@ -233,8 +234,11 @@ def _raw_bytes(path: Path) -> bytes:
     raw = path.read_bytes()
     return gzip.decompress(raw) if path.name.lower().endswith(".gz") else raw
 
+ID_COLUMNS = ("study_id", "patient_id", "sample_id", "entry_id", "source_id", "subject_id", "text_id", "report_id",
+              "request_id", "task_id")   # read from CSV as text: `001` stays `001`, never the number 1
+
 def _read_csv(path: Path, sep: str, text: bool, encoding: str, fallback: bool, what: str, repaired: str | None) -> pd.DataFrame:
-    kw = dict(sep=sep, dtype=str if text else None, keep_default_na=False, na_values=[""])
+    kw = dict(sep=sep, dtype=str if text else dict.fromkeys(ID_COLUMNS, str), keep_default_na=False, na_values=[""])
     try: return pd.read_csv(path, encoding=encoding, **kw).assign(**({repaired: False} if repaired else {}))
     except UnicodeDecodeError: raw = _raw_bytes(path)
     txt, bad = _decode(raw, encoding, fallback, what)

@@ -10,7 +10,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, get_args
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,7 @@ from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_the
                             require_columns, save_chart, write_manifest, write_table)
 from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
 from .corpus import SECTION_COLUMNS, text_flag
-from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
+from .stats import (CIMethod, PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
                              plot_forest, plot_win_probability, resolve_clusters)
 from .generate import accepts_indications, call_report_generator
 from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
@@ -689,6 +689,7 @@ def score_systems(generations,                    # generations table: hypothesi
                   keep_flagged: bool = False      # score units whose reference is only de-identification masks (left out by default)
                  ) -> SystemScores:
     "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
+    if method not in get_args(CIMethod): raise InputError(f"score_systems: method must be one of {get_args(CIMethod)}, got {method!r}")
     g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
     fell_back = _fallback_note(g, studies, ref_section, what)
     res = _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,

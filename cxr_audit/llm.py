@@ -14,6 +14,7 @@ import inspect
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -60,7 +61,10 @@ def decoding_params(temperature: float = 0.0,   # 0 means greedy
                     top_k: int | None = None     # top-k truncation; None leaves the server default
                    ) -> dict:
     "Decoding parameters in canonical types, so that `0` and `0.0` give the same cache key."
-    if temperature < 0 or max_tokens < 1: raise InputError(f"decoding: temperature must be >= 0 and max_tokens >= 1 (got {temperature}, {max_tokens})")
+    if not math.isfinite(float(temperature)) or temperature < 0 or max_tokens < 1:
+        raise InputError(f"decoding: temperature must be a finite number >= 0 and max_tokens >= 1 (got {temperature}, {max_tokens})")
+    if top_p is not None and not 0 < float(top_p) <= 1: raise InputError(f"decoding: top_p must be in (0, 1], got {top_p}")
+    if top_k is not None and int(top_k) < 1: raise InputError(f"decoding: top_k must be >= 1, got {top_k}")
     return {"temperature": float(temperature), "seed": None if seed is None else int(seed), "max_tokens": int(max_tokens),
             "top_p": None if top_p is None else float(top_p), "top_k": None if top_k is None else int(top_k)}
 

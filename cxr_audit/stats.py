@@ -532,6 +532,8 @@ def holm(pvalues # p-values of one family; `nan` entries are left out of it
         ) -> np.ndarray:
     "Holm step-down adjusted p-values; `nan` entries stay `nan` and do not count in the family."
     p = np.asarray(pvalues, dtype=float); out = np.full(p.shape, np.nan); ok = np.isfinite(p)
+    if ((p[ok] < 0) | (p[ok] > 1)).any():
+        raise InputError(f"holm: p-values must lie in [0, 1]; got {float(p[ok][(p[ok] < 0) | (p[ok] > 1)][0])}")
     q = p[ok]; order = np.argsort(q, kind="mergesort"); m = len(q)
     adj = np.minimum(np.maximum.accumulate(q[order] * np.arange(m, 0, -1)), 1.0)
     res = np.empty(m); res[order] = adj; out[ok] = res
