@@ -479,6 +479,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.corpus.LoadReport.summary': ('corpus.html#loadreport.summary', 'cxr_audit/corpus.py'),
                                   'cxr_audit.corpus.LoadReport.to_frame': ('corpus.html#loadreport.to_frame', 'cxr_audit/corpus.py'),
                                   'cxr_audit.corpus._Entries': ('corpus.html#_entries', 'cxr_audit/corpus.py'),
+                                  'cxr_audit.corpus._RepeatedKey': ('corpus.html#_repeatedkey', 'cxr_audit/corpus.py'),
                                   'cxr_audit.corpus._add_flag': ('corpus.html#_add_flag', 'cxr_audit/corpus.py'),
                                   'cxr_audit.corpus._align_views': ('corpus.html#_align_views', 'cxr_audit/corpus.py'),
                                   'cxr_audit.corpus._as_bool': ('corpus.html#_as_bool', 'cxr_audit/corpus.py'),

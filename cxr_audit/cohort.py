@@ -190,7 +190,7 @@ def _truth(v) -> bool | None:
     "True/False for a boolean, None for a missing value; ValueError for anything else."
     if isinstance(v, (bool, np.bool_)): return bool(v)
     if is_missing(v): return None
-    raise ValueError(f"returned {v!r} ({type(v).__name__}), not True or False")
+    raise InputError(f"returned {v!r} ({type(v).__name__}), not True or False")
 
 @patch
 def _eval_rows(self: Cohort, fn: Callable, step: str) -> tuple[np.ndarray, int]:

@@ -311,10 +311,10 @@ def _rules(rules: Mapping | None) -> dict:
     "`VALIDITY_RULES` updated with `rules`; unknown names and reason codes are errors."
     r = {**VALIDITY_RULES, **dict(rules or {})}
     bad = sorted(set(r) - set(VALIDITY_RULES))
-    if bad: raise ValueError(f"unknown validity rule(s) {bad}; the rules are {list(VALIDITY_RULES)}")
+    if bad: raise InputError(f"unknown validity rule(s) {bad}; the rules are {list(VALIDITY_RULES)}")
     if isinstance(r["flag_only"], str): r["flag_only"] = (r["flag_only"],)
     unknown = sorted(set(r["flag_only"]) - set(REASONS))
-    if unknown: raise ValueError(f"flag_only: unknown reason code(s) {unknown}; codes are {list(REASONS)}")
+    if unknown: raise InputError(f"flag_only: unknown reason code(s) {unknown}; codes are {list(REASONS)}")
     return r
 
 def _hard_bits(r: dict, validity_rule: str) -> int:
@@ -502,14 +502,14 @@ def _labels(keys: pd.DataFrame) -> list[str]:
 def _normalization(opts: Mapping | None) -> dict:
     o = dict(opts or {})
     bad = sorted(set(o) - {"lowercase", "collapse_whitespace", "strip_trailing"})
-    if bad: raise ValueError(f"normalization: unknown option(s) {bad}; options are lowercase, collapse_whitespace, strip_trailing")
+    if bad: raise InputError(f"normalization: unknown option(s) {bad}; options are lowercase, collapse_whitespace, strip_trailing")
     return o
 
 def _prefixes(prefixes, norm: dict) -> list[str]:
     ps = [prefixes] if isinstance(prefixes, str) else list(prefixes or ())
     out = [normalize_for_matching(p, **norm) for p in ps]
     if any(not isinstance(p, str) or not q for p, q in zip(ps, out)):
-        raise ValueError(f"prefixes must be non-empty strings, got {ps!r}")
+        raise InputError(f"prefixes must be non-empty strings, got {ps!r}")
     return out
 
 # %% ../nbs/05_concentration.ipynb #bf9c7b29
@@ -624,7 +624,7 @@ def _metric_names(self: ConcentrationAudit, metrics) -> list[str]:
     "`metrics` (a name, a list, or None for all) as a list of known metric names."
     ms = self.metrics if metrics is None else [metrics] if isinstance(metrics, str) else list(metrics)
     bad = [m for m in ms if m not in self.metrics]
-    if bad: raise ValueError(f"unknown metric(s) {bad}; metrics are {self.metrics}")
+    if bad: raise InputError(f"unknown metric(s) {bad}; metrics are {self.metrics}")
     return ms
 
 @patch(as_prop=True)
@@ -956,7 +956,7 @@ def bootstrap_results(self: ConcentrationAudit,
                       unit: str = "study_id"         # the column a cluster mapping is keyed by
                      ) -> dict[str, BootstrapResult]:
     "The `stats.BootstrapResult` (replicates, jackknife, `conf_int`) of each metric of one group."
-    if scheme not in ("shares", "recount"): raise ValueError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
+    if scheme not in ("shares", "recount"): raise InputError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
     if isinstance(group, str):
         if group not in self.labels: raise InputError(f"unknown group {group!r}; groups are {self.labels}")
         group = self.labels.index(group)
@@ -1022,7 +1022,7 @@ def _unit_stats(self: ConcentrationAudit, metric: str, rows: np.ndarray) -> tupl
     if metric in flags: return proportion_stats(flags[metric][rows].astype(float)), "proportion"
     if metric == "unique_report_ratio": return distinct_stats(_onehot(R["nid"][rows])), "ratio"
     if metric.startswith("distinct_"): return distinct_stats(*self._ngram_incidence(rows, int(metric.split("_")[1]))), "ratio"
-    raise ValueError(f"compare: {metric!r} does not decompose over reports; use one of {self._decomposable}")
+    raise InputError(f"compare: {metric!r} does not decompose over reports; use one of {self._decomposable}")
 
 @patch
 def _paired(self: ConcentrationAudit, metrics, baseline=None, pairs=None) -> dict[str, PairedResult]:
@@ -1133,7 +1133,7 @@ class ConfigurationComparison:
             ):
         "The paired differences (Holm over the family) or the win-probability matrix of one statistic."
         if kind == "win": return plot_win_probability(self.compare(metric))
-        if kind != "forest": raise ValueError(f"kind must be 'forest' or 'win', got {kind!r}")
+        if kind != "forest": raise InputError(f"kind must be 'forest' or 'win', got {kind!r}")
         t = self.to_frame()
         return plot_forest(t[t["metric"] == metric], title=f"{metric}: paired differences (Holm over the family)")
 
@@ -1229,7 +1229,7 @@ def plot(self: ConcentrationAudit,
     if kind == "top_k": return plot_top_k_share(self, self.intervals if intervals else None, title)
     if kind == "profile": return plot_concentration_profile(self.profile(max_reports), title)
     if kind == "distinct_n": return plot_distinct_n(self, title)
-    if kind != "forest": raise ValueError(f"kind must be one of 'top_k', 'profile', 'distinct_n', 'forest', got {kind!r}")
+    if kind != "forest": raise InputError(f"kind must be one of 'top_k', 'profile', 'distinct_n', 'forest', got {kind!r}")
     if not self.comparisons: raise InputError("plot('forest'): no comparisons (one group, or no `compare_metrics`)")
     return plot_forest(self.comparison_table(), title=title or "Paired differences (first − second), Holm over the family")
 

@@ -278,7 +278,7 @@ def write_table(df,                       # the table (pandas or polars)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet": df.to_parquet(path, index=False, engine="pyarrow")
     elif path.suffix == ".csv": df.to_csv(path, index=False)
-    else: raise ValueError(f"write_table: unsupported suffix {path.suffix!r}; use .parquet or .csv")
+    else: raise InputError(f"write_table: unsupported suffix {path.suffix!r}; use .parquet or .csv")
     return path
 
 # %% ../nbs/00_core.ipynb #b633182e
@@ -472,7 +472,7 @@ def save_chart(chart,                          # an Altair chart
     "Write an Altair chart to `path` offline; the format follows the suffix."
     path = Path(path)
     fmt = _FORMATS.get(path.suffix.lower())
-    if fmt is None: raise ValueError(f"save_chart: unsupported suffix {path.suffix!r}; use one of {sorted(_FORMATS)}")
+    if fmt is None: raise InputError(f"save_chart: unsupported suffix {path.suffix!r}; use one of {sorted(_FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     kw = {"scale_factor": scale} if fmt == "png" else {"inline": True} if fmt == "html" else {}
     chart.save(str(path), format=fmt, **kw)

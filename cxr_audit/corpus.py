@@ -78,14 +78,14 @@ def _as_bool(v) -> bool:
     s = str(v).strip().lower()
     if s in ("true", "t", "yes", "y", "1", "1.0"): return True
     if s in ("false", "f", "no", "n", "0", "0.0", ""): return False
-    raise ValueError(f"not a true/false value: {v!r}")
+    raise InputError(f"not a true/false value: {v!r}")
 
 def _as_int(v) -> int | None:
     "An integer from an int, a whole float or text such as `3` or `3.0`; missing is None."
     if is_missing(v): return None
     try: f = v if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) else float(str(v).strip())
     except ValueError: f = None
-    if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f): raise ValueError(f"not an integer: {v!r}")
+    if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f): raise InputError(f"not an integer: {v!r}")
     return int(f)
 
 def _duplicates(df: pd.DataFrame, col: str, what: str):
@@ -222,6 +222,9 @@ class _Entries(dict):
     "A parsed JSON object; `repeated` lists the keys it held more than once, with the same value."
     repeated: list
 
+class _RepeatedKey(ValueError):
+    "A key repeated with different content inside one JSON object (`_read_entries` names the file)."
+
 def _pairs(pairs: list) -> _Entries:
     "`object_pairs_hook`: a repeated key with the same value is listed, one with another value is an error."
     out, pos = _Entries(), {}
@@ -229,15 +232,14 @@ def _pairs(pairs: list) -> _Entries:
     for i, (k, v) in enumerate(pairs):
         if k not in out: out[k], pos[k] = v, i
         elif json.dumps(out[k], sort_keys=True) != json.dumps(v, sort_keys=True):
-            raise ValueError(f"key {k!r} appears twice with different content (items {pos[k]} and {i} of one object)")
+            raise _RepeatedKey(f"key {k!r} appears twice with different content (items {pos[k]} and {i} of one object)")
         else: out.repeated.append(k)
     return out
 
 def _read_entries(path: Path):
     "A JSON file with repeated keys caught: identical repeats in `.repeated` of each object, conflicting ones an `InputError`."
     try: return read_json(path, pairs_hook=_pairs)
-    except InputError: raise
-    except ValueError as e: raise InputError(f"{path}: {e}") from None
+    except _RepeatedKey as e: raise InputError(f"{path}: {e}") from None
 
 # %% ../nbs/02_corpus.ipynb #6cff6f96
 def _text(v) -> str:
@@ -253,8 +255,8 @@ def _as_list(v) -> list:
         try: out = ast.literal_eval(s)
         except (ValueError, SyntaxError):
             try: out = json.loads(s)
-            except ValueError: raise ValueError(f"cannot read the list {s[:60]!r}") from None
-        if not isinstance(out, (list, tuple)): raise ValueError(f"not a list: {s[:60]!r}")
+            except ValueError: raise InputError(f"cannot read the list {s[:60]!r}") from None
+        if not isinstance(out, (list, tuple)): raise InputError(f"not a list: {s[:60]!r}")
         return [None if is_missing(x) else x for x in out]
     return [p.strip() for p in s.split(";") if p.strip()]
 
@@ -479,7 +481,7 @@ def _mimic_id(v, prefix: str) -> str:
     s = _text(v)
     s = s[1:] if s[:1].lower() == prefix else s
     s = s[:-2] if s.endswith(".0") else s
-    if not s.isdigit(): raise ValueError(f"not a MIMIC-CXR {'subject' if prefix == 'p' else 'study'} id: {v!r}")
+    if not s.isdigit(): raise InputError(f"not a MIMIC-CXR {'subject' if prefix == 'p' else 'study'} id: {v!r}")
     return prefix + s
 
 def _mimic_times(dates: Iterable, times: Iterable, where: str) -> pd.Series:
@@ -500,7 +502,7 @@ def _mimic_times(dates: Iterable, times: Iterable, where: str) -> pd.Series:
 # %% ../nbs/02_corpus.ipynb #64d8bcd2
 def _required_text(v) -> str:
     "A cell as stripped text; ValueError when empty."
-    if not _text(v): raise ValueError("empty value")
+    if not _text(v): raise InputError("empty value")
     return _text(v)
 
 def _mimic_file(root, given, names: tuple, what: str) -> Path | None:
@@ -618,7 +620,7 @@ def _iu_study_id(key) -> str:
 
 def _iu_uid(v) -> str:
     "`CXR<uid>` from a numeric IU uid; ValueError otherwise."
-    if is_missing(v) or not str(v).strip().isdigit(): raise ValueError(f"not an IU uid: {v!r}")
+    if is_missing(v) or not str(v).strip().isdigit(): raise InputError(f"not an IU uid: {v!r}")
     return _iu_study_id(v)
 
 def _natural_key(p: Path):
@@ -804,7 +806,7 @@ _CHEXPERT_PATH = re.compile(r"(?:^|/)(?P<patient>patient\d+)/(?P<study>study\d+)
 def _chexpert_ids(path) -> tuple[str, str]:
     "(patient, study) folder names from a CheXpert image path."
     m = _CHEXPERT_PATH.search(_text(path).replace("\\", "/"))
-    if not m: raise ValueError(f"{path!r} is not a .../patient<N>/study<M>/<image> path")
+    if not m: raise InputError(f"{path!r} is not a .../patient<N>/study<M>/<image> path")
     return m.group("patient"), m.group("study")
 
 def _first_text(df: pd.DataFrame, cols: Iterable[str]) -> list[str]:

@@ -314,7 +314,7 @@ class TemplatePhrasePenalty(_Processor):
                      ) -> set[int]:
         "Token ids that would continue a phrase, given the tokens generated so far."
         if not self.phrases or any(isinstance(p, str) for p in self.phrases):
-            raise ValueError("TemplatePhrasePenalty: call bind(tokenizer) first (phrases must be token ids)")
+            raise InputError("TemplatePhrasePenalty: call bind(tokenizer) first (phrases must be token ids)")
         out, gen = set(), tuple(generated)
         for p in self.phrases:
             for k in range(int(self.min_match), len(p)):
@@ -596,7 +596,7 @@ class SeededSampler:
     def __call__(self, input_ids, scores):
         torch = _torch("SeededSampler")
         if self._gens is None: self._gens = [torch.Generator().manual_seed(s) for s in self.seeds]
-        if scores.shape[0] != len(self._gens): raise ValueError(f"SeededSampler: {scores.shape[0]} rows for {len(self._gens)} seeds")
+        if scores.shape[0] != len(self._gens): raise InputError(f"SeededSampler: {scores.shape[0]} rows for {len(self._gens)} seeds")
         probs = torch.softmax(scores.float(), dim=-1).cpu()
         picks = torch.tensor([int(torch.multinomial(probs[i], 1, generator=g)) for i, g in enumerate(self._gens)])
         out = torch.full_like(scores, -math.inf)

@@ -676,7 +676,7 @@ def _chexbert_recode(df: pd.DataFrame, encoding: str) -> pd.DataFrame:
     vals = df[cols].apply(pd.to_numeric, errors="coerce")
     if encoding == "auto": encoding = "classes" if vals.isin([2, 3]).any().any() else "chexpert"
     if encoding == "chexpert": return df
-    if encoding != "classes": raise ValueError(f"encoding must be 'auto', 'chexpert' or 'classes', got {encoding!r}")
+    if encoding != "classes": raise InputError(f"encoding must be 'auto', 'chexpert' or 'classes', got {encoding!r}")
     out = df.copy()
     for c in cols:
         bad = ~vals[c].isin(list(CHEXBERT_CLASSES))
@@ -949,7 +949,7 @@ def case_stats(self: LabelAlignment,
     if any(np.isnan(v).any() for v in M.values()): raise InputError(f"alignment: system {system!r} lacks some of the requested cases")
     if kind == "micro": return micro_stats(M["tp"].sum(1), M["fp"].sum(1), M["fn"].sum(1))
     if kind == "macro": return macro_stats(M["tp"], M["fp"], M["fn"])
-    raise ValueError(f"kind must be 'micro' or 'macro', got {kind!r}")
+    raise InputError(f"kind must be 'micro' or 'macro', got {kind!r}")
 
 # %% ../nbs/06_labels.ipynb #498bf095
 MATCH_STATUSES = ("matched", "no reference", "not mapped", "duplicate reference", "duplicate prediction")
@@ -1049,7 +1049,7 @@ def compare(self: LabelAlignment,
             size: float = 0.95                    # interval coverage (and 1 - alpha of `significant`)
            ) -> PairedResult:
     "Paired bootstrap of one score between systems, on the cases all of them have (effects are first − second; Holm within the result)."
-    if metric not in SCORES: raise ValueError(f"metric must be one of {SCORES}, got {metric!r}")
+    if metric not in SCORES: raise InputError(f"metric must be one of {SCORES}, got {metric!r}")
     systems = list(systems or self.systems)
     cases = self._cases(systems)
     if not cases: raise InputError(f"alignment: systems {systems} share no matched case")
@@ -1280,7 +1280,7 @@ def trace_label_triggers(labels,                    # a long labels table (any l
                          labeler: Labeler | None = None # whose phrase bank finds evidence and normal wording (default: the clinical profile)
                         ) -> LabelTrace:
     "For each label and state, the evidence that produced it, with counts, shares, flags and provenance hashes."
-    if by not in ("sentence", "phrase"): raise ValueError(f"by must be 'sentence' or 'phrase', got {by!r}")
+    if by not in ("sentence", "phrase"): raise InputError(f"by must be 'sentence' or 'phrase', got {by!r}")
     df = require_columns(labels, ["text_id", "label", "state"], "labels")
     if "source" not in df.columns: df = df.assign(source="labels")
     ref = labeler or default_labeler("clinical")
@@ -1609,7 +1609,7 @@ class LabelAudit:
     contrast: LabelAudit | None = None  # the same audit under a contrast labeler (e.g. the naive one)
 
     def _against(self, against: str) -> LabelAlignment:
-        if against not in _AGAINST: raise ValueError(f"against must be one of {list(_AGAINST)}, got {against!r}")
+        if against not in _AGAINST: raise InputError(f"against must be one of {list(_AGAINST)}, got {against!r}")
         if against == "truth" and self.truth is None: raise InputError("label audit: no ground truth (pass findings to label_audit)")
         return self.alignment if against == "reference" else self.truth
 
@@ -1676,7 +1676,7 @@ class LabelAudit:
             return plot_label_counts(self._against(against), title or f"Per-label TP, FP and FN against {_AGAINST[against]} ({self.labeler} labels)")
         if kind == "triggers":
             return plot_trigger_phrases(self.trace, label, 1.0, top, title or f"{self.labeler} labeler: evidence behind {label} = 1", systems)
-        raise ValueError(f"kind must be one of {_PLOTS}, got {kind!r}")
+        raise InputError(f"kind must be one of {_PLOTS}, got {kind!r}")
 
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
 
@@ -1692,7 +1692,7 @@ def _run_pair(g: pd.DataFrame, names: pd.Series) -> tuple | None:
 def _contrast_labeler(contrast) -> Labeler | None:
     if contrast is None or isinstance(contrast, Labeler): return contrast
     if contrast == "naive": return naive_cardiac_labeler()
-    raise ValueError(f"contrast must be None, 'naive' or a Labeler, got {contrast!r}")
+    raise InputError(f"contrast must be None, 'naive' or a Labeler, got {contrast!r}")
 
 def _study_clusters(clusters, studies) -> dict | None:
     "study id -> cluster, from a column of `studies`, labels aligned with its rows, or a mapping study_id -> cluster."

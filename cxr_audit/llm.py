@@ -430,10 +430,12 @@ class ChatCache:
     "A SQLite (WAL) store of chat answers keyed by `request_key`; safe across threads and processes."
     def __init__(self, path: str | os.PathLike | None = None): # the SQLite file (default: cache_dir()/llm_cache.sqlite)
         self.path = Path(path) if path is not None else cache_dir() / "llm_cache.sqlite"
+        if self.path.is_dir(): raise InputError(f"cache: {self.path} is a folder; give a file in it (e.g. {self.path / 'llm_cache.sqlite'})")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local, self._lock, self._conns = threading.local(), threading.Lock(), []
         self.hits = self.misses = self.writes = 0
-        self._conn().execute(_CACHE_DDL)
+        try: self._conn().execute(_CACHE_DDL)
+        except sqlite3.DatabaseError as e: raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
 
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection (a new one in a new thread, or after a fork)."

@@ -1057,7 +1057,11 @@ def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
     g = to_generations(generations)
     g = g.assign(system=config_label(g["system"], g["policy"]).to_numpy(), restricted=is_restricted(g))[
         ["sample_id", "study_id", "system", "hypothesis", "restricted"]]
-    g = g[g["study_id"].isin(study_ids)].reset_index(drop=True)
+    known = g["study_id"].isin(study_ids)
+    if len(g) and not known.any():
+        raise InputError(f"generations: none of the {len(g)} generated reports is for a study of the studies table "
+                         f"(first study_id {g['study_id'].iloc[0]!r})")
+    g = g[known].reset_index(drop=True)
     dup = g.duplicated(["system", "study_id"])
     if dup.any(): raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study {g.study_id[dup].iloc[0]!r}; "
                                    "keep one seed per system and study, or give each seed its own system name")

@@ -218,7 +218,7 @@ def extract_section(report: str | Mapping | None, # report text, or IU-style fie
                    ) -> str:
     "The reference text for `section`, with the evaluator's fallbacks (never raises on a headerless report)."
     if section not in REFERENCE_SECTIONS + SECTIONS:
-        raise ValueError(f"extract_section: unknown section {section!r}; choose one of "
+        raise InputError(f"extract_section: unknown section {section!r}; choose one of "
                          f"{', '.join(map(repr, REFERENCE_SECTIONS + SECTIONS))}")
     if section == "full": return _squash(_full_text(report, headers))
     g = _grammar(headers)
@@ -270,7 +270,7 @@ def standardize_report(text: str | None,          # one generated (or reference)
                        special_tokens: Iterable[str] = SPECIAL_TOKENS # a line made only of these is removed
                       ) -> str:
     "The deterministic format fix-up of a report: line structure, stray lines, de-identification marks."
-    if deid not in DEID_MODES: raise ValueError(f"standardize_report: deid must be one of {DEID_MODES}, not {deid!r}")
+    if deid not in DEID_MODES: raise InputError(f"standardize_report: deid must be one of {DEID_MODES}, not {deid!r}")
     tokens = set(special_tokens)
     lines = [_squash(l) for l in _newlines(_as_text(text)).split("\n")]
     lines = [_squash(_deid_line(l, deid, mask_token)) for l in lines if not _is_stray(l, tokens)]
@@ -433,7 +433,7 @@ def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
     if splitter == "pysbd": return functools.partial(pysbd_splitter, abbreviations=tuple(abbreviations))
     if splitter == "regex": return functools.partial(regex_splitter, abbreviations=tuple(abbreviations))
     if splitter == "stanza": return stanza_splitter()
-    raise ValueError(f"split_sentences: unknown splitter {splitter!r}; use one of {SPLITTERS} or a callable")
+    raise InputError(f"split_sentences: unknown splitter {splitter!r}; use one of {SPLITTERS} or a callable")
 
 _LONG_SEGMENT = 1_000   # characters: a longer segment is cut at its sentence ends before the splitter sees it
 

@@ -310,19 +310,19 @@ def _fields(parsed) -> dict:
     if hasattr(parsed, "model_dump"): return parsed.model_dump()
     if isinstance(parsed, Mapping): return dict(parsed)
     if isinstance(parsed, str): return json.loads(parsed)
-    raise ValueError(f"expected a dict or a pydantic object, not {type(parsed).__name__}")
+    raise InputError(f"expected a dict or a pydantic object, not {type(parsed).__name__}")
 
 def _bool(value, name: str) -> bool:
     if isinstance(value, (bool, np.bool_)): return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"): return value.strip().lower() == "true"
-    raise ValueError(f"verdict field {name!r} is not a boolean")
+    raise InputError(f"verdict field {name!r} is not a boolean")
 
 def as_rewrite(parsed # a Generator reply: dict, JSON text or pydantic object
               ) -> dict:
     "`{'findings', 'impression'}` from a Generator reply."
     fields = _fields(parsed)
     for k in ("findings", "impression"):
-        if not isinstance(fields.get(k), str): raise ValueError(f"rewrite field {k!r} is missing or not a string")
+        if not isinstance(fields.get(k), str): raise InputError(f"rewrite field {k!r} is missing or not a string")
     return {"findings": fields["findings"].strip(), "impression": fields["impression"].strip()}
 
 # %% ../nbs/09_reref.ipynb #41cb937c

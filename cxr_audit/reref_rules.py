@@ -336,7 +336,7 @@ class RuleContext:
 def _registrar(table: dict) -> Callable:
     "A decorator factory: `@register(variant)` enters the decorated function in `table` as the one for `variant`."
     def register(variant: str) -> Callable:
-        if variant not in VARIANTS: raise ValueError(f"unknown variation {variant!r}")
+        if variant not in VARIANTS: raise InputError(f"unknown variation {variant!r}")
         def add(fn: Callable) -> Callable:
             table[variant] = fn
             return fn

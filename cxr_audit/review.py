@@ -353,7 +353,7 @@ def write_sheets(sheets: Mapping[str, pd.DataFrame], # sheet name -> table
                 ) -> list[Path]:
     "Write neutralised sheets as `<sheet>.csv` files and/or one `<workbook>.xlsx`; return the paths."
     bad = [f for f in formats if f not in ("csv", "xlsx")]
-    if bad: raise ValueError(f"write_sheets: unknown format {bad[0]!r}; use 'csv' and/or 'xlsx'")
+    if bad: raise InputError(f"write_sheets: unknown format {bad[0]!r}; use 'csv' and/or 'xlsx'")
     folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
     safe, paths = {n: neutralise_frame(as_pandas(df)) for n, df in sheets.items()}, []
     if "csv" in formats:
@@ -646,7 +646,7 @@ def simulate_ratings(packets,                   # `ReviewPackets`, or a key tabl
                      formats: Sequence[str] = ("csv",) # "csv" and/or "xlsx"
                     ) -> dict[str, pd.DataFrame]:
     "SIMULATED filled sheets (`R1_phase1` -> table), for demonstrations and tests only; never real ratings."
-    if not 0 <= noise <= 0.5: raise ValueError(f"noise must be between 0 and 0.5, got {noise!r}")
+    if not 0 <= noise <= 0.5: raise InputError(f"noise must be between 0 and 0.5, got {noise!r}")
     g = rng(seed)
     if isinstance(packets, ReviewPackets): key, sheets, cb = packets.key, packets.sheets, packets.codebook
     else:
@@ -936,8 +936,8 @@ def plot_agreement(agreement: pd.DataFrame,        # from `agreement_report`
 def _rules(rules: Mapping | None) -> dict:
     r = {**CONSENSUS_RULES, **dict(rules or {})}
     unknown = sorted(set(r) - set(CONSENSUS_RULES))
-    if unknown: raise ValueError(f"unknown consensus rule(s) {unknown}; rules are {list(CONSENSUS_RULES)}")
-    if r["settle"] not in ("lower", "higher", "r1", "r2"): raise ValueError(f"settle must be lower, higher, r1 or r2, got {r['settle']!r}")
+    if unknown: raise InputError(f"unknown consensus rule(s) {unknown}; rules are {list(CONSENSUS_RULES)}")
+    if r["settle"] not in ("lower", "higher", "r1", "r2"): raise InputError(f"settle must be lower, higher, r1 or r2, got {r['settle']!r}")
     return r
 
 # %% ../nbs/13_review.ipynb #e84a17b7
@@ -1242,7 +1242,7 @@ class ReviewAnalysis:
             ):
         "A figure of the review: the summary shares (after consensus) or the agreement before consensus."
         if kind == "agreement": return plot_agreement(self.agreement, phase, role, title)
-        if kind != "summary": raise ValueError(f"kind must be 'summary' or 'agreement', got {kind!r}")
+        if kind != "summary": raise InputError(f"kind must be 'summary' or 'agreement', got {kind!r}")
         if self.results is None: _fail("review analysis", "no final ratings yet; pass the filled consensus queue as decisions")
         return plot_review_summary(self.results, phase, role, title)
 
@@ -1552,7 +1552,7 @@ def simulate_reref_ratings(packets: RerefPackets,     # from `prepare_reref_vali
     "SIMULATED filled sheets (`R1_reref` -> table), for demonstrations and tests only; never real ratings."
     if not isinstance(packets, RerefPackets): raise TypeError(f"packets must come from prepare_reref_validation, got {type(packets).__name__}")
     for name, v, top in (("tell", tell, 1), ("unsure", unsure, 1), ("noise", noise, 0.5)):
-        if not 0 <= v <= top: raise ValueError(f"{name} must be between 0 and {top}, got {v!r}")
+        if not 0 <= v <= top: raise InputError(f"{name} must be between 0 and {top}, got {v!r}")
     g, cb, out = rng(seed), packets.codebook, {}
     L, orig, ep = _reref_latent(packets.key, cb, g, tell), packets.key.set_index("report_id").original, lambda c: cb.get(1, c)
     for name, sh in packets.sheets.items():
@@ -1840,7 +1840,7 @@ def plot_reref_validation(result: RerefValidation,   # from `read_reref_validati
     if kind == "realism": chart, head = _realism_chart(alt, result, y)
     elif kind == "equivalence": chart, head = _equivalence_chart(alt, result, y)
     elif kind == "agreement": chart, head = _agreement_chart(alt, result)
-    else: raise ValueError(f"kind must be 'realism', 'equivalence' or 'agreement', got {kind!r}")
+    else: raise InputError(f"kind must be 'realism', 'equivalence' or 'agreement', got {kind!r}")
     head = ("SIMULATED: " if result.simulated else "") + (title or head)
     return chart.properties(title=alt.TitleParams(head, subtitle=[f"rewrites by {result.rewriter}; {result.source}"]))
 

@@ -351,13 +351,13 @@ def _value_fn(value) -> tuple[Callable, str]:
     "The value function and its display name."
     if callable(value): return value, getattr(value, "__name__", "statistic")
     if isinstance(value, str) and value in VALUES: return VALUES[value], value
-    raise ValueError(f"unknown statistic {value!r}; pass a function of summed statistics or one of {sorted(VALUES)}")
+    raise InputError(f"unknown statistic {value!r}; pass a function of summed statistics or one of {sorted(VALUES)}")
 
 def _apply(f: Callable, T: np.ndarray) -> np.ndarray:
     "`f` on the rows of `T`, checked to give one value per row."
     v = np.asarray(f(T), dtype=float)
     if v.shape != T.shape[:-1]:
-        raise ValueError(f"value function {getattr(f, '__name__', f)!r} returned shape {v.shape} "
+        raise InputError(f"value function {getattr(f, '__name__', f)!r} returned shape {v.shape} "
                          f"for sums of shape {T.shape}; it must map (..., k) to (...)")
     return v
 
@@ -450,7 +450,7 @@ def _bca(R: np.ndarray, est: np.ndarray, J: np.ndarray, size: float) -> np.ndarr
 def _interval(R, est, J, method: str, size: float) -> np.ndarray:
     "`(s × 2)` lower and upper bounds for `s` rows of replicates; `nan` (with a warning) below 2 resampling units."
     size = _check_size(size)
-    if method not in ("percentile", "bca"): raise ValueError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
+    if method not in ("percentile", "bca"): raise InputError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
     if np.shape(J)[-1] < 2:
         warnings.warn(f"a bootstrap interval needs at least 2 resampling units (units or clusters), got {np.shape(J)[-1]}: "
                       "every resample repeats the same data, so the interval is nan", DegenerateIntervalWarning, stacklevel=3)
@@ -1016,7 +1016,7 @@ def bootstrap_distinct(matrix,                # (units × items) incidence matri
     if scheme == "shares":
         r = bootstrap(distinct_stats(matrix, totals), ratio, reps, seed, clusters, size, method, chunk)
         return replace(r, metric=metric)
-    if scheme != "recount": raise ValueError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
+    if scheme != "recount": raise InputError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
     X = _binary(matrix); n = X.shape[0]; size = _check_size(size)
     tot = distinct_stats(X, totals)[:, 1]
     d, sums = _distinct_and_sums(X, as_stats(tot[:, None]), reps, seed, clusters, chunk)   # the same weights, drawn once
@@ -1380,7 +1380,7 @@ def rater_agreement(rater_a,                       # rater a's labels, one per i
                     size: float = 0.95             # interval coverage
                    ) -> pd.DataFrame:
     "Agreement measures of two raters with intervals: `metric, estimate, ci_low, ci_high, n, method, n_valid_reps`."
-    if kind not in _MEASURES: raise ValueError(f"kind must be one of {list(_MEASURES)}, got {kind!r}")
+    if kind not in _MEASURES: raise InputError(f"kind must be one of {list(_MEASURES)}, got {kind!r}")
     a, b = _rater_labels(rater_a, rater_b); size = _check_size(size)
     S = agreement_stats(a, b, _categories(a, b, categories)); T = S.sum(0); n = len(S)
     boot = [m for m in _MEASURES[kind] if m not in ("percent_agreement", "within_one")]

@@ -556,3 +556,23 @@ def test_concentration_says_why_it_could_not_compare_and_refuses_an_unknown_unit
     assert m["params"]["max_new_tokens"] == 256   # a token cap is not a credential: not redacted
     r = cli("concentration", tmp_path / "seeds.parquet", "--out", tmp_path / "d", "--unit", "nope")
     assert r.returncode == 2 and "--unit 'nope' is not a column" in r.stderr and not (tmp_path / "d").exists()
+
+
+def test_package_value_errors_are_user_errors_without_a_traceback(demo_runs, tmp_path):
+    "Every error the package raises on purpose is an InputError: exit 2 and one line, never a traceback."
+    import re as _re
+    raises = [m for p in (ROOT / "cxr_audit").glob("*.py") for m in _re.findall(r"raise ValueError\(", p.read_text())]
+    assert not raises, f"{len(raises)} `raise ValueError` left in the package: raise InputError (a ValueError) instead"
+    r = cli("concentration", demo_runs[0] / "generations.parquet", "--out", tmp_path / "c", "--prefix", "", "--reps", 20)
+    assert r.returncode == 2 and "prefixes must be non-empty strings" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unusable_inputs_end_in_one_line_not_a_traceback(demo_runs, tmp_path):
+    a = demo_runs[0]
+    g = pd.read_parquet(a / "generations.parquet").head(6).assign(study_id="unknown-study")
+    g.to_parquet(tmp_path / "g.parquet")
+    r = cli("longitudinal", "--studies", a / "studies.parquet", "--generations", tmp_path / "g.parquet", "--out", tmp_path / "l")
+    assert r.returncode == 2 and "none of the 6 generated reports is for a study" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "folder").mkdir()
+    r = cli("reref", "--studies", a / "studies.parquet", "--out", tmp_path / "r", "--cache", tmp_path / "folder")
+    assert r.returncode == 2 and "is a folder; give a file in it" in r.stderr and "Traceback" not in r.stderr
