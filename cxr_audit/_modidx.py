@@ -92,6 +92,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                'cxr_audit.cli._studies_table': ('cli.html#_studies_table', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._table': ('cli.html#_table', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._unit_line': ('cli.html#_unit_line', 'cxr_audit/cli.py'),
+                               'cxr_audit.cli._waiting': ('cli.html#_waiting', 'cxr_audit/cli.py'),
                                'cxr_audit.cli.add_arguments': ('cli.html#add_arguments', 'cxr_audit/cli.py'),
                                'cxr_audit.cli.audit': ('cli.html#audit', 'cxr_audit/cli.py'),
                                'cxr_audit.cli.build_parser': ('cli.html#build_parser', 'cxr_audit/cli.py'),

@@ -247,8 +247,14 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
     return msg
 
 # %% ../nbs/15_cli.ipynb #3b719f7d
+def _waiting(timeout, retries) -> dict:
+    "`--timeout` and `--retries` of an LLM command, checked: how long a request may take and how often it is tried again."
+    if not float(timeout) > 0: raise InputError(f"--timeout must be a positive number of seconds, got {timeout}")
+    if int(retries) < 0: raise InputError(f"--retries must be >= 0, got {retries}")
+    return {"timeout_s": float(timeout), "retries": int(retries)}
+
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
-               n_task_examples, n_change_indicators, n_progression_examples):
+               n_task_examples, n_change_indicators, n_progression_examples, waiting: dict | None = None):
     "The annotator the options ask for: the rules, or paper 003's LLM annotator over an OpenAI-compatible server."
     from cxr_audit.core import InputError
     from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator
@@ -258,7 +264,8 @@ def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_c
     from cxr_audit.llm import OpenAIChat
     return LLMAnnotator(OpenAIChat(model, base_url=base_url), int(n_task_examples), int(n_change_indicators),
                         int(n_progression_examples), decoding=decoding, seed=llm_seed, cache=cache,
-                        max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted), progress=True)
+                        max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted), progress=True,
+                        **(waiting or {}))
 
 
 def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
@@ -305,6 +312,8 @@ def longitudinal(*, studies: str,                                      # studies
                  decoding: Literal["greedy", "sampling"] = "greedy",   # greedy, or the paper's sampling settings
                  llm_seed: int | None = None,                          # seed of sampled LLM answers
                  max_concurrency: int = 4,                             # LLM requests in flight
+                 timeout: float = 120,                                 # seconds one LLM request may take before it is tried again
+                 retries: int = 4,                                     # further tries of a request that failed for a passing reason
                  allow_remote_restricted: bool = False,                # let restricted studies go to a non-local server
                  n_task_examples: Literal[0, 3, 5] = 3,                # worked examples in the longitudinal prompt
                  n_change_indicators: Literal[0, 4, 8, 12] = 8,        # signal words in the longitudinal prompt
@@ -321,7 +330,7 @@ def longitudinal(*, studies: str,                                      # studies
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.longitudinal import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation, unreadable_text
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
-                     n_task_examples, n_change_indicators, n_progression_examples)
+                     n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries))
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset="studies")
     if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
@@ -510,6 +519,8 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           generator_max_tokens: int = 16382,            # the Generator's reply limit (paper 000: 16,382)
           seed: int = DEFAULT_SEED,                     # seed of the bootstrap (and of LLM sampling for the openai back end)
           max_concurrency: int = 8,                     # LLM requests in flight at once
+          timeout: float = 120,                         # seconds one LLM request may take before it is tried again
+          retries: int = 4,                             # further tries of a request that failed for a passing reason (timeout, 429, 5xx)
           cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
           batch: bool = False,                          # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
           allow_remote_restricted: bool = False,        # allow restricted studies to go to a non-local server
@@ -527,7 +538,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"
     options = dict(cache=cache or "auto", max_concurrency=max_concurrency, progress=backend == "openai",
-                   allow_remote_restricted=allow_remote_restricted)
+                   allow_remote_restricted=allow_remote_restricted, **_waiting(timeout, retries))
     params = {"command": "cxr-audit reref", "backend": backend, "model": model, "verifier_model": verifier_model,
               "max_rounds": max_rounds, "variations": chosen}
     if batch: return _reref_batch(table, chosen, loop, options, backend, cache, generations)
