@@ -97,8 +97,11 @@ docs: $(VENV)/.stamp-docs
 	@if command -v quarto >/dev/null 2>&1; then $(VENV)/bin/nbdev_docs; \
 	else $(PY) .ci/render_docs.py --out _docs --lenient; fi
 
-$(VENV)/.stamp-lab: $(SETUP_FILES) | $(VENV)/.stamp-dev
-	$(PIP) -e ".[dev,lab]"
+# The lab needs the core, the light extras and JupyterLab, not the dev stack (torch, the llama.cpp build, a model):
+# the few cells that need torch say so when it is missing (`make install-generate` adds it).
+$(VENV)/.stamp-lab: $(SETUP_FILES) | $(PY)
+	$(PIP) -e ".[metrics,llm,nlp,lab]"
+	$(METEOR_INDEX)
 	$(PY) -m ipykernel install --sys-prefix --name cxr_audit --display-name "cxr_audit (.venv)" >/dev/null
 	touch $@
 
