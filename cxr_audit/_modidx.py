@@ -2602,6 +2602,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                  'cxr_audit.stats._rater_labels': ('stats.html#_rater_labels', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._replicates': ('stats.html#_replicates', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._reversals': ('stats.html#_reversals', 'cxr_audit/stats.py'),
+                                 'cxr_audit.stats._shared_first': ('stats.html#_shared_first', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._spearman': ('stats.html#_spearman', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._split_items': ('stats.html#_split_items', 'cxr_audit/stats.py'),
                                  'cxr_audit.stats._sums': ('stats.html#_sums', 'cxr_audit/stats.py'),

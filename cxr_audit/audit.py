@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import os
 import pickle
 import subprocess
@@ -57,6 +58,7 @@ class Section:
     blocks: list = field(default_factory=list)   # text, DataFrames, Altair charts or `Html`
     note: str | None = None                      # a short line under the heading
     error: str | None = None                     # why the stage failed (None: it ran)
+    seconds: float | None = None                 # how long the stage took (set by `run_stage`)
 
     @property
     def anchor(self) -> str: return re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
@@ -514,7 +516,7 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
 
 def _reref_intro(res) -> str:
     p = res.params
-    return (f"Alternative references from the **{p['backend']}** back end of ReRef ({p['backend_note']}) for **{p['studies']}** studies and **{len(p['variants'])}** "
+    return (f"Alternative references from the **{p['backend']}** back end of ReRef (described in the caption below) for **{p['studies']}** studies and **{len(p['variants'])}** "
             f"variations of the reporting-practice taxonomy, scored on the **{p['section']}** section with "
             + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the back end cannot apply to a study, or that would need "
             "invented content, is infeasible for that study (as in paper 000); a variation it can apply to no study is not applicable.")
@@ -686,13 +688,16 @@ def run_stage(name: str,        # a name in `STAGES`
               ctx: AuditContext # the run: tables, ground truth and parameters
              ) -> Section:
     "One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages still run."
+    t0 = time.perf_counter()
     try:
-        with _stage_progress(name, (ctx.params.get("_progress") or {}).get(name)): return STAGES[name](ctx)
+        with _stage_progress(name, (ctx.params.get("_progress") or {}).get(name)): sec = STAGES[name](ctx)
     except Exception as e:   # noqa: BLE001 (any failure of one stage is reported in its section; run_audit then fails the run)
         why = f"{type(e).__name__}: {e}"
-        return Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
-                                                 "are complete; fix the input it names, or leave the stage out with `--stages`."],
-                       note="This run is incomplete: the command exits with a non-zero status.", error=why)
+        sec = Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
+                                                "are complete; fix the input it names, or leave the stage out with `--stages`."],
+                      note="This run is incomplete: the command exits with a non-zero status.", error=why)
+    sec.seconds = round(time.perf_counter() - t0, 2)
+    return sec
 
 # %% ../nbs/14_audit.ipynb #04131f24
 SIDE_STAGES = ("reref", "labels", "review")   # the stages a second process runs (`run_stages` with 2 workers)
@@ -806,7 +811,7 @@ def run_audit(studies,                              # a `studies` table
               progress: bool | None = None,         # a line per stage on stderr (None: when stderr is a terminal)
               workers: int | None = None            # processes running stages (None: `audit_workers()`); 1: all in this one
              ) -> Path:
-    "Run the audit stages and write `out_dir/report.html`; return its path (`IncompleteRunError` after writing it when a stage failed)."
+    "Run the audit stages and write `out_dir/report.html` and `manifest.json` (with each stage's seconds); return the report's path (`IncompleteRunError` after writing both when a stage failed)."
     keyed = []
     s, g = check_pair(studies, generations, what, notes=keyed)
     ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
@@ -829,6 +834,9 @@ def run_audit(studies,                              # a `studies` table
     path = out / "report.html"
     path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params, drawn=drawn), encoding="utf-8")
     failed = [n for n, s in zip(names, sections) if s.error]
+    write_manifest(out / "manifest.json", outputs={"report": path}, params={k: v for k, v in ctx.params.items() if not k.startswith("_")},
+                   command="audit", stage_seconds={n: s.seconds for n, s in zip(names, sections)}, failed_stages=failed,
+                   studies=len(s), generations=len(g))
     if failed: raise IncompleteRunError(f"audit: {len(failed)} of {len(names)} stage(s) failed ({', '.join(failed)}); the report "
                                         f"with the other stages and the reason is at {path}", output=path, failed=failed)
     return path
@@ -849,7 +857,9 @@ def run_demo(out_dir,                    # output folder
     extra = {k: v for k, v in tables.items() if k not in ("studies", "generations")}
     paths["report"] = run_audit(tables["studies"], tables["generations"], out, extra=extra, params=params,
                                 title="cxr_audit demo report (synthetic data)", workers=workers)
+    audit_manifest = out / "manifest.json"   # the audit's stage times, kept in the demo's manifest
+    times = json.loads(audit_manifest.read_text(encoding="utf-8")).get("stage_seconds") if audit_manifest.is_file() else None
     write_manifest(out / "manifest.json", outputs={k: v for k, v in paths.items()}, params=params,
-                   command="cxr-audit demo", synthetic=True)
+                   command="cxr-audit demo", synthetic=True, stage_seconds=times)
     paths["manifest"] = out / "manifest.json"
     return paths

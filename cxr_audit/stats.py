@@ -1048,10 +1048,15 @@ def replicate_ranks(result: PairedResult # a paired result (its replicates are r
     return _rank_min(-R if result.higher_is_better else R).astype(int)
 
 # %% ../nbs/04_stats.ipynb #a84287d3
+def _shared_first(R: np.ndarray) -> np.ndarray:
+    "Per system, the share of resamples it ranks first, a first place shared by k tied systems counting 1/k for each."
+    first = (R == 1).astype(float)
+    return (first / np.maximum(first.sum(axis=1, keepdims=True), 1)).mean(0)
+
 def rank_ci(result: PairedResult,     # a paired result of several systems
             size: float | None = None # interval coverage (default: the result's own)
            ) -> pd.DataFrame:
-    "Per system: `metric`, `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first`."
+    "Per system: `metric`, `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first` (k systems tied first share it: 1/k each)."
     size = _check_size(_given(size, result.size)); a = (1 - size) / 2
     R = replicate_ranks(result)
     e = result.estimates
@@ -1059,7 +1064,7 @@ def rank_ci(result: PairedResult,     # a paired result of several systems
     return pd.DataFrame({"system": list(result.systems), "metric": result.metric, "value": e, "estimate": rank,
                          "ci_low": np.quantile(R, a, axis=0, method="lower"),
                          "ci_high": np.quantile(R, 1 - a, axis=0, method="higher"),
-                         "mean_rank": R.mean(0), "p_first": (R == 1).mean(0)})
+                         "mean_rank": R.mean(0), "p_first": _shared_first(R)})
 
 # %% ../nbs/04_stats.ipynb #4f174e9d
 def _pair_table(r, method=None, size=None) -> pd.DataFrame:

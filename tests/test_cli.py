@@ -576,3 +576,9 @@ def test_unusable_inputs_end_in_one_line_not_a_traceback(demo_runs, tmp_path):
     (tmp_path / "folder").mkdir()
     r = cli("reref", "--studies", a / "studies.parquet", "--out", tmp_path / "r", "--cache", tmp_path / "folder")
     assert r.returncode == 2 and "is a folder; give a file in it" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_demo_manifest_keeps_the_stage_times(demo_runs):
+    m = json.loads((demo_runs[0] / "manifest.json").read_text())
+    assert m["command"] == "cxr-audit demo" and {"verdict", "corpus", "metrics", "reref"} <= set(m["stage_seconds"])
+    assert all(t >= 0 for t in m["stage_seconds"].values())

@@ -576,3 +576,14 @@ def test_spearman_p_is_exact_for_a_handful_of_systems():
     rho = sps.spearmanr(x, y).statistic
     null = [abs(sps.spearmanr(x, [y[i] for i in p]).statistic) for p in itertools.permutations(range(6))]
     assert spearman(x, y).p == pytest.approx(np.mean(np.array(null) >= abs(rho) - 1e-12))
+
+
+def test_systems_tied_first_share_the_first_place():
+    "Two identical systems: neither is first 'with probability 1'; each counts half of every first place."
+    import numpy as np
+    from cxr_audit.stats import paired_bootstrap, rank_ci
+    x = np.column_stack([np.random.default_rng(0).random(40), np.ones(40)])   # per unit: value, count
+    r = paired_bootstrap({"a": x, "b": x.copy(), "c": x * [0.5, 1]}, reps=200, seed=0)
+    t = rank_ci(r).set_index("system")
+    assert t.loc["a", "p_first"] == t.loc["b", "p_first"] == 0.5 and t.loc["c", "p_first"] == 0
+    assert t.p_first.sum() == 1

@@ -153,3 +153,14 @@ def test_the_audit_report_opens_with_the_verdicts(demo, tmp_path):
     g = demo.generations[demo.generations.policy == "B4"]
     page = run_audit(demo.studies, g, tmp_path, stages=["verdict", "corpus"], params={"reps": 400}).read_text(encoding="utf-8")
     assert page.index("Verdicts") < page.index("Corpus overview") and "comparisons:" in page and "not shown" in page
+
+
+def test_the_audit_manifest_keeps_each_stage_time(demo, tmp_path):
+    import json
+    from cxr_audit.audit import run_audit
+    g = demo.generations[demo.generations.policy == "B4"]
+    run_audit(demo.studies, g, tmp_path, stages=["corpus", "concentration"], params={"reps": 50})
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["command"] == "audit" and set(m["stage_seconds"]) == {"corpus", "concentration"}
+    assert all(isinstance(t, float) and t >= 0 for t in m["stage_seconds"].values()) and m["failed_stages"] == []
+    assert m["outputs"]["report"]["path"] == "report.html" and m["studies"] == demo.studies.study_id.nunique()
