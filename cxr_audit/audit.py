@@ -81,9 +81,11 @@ def table_html(df,                 # a pandas or polars table
     "A DataFrame as an escaped HTML table (at most `max_rows` rows, with a note when cut)."
     df = as_pandas(df).rename_axis(columns=None)   # a named column index would print as an extra, empty column
     fmt = {c: "{:.4g}".format for c in df.columns if pd.api.types.is_float_dtype(df[c])}
-    body = df.head(max_rows).to_html(index=False, escape=True, border=0, classes="tbl", formatters=fmt, na_rep="")
+    shown = df.head(max_rows)
+    body = shown.to_html(index=False, escape=True, border=0, classes="tbl", formatters=fmt, na_rep="–")
     cut = f'<p class="muted">Showing {max_rows} of {len(df)} rows.</p>' if len(df) > max_rows else ""
-    return f'<div class="tblwrap">{body}</div>{cut}'
+    blank = '<p class="muted">– : no value for that row (not defined, or not applicable to it).</p>' if shown.isna().any().any() else ""
+    return f'<div class="tblwrap">{body}</div>{blank}{cut}'
 
 # %% ../nbs/14_audit.ipynb #dd77204c
 def _is_chart(block) -> bool: return hasattr(block, "to_dict") and type(block).__module__.startswith("altair")
@@ -284,7 +286,10 @@ def cohort_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     problems = cohort.check(image_root=ctx.params.get("image_root"))
     verdict = "No integrity problems found." if problems.empty else f"**{len(problems)} integrity problem(s)**:"
     doc = (RECIPES[name].__doc__ or "").strip().splitlines()
+    splits = sorted(str(x) for x in ctx.studies["split"].dropna().unique())
     scope = _restrict_to_cohort(ctx, set(cohort.studies["study_id"].astype(str)))
+    if kw: scope = (f"**These tables have no `test` partition** (splits: {', '.join(f'`{x}`' for x in splits) or 'none given'}), "
+                    "so the recipe's partition step is skipped and every split is kept: this is not the paper's test set. " + scope)
     return Section("Cohort", [cohort.headline(), scope, cohort.summary(), cohort.plot(), verdict] + ([problems] if len(problems) else []),
                    note=f"Recipe `{name}`" + (f": {doc[0]}" if doc else "") + " Deterministic rules, no model.")
 

@@ -69,6 +69,8 @@ def test_the_three_commands_write_a_complete_report(iu_run):
     assert "Key your outputs' `study_id`" in load.stdout and "source_id" in load.stdout
     assert "100 of 100 rows name their study by the benchmark's own key" in check.stdout
     assert "benchmark's own key" in audit.stderr and "Study keys:" in page_text(d / "audit" / "report.html")
+    # a validation file is not passed off as the paper's test set
+    assert "These tables have no test partition (splits: val)" in page_text(d / "audit" / "report.html")
     assert len(studies) == 50 and studies.patient_id.isna().all()        # IU X-ray: no patient identifiers
     text = page_text(d / "audit" / "report.html")
     for title in ("Corpus overview", "Cohort", "Decoding policies", "Concentration", "Uncertainty", "Reference-based metrics",

@@ -556,3 +556,11 @@ def test_report_charts_drawn_in_the_background_equal_charts_drawn_at_the_end():
     assert render_report(secs, title="t", drawn={id(bars[2]): chart_svg(bars[2])}) == at_end       # a string is taken as drawn
     assert at_end.count("<svg") == 3
     bars[0].to_dict()     # drawing skips the schema check; the charts still validate
+
+
+def test_blank_cells_are_marked_and_explained():
+    import numpy as np
+    from cxr_audit.audit import table_html
+    h = table_html(pd.DataFrame({"metric": ["bleu_4", "chexpert_f1_14"], "labeler": [None, "cxr_audit:chexpert"], "p": [np.nan, 0.01]}))
+    assert h.count("<td>–</td>") == 2 and "– : no value for that row" in h
+    assert "no value for that row" not in table_html(pd.DataFrame({"a": [1.0]}))
