@@ -603,7 +603,7 @@ def plot_system_shifts(shifts,                     # a shifts table (from `score
                                             title=_title(alt, title or f"{metric}: score shift per system and variation", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #8967bae3
-_VERDICT_COLORS = {"first better": "#0072B2", "tie": "#888888", "second better": "#D55E00"}
+_VERDICT_COLORS = {"first better": "#1A1A1A", "tie": "#C8C8C8", "second better": "#8A6D3B"}   # not systems' colours
 
 def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame()`)
               first: str | None = None,    # first system of the pair (default: the table's first row)

@@ -32,12 +32,13 @@ from .longitudinal import LLMAnnotator, RuleAnnotator, progression_evaluation
 
 
 # %% auto #0
-__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'NOT_ASKED', 'Verdict', 'verdict']
+__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'VERDICT_COLORS', 'NOT_ASKED', 'Verdict', 'verdict']
 
 # %% ../nbs/13a_verdict.ipynb #d9dd35a4
 CHECKS = ("stability", "concentration", "labels", "section", "references", "longitudinal")
 LABEL_METRICS = {"chexpert_f1_14": CHEXPERT_14, "chexpert_f1_5": CHEXPERT_5}
 VERDICTS = ("holds", "fragile", "not shown")
+VERDICT_COLORS = dict(zip(VERDICTS, ("#1A1A1A", "#8A6D3B", "#C8C8C8")))   # never a system's colour (core.PALETTE, EXTRA_COLORS)
 NOT_ASKED = "not run: not asked for"
 
 def _oriented(comparisons: pd.DataFrame) -> pd.DataFrame:
@@ -357,8 +358,9 @@ class Verdict:
         "Each comparison's difference and interval, coloured by its verdict."
         alt = enable_theme()
         d = self.table.assign(pair=self.table["first"] + " − " + self.table["second"])
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=["#009E73", "#E69F00", "#999999"]))
-        base = alt.Chart(d).encode(y=alt.Y("pair:N", title=None), color=colour)
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=list(VERDICT_COLORS.values())))
+        shape = alt.Shape("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=["circle", "triangle-up", "square"]))
+        base = alt.Chart(d).encode(y=alt.Y("pair:N", title=None), color=colour, shape=shape)
         bars = base.mark_rule().encode(x=alt.X("ci_low:Q", title="difference"), x2="ci_high:Q")
         tips = ["metric", "pair", "estimate", "p_holm", "verdict", "failed"]
         dots = base.mark_point(filled=True).encode(x="estimate:Q", tooltip=tips)

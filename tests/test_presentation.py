@@ -564,3 +564,12 @@ def test_blank_cells_are_marked_and_explained():
     h = table_html(pd.DataFrame({"metric": ["bleu_4", "chexpert_f1_14"], "labeler": [None, "cxr_audit:chexpert"], "p": [np.nan, 0.01]}))
     assert h.count("<td>–</td>") == 2 and "– : no value for that row" in h
     assert "no value for that row" not in table_html(pd.DataFrame({"a": [1.0]}))
+
+
+def test_verdict_colours_are_never_a_systems_colour():
+    "Charts colour systems by `PALETTE` + `EXTRA_COLORS`; a verdict or outcome colour must not read as one of them."
+    from cxr_audit.core import EXTRA_COLORS, PALETTE
+    from cxr_audit.reref_sensitivity import _VERDICT_COLORS
+    from cxr_audit.verdict import VERDICT_COLORS
+    systems = {c.lower() for c in PALETTE + EXTRA_COLORS}
+    assert not ({c.lower() for c in VERDICT_COLORS.values()} | {c.lower() for c in _VERDICT_COLORS.values()}) & systems
