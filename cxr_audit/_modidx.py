@@ -1075,6 +1075,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                'cxr_audit.llm.ChatCache.__len__': ('llm.html#chatcache.__len__', 'cxr_audit/llm.py'),
                                'cxr_audit.llm.ChatCache.__repr__': ('llm.html#chatcache.__repr__', 'cxr_audit/llm.py'),
                                'cxr_audit.llm.ChatCache._conn': ('llm.html#chatcache._conn', 'cxr_audit/llm.py'),
+                               'cxr_audit.llm.ChatCache._create_table': ('llm.html#chatcache._create_table', 'cxr_audit/llm.py'),
                                'cxr_audit.llm.ChatCache._prune': ('llm.html#chatcache._prune', 'cxr_audit/llm.py'),
                                'cxr_audit.llm.ChatCache.checkpoint': ('llm.html#chatcache.checkpoint', 'cxr_audit/llm.py'),
                                'cxr_audit.llm.ChatCache.clear': ('llm.html#chatcache.clear', 'cxr_audit/llm.py'),

@@ -434,16 +434,28 @@ class ChatCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local, self._lock, self._conns = threading.local(), threading.Lock(), []
         self.hits = self.misses = self.writes = 0
-        try: self._conn().execute(_CACHE_DDL)
-        except sqlite3.DatabaseError as e: raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
+        self._create_table()
+
+    def _create_table(self, tries: int = 8):
+        "The cache table, created once; a file locked by another process starting at the same moment is waited for."
+        for k in range(tries):
+            try: self._conn().execute(_CACHE_DDL); return
+            except sqlite3.OperationalError as e:   # e.g. two processes switching a new file to WAL at once
+                if "locked" not in str(e) or k == tries - 1:
+                    raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
+                time.sleep(0.05 * 2 ** k)
+            except sqlite3.DatabaseError as e: raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
 
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection (a new one in a new thread, or after a fork)."
         c = getattr(self._local, "conn", None)
         if c is not None and self._local.pid == os.getpid(): return c
         c = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
-        for pragma in ("busy_timeout=60000", "journal_mode=WAL", "synchronous=NORMAL", f"journal_size_limit={16 << 20}"):
-            c.execute(f"PRAGMA {pragma}")
+        try:
+            for pragma in ("busy_timeout=60000", "journal_mode=WAL", "synchronous=NORMAL", f"journal_size_limit={16 << 20}"):
+                c.execute(f"PRAGMA {pragma}")
+        except sqlite3.Error:
+            c.close(); raise
         self._local.conn, self._local.pid = c, os.getpid()
         self._prune(keep=(threading.current_thread(), os.getpid(), c))
         return c
