@@ -458,31 +458,31 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
 
 
 # %% ../nbs/13a_verdict.ipynb #122de9a6
-def verdict(studies,                                   # studies table: study_id, findings, impression (patient_id for clusters)
-            generations,                               # generations table: sample_id, study_id, system, policy, hypothesis (seed)
-            metrics: Sequence[str] = ("bleu_4", "rouge_l", "chexpert_f1_14"), # metric names (see `metrics.list_metrics`)
-            pairs: Sequence | None = None,             # (first, second) configurations to judge; None: every pair
-            preset=None,                               # a `papers.Preset`: its reps, seed, size, labeler, section, rule, variations
-            reps: int | None = None,                   # paired resamples (None: the preset's, else enough for Holm)
-            seed: int | None = None,                   # seed of the resamples (None: the preset's, else the package's)
-            clusters: str | None = "patient_id",       # resampled together (a studies/generations column), None: studies
-            labeler: str | None = None,                # labels of the label metrics (`labels.get_labeler`; None: preset, chexpert)
-            ref_section: str | None = None,            # scored reference: findings, impression, both (None: preset, findings)
-            by: Sequence[str] = ("system", "policy"),  # columns that make a configuration (first seed of each)
-            backend=None,                              # chat back end of the references and longitudinal checks; None: rules
-            references=None,                           # rewrites made before (a `RewriteRun` or its table): not rewritten again
-            variations=None,                           # reference variations (`reref.resolve_variants`; None: preset, the 12)
-            checks: Sequence[str] = CHECKS,            # the checks to run (the others say "not run: not asked for")
-            rule: str | None = None,                   # significant reversal: "holm" or "ci" (None: the preset's, else holm)
-            min_win_prob: float = 0.95,                # stability: the leader must win in this share of resamples
-            min_unique_ratio: float = 0.5,             # concentration: fewer distinct reports than this share of studies
-            max_top5_share: float = 0.5,               # concentration: more of the reports in the 5 most frequent texts
-            max_prefix_rate: float = 0.5,              # concentration: more reports opening with the stock prefix
-            min_distinct: int = 20,                    # concentration: fewer distinct texts cannot carry a lead
-            size: float | None = None,                 # interval coverage; significant means p_holm < 1 − size
-            progress: bool = False                     # one line per step on stderr
+def verdict(studies,                                    # studies: study_id, findings, impression (patient_id)
+            generations,                                # generations: sample_id, study_id, system, policy, hypothesis
+            metrics: Sequence[str] = ("bleu_4", "rouge_l", "chexpert_f1_14"), # see `metrics.list_metrics`
+            pairs: Sequence | None = None,              # (first, second) configurations; None: every pair
+            preset=None,                                # a `papers.Preset`: the paper's settings as defaults
+            reps: int | None = None,                    # paired resamples (None: preset, else enough for Holm)
+            seed: int | None = None,                    # seed of the resamples (None: preset, else package)
+            clusters: str | None = "patient_id",        # resampled together (a column); None: studies
+            labeler: str | None = None,                 # labels of label metrics (None: preset, chexpert)
+            ref_section: str | None = None,             # findings, impression or both (None: preset, findings)
+            by: Sequence[str] = ("system", "policy"),   # columns making a configuration (first seed)
+            backend=None,                               # chat back end of references/longitudinal; None: rules
+            references=None,                            # rewrites made before (`RewriteRun` or its table)
+            variations=None,                            # `reref.resolve_variants` names (None: preset, the 12)
+            checks: Sequence[str] = CHECKS,             # the checks to run (others: "not run: not asked for")
+            rule: str | None = None,                    # significant reversal: "holm" or "ci" (None: preset)
+            min_win_prob: float = 0.95,                 # stability: the leader's least share of resamples won
+            min_unique_ratio: float = 0.5,              # concentration: fewer distinct reports per study
+            max_top5_share: float = 0.5,                # concentration: more reports in the 5 most frequent
+            max_prefix_rate: float = 0.5,               # concentration: more reports opening with the prefix
+            min_distinct: int = 20,                     # concentration: fewer distinct texts carry no lead
+            size: float | None = None,                  # interval coverage; significant: p_holm < 1 − size
+            progress: bool = False                      # one line per step on stderr
            ) -> Verdict:
-    "For every metric and pair of configurations: the paired difference, Holm's p, the checks, and holds / fragile / not shown."
+    "Per metric and pair of configurations: the paired difference, Holm's p, the checks, holds / fragile / not shown."
     t0 = time.perf_counter()
     s = _settings(preset, dict(reps=reps, seed=seed, size=size, labeler=labeler, ref_section=ref_section, rule=rule,
                                variations=variations, checks=checks))
