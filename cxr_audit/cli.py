@@ -253,6 +253,13 @@ def _waiting(timeout, retries) -> dict:
     if int(retries) < 0: raise InputError(f"--retries must be >= 0, got {retries}")
     return {"timeout_s": float(timeout), "retries": int(retries)}
 
+def _declare_public(names) -> list[str]:
+    "`--public-dataset`: the named datasets join `CXR_AUDIT_PUBLIC_DATASETS` for this run (the LLM guard reads it)."
+    from cxr_audit.corpus import PUBLIC_DATASETS_ENV
+    names = _list_arg(names)
+    if names: os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
+    return names
+
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                n_task_examples, n_change_indicators, n_progression_examples, waiting: dict | None = None):
     "The annotator the options ask for: the rules, or paper 003's LLM annotator over an OpenAI-compatible server."
@@ -315,6 +322,7 @@ def longitudinal(*, studies: str,                                      # studies
                  timeout: float = 120,                                 # seconds one LLM request may take before it is tried again
                  retries: int = 4,                                     # further tries of a request that failed for a passing reason
                  allow_remote_restricted: bool = False,                # let restricted studies go to a non-local server
+                 public_dataset: list[str] | None = None,              # public datasets (any other named one stays here)
                  n_task_examples: Literal[0, 3, 5] = 3,                # worked examples in the longitudinal prompt
                  n_change_indicators: Literal[0, 4, 8, 12] = 8,        # signal words in the longitudinal prompt
                  n_progression_examples: Literal[0, 2, 4] = 2,         # worked examples in the progression prompt
@@ -329,6 +337,7 @@ def longitudinal(*, studies: str,                                      # studies
     "Annotate references and generations longitudinally, evaluate every system, write tables, charts and a manifest."
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.longitudinal import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation, unreadable_text
+    _declare_public(public_dataset)
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                      n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries))
     chosen = tuple(metrics or LANGUAGE_METRICS)
@@ -524,6 +533,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
           batch: bool = False,                          # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
           allow_remote_restricted: bool = False,        # allow restricted studies to go to a non-local server
+          public_dataset: list[str] | None = None,      # public datasets (any other named one stays here)
           generations: str | None = None,               # generations table: also score every system under each variant
           metrics: list[str] | None = None,             # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
           reps: int = 1000,                             # paired bootstrap resamples of the gaps
@@ -534,6 +544,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
     from cxr_audit.reref import rewrite_table
     from cxr_audit.reref_sensitivity import DEFAULT_METRICS, reference_sensitivity
+    _declare_public(public_dataset)
     table = _studies_table(studies)
     loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"

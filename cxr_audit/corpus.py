@@ -22,9 +22,10 @@ from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_
                             require_columns)
 
 # %% auto #0
-__all__ = ['RESTRICTED_DATASETS', 'STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS',
-           'DEID_MASKS', 'MIMIC_METADATA_FILES', 'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS',
-           'CHEXPERT_PLUS_SECTIONS', 'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'validate_studies',
+__all__ = ['RESTRICTED_DATASETS', 'PUBLIC_DATASETS', 'PUBLIC_DATASETS_ENV', 'STUDIES_COLUMNS', 'SECTION_COLUMNS',
+           'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'DEID_MASKS', 'MIMIC_METADATA_FILES',
+           'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'CHEXPERT_PLUS_SECTIONS',
+           'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'dataset_access', 'validate_studies',
            'to_studies', 'typed_generation_columns', 'to_generations', 'match_study_keys', 'normalize_view',
            'text_flag', 'load_table', 'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus',
            'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
@@ -32,11 +33,18 @@ __all__ = ['RESTRICTED_DATASETS', 'STUDIES_COLUMNS', 'SECTION_COLUMNS', 'GENERAT
 # %% ../nbs/02_corpus.ipynb #f6446c9d
 RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")   # the canonical names of the restricted collections
 _RESTRICTED_STEMS = {"mimic": "mimic-cxr", "chexpert": "chexpert-plus", "rexgradient": "rexgradient"}
+PUBLIC_DATASETS = ("iu-xray", "synthetic")   # the collections known to be public (their text may leave this machine)
+_PUBLIC_STEMS = {"iuxray": "iu-xray", "openi": "iu-xray", "indiana": "iu-xray", "synthetic": "synthetic"}
+PUBLIC_DATASETS_ENV = "CXR_AUDIT_PUBLIC_DATASETS"   # comma-separated further public datasets, read on every call
 
 def dataset_key(name # a dataset name as written anywhere
                ) -> str:
     "The name reduced to what it spells: width folded (NFKC), lower case, letters and digits only."
     return re.sub(r"[^a-z0-9]", "", unicodedata.normalize("NFKC", str(name)).lower())
+
+def _stems(extra: Iterable[str] | str) -> list[str]:
+    "The keys of the user's names (one name, or several)."
+    return [k for k in (dataset_key(x) for x in ([extra] if isinstance(extra, str) else extra)) if k]
 
 def restricted_dataset(name,                        # a dataset name (any spelling), or None
                        extra: Iterable[str] | str = () # further restricted datasets (names or name stems) of the user
@@ -46,8 +54,20 @@ def restricted_dataset(name,                        # a dataset name (any spelli
     key = dataset_key(name)
     for stem, canonical in _RESTRICTED_STEMS.items():
         if key.startswith(stem): return canonical
-    extras = [dataset_key(x) for x in ([extra] if isinstance(extra, str) else extra)]
-    return str(name) if any(e and key.startswith(e) for e in extras) else None
+    return str(name) if any(key.startswith(e) for e in _stems(extra)) else None
+
+def dataset_access(name,                            # a dataset name (any spelling), or None
+                   restricted: Iterable[str] | str = (), # further restricted datasets of the user
+                   public: Iterable[str] | str = ()      # further public datasets of the user (and `CXR_AUDIT_PUBLIC_DATASETS`)
+                  ) -> Literal["restricted", "public", "unknown", "unnamed"]:
+    "Whether `name` is a restricted collection, a known or declared public one, a name not known to be either, or blank."
+    if is_missing(name) or not str(name).strip(): return "unnamed"
+    if restricted_dataset(name, restricted) is not None: return "restricted"
+    key = dataset_key(name)
+    declared = _stems(public) + _stems(os.environ.get(PUBLIC_DATASETS_ENV, "").split(","))
+    if key == "iu" or any(key.startswith(s) for s in list(_PUBLIC_STEMS) + declared): return "public"
+    return "unknown"
+
 
 # %% ../nbs/02_corpus.ipynb #483b8527
 STUDIES_COLUMNS = ("study_id", "patient_id", "dataset", "split", "view", "image_paths", "study_time",

@@ -36,7 +36,7 @@ import pandas as pd
 from fastcore.basics import patch
 
 from .core import DEFAULT_SEED, CxrAuditError, InputError, as_pandas, cache_dir, is_missing, md_table, optional_import, redact, rng, sha256_text
-from .corpus import restricted_dataset
+from .corpus import dataset_access
 
 # %% auto #0
 __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_params', 'as_messages', 'ChatResult', 'LLMError',
@@ -320,7 +320,9 @@ def check_restricted(backend,                       # any back end (its `endpoin
         + (f" (first: request_id={first_id!r})" if first_id is not None else "")
         + f" would be sent to {where}, which is not a loopback address. Restricted data (e.g. MIMIC-CXR under its data use "
           "agreement) must stay on this machine: use a local server (127.0.0.1 / localhost) or an in-process model. "
-          "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. Nothing was sent.")
+          "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. A dataset not known to be public "
+          "counts as restricted: if yours is public, name it with public_datasets= / --public-dataset / "
+          "CXR_AUDIT_PUBLIC_DATASETS. Nothing was sent.")
 
 # %% ../nbs/08_llm.ipynb #38bb4441
 def _restricted_cell(v, i) -> bool:
@@ -333,12 +335,17 @@ def _restricted_cell(v, i) -> bool:
     raise InputError(f"restricted: row {i}: cannot read {v!r} as true/false")
 
 def is_restricted(rows,                   # a table, or a list of dicts, with `restricted` and/or `dataset`
-                  restricted_datasets=()  # datasets to treat as restricted besides `corpus.RESTRICTED_DATASETS`
+                  restricted_datasets=(), # datasets to treat as restricted besides `corpus.RESTRICTED_DATASETS`
+                  public_datasets=()      # datasets to treat as public besides IU X-ray, synthetic and `CXR_AUDIT_PUBLIC_DATASETS`
                  ) -> list[bool]:
-    "Per row: restricted when its `restricted` cell is true or its `dataset` names a restricted collection (any spelling: `corpus.restricted_dataset`)."
+    "Per row: restricted when its `restricted` cell is true or its `dataset` is restricted or not known to be public."
     recs = [dict(r) for r in rows] if isinstance(rows, (list, tuple)) else as_pandas(rows, "rows").to_dict("records")
-    return [_restricted_cell(r.get("restricted"), i) or restricted_dataset(r.get("dataset"), restricted_datasets) is not None
-            for i, r in enumerate(recs)]
+    access = {}   # dataset name -> `corpus.dataset_access`, worked out once per name
+    def held(d) -> bool:
+        key = None if is_missing(d) else str(d)
+        if key not in access: access[key] = dataset_access(d, restricted_datasets, public_datasets)
+        return access[key] in ("restricted", "unknown")
+    return [_restricted_cell(r.get("restricted"), i) or held(r.get("dataset")) for i, r in enumerate(recs)]
 
 # %% ../nbs/08_llm.ipynb #59bede0c
 def _validated(res: ChatResult, schema, max_tokens: int) -> ChatResult:
@@ -578,6 +585,16 @@ def clear(self: ChatCache) -> None:
     "Delete every stored answer."
     self._conn().execute("DELETE FROM chat_cache")
 
+@patch
+def forget(self: ChatCache, keys: Iterable[str] # request keys whose stored answers are dropped (absent keys are ignored)
+          ) -> int:
+    "Drop the stored answers of `keys` (e.g. replies that turned out unusable), so the next run asks again; how many went."
+    keys, n = list(dict.fromkeys(keys)), 0
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        n += self._conn().execute(f"DELETE FROM chat_cache WHERE key IN ({','.join('?' * len(chunk))})", chunk).rowcount
+    return n
+
 # %% ../nbs/08_llm.ipynb #6c850f5d
 @patch
 def checkpoint(self: ChatCache) -> None:
@@ -642,12 +659,12 @@ def _value(r: Mapping, name: str, default):
     v = r.get(name, default)
     return default if is_missing(v) else v
 
-def _batch_rows(requests, backend, defaults: Mapping, restricted_datasets=()) -> list[dict]:
+def _batch_rows(requests, backend, defaults: Mapping, restricted_datasets=(), public_datasets=()) -> list[dict]:
     "Validated requests with defaults filled in and cache keys computed; an `InputError` names the first bad row."
     if isinstance(requests, (list, tuple)): rows = [dict(r) if isinstance(r, Mapping) else r for r in requests]
     else: rows = as_pandas(requests, "requests").to_dict("records")
     out, seen = [], set()
-    flags = is_restricted([r if isinstance(r, Mapping) else {} for r in rows], restricted_datasets)
+    flags = is_restricted([r if isinstance(r, Mapping) else {} for r in rows], restricted_datasets, public_datasets)
     for i, r in enumerate(rows):
         if not isinstance(r, Mapping): raise InputError(f"requests: row {i} is a {type(r).__name__}, not a dict")
         rid = r.get("request_id")
@@ -945,6 +962,12 @@ def _result_frame(rows: list, results: dict, price) -> pd.DataFrame:
     return df
 
 # %% ../nbs/08_llm.ipynb #62ae45a5
+def _forget_refused(rows: pd.DataFrame, cache: ChatCache, accept: Callable[[str], bool]) -> None:
+    "Drop from `cache` the answered rows whose text `accept` refuses (a reply that cannot be used is not kept for the next run)."
+    ok = rows[rows["status"] == "ok"]
+    refused = [k for k, t in zip(ok["key"], ok["text"]) if not accept(t)]
+    if refused: _log.info("llm batch: %d unusable repl(ies) not kept in the cache", cache.forget(refused))
+
 def run_batch(requests,                              # list of dicts or a table: request_id, messages [, schema, temperature, seed, top_p, top_k, max_tokens, sample, restricted]
               backend,                               # any back end (OpenAIChat, TransformersChat, RuleChat, ...)
               cache=None,                            # ChatCache or path; None: the default cache; False: no cache
@@ -961,23 +984,26 @@ def run_batch(requests,                              # list of dicts or a table:
               prices=None,                           # price table for the cost column (see `price_per_1m`)
               allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
               restricted_datasets=(),                # datasets whose rows are restricted besides `corpus.RESTRICTED_DATASETS`
+              public_datasets=(),                    # datasets declared public (a named dataset not known to be public is held back)
               fail_fast: int = 5,                    # stop when the first this many requests all fail alike (0: never)
               backoff_s: float = 1.0,                # wait after the first failure, before jitter
               max_backoff_s: float = 60.0,           # longest wait between attempts
-              jitter_seed: int = DEFAULT_SEED        # seed of the retry jitter
+              jitter_seed: int = DEFAULT_SEED,       # seed of the retry jitter
+              accept: Callable[[str], bool] | None = None # a check of each reply's text: a refused reply is returned, not kept
              ) -> BatchRun:
     "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
     t0 = time.perf_counter()
     defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
     if fail_fast is None or int(fail_fast) < 0: raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
-    rows = _batch_rows(requests, backend, defaults, restricted_datasets)
+    rows = _batch_rows(requests, backend, defaults, restricted_datasets, public_datasets)
     restricted = [r for r in rows if r["restricted"]]
     check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
     price = price_per_1m(getattr(backend, "model", ""), prices)
     with _open_cache(cache) as c:
         results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s, backoff_s,
                                     max_backoff_s, jitter_seed, allow_remote_restricted)
-    run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
+        run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
+        if accept is not None and c is not None: _forget_refused(run.rows, c, accept)
     bar.close(run.headline())
     if run.n_failed: _log.warning("llm batch: %d of %d requests failed%s", run.n_failed, len(run), " (none succeeded)" if run.nothing_succeeded else "")
     return run

@@ -609,7 +609,8 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
                  "messages": [{"role": "user", "content": self.prompt(step, *items[i], retry=attempt > 0)}]} for i in pending]
         df = run_batch(reqs, self.backend, cache=self.cache, max_concurrency=self.max_concurrency, retries=self.retries,
                        timeout_s=self.timeout_s, progress=self.progress, prices=self.prices,
-                       allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params()).to_frame()
+                       allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params(),
+                       accept=lambda t: self._parse(step, t) is not None).to_frame()   # unreadable replies are not cached
         parsed = [self._parse(step, t) if s == "ok" else None for s, t in zip(df["status"], df["text"])]
         for i, a in zip(pending, parsed): answers[i] = a
         self.log_.append(df.assign(step=step, item=pending, attempt=attempt, answer=[None if a is None else str(a) for a in parsed],
