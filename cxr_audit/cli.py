@@ -20,7 +20,7 @@ from fastcore.docments import docments
 
 from .core import DEFAULT_SEED, CxrAuditError, IncompleteRunError, InputError, md_table, read_table, write_table
 from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
-                              load_rexrank, to_studies, typed_generation_columns)
+                              UNNAMED_DATASET, load_rexrank, to_studies, typed_generation_columns)
 
 # %% auto #0
 __all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort',
@@ -68,7 +68,7 @@ def _table(path, what: str | None = None):
 def _studies_table(path):
     "The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id, strict types)."
     t = _table(path, str(path))
-    to_studies(t, what=str(path), dataset="studies")
+    to_studies(t, what=str(path), dataset=UNNAMED_DATASET)
     return t
 
 # %% ../nbs/15_cli.ipynb #b09bc5bb
@@ -256,7 +256,7 @@ def _waiting(timeout, retries) -> dict:
 def _declare_public(names) -> list[str]:
     "`--public-dataset`: the named datasets join `CXR_AUDIT_PUBLIC_DATASETS` for this run (the LLM guard reads it)."
     from cxr_audit.corpus import PUBLIC_DATASETS_ENV
-    names = _list_arg(names)
+    names = [x.strip() for item in ([names] if isinstance(names, str) else names or []) for x in str(item).split(",") if x.strip()]
     if names: os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
     return names
 
@@ -341,7 +341,7 @@ def longitudinal(*, studies: str,                                      # studies
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                      n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries))
     chosen = tuple(metrics or LANGUAGE_METRICS)
-    st = to_studies(_table(studies), what=str(studies), dataset="studies")
+    st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)
     if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
     clusters = _clusters_arg(clusters, st)
     try:
@@ -404,7 +404,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit
     if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
-    refs = to_studies(_table(references, str(references)), what=str(references), dataset="references")
+    refs = to_studies(_table(references, str(references)), what=str(references), dataset=UNNAMED_DATASET)
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
     if not gens["study_id"].isin(refs["study_id"]).any():
         raise InputError(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
@@ -661,7 +661,7 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
     from cxr_audit.verdict import CHECKS, verdict as judge
     from cxr_audit.audit import check_pair
     keyed = []
-    st = to_studies(_table(studies), what=str(studies), dataset="studies")   # a table without `dataset` is fine here
+    st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)   # a table without `dataset` is fine here
     st, g = check_pair(st, to_generations(_table(generations), what=str(generations)), (str(studies), str(generations)),
                        notes=keyed)
     refs = _table(references) if references else None

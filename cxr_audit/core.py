@@ -32,19 +32,19 @@ import threading
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'ID_COLUMNS', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditError', 'InputError',
-           'IncompleteRunError', 'rng', 'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes',
-           'sha256_text', 'sha256_file', 'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import',
-           'install_hint', 'cache_dir', 'resource_text', 'read_text', 'read_json', 'package_versions', 'redact',
-           'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped',
-           'ChartProcess', 'chart_pool', 'shared_chart_pool', 'submit_chart', 'chart_svgs', 'system_colors',
-           'use_system_colors', 'system_color', 'show_progress', 'progress']
+__all__ = ['DEFAULT_SEED', 'CONFIG_SEP', 'ID_COLUMNS', 'FORMULA_PREFIXES', 'PALETTE', 'EXTRA_COLORS', 'CxrAuditError',
+           'InputError', 'IncompleteRunError', 'rng', 'as_pandas', 'is_missing', 'config_label', 'require_columns',
+           'sha256_bytes', 'sha256_text', 'sha256_file', 'sha256_frame', 'md_table', 'read_table', 'write_table',
+           'optional_import', 'install_hint', 'cache_dir', 'resource_text', 'read_text', 'read_json',
+           'package_versions', 'redact', 'write_manifest', 'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg',
+           'ChartProcessStopped', 'ChartProcess', 'chart_pool', 'shared_chart_pool', 'submit_chart', 'chart_svgs',
+           'system_colors', 'use_system_colors', 'system_color', 'show_progress', 'progress']
 
 # %% ../nbs/00_core.ipynb #e2ec7664
 class CxrAuditError(Exception):
@@ -80,8 +80,13 @@ DEFAULT_SEED: int = 0   # the one default of every `seed` argument in the packag
 def as_pandas(df,                     # pandas, polars (eager or lazy), pyarrow table, or a list of row dicts
               what: str = "table"     # named in the error message
              ) -> pd.DataFrame:
-    "`df` as a pandas DataFrame (pandas, polars, pyarrow or a list of row dicts in)."
-    if isinstance(df, pd.DataFrame): return df
+    "`df` as a pandas DataFrame (pandas, polars, pyarrow or a list of row dicts in); repeated column names are refused."
+    if isinstance(df, pd.DataFrame):
+        if df.columns.has_duplicates:
+            dup = sorted({str(c) for c in df.columns[df.columns.duplicated()]})
+            raise InputError(f"{what}: column name(s) {', '.join(map(repr, dup))} appear more than once; rename them "
+                             "(which one is meant cannot be guessed, and one would be dropped)")
+        return df
     mod = type(df).__module__.split(".")[0]
     if mod == "polars":
         if hasattr(df, "collect") and not hasattr(df, "to_pandas"): df = df.collect()
@@ -237,12 +242,49 @@ def _raw_bytes(path: Path) -> bytes:
 ID_COLUMNS = ("study_id", "patient_id", "sample_id", "entry_id", "source_id", "subject_id", "text_id", "report_id",
               "request_id", "task_id")   # read from CSV as text: `001` stays `001`, never the number 1
 
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")   # a spreadsheet may run a cell starting with one of these
+_QUOTED = re.compile(r"'[=+\-@\t\r]")
+
+def _texty(s: pd.Series) -> bool: return s.dtype == object or pd.api.types.is_string_dtype(s)
+
+def _formulas_quoted(df: pd.DataFrame) -> pd.DataFrame:
+    "`df` with a `'` before every text cell and column name a spreadsheet could run as a formula (CSV output)."
+    q = lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_PREFIXES) else v
+    out = df.rename(columns=q)
+    for c in out.columns:
+        if _texty(out[c]): out[c] = out[c].map(q)
+    return out
+
+def _formulas_restored(df: pd.DataFrame) -> pd.DataFrame:
+    "The inverse of `_formulas_quoted`: the `'` that `write_table` put before formula-like text removed again."
+    out = df.rename(columns=lambda c: c[1:] if isinstance(c, str) and _QUOTED.match(c) else c)
+    for c in out.columns:
+        if _texty(out[c]):
+            s = out[c]
+            hit = s.map(lambda v: isinstance(v, str) and _QUOTED.match(v) is not None).to_numpy(bool)
+            if hit.any(): out[c] = s.where(~hit, s.str[1:])
+    return out
+
+def _refuse_repeated_names(df: pd.DataFrame, header: Callable[[], list], what: str) -> None:
+    "An `InputError` when the file's header names a column twice (pandas renames the second `name.1`, which would hide it)."
+    if not any(isinstance(c, str) and re.fullmatch(r"(.+)\.\d+", c) for c in df.columns): return
+    names = [str(c).strip() for c in header()]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup: raise InputError(f"{what}: column name(s) {', '.join(map(repr, dup))} appear more than once in the header; rename them "
+                             "(which one is meant cannot be guessed, and one would be dropped)")
+
 def _read_csv(path: Path, sep: str, text: bool, encoding: str, fallback: bool, what: str, repaired: str | None) -> pd.DataFrame:
     kw = dict(sep=sep, dtype=str if text else dict.fromkeys(ID_COLUMNS, str), keep_default_na=False, na_values=[""])
-    try: return pd.read_csv(path, encoding=encoding, **kw).assign(**({repaired: False} if repaired else {}))
+    first = dict(sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
+    try:
+        df = pd.read_csv(path, encoding=encoding, **kw).assign(**({repaired: False} if repaired else {}))
+        _refuse_repeated_names(df, lambda: pd.read_csv(path, encoding=encoding, **first).iloc[0].tolist(), what)
+        return _formulas_restored(df)
     except UnicodeDecodeError: raw = _raw_bytes(path)
     txt, bad = _decode(raw, encoding, fallback, what)
     df = pd.read_csv(io.StringIO(txt), **kw)
+    _refuse_repeated_names(df, lambda: pd.read_csv(io.StringIO(txt), **first).iloc[0].tolist(), what)
+    df = _formulas_restored(df)
     if bad: _warn_mixed(what, encoding, bad)
     if repaired:        # the same text with U+FFFD for the stray bytes: rows that differ held them
         ref = pd.read_csv(io.StringIO(_decode(raw, encoding, True, what, "replace")[0]), **kw)
@@ -273,11 +315,11 @@ def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv
 def write_table(df,                       # the table (pandas or polars)
                 path: str | os.PathLike   # .parquet or .csv
                ) -> Path:
-    "Write a table to parquet or CSV (chosen by suffix), deterministically; return the path."
+    "Write a table to parquet or CSV (chosen by suffix), deterministically; return the path. CSV text that a spreadsheet could run as a formula gets a leading `'` (`read_table` takes it off again)."
     df, path = as_pandas(df), Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet": df.to_parquet(path, index=False, engine="pyarrow")
-    elif path.suffix == ".csv": df.to_csv(path, index=False)
+    elif path.suffix == ".csv": _formulas_quoted(df).to_csv(path, index=False)
     else: raise InputError(f"write_table: unsupported suffix {path.suffix!r}; use .parquet or .csv")
     return path
 

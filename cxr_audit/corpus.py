@@ -22,8 +22,8 @@ from .core import (InputError, as_pandas, is_missing, md_table, read_json, read_
                             require_columns)
 
 # %% auto #0
-__all__ = ['RESTRICTED_DATASETS', 'PUBLIC_DATASETS', 'PUBLIC_DATASETS_ENV', 'STUDIES_COLUMNS', 'SECTION_COLUMNS',
-           'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'DEID_MASKS', 'MIMIC_METADATA_FILES',
+__all__ = ['RESTRICTED_DATASETS', 'PUBLIC_DATASETS', 'PUBLIC_DATASETS_ENV', 'UNNAMED_DATASET', 'STUDIES_COLUMNS',
+           'SECTION_COLUMNS', 'GENERATIONS_COLUMNS', 'VIEW_STATUS', 'LOAD_FLAGS', 'DEID_MASKS', 'MIMIC_METADATA_FILES',
            'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'CHEXPERT_PLUS_SECTIONS',
            'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'dataset_access', 'validate_studies',
            'to_studies', 'typed_generation_columns', 'to_generations', 'match_study_keys', 'normalize_view',
@@ -36,6 +36,7 @@ _RESTRICTED_STEMS = {"mimic": "mimic-cxr", "chexpert": "chexpert-plus", "rexgrad
 PUBLIC_DATASETS = ("iu-xray", "synthetic")   # the collections known to be public (their text may leave this machine)
 _PUBLIC_STEMS = {"iuxray": "iu-xray", "openi": "iu-xray", "indiana": "iu-xray", "synthetic": "synthetic"}
 PUBLIC_DATASETS_ENV = "CXR_AUDIT_PUBLIC_DATASETS"   # comma-separated further public datasets, read on every call
+UNNAMED_DATASET = "unnamed"   # the `dataset` of a table that names none (its rows are judged by their `restricted` cell)
 
 def dataset_key(name # a dataset name as written anywhere
                ) -> str:
@@ -61,7 +62,7 @@ def dataset_access(name,                            # a dataset name (any spelli
                    public: Iterable[str] | str = ()      # further public datasets of the user (and `CXR_AUDIT_PUBLIC_DATASETS`)
                   ) -> Literal["restricted", "public", "unknown", "unnamed"]:
     "Whether `name` is a restricted collection, a known or declared public one, a name not known to be either, or blank."
-    if is_missing(name) or not str(name).strip(): return "unnamed"
+    if is_missing(name) or not str(name).strip() or str(name) == UNNAMED_DATASET: return "unnamed"
     if restricted_dataset(name, restricted) is not None: return "restricted"
     key = dataset_key(name)
     declared = _stems(public) + _stems(os.environ.get(PUBLIC_DATASETS_ENV, "").split(","))
@@ -108,6 +109,23 @@ def _as_int(v) -> int | None:
     if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f): raise InputError(f"not an integer: {v!r}")
     return int(f)
 
+def _no_lists(df: pd.DataFrame, cols: Iterable[str], what: str):
+    "An `InputError` naming the first row whose cell in one of `cols` is a list (a parquet list column) rather than one text."
+    for c in cols:
+        if c in df.columns:
+            _bad_row(df, df[c].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what,
+                     f"column {c!r} holds a list of texts, not one text; join them into one text first")
+
+def _spaced_ids(df: pd.DataFrame, col: str, what: str):
+    "An `InputError` when two values of `col` differ only in the spaces around them (`s1` and `s1 ` would be two studies)."
+    ids = df[col].dropna().astype(str).drop_duplicates()
+    key = ids.str.strip()
+    clash = key.duplicated(keep=False)
+    if clash.any():
+        pair = ids[key == key[clash].iloc[0]].tolist()[:2]
+        raise InputError(f"{what}: {col} values {pair[0]!r} and {pair[1]!r} differ only in the spaces around them; "
+                         "remove the spaces (they would count as two different IDs)")
+
 def _duplicates(df: pd.DataFrame, col: str, what: str):
     "Raise an `InputError` naming both rows of the first value of `col` given twice."
     dup = df[col].duplicated()
@@ -147,6 +165,7 @@ def to_studies(df,                        # a table with at least `study_id`, `d
     for k, v in defaults.items():
         if k not in df.columns: df[k] = [v] * len(df)
     df = require_columns(df, ["study_id", "dataset"], what)
+    _no_lists(df, SECTION_COLUMNS + ("text",), what)
     for c in SECTION_COLUMNS + ("text",):
         df[c] = df[c].fillna("").astype(str) if c in df.columns else ""
     if not df["text"].str.strip().ne("").all() and ("findings" in df or "impression" in df):
@@ -156,10 +175,13 @@ def to_studies(df,                        # a table with at least `study_id`, `d
     for c in ("patient_id", "split", "view"):
         df[c] = pd.Series([None if is_missing(v) else str(v) for v in df[c]], index=df.index, dtype=object) if c in df.columns else None
     df["image_paths"] = [_as_path_list(v) for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))]
+    _bad_row(df, df["image_paths"].map(lambda ps: any(";" in p for p in ps)), what,
+             "an image path contains ';', which separates the paths of a study in CSV tables; rename that file or folder")
     df["study_time"] = pd.to_datetime(df["study_time"], errors="coerce") if "study_time" in df.columns else pd.NaT
     flags = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else False
     df["restricted"] = pd.Series(flags, index=df.index, dtype=bool) | df["dataset"].map(lambda d: restricted_dataset(d) is not None)
     df["study_id"] = pd.Series([None if is_missing(v) else str(v) for v in df["study_id"]], index=df.index, dtype=object)
+    _spaced_ids(df, "study_id", what)
     df["dataset"] = df["dataset"].astype(str)
     extra = [c for c in df.columns if c not in STUDIES_COLUMNS]
     return validate_studies(df[list(STUDIES_COLUMNS) + extra].reset_index(drop=True), what)
@@ -192,7 +214,9 @@ def to_generations(df,                        # a table with at least `study_id`
     for k, v in {"policy": "default", "seed": 0, "n_tokens": None, "truncated": False, **defaults}.items():
         if k not in df.columns: df[k] = [v] * len(df)
     df = require_columns(df, ["study_id", "system", "hypothesis"], what)
+    _no_lists(df, ["hypothesis"], what)
     df["study_id"] = df["study_id"].astype(str)
+    _spaced_ids(df, "study_id", what)
     df["hypothesis"] = df["hypothesis"].fillna("").astype(str)
     df["policy"] = df["policy"].map(lambda v: "" if is_missing(v) else str(v))   # a blank policy cell: no policy named
     no_system = df["system"].map(lambda v: is_missing(v) or not str(v).strip())

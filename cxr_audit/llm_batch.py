@@ -193,16 +193,29 @@ def export_batch(cache,                          # the ChatCache (or its path) t
     return table
 
 # %% ../nbs/08a_llm_batch.ipynb #ff976179
+def _count(v) -> int:
+    "A token count from a usage field (0 when it is missing or not a whole number)."
+    try: return max(0, int(v or 0))
+    except (TypeError, ValueError, OverflowError): return 0
+
 def _reply_error(obj: Mapping) -> LLMError | None:
-    "The error of a result line that carries no usable chat completion (None when it does)."
-    resp, err = obj.get("response") or {}, obj.get("error")
+    "The error of a result line that carries no usable chat completion (None when it does); a malformed line is a reply error."
+    resp, err = obj.get("response"), obj.get("error")
     if err: return LLMReplyError(f"the batch provider reported an error: {(err.get('code') if isinstance(err, Mapping) else '') or ''} "
                                  f"{(err.get('message') if isinstance(err, Mapping) else err) or ''}".strip())
-    body, status = resp.get("body") or {}, resp.get("status_code")
-    if status != 200: return LLMHTTPError(int(status or 0), str(((body.get("error") or {}) if isinstance(body, Mapping) else {}).get("message") or ""))
-    choices = body.get("choices") if isinstance(body, Mapping) else None
-    if not isinstance(choices, list) or not choices: return LLMReplyError("the batch reply has no choices (not a chat completion)")
-    msg = choices[0].get("message") or {}
+    if not isinstance(resp, Mapping): return LLMReplyError(f"the batch line's response is not an object ({type(resp).__name__})")
+    body, status = resp.get("body"), resp.get("status_code")
+    body = body if isinstance(body, Mapping) else {}
+    try: code = int(status or 0)
+    except (TypeError, ValueError, OverflowError): return LLMReplyError(f"the batch line's status_code {status!r} is not a number")
+    if code != 200:
+        e = body.get("error")
+        return LLMHTTPError(code, str((e.get("message") if isinstance(e, Mapping) else e) or ""))
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return LLMReplyError("the batch reply has no choices (not a chat completion)")
+    msg = choices[0].get("message")
+    if not isinstance(msg, Mapping): return LLMReplyError("the batch reply's choice has no message object")
     if msg.get("refusal"): return LLMReplyError("the model refused to answer (refusal in the batch reply)")
     if not isinstance(msg.get("content"), str) or not msg["content"].strip():
         return LLMReplyError(f"the batch reply has no content (finish_reason={choices[0].get('finish_reason')!r})")
@@ -215,10 +228,14 @@ def reply_result(obj: Mapping,      # one line of a provider's output or error f
     "A batch result line as a `ChatResult` validated like a live reply, or the `LLMError` a live call would have raised."
     err = _reply_error(obj)
     if err is not None: raise err
-    body = obj["response"]["body"]; choice, u = body["choices"][0], body.get("usage") or {}
-    usage = {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0)}
-    res = ChatResult(choice["message"]["content"], None, usage, 0.0, body.get("model") or model, choice.get("finish_reason"))
+    body = obj["response"]["body"]; choice, u = body["choices"][0], body.get("usage")
+    u = u if isinstance(u, Mapping) else {}
+    usage = {"prompt_tokens": _count(u.get("prompt_tokens")), "completion_tokens": _count(u.get("completion_tokens"))}
+    name, finish = body.get("model"), choice.get("finish_reason")
+    res = ChatResult(choice["message"]["content"], None, usage, 0.0, name if isinstance(name, str) and name else model,
+                     finish if isinstance(finish, str) else None)
     return res if schema is None else ChatResult(res.text, parse_structured(res.text, schema), usage, 0.0, res.model, res.finish_reason)
+
 
 # %% ../nbs/08a_llm_batch.ipynb #0961300e
 IMPORT_COLUMNS = ("file", "line", "custom_id", "status", "stored", "error")

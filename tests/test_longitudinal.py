@@ -230,10 +230,10 @@ def test_llm_annotator_against_real_server(llama_server, tmp_path):
         tries = step1[step1["item"] == i].sort_values("attempt")
         if tries.valid.any(): assert row.is_longitudinal == bool(int(tries[tries.valid].answer.iloc[0]))
         else: assert pd.isna(row.is_longitudinal) and len(tries) == 2
-    # a second annotator on the same cache sends nothing
+    # a second annotator on the same cache sends only what could not be read (an unreadable reply is never cached)
     again = LLMAnnotator(OpenAIChat("smollm2", base_url=server.base_url), cache=tmp_path / "c.sqlite", max_tokens=12, invalid_retries=1)
-    pd.testing.assert_frame_equal(again.annotate(sents), out)
-    assert again.log_.cached.all()
+    pd.testing.assert_frame_equal(again.annotate(sents), out)   # greedy: the server answers as before
+    assert again.log_[again.log_.valid].cached.all() and not again.log_[~again.log_.valid].cached.any()
     # step 3 alone, with the paper's sampling settings: answers are recorded (valid or not), nothing raises
     s = LLMAnnotator(OpenAIChat("smollm2", base_url=server.base_url), decoding="sampling", seed=7, cache=False, max_tokens=12, invalid_retries=0)
     res = s.progression_of([("The left pleural effusion has increased.", "pleural effusion")])
