@@ -122,6 +122,7 @@ def _drawn(svg, deadline: float) -> str | None:
 def render_report(sections: Sequence[Section],     # the sections, in order
                   title: str = "cxr_audit report", # page title
                   synthetic: bool = False,         # show the synthetic-data banner
+                  notices: Sequence[str] = (),     # further banners (plain text; `**bold**` and code marks allowed)
                   params: dict | None = None,      # shown in the footer
                   drawn: Mapping | None = None     # id(chart) -> its SVG (a string or a future, see `core.submit_chart`), drawn before
                  ) -> str:
@@ -129,6 +130,7 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
     banner = ('<div class="banner"><strong>Synthetic data.</strong> Every study, report and generator in this '
               'report is simulated by <code>cxr_audit.synth</code>; no patient data is shown.</div>') if synthetic else ""
+    banner += "".join(f'<div class="banner">{_inline(n)}</div>' for n in notices)
     failed = [s for s in sections if s.error]
     if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
                           + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
@@ -222,7 +224,20 @@ class AuditContext:
     params: dict = field(default_factory=dict)
 
     @property
-    def synthetic(self) -> bool: return bool(self.studies["dataset"].astype(str).str.startswith("synthetic").any())
+    def synthetic(self) -> bool:
+        "Whether every study is simulated (`cxr_audit.synth`): only then does the report say no patient data is shown."
+        return bool(len(self.studies)) and bool(self._simulated().all())
+
+    def _simulated(self) -> pd.Series: return self.studies["dataset"].astype(str).str.startswith("synthetic")
+
+    def notices(self) -> list[str]:
+        "Banners the report needs besides the synthetic one: simulated and real studies mixed, configurations set aside."
+        sim, out = self._simulated(), []
+        if sim.any() and not sim.all():
+            out.append(f"**Mixed data.** {int(sim.sum())} of {len(sim)} studies are simulated (`cxr_audit.synth`) and the rest "
+                       "are real reports: this report may show patient data.")
+        out += [f"**Incomplete run.** {n}" for n in self.params.get("set_aside", [])]
+        return out
 
     @property
     def seed(self) -> int: return int(self.params.get("seed", DEFAULT_SEED))
@@ -495,7 +510,8 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                                     seed=ctx.seed, clusters=clusters, section=ctx.ref_section,
                                     max_studies=ctx.params.get("reref_max_studies", 80))
     except InputError as e:
-        return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE)
+        return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE,
+                       error=f"could not run: {e}")
     blocks = [_reref_intro(res), res.caption(), res.run.feasibility().round(3), _reref_label_check(res),
               "**Score shifts** (the mean per-study difference, in units of each metric's standard deviation across (system, dataset) "
               "pairs under the original references); mean and largest IQR over the applicable variations (paper 000, Figure 4):",
@@ -805,6 +821,24 @@ def _check_choices(ctx: AuditContext):
     if base and base not in configs:
         raise InputError(f"audit: baseline {base!r} is not a configuration of the generations; they are {configs}")
 
+def _output_folder(out_dir) -> Path:
+    "The report's folder, made before any stage runs: a path under a file, or without permission, fails at once."
+    out = Path(out_dir)
+    try: out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        raise InputError(f"audit: cannot write the report to {out}: {e.strerror or e} (a file is in the way, or no permission)") from None
+    return out
+
+def _set_aside_sparse(g: pd.DataFrame, min_share: float = 0.5) -> tuple[pd.DataFrame, list[str]]:
+    "The generations without configurations covering under `min_share` of the best-covered one's studies, and a sentence on each."
+    label = config_label(g.system, g.policy)
+    cover = g.groupby(label.to_numpy())["study_id"].nunique()
+    sparse = cover[cover < min_share * cover.max()] if cover.size > 1 else cover.iloc[:0]
+    notes = [f"Configuration `{c}` has reports for {n} of the {cover.max()} studies the best-covered one has (under "
+             f"{min_share:.0%}): it is set aside, since comparing it would cut every configuration down to the studies it covers. "
+             "Score it on its own with `cxr-audit score`." for c, n in sparse.items()]
+    return g[~label.isin(sparse.index).to_numpy()].reset_index(drop=True), notes
+
 def run_audit(studies,                              # a `studies` table
               generations,                          # a `generations` table on those studies
               out_dir,                              # folder of report.html
@@ -819,11 +853,12 @@ def run_audit(studies,                              # a `studies` table
     "Run the audit stages and write `out_dir/report.html` and `manifest.json` (with each stage's seconds); return the report's path (`IncompleteRunError` after writing both when a stage failed)."
     keyed = []
     s, g = check_pair(studies, generations, what, notes=keyed)
-    ctx = AuditContext(s, g, dict(extra or {}), dict(params or {}))
-    if keyed:
-        ctx.params["study_keys"] = keyed[0]
-        print(f"cxr-audit: {keyed[0]}", file=sys.stderr, flush=True)
+    g, aside = _set_aside_sparse(g)
+    ctx = AuditContext(s, g, dict(extra or {}), {**(params or {}), **({"set_aside": aside} if aside else {})})
+    for line in keyed[:1] + aside: print(f"cxr-audit: {line}", file=sys.stderr, flush=True)
+    if keyed: ctx.params["study_keys"] = keyed[0]
     _check_choices(ctx)
+    out = _output_folder(out_dir)
     names = list(stages or default_stages(ctx.synthetic))
     bad = [n for n in names if n not in STAGES]
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
@@ -835,15 +870,18 @@ def run_audit(studies,                              # a `studies` table
     with use_system_colors(colors):                   # charts drawn in another process, kept for the next audit
         sections, drawn = run_stages(names, ctx, colors, shared_chart_pool(), audit_workers(workers))
     ctx.params.pop("_progress", None)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"
-    path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params, drawn=drawn), encoding="utf-8")
-    failed = [n for n, s in zip(names, sections) if s.error]
+    path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params, drawn=drawn,
+                                  notices=ctx.notices()), encoding="utf-8")
+    broken = [n for n, s in zip(names, sections) if s.error]
+    failed = broken + (["coverage"] if aside else [])
     write_manifest(out / "manifest.json", outputs={"report": path}, params={k: v for k, v in ctx.params.items() if not k.startswith("_")},
                    command="audit", stage_seconds={n: s.seconds for n, s in zip(names, sections)}, failed_stages=failed,
                    studies=len(s), generations=len(g))
-    if failed: raise IncompleteRunError(f"audit: {len(failed)} of {len(names)} stage(s) failed ({', '.join(failed)}); the report "
-                                        f"with the other stages and the reason is at {path}", output=path, failed=failed)
+    why = ([f"{len(broken)} of {len(names)} stage(s) failed ({', '.join(broken)})"] if broken else []) + (
+        [f"{len(aside)} configuration(s) set aside for covering too few studies"] if aside else [])
+    if failed: raise IncompleteRunError(f"audit: {'; '.join(why)}; the report with the rest and the reasons is at {path}",
+                                        output=path, failed=failed)
     return path
 
 # %% ../nbs/14_audit.ipynb #650547d3

@@ -282,7 +282,7 @@ def _reversals(frame: pd.DataFrame, r, label: str) -> tuple[str, str]:
     "pass / fail on the significant reversals of `first − second` among the rows of `frame` (one per condition)."
     rows = _facing(frame, r.first, r.second)
     rev = rows[(rows["estimate"] < 0) & rows["significant"].astype(bool)]
-    low = rows.loc[rows["estimate"].idxmin()] if len(rows) else None
+    low = rows.loc[rows["estimate"].idxmin()] if rows["estimate"].notna().any() else None   # all NaN: no gap to name
     lowest = "" if low is None else f"; the smallest gap {_gap(low.estimate)} ({low[label]})"
     if len(rev):
         w = rev.loc[rev["estimate"].idxmin()]

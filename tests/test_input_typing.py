@@ -33,3 +33,44 @@ def test_out_of_range_values_are_one_clear_input_error(call, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         call()
     assert holm([0.01, math.nan, 0.04]).tolist()[0] == pytest.approx(0.02)   # nan stays out of the family
+
+
+def test_csv_outputs_quote_formulas_and_read_back_unchanged(tmp_path):
+    from cxr_audit.core import write_table
+    t = pd.DataFrame({"system": ["=cmd|' /C calc'!A0", "@SUM(A1)"], "hypothesis": ["+1 cm nodule.", "- small effusion"], "n": [-1, 2]})
+    raw = write_table(t, tmp_path / "t.csv").read_text()
+    assert all(not cell.startswith(("=", "+", "@", "-")) for line in raw.splitlines()[1:] for cell in line.split(",")[:2])
+    pd.testing.assert_frame_equal(read_table(tmp_path / "t.csv"), t)
+
+
+def test_repeated_column_names_list_cells_and_spaced_ids_are_refused(tmp_path):
+    from cxr_audit.corpus import to_generations, to_studies
+    (tmp_path / "dup.csv").write_text("study_id,dataset,findings,findings\na,iu-xray,Lungs clear.,Heart big.\n")
+    with pytest.raises(InputError, match="'findings' appear more than once"):
+        read_table(tmp_path / "dup.csv")
+    pd.DataFrame({"study_id": ["a"], "dataset": "iu-xray", "findings": [["Lungs clear.", "No effusion."]]}).to_parquet(tmp_path / "l.parquet")
+    with pytest.raises(InputError, match="column 'findings' holds a list of texts"):
+        to_studies(read_table(tmp_path / "l.parquet"), "l.parquet")
+    with pytest.raises(InputError, match="differ only in the spaces"):
+        to_generations(pd.DataFrame({"study_id": ["s1", "s1 "], "system": "m", "hypothesis": "x"}))
+
+
+def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
+    """One system with a single report would cut every comparison to that study: it is set aside, said in a banner, exit 1."""
+    from cxr_audit.audit import run_audit
+    from cxr_audit.core import IncompleteRunError
+    from cxr_audit.synth import make_demo_corpus
+    d = make_demo_corpus(n_patients=8, seed=1)
+    lonely = d.generations.iloc[:1].assign(system="lonely", sample_id="lonely/1")
+    g = pd.concat([d.generations, lonely], ignore_index=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="cannot write the report to"):   # checked before any stage runs
+        run_audit(d.studies, g, tmp_path / "file" / "out", stages=["corpus"], progress=False, workers=1)
+    with pytest.raises(IncompleteRunError, match="1 configuration\\(s\\) set aside") as e:
+        run_audit(d.studies, g, tmp_path / "a", stages=["corpus"], progress=False, workers=1)
+    page = (tmp_path / "a" / "report.html").read_text()
+    assert "Incomplete run." in page and "lonely+B4" in page and "set aside" in page and list(e.value.failed) == ["coverage"]
+    mixed = d.studies.assign(dataset=["iu-xray"] + ["synthetic-site-a"] * (len(d.studies) - 1))
+    run_audit(mixed, d.generations, tmp_path / "m", stages=["corpus"], progress=False, workers=1)
+    page = (tmp_path / "m" / "report.html").read_text()
+    assert "Mixed data." in page and "no patient data is shown" not in page
