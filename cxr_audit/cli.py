@@ -247,11 +247,12 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
     return msg
 
 # %% ../nbs/15_cli.ipynb #3b719f7d
-def _waiting(timeout, retries) -> dict:
-    "`--timeout` and `--retries` of an LLM command, checked: how long a request may take and how often it is tried again."
+def _waiting(timeout, retries, budget=None) -> dict:
+    "`--timeout`, `--retries` and `--budget` of an LLM command, checked: how long a request and the run may take, how often to retry."
     if not float(timeout) > 0: raise InputError(f"--timeout must be a positive number of seconds, got {timeout}")
     if int(retries) < 0: raise InputError(f"--retries must be >= 0, got {retries}")
-    return {"timeout_s": float(timeout), "retries": int(retries)}
+    if budget is not None and not float(budget) > 0: raise InputError(f"--budget must be a positive number of seconds, got {budget}")
+    return {"timeout_s": float(timeout), "retries": int(retries), "budget_s": None if budget is None else float(budget)}
 
 def _declare_public(names) -> list[str]:
     "`--public-dataset`: the named datasets join `CXR_AUDIT_PUBLIC_DATASETS` for this run (the LLM guard reads it)."
@@ -321,6 +322,7 @@ def longitudinal(*, studies: str,                                      # studies
                  max_concurrency: int = 4,                             # LLM requests in flight
                  timeout: float = 120,                                 # seconds one LLM request may take before it is tried again
                  retries: int = 4,                                     # further tries of a request that failed for a passing reason
+                 budget: float | None = None,                          # seconds all the LLM calls together may take (default: no limit)
                  allow_remote_restricted: bool = False,                # let restricted studies go to a non-local server
                  public_dataset: list[str] | None = None,              # public datasets (any other named one stays here)
                  n_task_examples: Literal[0, 3, 5] = 3,                # worked examples in the longitudinal prompt
@@ -339,7 +341,7 @@ def longitudinal(*, studies: str,                                      # studies
     from cxr_audit.longitudinal import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation, unreadable_text
     _declare_public(public_dataset)
     ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
-                     n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries))
+                     n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries, budget))
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)
     if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
@@ -530,6 +532,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           max_concurrency: int = 8,                     # LLM requests in flight at once
           timeout: float = 120,                         # seconds one LLM request may take before it is tried again
           retries: int = 4,                             # further tries of a request that failed for a passing reason (timeout, 429, 5xx)
+          budget: float | None = None,                  # seconds all the LLM calls together may take (default: no limit)
           cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
           batch: bool = False,                          # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
           allow_remote_restricted: bool = False,        # allow restricted studies to go to a non-local server
@@ -549,7 +552,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     loop = _reref_loop(backend, model, verifier_model, base_url, structured, max_rounds, seed, generator_max_tokens)
     chosen = _list_arg(variations) or "experiment"
     options = dict(cache=cache or "auto", max_concurrency=max_concurrency, progress=backend == "openai",
-                   allow_remote_restricted=allow_remote_restricted, **_waiting(timeout, retries))
+                   allow_remote_restricted=allow_remote_restricted, **_waiting(timeout, retries, budget))
     params = {"command": "cxr-audit reref", "backend": backend, "model": model, "verifier_model": verifier_model,
               "max_rounds": max_rounds, "variations": chosen}
     if batch: return _reref_batch(table, chosen, loop, options, backend, cache, generations)

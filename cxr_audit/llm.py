@@ -44,9 +44,9 @@ __all__ = ['DECODING', 'ROLES', 'RESULT_COLUMNS', 'STRUCTURED_MODES', 'decoding_
            'BatchAbortedError', 'RestrictedDataError', 'is_retryable', 'schema_json', 'schema_name', 'extract_json',
            'parse_structured', 'schema_instructions', 'with_schema_instructions', 'canonical_json', 'backend_identity',
            'request_key', 'is_loopback_url', 'safe_url', 'check_restricted', 'is_restricted', 'ChatBackend', 'RuleChat',
-           'ChatCache', 'cached_chat', 'backoff_delay', 'describe_error', 'price_per_1m', 'cost_usd', 'batch_summary',
-           'format_summary', 'BatchRun', 'run_batch', 'OpenAIChat', 'LocalEndpoint', 'TransformersChat', 'LocalServer',
-           'local_llama_server']
+           'ChatCache', 'cached_chat', 'backoff_delay', 'describe_error', 'run_deadline', 'budget_left', 'price_per_1m',
+           'cost_usd', 'batch_summary', 'format_summary', 'BatchRun', 'run_batch', 'OpenAIChat', 'LocalEndpoint',
+           'TransformersChat', 'LocalServer', 'local_llama_server']
 
 # %% ../nbs/08_llm.ipynb #bfa1df1c
 _log = logging.getLogger("cxr_audit.llm")  # request IDs and error types only, never message contents
@@ -704,23 +704,49 @@ def describe_error(exc: BaseException,      # the failure
         return type(exc).__name__ + (f" (HTTP {status})" if status else "")
     return redact(f"{type(exc).__name__}: {exc}", secrets)[:500]
 
+def run_deadline(budget_s: float | None # seconds a whole run of LLM calls may take (None: no limit)
+                ) -> float | None:
+    "The `time.monotonic()` moment a run with this budget must end by (None: no limit); checked once, at the start."
+    if budget_s is None: return None
+    if not float(budget_s) > 0: raise InputError(f"budget must be a positive number of seconds, got {budget_s!r}")
+    return time.monotonic() + float(budget_s)
+
+def budget_left(deadline: float | None # from `run_deadline`
+               ) -> float | None:
+    "The `budget_s` to give the next `run_batch` of a run (None: no limit); a spent budget gives a sliver, so its requests fail at once."
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+
+def _left(deadline: float | None) -> float | None:
+    "Seconds left before the run's deadline (None: no budget)."
+    return None if deadline is None else deadline - time.monotonic()
+
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
-             jitter_seed: int, allow: bool, stop: threading.Event) -> dict:
-    "Call the back end for one request with retries; store a success in the cache; never raise."
+             jitter_seed: int, allow: bool, deadline: float | None, watch) -> dict:
+    """Call the back end for one request with retries; store a success in the cache; never raise. No attempt starts after
+    `deadline`, and while no request of the batch has succeeded (`watch.open`) a timed-out request is not tried again."""
     g, attempts, tin, tout, t0 = None, 0, 0, 0, time.perf_counter()  # the jitter generator is made at the first retry
     while True:
         attempts += 1
         try:
-            res = backend.chat(job["messages"], schema=job["schema"], **job["params"], timeout_s=timeout_s,
+            left = _left(deadline)
+            if left is not None and left <= 0:
+                raise LLMTimeoutError("the run's time budget was spent before this request could be answered")
+            limit = timeout_s if left is None else min(timeout_s or left, left)
+            res = backend.chat(job["messages"], schema=job["schema"], **job["params"], timeout_s=limit,
                                restricted=job["restricted"], allow_remote_restricted=allow)
         except Exception as e:
             usage = getattr(e, "usage", None) or {}
             tin, tout = tin + int(usage.get("prompt_tokens") or 0), tout + int(usage.get("completion_tokens") or 0)
-            again = is_retryable(e) and attempts <= retries and not stop.is_set()
+            unanswered = isinstance(e, LLMTimeoutError) and watch.open   # nothing answered yet: the server may not answer at all
+            spent = deadline is not None and _left(deadline) <= 0
+            again = is_retryable(e) and attempts <= retries and not watch.stop.is_set() and not unanswered and not spent
             why = describe_error(e, job["restricted"], _secrets(backend))
             _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200], "; retrying" if again else "")
-            if again and g is None: g = rng(int(job["key"][:15], 16) ^ int(jitter_seed))
-            if again and not stop.wait(backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))): continue
+            if again:
+                if g is None: g = rng(int(job["key"][:15], 16) ^ int(jitter_seed))
+                wait_s = backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))
+                left = _left(deadline)   # a Retry-After longer than the budget left is cut to it
+                if not watch.stop.wait(wait_s if left is None else max(0.0, min(wait_s, left))): continue
             return {"status": "failed", "attempts": attempts, "error": why, "text": getattr(e, "text", None),
                     "parsed": None, "tokens_in": tin, "tokens_out": tout, "cached": False,
                     "latency_s": time.perf_counter() - t0, "model": None, "finish_reason": None}
@@ -904,7 +930,7 @@ class _StartWatch:
 def _watched(watch: _StartWatch, job: dict, *args) -> dict | None:
     "`_run_one` unless the batch was stopped before this request started (None then)."
     if watch.stop.is_set(): return None
-    row = _run_one(job, *args, watch.stop); watch.record(row)
+    row = _run_one(job, *args, watch); watch.record(row)
     return row
 
 def _stopped_note(results: dict, bar: _Progress) -> None:
@@ -974,6 +1000,7 @@ def run_batch(requests,                              # list of dicts or a table:
               max_concurrency: int = 8,              # requests in flight at once
               retries: int = 4,                      # retries after the first attempt, for retryable failures
               timeout_s: float | None = 120,         # per-attempt time limit (HTTP back ends)
+              budget_s: float | None = None,         # time limit of the whole batch: no attempt starts after it (None: none)
               progress=True,                         # a tqdm bar on a terminal (silent elsewhere); "line" for a progress line; False for silence
               *,
               temperature: float = 0.0,              # default temperature of the requests
@@ -995,13 +1022,14 @@ def run_batch(requests,                              # list of dicts or a table:
     t0 = time.perf_counter()
     defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
     if fail_fast is None or int(fail_fast) < 0: raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
+    deadline = run_deadline(budget_s)
     rows = _batch_rows(requests, backend, defaults, restricted_datasets, public_datasets)
     restricted = [r for r in rows if r["restricted"]]
     check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
     price = price_per_1m(getattr(backend, "model", ""), prices)
     with _open_cache(cache) as c:
         results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s, backoff_s,
-                                    max_backoff_s, jitter_seed, allow_remote_restricted)
+                                    max_backoff_s, jitter_seed, allow_remote_restricted, deadline)
         run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
         if accept is not None and c is not None: _forget_refused(run.rows, c, accept)
     bar.close(run.headline())

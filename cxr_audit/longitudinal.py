@@ -31,7 +31,7 @@ from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, h
                              resolve_clusters, spearman)
 from .labels import default_labeler, label_reports, to_binary, to_wide
 from .metrics import get_metric, sample_stats
-from .llm import DECODING, RuleChat, batch_summary, is_restricted, run_batch
+from .llm import DECODING, RuleChat, batch_summary, budget_left, is_restricted, run_batch, run_deadline
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
@@ -553,6 +553,7 @@ class LLMAnnotator:
                  max_concurrency: int = 4,          # requests in flight
                  retries: int = 4,                  # retries of a failed request (transient errors)
                  timeout_s: float | None = 120,     # time limit of one request
+                 budget_s: float | None = None,     # time limit of one `annotate` (all steps and re-asks; None: none)
                  prices=None,                       # price table for the cost column (see `cxr_audit.llm.price_per_1m`)
                  allow_remote_restricted: bool = False, # opt in to sending restricted sentences off this machine
                  keywords=None,                     # keyword list override (see `load_keywords`)
@@ -564,6 +565,7 @@ class LLMAnnotator:
         self.n_progression_examples, self.decoding, self.seed, self.max_tokens = n_progression_examples, decoding, seed, max_tokens
         self.invalid_retries, self.cache, self.max_concurrency, self.retries = invalid_retries, cache, max_concurrency, retries
         self.timeout_s, self.prices, self.allow_remote_restricted = timeout_s, prices, allow_remote_restricted
+        self.budget_s, self._deadline = budget_s, None
         self.keywords, self.prompts, self.progress = keywords, prompts, progress
         self.name = name or f"llm:{getattr(backend, 'model', 'model')}"
         self.binary_suffix = "medgemma" in str(getattr(backend, "model", "")).lower() if binary_suffix is None else bool(binary_suffix)
@@ -608,7 +610,7 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
         reqs = [{"request_id": f"{step}/{i}/{attempt}", "sample": attempt, "restricted": bool(restricted[i]),
                  "messages": [{"role": "user", "content": self.prompt(step, *items[i], retry=attempt > 0)}]} for i in pending]
         df = run_batch(reqs, self.backend, cache=self.cache, max_concurrency=self.max_concurrency, retries=self.retries,
-                       timeout_s=self.timeout_s, progress=self.progress, prices=self.prices,
+                       timeout_s=self.timeout_s, budget_s=budget_left(self._deadline), progress=self.progress, prices=self.prices,
                        allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params(),
                        accept=lambda t: self._parse(step, t) is not None).to_frame()   # unreadable replies are not cached
         parsed = [self._parse(step, t) if s == "ok" else None for s, t in zip(df["status"], df["text"])]
@@ -644,7 +646,7 @@ def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
     sentences = [str(s) for s in sentences]
     uniq = list(dict.fromkeys(sentences))
     flags = _flags(sentences, restricted)
-    self.log_, self.pending_ = [], 0
+    self.log_, self.pending_, self._deadline = [], 0, run_deadline(self.budget_s)
     is_long = dict(zip(uniq, self._ask("longitudinal", [(s,) for s in uniq], [flags[s] for s in uniq])))
     longs = [s for s in uniq if is_long[s] == 1]
     kw = dict(zip(longs, self._ask("keyword", [(s,) for s in longs], [flags[s] for s in longs])))
@@ -662,7 +664,7 @@ def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
                   ) -> list[str | None]:
     "Step 3 alone for given `(sentence, keyword)` pairs (None where the answer stayed invalid)."
     pairs = [(str(s), str(k)) for s, k in pairs]
-    self.log_, self.pending_ = [], 0
+    self.log_, self.pending_, self._deadline = [], 0, run_deadline(self.budget_s)
     out = self._ask("progression", pairs, [bool(restricted)] * len(pairs) if isinstance(restricted, (bool, np.bool_)) else list(restricted))
     self._finish_log()
     return out

@@ -19,7 +19,7 @@ from fastcore.basics import patch
 
 from .core import (DEFAULT_SEED, InputError, is_missing, md_table, read_json, require_columns, resource_text, write_manifest,
                             write_table)
-from .llm import ChatCache, canonical_json, is_restricted, run_batch
+from .llm import ChatCache, budget_left, canonical_json, is_restricted, run_batch, run_deadline
 from .reports import SECTIONS, parse_sections
 
 # %% auto #0
@@ -471,7 +471,8 @@ def _batch(backend, requests: list, options: Mapping):
     "A `run_batch` call with the loop's options (one request at a time for rule back ends)."
     concurrency = 1 if getattr(backend, "kind", "") == "rule" else options["max_concurrency"]
     return run_batch(requests, backend, cache=options["cache"], max_concurrency=concurrency, retries=options["retries"],
-                     timeout_s=options["timeout_s"], progress=options["progress"], prices=options["prices"],
+                     timeout_s=options["timeout_s"], budget_s=budget_left(options.get("deadline")), progress=options["progress"],
+                     prices=options["prices"],
                      allow_remote_restricted=options["allow_remote_restricted"])
 
 def _generated_row(task: Mapping, number: int, reply: Mapping) -> dict:
@@ -615,6 +616,7 @@ def run(self: ReRef, tasks,                      # table or dicts: task_id, stud
         max_concurrency: int = 8,                 # requests in flight at once (LLM back ends)
         retries: int = 4,                         # retries of a failed call, inside run_batch
         timeout_s: float | None = 120,            # per-call time limit
+        budget_s: float | None = None,            # time limit of the whole run, every round (None: none)
         progress=False,                           # progress line (see `cxr_audit.llm.run_batch`)
         prices=None,                              # price table (see `cxr_audit.llm.price_per_1m`)
         allow_remote_restricted: bool = False     # opt in to sending restricted studies off this machine
@@ -622,7 +624,7 @@ def run(self: ReRef, tasks,                      # table or dicts: task_id, stud
     "Run the loop over tasks: a `LoopRun` with one result per task, every round, and the call totals."
     rows = _check_tasks(tasks, self.taxonomy)
     options = dict(max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s, progress=progress, prices=prices,
-                   allow_remote_restricted=allow_remote_restricted)
+                   allow_remote_restricted=allow_remote_restricted, deadline=run_deadline(budget_s))
     rounds, open_tasks, waiting = [], list(rows), []
     with _shared_cache(cache) as shared:
         for number in range(1, self.max_rounds + 1):
@@ -843,6 +845,7 @@ def rewrite_table(studies,                        # a studies table: study_id, f
                   max_concurrency: int = 8,       # see `ReRef.run`
                   retries: int = 4,               # see `ReRef.run`
                   timeout_s: float | None = 120,  # see `ReRef.run`
+                  budget_s: float | None = None,  # time limit of all the LLM calls of the rewrite (None: none)
                   progress=False,                 # see `ReRef.run`
                   prices=None,                    # see `ReRef.run`
                   allow_remote_restricted: bool = False # see `ReRef.run`
@@ -855,11 +858,12 @@ def rewrite_table(studies,                        # a studies table: study_id, f
     base = {r["study_id"]: r for r in studies_in.to_dict("records")}
     options = dict(cache=_cache_for(cache, reref), max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s,
                    progress=progress, prices=prices, allow_remote_restricted=allow_remote_restricted)
+    deadline = run_deadline(budget_s)
     done, logs, calls, waiting = {}, [], [], set()  # (study, step prefix) -> step result; tasks waiting for batch results
     for depth in range(max(len(variant_steps(v)) for v in variants)):
         steps = _step_tasks(depth, variants, base, done)
         if not steps: break
-        out = reref.run([task for _, _, task in steps.values()], **options)
+        out = reref.run([task for _, _, task in steps.values()], **options, budget_s=budget_left(deadline))
         logs.append(out.rounds.assign(task_variant=out.rounds.task_id.str.split("|", n=1).str[1])); calls.append(out.calls)
         waiting |= set(out.pending)
         for row in out.results.to_dict("records"):

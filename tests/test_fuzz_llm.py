@@ -278,7 +278,8 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
 
 
 def test_a_server_that_never_answers_fails_the_cli_run_within_the_timeout_asked(tmp_path):
-    "A STUB listener that accepts connections and never replies: with --timeout 2 --retries 0 the run ends, clearly, exit 1."
+    """A STUB listener that accepts connections and never replies: with --timeout 2 the run ends, clearly, exit 1 (a request
+    that times out before the server answered anything is not retried); with --budget the whole run stops when it is spent."""
     import pandas as pd
     srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(16)
     held = []
@@ -290,15 +291,21 @@ def test_a_server_that_never_answers_fails_the_cli_run_within_the_timeout_asked(
     threading.Thread(target=accept, daemon=True).start()
     pd.DataFrame({"study_id": ["s1"], "dataset": ["iu-xray"], "findings": ["Small left pleural effusion. Heart size is normal."],
                   "impression": ["Small effusion."]}).to_csv(tmp_path / "st.csv", index=False)
-    r = subprocess.run([sys.executable, "-c", "from cxr_audit.cli import main; raise SystemExit(main())", "reref", "--studies",
-                        str(tmp_path / "st.csv"), "--out", str(tmp_path / "o"), "--backend", "openai", "--model", "m",
-                        "--base-url", f"http://127.0.0.1:{srv.getsockname()[1]}/v1", "--variations", "negation:implicit",
-                        "--timeout", "2", "--retries", "0", "--cache", str(tmp_path / "c.sqlite")],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "OPENAI_API_KEY": "sk-test"})
+    def reref(out, *waiting):
+        return subprocess.run([sys.executable, "-c", "from cxr_audit.cli import main; raise SystemExit(main())", "reref", "--studies",
+                               str(tmp_path / "st.csv"), "--out", str(tmp_path / out), "--backend", "openai", "--model", "m",
+                               "--base-url", f"http://127.0.0.1:{srv.getsockname()[1]}/v1", "--variations", "negation:implicit",
+                               *waiting, "--cache", str(tmp_path / "c.sqlite")],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "OPENAI_API_KEY": "sk-test"})
+    r = reref("o", "--timeout", "2")
+    budgeted = reref("b", "--timeout", "600", "--budget", "2")   # one 600 s wait would outlast this test's 120 s limit
     srv.close()
     for c in held: c.close()
     assert r.returncode == 1 and "none of" in r.stderr and "LLM calls succeeded" in r.stderr, r.stderr[-2000:]
     import pandas as pd
     errors = pd.read_parquet(tmp_path / "o" / "rounds.parquet").error.dropna()
     assert len(errors) and errors.str.startswith("LLMTimeoutError: no answer from").all()   # --timeout reached the client
+    assert budgeted.returncode == 1 and "none of" in budgeted.stderr, budgeted.stderr[-2000:]
+    assert pd.read_parquet(tmp_path / "b" / "rounds.parquet").error.dropna().str.startswith("LLMTimeoutError").all()
+    assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--budget", "-1"]) == 2
     assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--timeout", "0"]) == 2

@@ -169,10 +169,16 @@ def test_concurrency(server, proxy, tmp_path):
 
 def test_timeouts(server):
     llm = OpenAIChat("smollm2", base_url=server.base_url)
-    out = run_batch([{"request_id": "slow", "messages": "Write a long story about a lighthouse."}], llm, cache=False,
-                    timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False).to_frame()
+    slow = [{"request_id": "slow", "messages": "Write a long story about a lighthouse."}]
+    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False, fail_fast=0).to_frame()
     assert (out.status[0], out.attempts[0]) == ("failed", 2)
     assert out.error[0].startswith("LLMTimeoutError: no answer from http://127.0.0.1") and "within 0.02 s" in out.error[0]
+    # by default a request that timed out before the server answered anything is not asked again (it may never answer)
+    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False).to_frame()
+    assert (out.status[0], out.attempts[0]) == ("failed", 1)
+    # a run's budget caps each attempt's time limit, and no attempt starts once it is spent
+    out = run_batch(slow, llm, cache=False, timeout_s=60, budget_s=0.05, max_tokens=32, progress=False, fail_fast=0).to_frame()
+    assert out.status[0] == "failed" and out.error[0].startswith("LLMTimeoutError")
     assert llm.chat("Say yes.", max_tokens=4, timeout_s=120).text  # the server still answers afterwards
 
 
