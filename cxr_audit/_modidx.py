@@ -1174,6 +1174,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                'cxr_audit.llm._is_openai_host': ('llm.html#_is_openai_host', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._left': ('llm.html#_left', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._masked': ('llm.html#_masked', 'cxr_audit/llm.py'),
+                               'cxr_audit.llm._mode_refused': ('llm.html#_mode_refused', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._model_schema_text': ('llm.html#_model_schema_text', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._n_words': ('llm.html#_n_words', 'cxr_audit/llm.py'),
                                'cxr_audit.llm._no_proxy_http_client': ('llm.html#_no_proxy_http_client', 'cxr_audit/llm.py'),

@@ -723,7 +723,7 @@ def _left(deadline: float | None) -> float | None:
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
              jitter_seed: int, allow: bool, deadline: float | None, watch) -> dict:
     """Call the back end for one request with retries; store a success in the cache; never raise. No attempt starts after
-    `deadline`, and while no request of the batch has succeeded (`watch.open`) a timed-out request is not tried again."""
+    `deadline`; a first attempt that times out while no request of the batch has succeeded (`watch.open`) is not tried again."""
     g, attempts, tin, tout, t0 = None, 0, 0, 0, time.perf_counter()  # the jitter generator is made at the first retry
     while True:
         attempts += 1
@@ -737,7 +737,7 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
         except Exception as e:
             usage = getattr(e, "usage", None) or {}
             tin, tout = tin + int(usage.get("prompt_tokens") or 0), tout + int(usage.get("completion_tokens") or 0)
-            unanswered = isinstance(e, LLMTimeoutError) and watch.open   # nothing answered yet: the server may not answer at all
+            unanswered = isinstance(e, LLMTimeoutError) and attempts == 1 and watch.open   # the server may not answer at all
             spent = deadline is not None and _left(deadline) <= 0
             again = is_retryable(e) and attempts <= retries and not watch.stop.is_set() and not unanswered and not spent
             why = describe_error(e, job["restricted"], _secrets(backend))
@@ -1201,13 +1201,20 @@ def _complete(self: OpenAIChat, msgs: list, schema, dec: dict) -> ChatResult:
             if self.structured_mode_ is None: res = self._probe(msgs, schema, dec)
     return res if res is not None else self._send(self._request(msgs, schema, self.structured_mode_, **dec))
 
+_FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar|structured", re.I)
+
+def _mode_refused(e: LLMHTTPError) -> bool:
+    "Whether an HTTP error refuses the structured mode asked for (try the next) rather than saying the server is failing."
+    if e.status in (400, 404, 415, 422): return True
+    return e.status in (500, 501) and bool(_FORMAT_WORDS.search(str(e)))   # llama.cpp: HTTP 500 naming response_format
+
 @patch
 def _probe(self: OpenAIChat, msgs, schema, dec) -> ChatResult:
-    "Try the structured modes in order until the server accepts one; remember it."
+    "Try the structured modes in order until the server accepts one; remember it. A failing server is not asked three times."
     for mode in ("json_schema", "json_object_schema", "prompt"):
         try: res = self._send(self._request(msgs, schema, mode, **dec))
         except LLMHTTPError as e:
-            if mode == "prompt" or e.status not in (400, 404, 415, 422, 500, 501): raise
+            if mode == "prompt" or not _mode_refused(e): raise
             _log.info("OpenAIChat(%r): structured mode %s refused (HTTP %s); trying the next", self.model, mode, e.status)
             continue
         self.structured_mode_ = mode

@@ -463,3 +463,15 @@ def test_cache_shared_by_processes_and_threads(tmp_path):
     rule = RuleChat(lambda m, s: m[-1]["content"].upper(), name="upper")
     assert cache.get(request_key(rule, "item 650")).text == "ITEM 650"
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_auto_mode_does_not_probe_a_failing_server_three_times():
+    "HTTP 500 that says nothing about the response format is a failing server: one request, not one per structured mode."
+    stub = FaultStub({"A": ["500"]})
+    try:
+        llm = OpenAIChat("stub-model", base_url=stub.base_url)   # structured="auto"
+        with pytest.raises(LLMHTTPError, match="stub error 500"):
+            llm.chat("A", schema=Triage)
+        assert stub.received == {"A": 1} and llm.structured_mode_ is None   # nothing learnt: the next call probes again
+    finally:
+        stub.close()
