@@ -643,6 +643,8 @@ def verdict_stage(ctx: AuditContext # the run: tables, ground truth and paramete
     "The report's first section: per metric and pair of configurations, holds / fragile / not shown, with the checks behind it."
     if config_label(ctx.generations.system, ctx.generations.policy).nunique() < 2:
         return Section("Verdicts", ["A verdict compares configurations; these generations have only one."])
+    if ctx.params.get("reps") == 0:
+        return Section("Verdicts", ["No verdicts: this run asked for no resamples (`--reps 0`), and a verdict rests on them."])
     v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.params.get("reps"), seed=ctx.seed,
                 clusters="patient_id" if "patient_id" in ctx.studies.columns else None,
                 labeler=ctx.params.get("labeler") or "chexpert", ref_section=ctx.ref_section)

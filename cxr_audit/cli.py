@@ -23,9 +23,9 @@ from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_repo
                               UNNAMED_DATASET, load_rexrank, to_studies, typed_generation_columns)
 
 # %% auto #0
-__all__ = ['LOADERS', 'COMMANDS', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load', 'cohort',
-           'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref', 'score',
-           'verdict', 'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status',
+__all__ = ['LOADERS', 'COMMANDS', 'OUT_NOTE', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load',
+           'cohort', 'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref',
+           'score', 'verdict', 'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status',
            'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
@@ -404,7 +404,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
           ) -> str:
     "Label references and generated reports (offline labeler or official labels), align them on study_id, trace the labels, write the tables."
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit
+    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit, reference_texts
     if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
     refs = to_studies(_table(references, str(references)), what=str(references), dataset=UNNAMED_DATASET)
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
@@ -417,9 +417,11 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     al, f1 = audit.alignment, audit.summary()
     f1 = f1[f1["labels"] == str(len(al.labels))]
     ok = int((al.matching.status == "matched").sum())
+    blank = int(reference_texts(refs).fillna("").astype(str).str.strip().eq("").sum())
+    empty = f" {blank} of the references are empty (every label absent);" if blank else ""
     scores = "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
     return (f"labels ({audit.labeler}): {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), {ok}/{len(al.matching)} matched; "
-            f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);"
+            f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);{empty}"
             + _unit_line(refs, clusters) + f" Wrote {out}")
 
 # %% ../nbs/15_cli.ipynb #346bcd63
@@ -785,6 +787,9 @@ COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate"
                                         "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 
+OUT_NOTE = ("--out: a folder this command wrote into before has that run's outputs replaced (files this run does not write "
+            "again are removed and listed in manifest.json as replaced_outputs); other files in it are left alone.")
+
 def _add_command(sub, name: str, command, full: str | None = None, options: bool = True):
     """Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review prepare');
     `options=False`: the name and help line only (a command this run does not parse)."""
@@ -794,7 +799,8 @@ def _add_command(sub, name: str, command, full: str | None = None, options: bool
         for step, func in command.items(): _add_command(steps, step, func, f"{name} {step}", options)
         return
     doc = (command.__doc__ or name).strip().splitlines()[0]
-    parser = sub.add_parser(name, help=doc, description=doc)
+    folder = options and docments(command).get("out") == "output folder"   # review prepare has a rule of its own
+    parser = sub.add_parser(name, help=doc, description=doc, epilog=OUT_NOTE if folder else None)
     if options: add_arguments(parser, command).set_defaults(_command=command, _name=full or name)
 
 def build_parser(only: str | None = None # a command name: only its options are built (None or an unknown name: every command's)

@@ -1725,6 +1725,9 @@ def label_audit(studies,                                # `studies`: study_id an
                ) -> LabelAudit:
     "Label references and generated reports, align them (and with the ground truth), trace and probe the labeler."
     lab, g, refs = get_labeler(labeler), to_generations(generations), reference_texts(studies)
+    if len(refs) and refs.fillna("").astype(str).str.strip().eq("").all():
+        raise InputError("label_audit: every reference report is empty; there is nothing to label (every label would be "
+                         "absent, and micro-F1 0 by construction)")
     ref_lab, gen_lab, cmap = label_reports(refs, labeler=lab), label_generations(g, lab), g[["sample_id", "study_id"]]
     al = align_labels(ref_lab, gen_lab, labels, uncertain_positive, case_map=cmap)
     truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab, labels,

@@ -1306,6 +1306,7 @@ def progression_evaluation(studies,                       # studies table: study
                           ) -> ProgressionEvaluation:
     "Paper 003's evaluation of report generators (its Table 5): language, diagnosis and progression measures on one set of resamples."
     annotator = annotator if annotator is not None else RuleAnnotator()
+    if not 0 <= float(max_invalid) <= 1: raise InputError(f"max_invalid is a share of replies in [0, 1], got {max_invalid!r}")
     st = require_columns(studies, ["study_id", section], "studies").copy()
     st["study_id"] = st["study_id"].astype(str)
     if st["study_id"].duplicated().any(): raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")

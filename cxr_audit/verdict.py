@@ -499,6 +499,8 @@ def verdict(studies,                                    # studies: study_id, fin
         g, g_all = g[g["config"].isin(keep)], g_all[g_all["config"].isin(keep)]
     s["cluster_map"] = _cluster_map(st, g, clusters)
     n_pairs = len(chosen) if chosen is not None else len(set(g["config"])) * (len(set(g["config"])) - 1) // 2
+    if s["reps"] is not None and int(s["reps"]) < 1:
+        raise InputError(f"verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), got {s['reps']}")
     s["reps"] = int(s["reps"] or _enough_reps(n_pairs * len(metrics), s["size"]))
     scored = {m: get_metric(m, labeler=lab) if m in LABEL_METRICS else m for m in metrics}
     _say(s["progress"], t0, f"{len(set(g['config']))} configurations x {g['study_id'].nunique()} studies: "

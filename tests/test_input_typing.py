@@ -74,3 +74,28 @@ def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
     run_audit(mixed, d.generations, tmp_path / "m", stages=["corpus"], progress=False, workers=1)
     page = (tmp_path / "m" / "report.html").read_text()
     assert "Mixed data." in page and "no patient data is shown" not in page
+
+
+def test_requests_that_cannot_be_honoured_are_refused_not_answered_with_zeros():
+    from cxr_audit.labels import label_audit
+    from cxr_audit.longitudinal import progression_evaluation
+    from cxr_audit.verdict import verdict
+    st = pd.DataFrame({"study_id": ["a", "b", "c"], "findings": ["", " ", ""], "impression": ""})
+    g = pd.DataFrame({"study_id": ["a", "b", "c"] * 2, "system": ["m1"] * 3 + ["m2"] * 3, "hypothesis": ["Effusion.", "Clear.", "Edema."] * 2})
+    with pytest.raises(InputError, match="every reference report is empty"):
+        label_audit(st, g, reps=10)
+    full = st.assign(findings=["Stable effusion.", "Lungs clear.", "Edema has improved."])
+    with pytest.raises(InputError, match="reps must be >= 1"):
+        verdict(full, g, reps=0, clusters=None)
+    with pytest.raises(InputError, match=r"max_invalid is a share of replies in \[0, 1\]"):
+        progression_evaluation(full, g, max_invalid=2)
+
+
+def test_help_says_what_a_rerun_into_the_same_folder_does():
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = str(Path(sys.executable).parent / "cxr-audit")
+    for command in ("score", "audit", "concentration", "verdict"):
+        r = subprocess.run([exe, command, "--help"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "replaced_outputs" in r.stdout, command
