@@ -2776,6 +2776,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.verdict._prepared': ('verdict.html#_prepared', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._quiet': ('verdict.html#_quiet', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._reference_gaps': ('verdict.html#_reference_gaps', 'cxr_audit/verdict.py'),
+                                   'cxr_audit.verdict._resolved_reps': ('verdict.html#_resolved_reps', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._reversals': ('verdict.html#_reversals', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._rewrites': ('verdict.html#_rewrites', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._row': ('verdict.html#_row', 'cxr_audit/verdict.py'),

@@ -456,6 +456,12 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     ctx.update(texts={c: d.set_index("study_id") for c, d in g.groupby("config")}, g=g, studies=st, scored=scored)
     return ctx
 
+def _resolved_reps(reps: int | None, comparisons: int, size: float) -> int:
+    "The resamples to draw: those asked for (at least 1), else enough for Holm over `comparisons`."
+    if reps is not None and int(reps) < 1:
+        raise InputError(f"verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), got {reps}")
+    return int(reps or _enough_reps(comparisons, size))
+
 
 # %% ../nbs/13a_verdict.ipynb #122de9a6
 def verdict(studies,                                    # studies: study_id, findings, impression (patient_id)
@@ -499,9 +505,7 @@ def verdict(studies,                                    # studies: study_id, fin
         g, g_all = g[g["config"].isin(keep)], g_all[g_all["config"].isin(keep)]
     s["cluster_map"] = _cluster_map(st, g, clusters)
     n_pairs = len(chosen) if chosen is not None else len(set(g["config"])) * (len(set(g["config"])) - 1) // 2
-    if s["reps"] is not None and int(s["reps"]) < 1:
-        raise InputError(f"verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), got {s['reps']}")
-    s["reps"] = int(s["reps"] or _enough_reps(n_pairs * len(metrics), s["size"]))
+    s["reps"] = _resolved_reps(s["reps"], n_pairs * len(metrics), s["size"])
     scored = {m: get_metric(m, labeler=lab) if m in LABEL_METRICS else m for m in metrics}
     _say(s["progress"], t0, f"{len(set(g['config']))} configurations x {g['study_id'].nunique()} studies: "
          f"{', '.join(metrics)} with {s['reps']:,} paired resamples")
