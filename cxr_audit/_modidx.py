@@ -80,6 +80,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                'cxr_audit.cli._check_options': ('cli.html#_check_options', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._clusters_arg': ('cli.html#_clusters_arg', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._declare_public': ('cli.html#_declare_public', 'cxr_audit/cli.py'),
+                               'cxr_audit.cli._error': ('cli.html#_error', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._flag_line': ('cli.html#_flag_line', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._ids_arg': ('cli.html#_ids_arg', 'cxr_audit/cli.py'),
                                'cxr_audit.cli._joined': ('cli.html#_joined', 'cxr_audit/cli.py'),

@@ -18,17 +18,22 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args, get_or
 
 from fastcore.docments import docments
 
-from .core import DEFAULT_SEED, CxrAuditError, IncompleteRunError, InputError, md_table, read_table, write_table
-from .corpus import (load_chexpert_plus, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
-                              UNNAMED_DATASET, load_rexrank, to_studies, typed_generation_columns)
 
 # %% auto #0
-__all__ = ['LOADERS', 'COMMANDS', 'OUT_NOTE', 'USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo', 'audit', 'validate', 'load',
-           'cohort', 'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare', 'review_analyse', 'reref',
-           'score', 'verdict', 'generate', 'llm_cache', 'llm_batch_export', 'llm_batch_import', 'llm_batch_status',
-           'build_parser', 'main']
+__all__ = ['DEFAULT_SEED', 'LOADERS', 'COMMANDS', 'OUT_NOTE', 'OTHER_USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo',
+           'audit', 'validate', 'load', 'cohort', 'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare',
+           'review_analyse', 'reref', 'score', 'verdict', 'generate', 'llm_cache', 'llm_batch_export',
+           'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
+DEFAULT_SEED: int = 0   # `core.DEFAULT_SEED`, repeated here so that `--help` loads no pandas (a test keeps the two equal)
+
+def _error(message: str # one line saying what is wrong with the input
+          ) -> Exception:
+    "A `core.InputError` (imported when raised: reading options and `--help` never load numpy or pandas)."
+    from cxr_audit.core import InputError
+    return InputError(message)
+
 def _arg_spec(anno, default) -> dict:
     "argparse keyword arguments for a parameter annotated `anno` with default `default`."
     origin, args = get_origin(anno), get_args(anno)
@@ -61,12 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser, # the (sub)command's parser
 
 def _table(path, what: str | None = None):
     "The table in `path`; one with a header and no rows is an `InputError` (nothing to audit)."
+    from cxr_audit.core import read_table
     t = read_table(path, what or str(path))
-    if len(t) == 0: raise InputError(f"{what or path}: the table has no rows (only a header)")
+    if len(t) == 0: raise _error(f"{what or path}: the table has no rows (only a header)")
     return t
 
 def _studies_table(path):
     "The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id, strict types)."
+    from cxr_audit.corpus import to_studies, UNNAMED_DATASET
     t = _table(path, str(path))
     to_studies(t, what=str(path), dataset=UNNAMED_DATASET)
     return t
@@ -78,13 +85,13 @@ def _labeler_arg(value: str) -> str:
     v = str(value)
     if v in LABELER_NAMES: return v
     if not Path(v).is_file():
-        raise InputError(f"--labeler {v!r}: not one of {', '.join(LABELER_NAMES)} and no such file (the official labeler's output CSV)")
+        raise _error(f"--labeler {v!r}: not one of {', '.join(LABELER_NAMES)} and no such file (the official labeler's output CSV)")
     return str(Path(v))
 
 def _stage_reps(reps: int | None) -> int | None:
     "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
     if reps is not None and int(reps) < 1:
-        raise InputError(f"--reps must be >= 1 (every audit stage resamples), got {reps}; leave it out for each stage's own default")
+        raise _error(f"--reps must be >= 1 (every audit stage resamples), got {reps}; leave it out for each stage's own default")
     return reps
 
 def demo(out: str = "demo_out",       # output folder
@@ -128,9 +135,10 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
              generations: str | None = None   # generations table (.csv/.parquet)
             ) -> str:
     "Check studies and/or generations tables and print a summary."
+    from cxr_audit.corpus import load_report
     from cxr_audit.audit import check_pair
     from cxr_audit.corpus import to_generations, to_studies
-    if not (studies or generations): raise InputError("validate: give --studies and/or --generations")
+    if not (studies or generations): raise _error("validate: give --studies and/or --generations")
     lines = []
     if studies:
         s = to_studies(_table(studies), studies)
@@ -145,8 +153,8 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     return "\n".join(lines + keyed + ["ok"])
 
 # %% ../nbs/15_cli.ipynb #67b43b83
-LOADERS: dict[str, Callable] = {"iu-xray": load_iu_xray, "mimic-cxr": load_mimic_cxr,
-                                "chexpert-plus": load_chexpert_plus, "rexgradient": load_rexgradient}
+LOADERS: dict[str, str] = {"iu-xray": "load_iu_xray", "mimic-cxr": "load_mimic_cxr", "chexpert-plus": "load_chexpert_plus",
+                           "rexgradient": "load_rexgradient"}   # dataset -> its loader in `corpus`
 
 def _joined(v) -> str:
     "A list cell as `;`-separated text for a CSV (missing entries left empty)."
@@ -159,8 +167,11 @@ def load(path: str,                                  # the dataset's file or fol
          image_root: str | None = None               # folder put in front of every image path
         ) -> str:
     "Load a dataset's files into the `studies` table; say how many studies were flagged and why."
-    if Path(out).suffix not in (".parquet", ".csv"): raise InputError(f"load: --out must end in .parquet or .csv, got {out!r}")
-    studies = load_rexrank(path, dataset, image_root=image_root) if rexrank else LOADERS[dataset](path, image_root=image_root)
+    from cxr_audit.core import md_table, write_table
+    from cxr_audit import corpus
+    from cxr_audit.corpus import load_report, load_rexrank
+    if Path(out).suffix not in (".parquet", ".csv"): raise _error(f"load: --out must end in .parquet or .csv, got {out!r}")
+    studies = load_rexrank(path, dataset, image_root=image_root) if rexrank else getattr(corpus, LOADERS[dataset])(path, image_root=image_root)
     table = studies if Path(out).suffix == ".parquet" else studies.assign(
         **{c: studies[c].map(_joined) for c in ("image_paths", "image_views", "frontal_lateral", "load_flags") if c in studies})
     write_table(table, out)
@@ -184,7 +195,7 @@ def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 
     from cxr_audit.cohort import run_recipe
     from cxr_audit.corpus import to_studies
     bad = [p for p in param or [] if "=" not in p]
-    if bad: raise InputError(f"cohort: --param must be KEY=VALUE, got {bad[0]!r}")
+    if bad: raise _error(f"cohort: --param must be KEY=VALUE, got {bad[0]!r}")
     def value(text: str):
         try: return json.loads(text)
         except json.JSONDecodeError: return text
@@ -225,10 +236,12 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                   validity_rule: Literal["strict", "surface"] = "strict" # "surface": token-limit, looping and too-short outputs stay valid, flagged (paper 004)
                  ) -> str:
     "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
+    from cxr_audit.core import IncompleteRunError
+    from cxr_audit.corpus import typed_generation_columns
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
     table = typed_generation_columns(_table(generations), str(generations))   # truncated 'no' is False, seed 'x' an error
     if unit not in table.columns:
-        raise InputError(f"concentration: --unit {unit!r} is not a column of {generations} (columns: {', '.join(map(str, table.columns))})")
+        raise _error(f"concentration: --unit {unit!r} is not a column of {generations} (columns: {', '.join(map(str, table.columns))})")
     clusters = _clusters_arg(clusters, table)
     a = audit_concentration(table, by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
                             top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
@@ -249,9 +262,9 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
 # %% ../nbs/15_cli.ipynb #3b719f7d
 def _waiting(timeout, retries, budget=None) -> dict:
     "`--timeout`, `--retries` and `--budget` of an LLM command, checked: how long a request and the run may take, how often to retry."
-    if not float(timeout) > 0: raise InputError(f"--timeout must be a positive number of seconds, got {timeout}")
-    if int(retries) < 0: raise InputError(f"--retries must be >= 0, got {retries}")
-    if budget is not None and not float(budget) > 0: raise InputError(f"--budget must be a positive number of seconds, got {budget}")
+    if not float(timeout) > 0: raise _error(f"--timeout must be a positive number of seconds, got {timeout}")
+    if int(retries) < 0: raise _error(f"--retries must be >= 0, got {retries}")
+    if budget is not None and not float(budget) > 0: raise _error(f"--budget must be a positive number of seconds, got {budget}")
     return {"timeout_s": float(timeout), "retries": int(retries), "budget_s": None if budget is None else float(budget)}
 
 def _declare_public(names) -> list[str]:
@@ -264,11 +277,10 @@ def _declare_public(names) -> list[str]:
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
                n_task_examples, n_change_indicators, n_progression_examples, waiting: dict | None = None):
     "The annotator the options ask for: the rules, or paper 003's LLM annotator over an OpenAI-compatible server."
-    from cxr_audit.core import InputError
     from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator
     if annotator == "rules": return RuleAnnotator()
-    if annotator != "openai": raise InputError(f"annotator must be 'rules' or 'openai', got {annotator!r}")
-    if not model: raise InputError("annotator 'openai' needs --model")
+    if annotator != "openai": raise _error(f"annotator must be 'rules' or 'openai', got {annotator!r}")
+    if not model: raise _error("annotator 'openai' needs --model")
     from cxr_audit.llm import OpenAIChat
     return LLMAnnotator(OpenAIChat(model, base_url=base_url), int(n_task_examples), int(n_change_indicators),
                         int(n_progression_examples), decoding=decoding, seed=llm_seed, cache=cache,
@@ -283,8 +295,8 @@ def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
     from cxr_audit.llm_batch import BatchCollector
     from cxr_audit.longitudinal import LLMAnnotator, annotate_reports
     if not isinstance(ann, LLMAnnotator) or not cache:
-        raise InputError("longitudinal: --batch needs --annotator openai and --cache FILE (the requests are recorded there)")
-    if section not in st.columns: raise InputError(f"longitudinal: the studies table has no column {section!r}")
+        raise _error("longitudinal: --batch needs --annotator openai and --cache FILE (the requests are recorded there)")
+    if section not in st.columns: raise _error(f"longitudinal: the studies table has no column {section!r}")
     ann.backend, ann.progress = BatchCollector(ann.backend, cache), False
     held = dict(zip(st["study_id"].astype(str), is_restricted(st)))
     refs = pd.DataFrame({"report_id": "reference/" + st["study_id"].astype(str), "text": st[section],
@@ -303,6 +315,7 @@ def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
 
 def _save_incomplete(e, out: str, inputs: dict, params: dict) -> None:
     "The annotations, the replies and the unreadable counts of an incomplete longitudinal run, with a manifest."
+    from cxr_audit.core import write_table
     from cxr_audit.core import write_manifest
     tables = {"reference_sentences.parquet": e.reference_sentences, "generated_sentences.parquet": e.generated_sentences,
               "llm_calls.parquet": e.llm_calls, "validity.csv": e.validity}
@@ -337,6 +350,8 @@ def longitudinal(*, studies: str,                                      # studies
                  max_invalid: float = 0.05                             # above this share of unreadable annotator replies: no score, exit 1
                 ) -> str:
     "Annotate references and generations longitudinally, evaluate every system, write tables, charts and a manifest."
+    from cxr_audit.core import IncompleteRunError
+    from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.longitudinal import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation, unreadable_text
     _declare_public(public_dataset)
@@ -372,13 +387,14 @@ def _list_arg(value) -> list[str]:
 
 def _ids_arg(value) -> list[str]:
     "IDs from a list or comma-separated text, where an item may be a file (a table with `study_id`, or one ID per line)."
+    from cxr_audit.core import read_table
     out = []
     for item in ([value] if isinstance(value, (str, Path)) else list(value or [])):
         p = Path(item)
         if not p.is_file(): out += _list_arg(str(item)); continue
         if p.suffix.lower() in (".csv", ".parquet", ".tsv"):
             t = read_table(p)
-            if "study_id" not in t.columns: raise InputError(f"{p}: needs a study_id column")
+            if "study_id" not in t.columns: raise _error(f"{p}: needs a study_id column")
             out += t.study_id.astype(str).tolist()
         else: out += [x.strip() for x in p.read_text("utf-8").splitlines() if x.strip()]
     return out
@@ -403,13 +419,14 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
            labeler: str = "chexpert"         # chexpert (official definitions), clinical, chexpert+quirks, or the official labeler's output CSV
           ) -> str:
     "Label references and generated reports (offline labeler or official labels), align them on study_id, trace the labels, write the tables."
+    from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit, reference_texts
-    if str(labels) not in ("14", "5"): raise InputError(f"labels: --labels must be 14 or 5, got {labels!r}")
+    if str(labels) not in ("14", "5"): raise _error(f"labels: --labels must be 14 or 5, got {labels!r}")
     refs = to_studies(_table(references, str(references)), what=str(references), dataset=UNNAMED_DATASET)
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
     if not gens["study_id"].isin(refs["study_id"]).any():
-        raise InputError(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
+        raise _error(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
     clusters = _clusters_arg(clusters, refs)
     audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters, labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
                         uncertain_positive=uncertain_positive, labeler=get_labeler(_labeler_arg(labeler)))
@@ -479,8 +496,8 @@ def review_analyse(*, key: str,                      # the review key (OUT/key/r
     "Check returned sheets and report agreement; then write the consensus queue, or with decisions the consensus summaries."
     from cxr_audit.review import review_analysis
     try: rules_map = json.loads(rules) if isinstance(rules, str) and rules.strip() else (rules or None)
-    except json.JSONDecodeError as e: raise InputError(f"review analyse: rules must be JSON, e.g. '{{\"count_gap\": 2}}' ({e})") from None
-    if panel not in ("random", "all"): raise InputError(f"review analyse: panel must be 'random' or 'all', got {panel!r}")
+    except json.JSONDecodeError as e: raise _error(f"review analyse: rules must be JSON, e.g. '{{\"count_gap\": 2}}' ({e})") from None
+    if panel not in ("random", "all"): raise _error(f"review analyse: panel must be 'random' or 'all', got {panel!r}")
     a = review_analysis(_list_arg(ratings), key, decisions, codebook, rules_map, None if panel == "all" else panel, reps=reps, seed=seed)
     a.save(out, inputs={f"ratings:{f.name}": f for f in _rating_files(ratings)})
     o, q = Path(out), a.queue
@@ -497,8 +514,8 @@ def _reref_loop(backend: str, model: str | None, verifier_model: str | None, bas
     from cxr_audit.reref import ReRef
     from cxr_audit.reref_rules import rule_reref
     if backend == "rules": return rule_reref(max_rounds=max_rounds)
-    if backend != "openai": raise InputError(f"reref: --backend must be 'rules' or 'openai', not {backend!r}")
-    if not model: raise InputError("reref: --backend openai needs --model")
+    if backend != "openai": raise _error(f"reref: --backend must be 'rules' or 'openai', not {backend!r}")
+    if not model: raise _error("reref: --backend openai needs --model")
     from cxr_audit.llm import OpenAIChat
     generator = OpenAIChat(model, base_url=base_url, structured=structured)
     verifier = OpenAIChat(verifier_model, base_url=base_url, structured=structured) if verifier_model else generator
@@ -509,7 +526,7 @@ def _reref_batch(table, chosen, loop, options: dict, backend: str, cache: str | 
     "`reref --batch`: one pass of the loop behind batch collectors; says what waits for batch results, or that every answer is in."
     from cxr_audit.llm_batch import BatchCollector
     from cxr_audit.reref import rewrite_table
-    if backend != "openai" or not cache: raise InputError("reref: --batch needs --backend openai and --cache FILE (the requests are recorded there)")
+    if backend != "openai" or not cache: raise _error("reref: --batch needs --backend openai and --cache FILE (the requests are recorded there)")
     loop.generator, loop.verifier = BatchCollector(loop.generator, cache), BatchCollector(loop.verifier, cache)
     run = rewrite_table(table, chosen, loop, **{**options, "progress": False})
     if run.pending:
@@ -547,6 +564,7 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           level: Literal["study", "corpus"] = "study"   # shifts: mean per-study difference (paper 000) or of corpus statistics
          ) -> str:
     "Rewrite references along the ReRef taxonomy; with --generations, the reference-sensitivity analysis of paper 000."
+    from cxr_audit.core import IncompleteRunError
     from cxr_audit.reref import rewrite_table
     from cxr_audit.reref_sensitivity import DEFAULT_METRICS, reference_sensitivity
     _declare_public(public_dataset)
@@ -608,6 +626,7 @@ def score(generations: str,                              # generations table (.c
           labeler: str = "chexpert",                     # CheXpert-F1 labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
          ) -> str:
     "Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired differences."
+    from cxr_audit.corpus import typed_generation_columns
     import warnings
     from cxr_audit.evaluator import DEFAULT_SCORE_METRICS, score_systems
     from cxr_audit.labels import get_labeler
@@ -615,7 +634,7 @@ def score(generations: str,                              # generations table (.c
     metrics = tuple(metrics or DEFAULT_SCORE_METRICS)
     lab = get_labeler(_labeler_arg(labeler))
     scored = [get_metric(m, labeler=lab) if m.startswith("chexpert_f1") else m for m in metrics]
-    if int(reps) < 0: raise InputError(f"score: --reps must be >= 0, got {reps}")
+    if int(reps) < 0: raise _error(f"score: --reps must be >= 0, got {reps}")
     gpath, spath = Path(generations), Path(studies) if studies else None
     g, s = typed_generation_columns(_table(gpath), gpath.name), _table(spath) if spath else None
     with warnings.catch_warnings(record=True) as caught:
@@ -644,7 +663,7 @@ def _pairs_arg(pairs) -> list[tuple[str, str]] | None:
     "`--pairs FIRST,SECOND ...` as (first, second) tuples (None: every pair)."
     if not pairs: return None
     bad = [p for p in pairs if len(str(p).split(",")) != 2]
-    if bad: raise InputError(f"--pairs {bad[0]!r}: write each pair as FIRST,SECOND (two configurations, e.g. sysA+B4,sysB+B4)")
+    if bad: raise _error(f"--pairs {bad[0]!r}: write each pair as FIRST,SECOND (two configurations, e.g. sysA+B4,sysB+B4)")
     return [tuple(x.strip() for x in str(p).split(",")) for p in pairs]
 
 def verdict(*, studies: str,                        # studies table (.csv/.parquet): study_id, findings, impression (patient_id)
@@ -662,6 +681,7 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
             rule: Literal["holm", "ci"] = "holm"    # a reversal under the rewrites or on progression F1 counts when significant by this rule
            ) -> str:
     "Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the reasons."
+    from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.verdict import CHECKS, verdict as judge
     from cxr_audit.audit import check_pair
@@ -724,21 +744,21 @@ def llm_cache(path: str | None = None, # cache file (default: $CXR_AUDIT_CACHE o
     from cxr_audit.llm import ChatCache
     with open(path, "rb") if path and Path(path).is_file() else io.BytesIO() as f: head = f.read(16)
     if head and head != b"SQLite format 3\x00":     # SQLite would turn a short non-database file into a fresh cache
-        raise InputError(f"llm-cache: {path} is not an SQLite cache file (it is left untouched)")
+        raise _error(f"llm-cache: {path} is not an SQLite cache file (it is left untouched)")
     try:
         c = ChatCache(path or None)
         if clear: c.clear()
         out = json.dumps(c.stats(), indent=2); c.close()
-    except sqlite3.DatabaseError as e: raise InputError(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
+    except sqlite3.DatabaseError as e: raise _error(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
     return out
 
 # %% ../nbs/15_cli.ipynb #0b0d34da
 def _batch_cache(cache: str, name: str) -> Path:
     "The cache file of an `llm-batch` step: it must exist and be an SQLite file (a missing one would be created empty)."
     p = Path(cache)
-    if not p.is_file(): raise InputError(f"llm-batch {name}: no cache file {cache} (give the --cache the run recorded into)")
+    if not p.is_file(): raise _error(f"llm-batch {name}: no cache file {cache} (give the --cache the run recorded into)")
     with open(p, "rb") as f:
-        if f.read(16) != b"SQLite format 3\x00": raise InputError(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
+        if f.read(16) != b"SQLite format 3\x00": raise _error(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
     return p
 
 def llm_batch_export(*, cache: str,                  # the LLM cache file the batch run recorded its requests into
@@ -762,11 +782,11 @@ def llm_batch_import(*, cache: str,                 # the LLM cache file the req
                     ) -> str:
     "Read a batch provider's output and error files into the LLM cache; failures are recorded, re-import changes nothing."
     from cxr_audit.llm_batch import import_batch
-    if int(chunk) < 1: raise InputError(f"llm-batch import: --chunk must be >= 1, got {chunk}")
+    if int(chunk) < 1: raise _error(f"llm-batch import: --chunk must be >= 1, got {chunk}")
     rows = import_batch(_batch_cache(cache, "import"), results, chunk=chunk)
     n = rows.status.value_counts()
     if len(rows) and n.get("unknown", 0) == len(rows):
-        raise InputError(f"llm-batch import: none of the {len(rows)} result lines was recorded in {cache}; is it the cache the run used?")
+        raise _error(f"llm-batch import: none of the {len(rows)} result lines was recorded in {cache}; is it the cache the run used?")
     return (f"llm-batch import: {len(rows)} lines: {n.get('ok', 0)} answers, {n.get('failed', 0)} failed, {n.get('unknown', 0)} unknown; "
             f"{int(rows.stored.sum())} newly stored. Run the same command again (the run) to continue.")
 
@@ -813,18 +833,18 @@ def build_parser(only: str | None = None # a command name: only its options are 
     return parser
 
 # %% ../nbs/15_cli.ipynb #73e4d3de
-USER_ERRORS = (CxrAuditError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
-               ImportError)   # bad input, a guard refusal (`llm.RestrictedDataError`), a server that fails, a missing extra
+OTHER_USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
+                     ImportError)   # besides the package's own errors (`core.CxrAuditError`): a file, a missing extra
 SIGPIPE_EXIT = 141            # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away (`... | head -1`)
 
 def _check_options(command: Callable, kwargs: dict):
     "Refuse, before any work, what no command can use: a negative count, an output folder that is a file."
     for k, v in kwargs.items():
         bad = [x for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, int) and not isinstance(x, bool) and x < 0]
-        if bad: raise InputError(f"--{k.replace('_', '-')} must be >= 0, got {bad[0]}")
+        if bad: raise _error(f"--{k.replace('_', '-')} must be >= 0, got {bad[0]}")
     out = kwargs.get("out")
     if out and command not in (load, generate) and Path(out).exists() and not Path(out).is_dir():
-        raise InputError(f"--out {out!r} is a file; give a folder (it is created when missing)")
+        raise _error(f"--out {out!r} is a file; give a folder (it is created when missing)")
 
 def _reader_gone() -> int:
     "Stop writing to a closed pipe quietly: later writes (and the flush at exit) go to /dev/null."
@@ -836,6 +856,7 @@ def _run(argv: Sequence[str] | None) -> int:
     "Parse `argv`, run the command, print its message; the exit code (2: a user error, one line on stderr)."
     argv = sys.argv[1:] if argv is None else list(argv)
     args = vars(build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv))
+    from cxr_audit.core import CxrAuditError, IncompleteRunError   # `--help` has exited above, before numpy or pandas load
     command, name = args.pop("_command"), args.pop("_name")
     kwargs = {k: v for k, v in args.items() if not k.startswith("_")}
     try:
@@ -844,7 +865,7 @@ def _run(argv: Sequence[str] | None) -> int:
     except IncompleteRunError as e:                              # wrote what it could; the job is not done
         print(f"cxr-audit {name}: incomplete: {e}", file=sys.stderr)
         return 1
-    except USER_ERRORS as e:
+    except (CxrAuditError, *OTHER_USER_ERRORS) as e:
         print(f"cxr-audit {name}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0

@@ -582,3 +582,12 @@ def test_the_demo_manifest_keeps_the_stage_times(demo_runs):
     m = json.loads((demo_runs[0] / "manifest.json").read_text())
     assert m["command"] == "cxr-audit demo" and {"verdict", "corpus", "metrics", "reref"} <= set(m["stage_seconds"])
     assert all(t >= 0 for t in m["stage_seconds"].values())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["score", "--help"], ["review", "prepare", "--help"], ["audit", "--help"]])
+def test_help_loads_neither_numpy_nor_pandas(argv):
+    "Help answers without the analysis stack (speed: benchmarks/bench_cli.py); each command imports what it needs when it runs."
+    code = ("import sys\nfrom cxr_audit.cli import main\ntry: main(sys.argv[1:])\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in ('numpy', 'pandas') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "usage: cxr-audit" in r.stdout and r.stdout.strip().splitlines()[-1] == "[]", r.stdout[-500:]
