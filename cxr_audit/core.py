@@ -472,6 +472,8 @@ def cxr_theme() -> dict:
         "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6", "domainColor": "#888", "labelLimit": 0},
         "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 0},   # labels are never cut with "…"
         "title": {"fontSize": 14, "anchor": "start"},
+        # the label of a row of facets sits above it, unturned: a facet only one bar high has room for any name
+        "headerRow": {"labelAngle": 0, "labelOrient": "top", "labelAnchor": "start", "labelFontWeight": "bold", "labelLimit": 0},
         "range": {"category": PALETTE},
         "mark": {"color": PALETTE[0]}, "bar": {"color": PALETTE[0]},
         "background": "white"}}

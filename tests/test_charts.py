@@ -188,3 +188,13 @@ def test_the_checks_catch_a_cut_label_an_empty_facet_and_a_second_colour():
         new = [("", *_sg(alt.Chart(x).mark_bar().encode(x="v:Q", y="system:N", color=system_color("system", x.system))))
                for x in (a, a.iloc[1:])]
     assert not color_clashes(new) and legend_colors(new[1][2]) == {"sim-b+B4": PALETTE[1]}
+
+
+def test_a_facet_one_row_high_shows_its_name_above_it_unturned():
+    "Row labels of faceted charts sit above their facet, horizontal: a one-bar facet cannot squeeze its name into its height."
+    from cxr_audit.stats import plot_forest
+    df = pd.DataFrame({"metric": ["cider", "chexpert_f1_5", "chexpert_f1_5"], "first": "a", "second": ["b", "b", "c"],
+                       "estimate": [0.1, 0.2, -0.1], "ci_low": [0, 0.1, -0.2], "ci_high": [0.2, 0.3, 0.0], "p_holm": [0.01, 0.02, 0.3],
+                       "significant": [True, True, False]})
+    labels = re.findall(r'<text([^>]*)>(cider|chexpert_f1_5)</text>', chart_svg(plot_forest(df)))
+    assert len(labels) == 2 and not any("rotate" in attrs for attrs, _ in labels)
