@@ -423,7 +423,9 @@ def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and para
                                    fam[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]],
                                    cc.note(), "Rank of each configuration by unique-report ratio, with its bootstrap interval:",
                                    cc.ranks(), cc.plot("win")],
-                   note="Reference-free statistics computed from the report text (no reference, labeler or LLM).")
+                   note="Reference-free statistics computed from the report text (no reference, labeler or LLM). They describe "
+                        "the reports, not their quality: no configuration is called better here, and the Verdicts section judges "
+                        "the metric leads.")
 
 # %% ../nbs/14_audit.ipynb #c5f766c1
 _REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")   # the audit report's metrics section
