@@ -40,3 +40,23 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return path
+
+
+def run_with_peak(args: list, interval: float = 0.1) -> dict:
+    """Run a command; its wall seconds and the peak resident memory of its process tree (the command and every process
+    it starts, summed, sampled every `interval` seconds with psutil), its exit code and the end of its stderr."""
+    import subprocess
+
+    import psutil
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ps, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        total = 0
+        for p in [ps, *ps.children(recursive=True)]:
+            try: total += p.memory_info().rss
+            except psutil.Error: pass   # ended meanwhile
+        peak = max(peak, total)
+        time.sleep(interval)
+    return {"wall_s": round(time.perf_counter() - t0, 2), "peak_rss_gb": round(peak / 2**30, 3),
+            "returncode": proc.returncode, "stderr": proc.stderr.read()[-3000:]}

@@ -10,40 +10,23 @@ Run: .venv/bin/python benchmarks/bench_audit_scale.py [--patients 320,1600,6350]
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
-from _timing import options, write_result
-
-
-def tree_rss(proc: psutil.Process) -> int:
-    "Resident bytes of `proc` and all its descendants now (processes that end meanwhile count as 0)."
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try: total += p.memory_info().rss
-        except psutil.Error: pass
-    return total
+import pyarrow.parquet as pq
+from _timing import options, run_with_peak, write_result
 
 
 def run_demo(exe: str, patients: int, workers: int, out: Path) -> dict:
-    "One `cxr-audit demo` run: wall seconds, peak tree memory, and the manifest's counts and stage seconds."
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([exe, "demo", "--out", str(out), "--n-patients", str(patients), "--workers", str(workers)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    ps, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        peak = max(peak, tree_rss(ps))
-        time.sleep(0.1)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read()
-    if proc.returncode != 0: raise SystemExit(f"demo with {patients} patients failed ({proc.returncode}):\n{err[-3000:]}")
+    "One `cxr-audit demo` run: wall seconds, peak tree memory, the table sizes and the manifest's stage seconds."
+    r = run_with_peak([exe, "demo", "--out", out, "--n-patients", patients, "--workers", workers])
+    if r["returncode"] != 0: raise SystemExit(f"demo with {patients} patients failed ({r['returncode']}):\n{r['stderr']}")
     m = json.loads((out / "manifest.json").read_text())
-    return {"patients": patients, "studies": m["studies"], "generations": m["generations"], "wall_s": round(wall, 1),
-            "peak_rss_gb": round(peak / 2**30, 2), "stage_seconds": m["stage_seconds"]}
+    rows = {t: pq.ParquetFile(out / f"{t}.parquet").metadata.num_rows for t in ("studies", "generations")}
+    return {"patients": patients, "studies": rows["studies"], "generations": rows["generations"], "wall_s": round(r["wall_s"], 1),
+            "peak_rss_gb": round(r["peak_rss_gb"], 2), "stage_seconds": m["stage_seconds"]}
 
 
 def exponent(a: float, b: float, n1: int, n2: int) -> float | None:

@@ -21,9 +21,9 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'LOADERS', 'COMMANDS', 'OUT_NOTE', 'OTHER_USER_ERRORS', 'SIGPIPE_EXIT', 'add_arguments', 'demo',
-           'audit', 'validate', 'load', 'cohort', 'concentration', 'longitudinal', 'labels', 'trace', 'review_prepare',
-           'review_analyse', 'reref', 'score', 'verdict', 'generate', 'llm_cache', 'llm_batch_export',
-           'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
+           'audit', 'validate', 'load', 'cohort', 'concentration', 'longitudinal', 'labels', 'reference_corpus',
+           'trace', 'review_prepare', 'review_analyse', 'reref', 'score', 'verdict', 'generate', 'llm_cache',
+           'llm_batch_export', 'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
 DEFAULT_SEED: int = 0   # `core.DEFAULT_SEED`, repeated here so that `--help` loads no pandas (a test keeps the two equal)
@@ -441,6 +441,19 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
             f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);{empty}"
             + _unit_line(refs, clusters) + f" Wrote {out}")
 
+# %% ../nbs/15_cli.ipynb #2fbe012d
+def reference_corpus(reports: str,                 # a table of reports (.parquet read one column at a time, or .csv)
+                     *, out: str,                  # output folder
+                     column: str = "findings",     # the column holding the reports
+                     labeler: str = "chexpert",    # chexpert, clinical, chexpert+quirks, the official labeler's CSV, or none
+                     top_k: int = 5                # most frequent texts listed
+                    ) -> str:
+    "Audit a corpus of reference reports alone: concentration, Distinct-n, length, label shares (no systems)."
+    from cxr_audit.reference_corpus import audit_reference_corpus
+    ra = audit_reference_corpus(reports, column, labeler=None if labeler == "none" else _labeler_arg(labeler), top_k=top_k)
+    ra.save(out, inputs={"reports": Path(reports)})
+    return f"reference-corpus: {ra.headline()} {ra.params['seconds']:g} s. Wrote {out}"
+
 # %% ../nbs/15_cli.ipynb #346bcd63
 def trace(*, chexpert_csv: str,              # the official labeler's output CSV (Reports column + 14 label columns)
           texts: str,                        # the texts that were labeled (CSV/parquet with an id and a text column)
@@ -802,7 +815,7 @@ def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded i
 COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load, "cohort": cohort,
                                         "concentration": concentration,
                                         "longitudinal": longitudinal,
-                                        "labels": labels, "trace": trace, "reref": reref,
+                                        "labels": labels, "reference-corpus": reference_corpus, "trace": trace, "reref": reref,
                                         "score": score, "verdict": verdict, "generate": generate, "llm-cache": llm_cache,
                                         "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
