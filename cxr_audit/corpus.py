@@ -27,8 +27,8 @@ __all__ = ['RESTRICTED_DATASETS', 'PUBLIC_DATASETS', 'PUBLIC_DATASETS_ENV', 'UNN
            'MIMIC_SPLIT_FILES', 'MIMIC_SECTIONED_COLUMNS', 'IU_FORMATS', 'CHEXPERT_PLUS_SECTIONS',
            'REXGRADIENT_COLUMNS', 'dataset_key', 'restricted_dataset', 'dataset_access', 'validate_studies',
            'to_studies', 'typed_generation_columns', 'to_generations', 'match_study_keys', 'normalize_view',
-           'text_flag', 'load_table', 'load_mimic_cxr', 'load_rexrank', 'load_iu_xray', 'load_chexpert_plus',
-           'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
+           'text_flag', 'load_table', 'load_mimic_cxr', 'split_of_file', 'load_rexrank', 'load_iu_xray',
+           'load_chexpert_plus', 'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
 
 # %% ../nbs/02_corpus.ipynb #f6446c9d
 RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")   # the canonical names of the restricted collections
@@ -788,6 +788,14 @@ def _rexrank_ids(key: str, e: Mapping, dataset: str) -> tuple[str, str | None]:
     return str(key), None if is_missing(pid) else str(pid)
 
 # %% ../nbs/02_corpus.ipynb #3dbb6f86
+def split_of_file(name: str # a file name, e.g. "IU_XRay_test.json"
+                 ) -> str | None:
+    "The split a benchmark file holds by its name (`test`, `valid`, `train`), else None."
+    words = set(re.split(r"[^a-z]+", Path(str(name)).stem.lower()))
+    for split, names in (("test", {"test"}), ("valid", {"valid", "val", "validation", "validate"}), ("train", {"train"})):
+        if words & names: return split
+    return None
+
 def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None) -> dict:
     "One study from a ReXrank entry; its views are lined up with its images by `_finish`."
     if not isinstance(e, Mapping): raise InputError(f"{where}: entry {key!r} is not an object but {type(e).__name__}")
@@ -796,7 +804,8 @@ def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None
     ctx = _split_context(e.get("context"))
     sid, pid = _rexrank_ids(key, e, dataset)
     sec = lambda k: _text(e.get(f"section_{k}"))
-    return {"study_id": sid, "patient_id": pid, "source_id": str(key), "split": e.get("split"),
+    return {"study_id": sid, "patient_id": pid, "source_id": str(key),
+            "split": e.get("split") or split_of_file(where),   # ReXrank files are one split each, named in the file name
             "indication": ctx["indication"] or sec("clinical_history") or sec("history"),
             "comparison": sec("comparison") or ctx["comparison"], "technique": sec("technique") or ctx["technique"],
             "findings": sec("findings"), "impression": sec("impression"), "text": _text(e.get("report")),

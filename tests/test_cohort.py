@@ -162,3 +162,20 @@ def test_entry_ids_stay_the_same_when_a_later_step_drops_entries():
     assert recipe_004_mimic(studies, n=1).studies.entry_id.tolist() == ["s1/0"]
     assert recipe_004_mimic(studies.iloc[::-1]).studies.set_index("entry_id").image_path.sort_index().equals(
         full.set_index("entry_id").image_path.sort_index())
+
+
+def test_a_rexrank_file_that_is_one_split_is_kept_whole(tmp_path):
+    "Paper 004's IU recipe draws a seeded split of a whole collection; a benchmark file that already is the test split stays whole."
+    from cxr_audit.corpus import load_rexrank
+    from cxr_audit.papers import PAPER_004
+    sample = Path(__file__).parent / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"
+    valid = load_rexrank(sample, "iu-xray")
+    assert "test" not in set(valid.split)                      # a validation file (its entries say so)
+    drawn = PAPER_004.cohort("MIMIC->IU", valid)               # auto: not the test split, so the paper's split is drawn
+    assert "split by IU ID" in drawn.flow.step.tolist() and len(drawn.studies) < len(valid) // 2
+    kept = PAPER_004.cohort("MIMIC->IU", valid, split="given")
+    assert "test split as given" in kept.flow.step.tolist() and len(kept.studies) == len(valid)
+    test_file = tmp_path / "IU_XRay_test.json"    # the same studies as ReXrank's test file writes them
+    test_file.write_text(json.dumps({k: {**e, "split": "test"} for k, e in json.loads(sample.read_text()).items()}))
+    auto = PAPER_004.cohort("MIMIC->IU", load_rexrank(test_file, "iu-xray"))
+    assert len(auto.studies) == len(valid) and auto.recipe["params"]["split"] == "given"
