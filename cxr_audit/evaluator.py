@@ -22,14 +22,15 @@ from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
 from .corpus import SECTION_COLUMNS, text_flag
 from .stats import (CIMethod, PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
                              plot_forest, plot_win_probability, resolve_clusters)
-from .generate import accepts_indications, call_report_generator
+from .generate import GENERATOR_RECIPES, accepts_indications, call_report_generator, image_file, load_generator
 from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
 
 # %% auto #0
-__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'OFFLINE_METRICS', 'STATUSES', 'ID_COLUMNS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE',
+__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'OFFLINE_METRICS', 'STATUSES', 'ID_COLUMNS', 'EVALUATORS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE',
            'DEFAULT_SCORE_METRICS', 'generator_function', 'generator_arity', 'read_report', 'study_section',
            'iter_samples', 'resolve_metrics', 'metric_leaves', 'ReportGenerationEvaluator', 'results_frame',
-           'score_pairs', 'results_summary', 'metric_notes', 'SystemScores', 'pairwise', 'score_systems']
+           'score_pairs', 'results_summary', 'metric_notes', 'get_evaluator', 'make_chexagent_generator',
+           'make_maira2_generator', 'make_medgemma_generator', 'SystemScores', 'pairwise', 'score_systems']
 
 # %% ../nbs/12_evaluator.ipynb #36b44d88
 def generator_function(report_generator # a callable, or an object with a `generate` method
@@ -443,6 +444,60 @@ def generate_only(self: ReportGenerationEvaluator, out_parquet: str | os.PathLik
     "Generate only, and write the pairs to be scored (`sample_id, reference, hypothesis`) as parquet."
     path = Path(out_parquet) if out_parquet is not None else self._out(None) / "pairs.parquet"
     return write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], path)
+
+# %% ../nbs/12_evaluator.ipynb #cf183669
+EVALUATORS = {"report_generation": ReportGenerationEvaluator}   # paper 001's registry key
+
+def get_evaluator(name: str # a registry key (paper 001: "report_generation")
+                 ) -> type:
+    "The evaluator class registered under `name`."
+    if name not in EVALUATORS: raise InputError(f"unknown evaluator {name!r}; registered: {sorted(EVALUATORS)}")
+    return EVALUATORS[name]
+
+def _local_checkpoint(recipe: str) -> Path:
+    "A recipe's checkpoint in the local Hugging Face cache (never downloaded), or an `InputError` saying where to put it."
+    r = GENERATOR_RECIPES[recipe]
+    try:
+        from huggingface_hub import snapshot_download
+        for mid in r.model_ids:
+            try: return Path(snapshot_download(mid, local_files_only=True))
+            except Exception: continue   # noqa: BLE001 (not in the cache under this ID: try the next)
+    except ImportError: pass
+    raise InputError(f"make_{recipe}_generator: no local checkpoint of {r.title} ({', '.join(r.model_ids)}); give "
+                     "model_path= a folder holding it (cxr_audit never downloads models)")
+
+def _sample_transform(sample: Mapping) -> dict:
+    "A sample with its image (`img`, `image` or `image_path`: a path, DICOM included, or pixels) as a plain image file's path under `img`."
+    src = next((sample[k] for k in ("img", "image", "image_path") if k in sample and sample[k] is not None), None)
+    if src is None: raise InputError(f"transform: the sample has no image (keys: {sorted(sample)})")
+    return {**sample, "img": image_file(src)}
+
+def _make(recipe: str, model_path, device, kwargs: dict) -> tuple[Callable, Any]:
+    path = Path(model_path) if model_path is not None else _local_checkpoint(recipe)
+    remote = GENERATOR_RECIPES[recipe].remote_code
+    return _sample_transform, load_generator(recipe, path, device, trust_remote_code=kwargs.pop("trust_remote_code", remote), **kwargs)
+
+# %% ../nbs/12_evaluator.ipynb #71154c47
+def make_chexagent_generator(device: str | None = None, # "cuda", "cpu"; None: a GPU when torch sees one
+                             model_path=None,           # the checkpoint folder (None: the local Hugging Face cache)
+                             **kwargs                   # `generate.load_generator` settings (policy, batch_size, ...)
+                            ) -> tuple[Callable, Any]:
+    "Paper 001's CheXagent-2 recipe: `(transform, report_generator)` (its code runs from the checkpoint: trusted here, as 001 does)."
+    return _make("chexagent", model_path, device, kwargs)
+
+def make_maira2_generator(device: str | None = None, # see `make_chexagent_generator`
+                          model_path=None,           # see `make_chexagent_generator`
+                          **kwargs                   # see `make_chexagent_generator`
+                         ) -> tuple[Callable, Any]:
+    "Paper 001's MAIRA-2 recipe: `(transform, report_generator)`; the indication goes to MAIRA-2's own indication slot."
+    return _make("maira2", model_path, device, kwargs)
+
+def make_medgemma_generator(device: str | None = None, # see `make_chexagent_generator`
+                            model_path=None,           # see `make_chexagent_generator`
+                            **kwargs                   # see `make_chexagent_generator`
+                           ) -> tuple[Callable, Any]:
+    "Paper 001's MedGemma recipe: `(transform, report_generator)`; the indication is put before the prompt."
+    return _make("medgemma", model_path, device, kwargs)
 
 # %% ../nbs/12_evaluator.ipynb #e4b18948
 def _labels(g: pd.DataFrame, by: Sequence[str]) -> pd.Series:

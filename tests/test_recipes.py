@@ -334,3 +334,22 @@ def test_image_file_converts_only_what_needs_it(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == [Path(f).name]                # written once
     with pytest.raises(InputError, match="image file not found"):
         image_file(tmp_path / "missing.png", folder=tmp_path)
+
+
+def test_paper_001_example_runs_with_its_documented_names(medgemma_dir, pngs, tmp_path):
+    """Paper 001's usage, name for name: a `make_*_generator` recipe giving (transform, report_generator), the evaluator from
+    the "report_generation" registry key, evaluate / save_results / generate_only (a tiny MedGemma-shaped model; offline metrics)."""
+    from cxr_audit.evaluator import get_evaluator, make_medgemma_generator
+    folder, _ = medgemma_dir
+    transform, report_generator = make_medgemma_generator(device="cpu", model_path=folder, policy=SHORT)
+    ds = [transform({"img": p, "study_id": f"s{i}", "report": f"FINDINGS: The lungs are clear {i}. IMPRESSION: Normal."})
+          for i, p in enumerate(pngs)]
+    assert all(Path(s["img"]).is_file() for s in ds)
+    ev = get_evaluator("report_generation")(report_generator, dataset=ds, ref_section="findings", metrics=("bleu_4", "rouge_l"),
+                                            n_bootstrap=5, output_dir=str(tmp_path / "out"))
+    df = ev.evaluate()
+    ev.save_results(df)
+    assert {"results.csv", "results_summary.csv", "generations.csv"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert (df.label == "report").all() and (df.fold == -1).all() and sorted(df.bootstrap.unique()) == [-1, 0, 1, 2, 3, 4]
+    pairs = pd.read_parquet(ev.generate_only(tmp_path / "out" / "pairs.parquet"))
+    assert pairs.columns.tolist() == ["sample_id", "reference", "hypothesis"] and len(pairs) >= 1
