@@ -148,3 +148,23 @@ def test_paper_000_llm_path_with_the_real_llama_server(llama_server, monkeypatch
     assert set(refs.backend) == {"llm:smollm2"} and set(refs.variant) == {"original", *variations}
     shifts = pd.read_csv(out / "shifts.csv")
     assert shifts[shifts.variant.isin(page["not_applicable"])].normalized_shift.isna().all()
+
+
+def test_paper_004_keeps_a_given_split_whole_and_runs_with_one_direction(monkeypatch, tmp_path):
+    """The IU file kept whole as the test split (CXR_AUDIT_IU_SPLIT=given), and a generations table with the MIMIC->IU direction
+    only: the page skips the other direction with a note instead of stopping ("no rows to audit")."""
+    from cxr_audit.corpus import load_rexrank
+    from cxr_audit.generate import SimulatedGenerator, generate_table
+    from cxr_audit.papers import PAPER_004 as PRESET_004
+    table = PRESET_004.cohort("MIMIC->IU", load_rexrank(IU_REAL, "iu-xray"), split="given").studies
+    assert len(table) == 50
+    run = lambda system, name, pols: generate_table(SimulatedGenerator(system, table), table, pols, system=name, progress=False)
+    gens = pd.concat([run("sim-template", "ON", ["B4", "G1", "K50"]), run("sim-omit", "OFF", ["B4"]),
+                      run("sim-verbose", "second-model", ["G1"])], ignore_index=True).assign(direction="MIMIC->IU")
+    gens.to_parquet(tmp_path / "gens.parquet")
+    for k, v in {"CXR_AUDIT_IU": str(IU_REAL), "CXR_AUDIT_IU_SPLIT": "given", "CXR_AUDIT_GENERATIONS": str(tmp_path / "gens.parquet"),
+                 "CXR_AUDIT_REPS": "100"}.items():
+        monkeypatch.setenv(k, v)
+    skip = get_config(path=ROOT).get("tst_flags", "").split()
+    ok, _ = run_nb(PAPER_004, skip_flags=skip, showerr=True)
+    assert ok, "004_crossdomain.ipynb failed with one direction of generations (the traceback is printed above)"
