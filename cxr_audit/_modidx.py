@@ -1841,6 +1841,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.papers.entry_endpoints': ('papers.html#entry_endpoints', 'cxr_audit/papers.py'),
                                   'cxr_audit.papers.family_from_endpoints': ('papers.html#family_from_endpoints', 'cxr_audit/papers.py'),
                                   'cxr_audit.papers.primary_family': ('papers.html#primary_family', 'cxr_audit/papers.py'),
+                                  'cxr_audit.papers.printed_checks': ('papers.html#printed_checks', 'cxr_audit/papers.py'),
                                   'cxr_audit.papers.simulated_generations': ('papers.html#simulated_generations', 'cxr_audit/papers.py')},
             'cxr_audit.reference_corpus': { 'cxr_audit.reference_corpus.ReferenceCorpusAudit': ( 'reference_corpus.html#referencecorpusaudit',
                                                                                                  'cxr_audit/reference_corpus.py'),

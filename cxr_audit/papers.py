@@ -29,7 +29,7 @@ from .longitudinal import PROGRESSION_CLASSES, LLMAnnotator, keyword_terms
 
 # %% auto #0
 __all__ = ['PAPER_004', 'ENDPOINTS', 'PAPER_003', 'PAPER_000', 'Preset', 'entry_endpoints', 'family_from_endpoints',
-           'primary_family', 'simulated_generations']
+           'primary_family', 'simulated_generations', 'printed_checks']
 
 # %% ../nbs/16_papers.ipynb #d688277f
 def _leaves(prefix: str, value, depth: int = 2) -> list[tuple[str, object]]:
@@ -437,3 +437,13 @@ def reference_sensitivity(self: Preset,  # noqa: F811 (the module function of th
     options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size, section=self.reference_section,
                    level=self.sensitivity.get("level", "study"), rule=self.significance)
     return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})
+
+# %% ../nbs/16_papers.ipynb #f5902677
+def printed_checks(rows # (claim, recomputed value, printed value, decimals printed) per number
+                  ) -> pd.DataFrame:
+    "Per printed number: its recomputation and whether it rounds to what the paper printed (`matches`)."
+    df = pd.DataFrame(list(rows), columns=["claim", "recomputed", "printed", "decimals"])
+    if df["decimals"].lt(0).any(): raise InputError("printed_checks: decimals must be >= 0")
+    half = 0.5 * 10.0 ** -df["decimals"].astype(float)
+    df["matches"] = (df["recomputed"].astype(float) - df["printed"].astype(float)).abs() <= half + 1e-12
+    return df

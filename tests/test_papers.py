@@ -364,3 +364,12 @@ def test_paper_000_reference_sensitivity_uses_the_preset():
     assert two.params["variants"] == ["negation:implicit"] and two.run.references.iterations.max() <= 1
     with pytest.raises(InputError, match="no reference variations"):
         PAPER_003.reference_sensitivity(s, g)
+
+
+def test_a_printed_number_check_fails_when_one_input_is_off():
+    "The paper pages' checks recompute printed values from other printed values; one count off by one is caught."
+    from cxr_audit.papers import printed_checks
+    rows = [("381/575 (%)", 100 * 381 / 575, 66.3, 1), ("0.0056 − 0.0666", 0.0056 - 0.0666, -0.0610, 4)]
+    assert printed_checks(rows).matches.all()
+    off = [("380/575 (%)", 100 * 380 / 575, 66.3, 1), ("0.0057 − 0.0666", 0.0057 - 0.0666, -0.0610, 4)]
+    assert not printed_checks(off).matches.any()
