@@ -171,7 +171,8 @@ def load(path: str,                                  # the dataset's file or fol
     from cxr_audit import corpus
     from cxr_audit.corpus import load_report, load_rexrank
     if Path(out).suffix not in (".parquet", ".csv"): raise _error(f"load: --out must end in .parquet or .csv, got {out!r}")
-    studies = load_rexrank(path, dataset, image_root=image_root) if rexrank else getattr(corpus, LOADERS[dataset])(path, image_root=image_root)
+    loader = load_rexrank if rexrank else getattr(corpus, LOADERS[dataset])
+    studies = loader(path, dataset, image_root=image_root) if rexrank else loader(path, image_root=image_root)
     table = studies if Path(out).suffix == ".parquet" else studies.assign(
         **{c: studies[c].map(_joined) for c in ("image_paths", "image_views", "frontal_lateral", "load_flags") if c in studies})
     write_table(table, out)
@@ -261,17 +262,20 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
 
 # %% ../nbs/15_cli.ipynb #3b719f7d
 def _waiting(timeout, retries, budget=None) -> dict:
-    "`--timeout`, `--retries` and `--budget` of an LLM command, checked: how long a request and the run may take, how often to retry."
+    "`--timeout`, `--retries` and `--budget` of an LLM command, checked (time per request and per run, tries)."
     if not float(timeout) > 0: raise _error(f"--timeout must be a positive number of seconds, got {timeout}")
     if int(retries) < 0: raise _error(f"--retries must be >= 0, got {retries}")
-    if budget is not None and not float(budget) > 0: raise _error(f"--budget must be a positive number of seconds, got {budget}")
+    if budget is not None and not float(budget) > 0:
+        raise _error(f"--budget must be a positive number of seconds, got {budget}")
     return {"timeout_s": float(timeout), "retries": int(retries), "budget_s": None if budget is None else float(budget)}
 
 def _declare_public(names) -> list[str]:
     "`--public-dataset`: the named datasets join `CXR_AUDIT_PUBLIC_DATASETS` for this run (the LLM guard reads it)."
     from cxr_audit.corpus import PUBLIC_DATASETS_ENV
-    names = [x.strip() for item in ([names] if isinstance(names, str) else names or []) for x in str(item).split(",") if x.strip()]
-    if names: os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
+    items = [names] if isinstance(names, str) else names or []
+    names = [x.strip() for item in items for x in str(item).split(",") if x.strip()]
+    if names:
+        os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
     return names
 
 def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
@@ -450,7 +454,8 @@ def reference_corpus(reports: str,                 # a table of reports (.parque
                     ) -> str:
     "Audit a corpus of reference reports alone: concentration, Distinct-n, length, label shares (no systems)."
     from cxr_audit.reference_corpus import audit_reference_corpus
-    ra = audit_reference_corpus(reports, column, labeler=None if labeler == "none" else _labeler_arg(labeler), top_k=top_k)
+    lab = None if labeler == "none" else _labeler_arg(labeler)
+    ra = audit_reference_corpus(reports, column, labeler=lab, top_k=top_k)
     ra.save(out, inputs={"reports": Path(reports)})
     return f"reference-corpus: {ra.headline()} {ra.params['seconds']:g} s. Wrote {out}"
 

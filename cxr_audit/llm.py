@@ -336,7 +336,7 @@ def _restricted_cell(v, i) -> bool:
 
 def is_restricted(rows,                   # a table, or a list of dicts, with `restricted` and/or `dataset`
                   restricted_datasets=(), # datasets to treat as restricted besides `corpus.RESTRICTED_DATASETS`
-                  public_datasets=()      # datasets to treat as public besides IU X-ray, synthetic and `CXR_AUDIT_PUBLIC_DATASETS`
+                  public_datasets=()      # public datasets besides IU X-ray, synthetic and `CXR_AUDIT_PUBLIC_DATASETS`
                  ) -> list[bool]:
     "Per row: restricted when its `restricted` cell is true or its `dataset` is restricted or not known to be public."
     recs = [dict(r) for r in rows] if isinstance(rows, (list, tuple)) else as_pandas(rows, "rows").to_dict("records")
@@ -588,7 +588,7 @@ def clear(self: ChatCache) -> None:
 @patch
 def forget(self: ChatCache, keys: Iterable[str] # request keys whose stored answers are dropped (absent keys are ignored)
           ) -> int:
-    "Drop the stored answers of `keys` (e.g. replies that turned out unusable), so the next run asks again; how many went."
+    "Drop the stored answers of `keys` (e.g. unusable replies), so the next run asks again; how many went."
     keys, n = list(dict.fromkeys(keys)), 0
     for i in range(0, len(keys), 500):
         chunk = keys[i:i + 500]
@@ -713,7 +713,7 @@ def run_deadline(budget_s: float | None # seconds a whole run of LLM calls may t
 
 def budget_left(deadline: float | None # from `run_deadline`
                ) -> float | None:
-    "The `budget_s` to give the next `run_batch` of a run (None: no limit); a spent budget gives a sliver, so its requests fail at once."
+    "The `budget_s` of a run's next `run_batch` (None: no limit); a spent budget gives a sliver: its requests fail at once."
     return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
 
 def _left(deadline: float | None) -> float | None:
@@ -989,7 +989,7 @@ def _result_frame(rows: list, results: dict, price) -> pd.DataFrame:
 
 # %% ../nbs/08_llm.ipynb #62ae45a5
 def _forget_refused(rows: pd.DataFrame, cache: ChatCache, accept: Callable[[str], bool]) -> None:
-    "Drop from `cache` the answered rows whose text `accept` refuses (a reply that cannot be used is not kept for the next run)."
+    "Drop from `cache` the answered rows whose text `accept` refuses (an unusable reply is not kept for the next run)."
     ok = rows[rows["status"] == "ok"]
     refused = [k for k, t in zip(ok["key"], ok["text"]) if not accept(t)]
     if refused: _log.info("llm batch: %d unusable repl(ies) not kept in the cache", cache.forget(refused))
@@ -1000,7 +1000,7 @@ def run_batch(requests,                              # list of dicts or a table:
               max_concurrency: int = 8,              # requests in flight at once
               retries: int = 4,                      # retries after the first attempt, for retryable failures
               timeout_s: float | None = 120,         # per-attempt time limit (HTTP back ends)
-              budget_s: float | None = None,         # time limit of the whole batch: no attempt starts after it (None: none)
+              budget_s: float | None = None,         # time limit of the whole batch (None: none)
               progress=True,                         # a tqdm bar on a terminal (silent elsewhere); "line" for a progress line; False for silence
               *,
               temperature: float = 0.0,              # default temperature of the requests
@@ -1011,12 +1011,12 @@ def run_batch(requests,                              # list of dicts or a table:
               prices=None,                           # price table for the cost column (see `price_per_1m`)
               allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
               restricted_datasets=(),                # datasets whose rows are restricted besides `corpus.RESTRICTED_DATASETS`
-              public_datasets=(),                    # datasets declared public (a named dataset not known to be public is held back)
+              public_datasets=(),                    # datasets declared public (other unknown names are held back)
               fail_fast: int = 5,                    # stop when the first this many requests all fail alike (0: never)
               backoff_s: float = 1.0,                # wait after the first failure, before jitter
               max_backoff_s: float = 60.0,           # longest wait between attempts
               jitter_seed: int = DEFAULT_SEED,       # seed of the retry jitter
-              accept: Callable[[str], bool] | None = None # a check of each reply's text: a refused reply is returned, not kept
+              accept: Callable[[str], bool] | None = None # check of each reply: a refused one is returned, not cached
              ) -> BatchRun:
     "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
     t0 = time.perf_counter()
@@ -1204,13 +1204,13 @@ def _complete(self: OpenAIChat, msgs: list, schema, dec: dict) -> ChatResult:
 _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar|structured", re.I)
 
 def _mode_refused(e: LLMHTTPError) -> bool:
-    "Whether an HTTP error refuses the structured mode asked for (try the next) rather than saying the server is failing."
+    "Whether an HTTP error refuses the structured mode asked for (try the next), not a failing server."
     if e.status in (400, 404, 415, 422): return True
     return e.status in (500, 501) and bool(_FORMAT_WORDS.search(str(e)))   # llama.cpp: HTTP 500 naming response_format
 
 @patch
 def _probe(self: OpenAIChat, msgs, schema, dec) -> ChatResult:
-    "Try the structured modes in order until the server accepts one; remember it. A failing server is not asked three times."
+    "Try the structured modes in order until the server accepts one; remember it (a failing server is asked once)."
     for mode in ("json_schema", "json_object_schema", "prompt"):
         try: res = self._send(self._request(msgs, schema, mode, **dec))
         except LLMHTTPError as e:

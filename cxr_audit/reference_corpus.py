@@ -50,7 +50,8 @@ def read_reports(source,                     # a .parquet/.csv/.tsv file, a tabl
         if column not in df.columns: raise InputError(f"reports: no column {column!r}; columns are {list(df.columns)}")
         vals = df[column].tolist()
     bad = next((i for i, v in enumerate(vals) if v is not None and not isinstance(v, str) and v == v), None)
-    if bad is not None: raise InputError(f"reports: row {bad}: {column!r} holds a {type(vals[bad]).__name__}, not a text")
+    if bad is not None:
+        raise InputError(f"reports: row {bad}: {column!r} holds a {type(vals[bad]).__name__}, not a text")
     return pl.Series(column, [v if isinstance(v, str) else None for v in vals], dtype=pl.String)
 
 # %% ../nbs/06a_reference_corpus.ipynb #fcce64d2
@@ -58,8 +59,8 @@ def read_reports(source,                     # a .parquet/.csv/.tsv file, a tabl
 class ReferenceCorpusAudit:
     "What `audit_reference_corpus` found: one row per measure, the most frequent texts, the label shares, the settings."
     summary_: pd.DataFrame                # measure, value
-    templates: pd.DataFrame               # the most frequent normalized texts: text, reports, share, cumulative share, words
-    labels: pd.DataFrame | None           # per label: shares of non-empty reports positive / uncertain / negative / silent
+    templates: pd.DataFrame               # the most frequent normalized texts: text, reports, shares, words
+    labels: pd.DataFrame | None           # per label: shares of non-empty reports in each state
     params: dict = field(default_factory=dict)
 
     def summary(self) -> pd.DataFrame: return self.summary_.copy()
@@ -77,7 +78,8 @@ class ReferenceCorpusAudit:
         prefix = f", {v(f'prefix_rate: {p[0]}'):.1%} open with '{p[0]}'" if p else ""
         nf = (f"; No Finding in {v('no_finding_share'):.1%} (labeler {self.params['labeler']})"
               if self.labels is not None else "")
-        return (f"{int(v('reports')):,} reports ({int(v('empty')):,} empty): {v('unique_report_ratio'):.1%} distinct, the "
+        n, empty = int(v("reports")), int(v("empty"))
+        return (f"{n:,} reports ({empty:,} empty): {v('unique_report_ratio'):.1%} distinct, the "
                 f"{k} most frequent cover {v(f'top_{k}_share'):.1%}{prefix}; median {v('words_median'):g} words; "
                 f"Distinct-2 {v('distinct_2'):.3f}{nf}.")
 
@@ -97,8 +99,9 @@ def _length_rows(words: np.ndarray, weight: np.ndarray) -> list[dict]:
     "Median, quartiles and 95th percentile of words per report, each distinct text counted `weight` times."
     order = np.argsort(words, kind="stable")
     w, c = words[order], np.cumsum(weight[order])
-    at = lambda q: float(w[np.searchsorted(c, q * c[-1], side="left")]) if len(c) else float("nan")   # the lower quantile
-    return [{"measure": f"words_{k}", "value": at(q)} for k, q in (("q1", .25), ("median", .5), ("q3", .75), ("p95", .95))]
+    at = lambda q: float(w[np.searchsorted(c, q * c[-1], side="left")]) if len(c) else float("nan")   # lower quantile
+    qs = (("q1", .25), ("median", .5), ("q3", .75), ("p95", .95))
+    return [{"measure": f"words_{k}", "value": at(q)} for k, q in qs]
 
 def _label_shares(texts: list[str], weight: np.ndarray, labeler) -> pd.DataFrame:
     "Per CheXpert label: the weighted share of reports in each state, over `texts` labeled once each."
@@ -106,12 +109,14 @@ def _label_shares(texts: list[str], weight: np.ndarray, labeler) -> pd.DataFrame
     tot, rows = float(weight.sum()), []
     for label in CHEXPERT_14:
         v = wide[label].to_numpy(dtype=float) if label in wide else np.full(len(texts), np.nan)
-        share = {k: float(weight[v == x].sum() / tot) for k, x in (("positive", 1.0), ("uncertain", -1.0), ("negative", 0.0))}
+        states = (("positive", 1.0), ("uncertain", -1.0), ("negative", 0.0))
+        share = {k: float(weight[v == x].sum() / tot) for k, x in states}
         rows.append({"label": label, **share, "silent": float(weight[np.isnan(v)].sum() / tot)})
     return pd.DataFrame(rows).assign(labeler=labeler.source)
 
 # %% ../nbs/06a_reference_corpus.ipynb #de73d939
-def _concentration_rows(normed: pl.Series, prefixes: Sequence[str], top_k: int) -> tuple[list[dict], pd.DataFrame, pl.DataFrame]:
+def _concentration_rows(normed: pl.Series, prefixes: Sequence[str],
+                        top_k: int) -> tuple[list[dict], pd.DataFrame, pl.DataFrame]:
     "Unique ratio, duplicate rate, top-k share and prefix rates of the non-empty normalized reports; the top-k table."
     counts = normed.value_counts(sort=True, name="reports")
     n, freq = len(normed), counts["reports"].to_numpy()
@@ -119,7 +124,8 @@ def _concentration_rows(normed: pl.Series, prefixes: Sequence[str], top_k: int) 
             {"measure": "duplicate_rate", "value": float(freq[freq > 1].sum() / n)},
             {"measure": f"top_{top_k}_share", "value": float(freq[:top_k].sum() / n)}]
     for p in prefixes:
-        rows.append({"measure": f"prefix_rate: {p}", "value": float(prefix_hits(normed, normalize_texts([p])[0]).mean())})
+        hit = prefix_hits(normed, normalize_texts([p])[0])
+        rows.append({"measure": f"prefix_rate: {p}", "value": float(hit.mean())})
     top = counts.head(top_k).to_pandas().rename(columns={normed.name: "text"})
     top = top.assign(share=top["reports"] / n, cumulative_share=top["reports"].cumsum() / n)
     return rows, top, counts
@@ -127,7 +133,7 @@ def _concentration_rows(normed: pl.Series, prefixes: Sequence[str], top_k: int) 
 # %% ../nbs/06a_reference_corpus.ipynb #deade687
 def audit_reference_corpus(reports,                          # `read_reports` input: a file, a table, a Series or a list
                            column: str = "findings",         # the column holding the reports
-                           labeler="chexpert",               # labeler name, official labels CSV or `Labeler`; None: no labels
+                           labeler="chexpert",               # name, official labels CSV or `Labeler`; None: no labels
                            prefixes: Sequence[str] = DEFAULT_PREFIXES, # stock openings counted (as whole words)
                            top_k: int = 5,                   # most frequent texts listed (and their share)
                            batch_rows: int = 65_536          # rows per parquet batch
@@ -148,7 +154,8 @@ def audit_reference_corpus(reports,                          # `read_reports` in
     lab = None if labeler is None else get_labeler(labeler)
     shares = None if lab is None else _label_shares(uniq.to_list(), weight, lab)
     if shares is not None:
-        rows.append({"measure": "no_finding_share", "value": float(shares.set_index("label").loc["No Finding", "positive"])})
-    params = {"column": column, "labeler": None if lab is None else lab.source, "prefixes": list(prefixes), "top_k": int(top_k),
-              "distinct_texts": len(uniq), "seconds": round(time.perf_counter() - t0, 2)}
+        nf = float(shares.set_index("label").loc["No Finding", "positive"])
+        rows.append({"measure": "no_finding_share", "value": nf})
+    params = {"column": column, "labeler": None if lab is None else lab.source, "prefixes": list(prefixes),
+              "top_k": int(top_k), "distinct_texts": len(uniq), "seconds": round(time.perf_counter() - t0, 2)}
     return ReferenceCorpusAudit(pd.DataFrame(rows), top, shares, params)
