@@ -13,14 +13,15 @@ from fastcore.basics import patch
 import numpy as np
 import pandas as pd
 
-from .core import DEFAULT_SEED, InputError, as_pandas, config_label, is_missing, md_table, require_columns
+from .core import DEFAULT_SEED, InputError, as_pandas, config_label, is_missing, md_table, require_columns, rng
 from .cohort import IU_004_FRACTIONS, MIMIC_004_VIEWS, Cohort, run_recipe
 from .stats import ComparisonFamily, comparison_family, micro_stats, proportion_stats
 from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, get_labeler
 from .metrics import metric_availability
 from .evaluator import study_section
-from .generate import SimulatedGenerator, generate_table, get_policy
+from .synth import render_mention
+from .generate import Generation, SimulatedGenerator, generate_table, get_policy, sample_seed
 from .llm import DECODING
 from .reref import EXPERIMENT_VARIANTS, ReRef
 from .reref_rules import rule_reref
@@ -28,8 +29,10 @@ from .reref_sensitivity import ReferenceSensitivity, reference_sensitivity
 from .longitudinal import PROGRESSION_CLASSES, LLMAnnotator, keyword_terms
 
 # %% auto #0
-__all__ = ['PAPER_004', 'ENDPOINTS', 'PAPER_003', 'PAPER_000', 'Preset', 'entry_endpoints', 'family_from_endpoints',
-           'primary_family', 'simulated_generations', 'printed_checks']
+__all__ = ['PAPER_004', 'ENDPOINTS', 'PREFIX_004', 'STOCK_004', 'STOCK_WEIGHTS', 'NORMAL_SENTENCES', 'HEART_LEAD',
+           'SIM_004_RATES', 'PAPER_003', 'PAPER_000', 'Preset', 'entry_endpoints', 'family_from_endpoints',
+           'primary_family', 'SimRates', 'decoding_kind', 'Paper004Generator', 'simulated_generations',
+           'printed_checks']
 
 # %% ../nbs/16_papers.ipynb #d688277f
 def _leaves(prefix: str, value, depth: int = 2) -> list[tuple[str, object]]:
@@ -293,18 +296,110 @@ def primary_family(generations,            # a `generations` table of one direct
     return family_from_endpoints(ep, direction=d, preset=preset, reps=reps, seed=seed)
 
 # %% ../nbs/16_papers.ipynb #d5722ec4
+PREFIX_004 = "No acute cardiopulmonary process."   # paper 004's prefix end point, as a report opens with it
+STOCK_004 = {   # the stock reports of the simulated arms (ON's for IU->MIMIC in the heart-size wording the paper quotes)
+    "MIMIC->IU ON": ("The heart is normal in size. The mediastinum is unremarkable. The lungs are clear.",
+                     "Cardiomediastinal silhouette is normal. Lungs are clear. No pleural effusion or pneumothorax.",
+                     "Heart size and mediastinal contours are normal. Lungs are clear.",
+                     "The lungs are clear bilaterally. No focal consolidation, effusion or pneumothorax.",
+                     "Normal heart size. No focal airspace disease. No pleural effusion.",
+                     "The cardiomediastinal contours are unremarkable. No consolidation or effusion."),
+    "IU->MIMIC ON": ("The heart size is within normal limits. The lungs are clear. No pleural effusion or pneumothorax.",
+                     "Heart size is within normal limits. No focal airspace consolidation. No pneumothorax.",
+                     "The heart size is within normal limits. No acute cardiopulmonary abnormality.",
+                     "The heart size is within normal limits. Lungs are clear bilaterally.",
+                     "Heart size is within normal limits. No pleural effusion.",
+                     "The heart size is within normal limits. No focal consolidation or effusion."),
+    "OFF": ("Mild bibasilar atelectasis. No pleural effusion or pneumothorax.",
+            "No focal consolidation, pleural effusion or pneumothorax.", "Low lung volumes with bibasilar opacity.",
+            "No acute cardiopulmonary abnormality. Lungs are clear.", "Mild bibasilar atelectasis.",
+            "Clear lungs. No pneumothorax."),
+}
+STOCK_WEIGHTS = (0.4, 0.25, 0.15, 0.1, 0.06, 0.04)   # how often each stock report is chosen
+NORMAL_SENTENCES = ("The lungs are clear.", "No pleural effusion or pneumothorax.", "No focal airspace consolidation.",
+                    "The mediastinum is unremarkable.", "No acute osseous abnormality.", "Lungs are clear bilaterally.",
+                    "No pneumothorax.", "Pulmonary vasculature is normal.", "No focal consolidation or effusion.",
+                    "Osseous structures are intact.", "Cardiomediastinal silhouette is normal.")
+HEART_LEAD = "The heart size is within normal limits."   # how ON opens a written-out report in IU->MIMIC
+
+@dataclass(frozen=True)
+class SimRates:
+    "How one simulated configuration writes: each share is a probability per report."
+    prefix: float    # the report opens with `PREFIX_004`
+    stock: float     # the body is a stock report (else: kept findings and normal sentences)
+    keep: float      # each true finding is described in a written-out body
+    normal: int      # at most this many normal sentences in a written-out body
+    empty: float = 0.0  # the report is empty (invalid)
+
+SIM_004_RATES = {   # direction -> configuration -> rates (chosen to give the paper's directions, not its sizes)
+    "MIMIC->IU": {"ON+B4": SimRates(0.014, 0.97, 0.3, 1), "ON+G1": SimRates(0.62, 0.45, 0.5, 2),
+                  "ON+K50": SimRates(0.39, 0.15, 0.6, 3, empty=0.025), "OFF+B4": SimRates(1.0, 0.4, 0.4, 1)},
+    "IU->MIMIC": {"ON+B4": SimRates(0.0, 0.97, 0.1, 1), "ON+G1": SimRates(0.0, 0.5, 0.1, 2),
+                  "ON+K50": SimRates(0.0, 0.1, 0.1, 3), "OFF+B4": SimRates(0.0, 0.95, 0.1, 1)},
+}
+
+
+# %% ../nbs/16_papers.ipynb #a9e3c66f
+def decoding_kind(policy # a decoding policy (name, dict or `generate.DecodingPolicy`)
+                 ) -> str:
+    "Paper 004's name for a policy's kind of decoding: B4 (beam search), K50 (sampling) or G1 (greedy)."
+    p = get_policy(policy)
+    return "B4" if p.num_beams > 1 else "K50" if p.do_sample else "G1"
+
+class Paper004Generator(SimulatedGenerator):
+    "A SIMULATED stand-in for paper 004's model, one arm and direction, written so the paper's effects point the same way."
+    def __init__(self, arm: str,           # "ON" (the training-side control) or "OFF"
+                 direction: str,           # "MIMIC->IU" or "IU->MIMIC" (the target dataset's reports are scored)
+                 corpus,                   # a `synth.DemoCorpus` (or a studies table: then no findings are known)
+                 **kwargs                  # `SimulatedGenerator` options (policy, seed, phrases, batch_size)
+                ):
+        if arm not in ("ON", "OFF"): raise InputError(f"Paper004Generator: arm must be 'ON' or 'OFF', got {arm!r}")
+        super().__init__("sim-template", corpus, **kwargs)
+        self.arm, self.direction = arm, PAPER_004.direction(direction)
+        self.system = f"sim-004-{arm.lower()}"
+
+    def __repr__(self) -> str: return f"Paper004Generator({self.arm!r}, {self.direction!r}; synthetic)"
+
+    def _one(self, key, policy, seed: int) -> Generation:
+        ref = key[0] if isinstance(key, (list, tuple)) and key else key
+        sid = self._study.get(str(ref))
+        if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
+        policy = get_policy(policy)
+        rates = SIM_004_RATES[self.direction].get(f"{self.arm}+{decoding_kind(policy)}",
+                                                  SIM_004_RATES[self.direction]["OFF+B4"])
+        name = f"{self.system}/{self.direction}/{policy.fingerprint}/{sid}"
+        g = rng(seed if policy.do_sample else sample_seed(0, name))
+        if g.random() < rates.empty: return Generation("", 0, False)
+        text = self._body(sid, rates, g)
+        if g.random() < rates.prefix: text = f"{PREFIX_004} {text}"
+        return Generation(text, len(text.split()), False)
+
+    def _body(self, sid: str, rates: SimRates, g) -> str:
+        "A stock report, or the kept findings and a few normal sentences."
+        stock = STOCK_004["OFF" if self.arm == "OFF" else f"{self.direction} ON"]
+        if g.random() < rates.stock: return stock[int(g.choice(len(stock), p=STOCK_WEIGHTS))]
+        lead = [HEART_LEAD] if self.arm == "ON" and self.direction == "IU->MIMIC" else []
+        found = [render_mention(m, "terse", g, self.phrases) for m in self._mentions[sid]
+                 if m.current is not None and g.random() < rates.keep]
+        k = int(g.integers(1, rates.normal + 1))
+        return " ".join(lead + found + [NORMAL_SENTENCES[i] for i in g.choice(len(NORMAL_SENTENCES), k, replace=False)])
+
+
+# %% ../nbs/16_papers.ipynb #92c0d0ed
 def simulated_generations(corpus,               # a `synth.DemoCorpus` (its studies, findings and progression)
                           entries=None,         # the entries to generate for (a studies or cohort table); None: the corpus's studies
                           *,
+                          direction: str,       # "MIMIC->IU" or "IU->MIMIC": which way the simulated model transfers
                           seed: int = DEFAULT_SEED # run seed of the sampling policy (K50)
                          ) -> pd.DataFrame:
-    "SIMULATED generations of paper 004's four configurations (ON+B4/G1/K50, OFF+B4) by `sim-template`; `backend` says so."
+    "SIMULATED generations of paper 004's four configurations (ON+B4/G1/K50, OFF+B4) by `Paper004Generator`."
     entries = corpus.studies if entries is None else entries
-    gen = SimulatedGenerator("sim-template", corpus)
-    on = [get_policy({"base": p, "name": p, "processors": [{"type": "template_phrase"}]}) for p in ("B4", "G1", "K50")]
-    runs = [generate_table(gen, entries, on, seeds=(seed,), system="ON", progress=False),
-            generate_table(gen, entries, "B4", seeds=(seed,), system="OFF", progress=False)]
-    return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (sim-template)")
+    runs = [generate_table(Paper004Generator("ON", direction, corpus), entries, ["B4", "G1", "K50"], seeds=(seed,),
+                           system="ON", progress=False),
+            generate_table(Paper004Generator("OFF", direction, corpus), entries, "B4", seeds=(seed,), system="OFF",
+                           progress=False)]
+    return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (Paper004Generator)")
+
 
 # %% ../nbs/16_papers.ipynb #c670c3a2
 PAPER_003 = Preset(

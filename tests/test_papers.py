@@ -373,3 +373,40 @@ def test_a_printed_number_check_fails_when_one_input_is_off():
     assert printed_checks(rows).matches.all()
     off = [("380/575 (%)", 100 * 380 / 575, 66.3, 1), ("0.0057 − 0.0666", 0.0057 - 0.0666, -0.0610, 4)]
     assert not printed_checks(off).matches.any()
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_paper_004_simulation_points_the_papers_way(seed):
+    "The SIMULATED ON/OFF stand-ins give paper 004's effect directions on a small corpus of either seed."
+    from cxr_audit.concentration import audit_concentration
+    from cxr_audit.labels import get_labeler, label_audit
+    from cxr_audit.papers import simulated_generations
+    demo = make_demo_corpus(n_patients=150, seed=seed)
+    site = {"MIMIC->IU": "synthetic-site-b", "IU->MIMIC": "synthetic-site-a"}
+    out = {}
+    for d, name in site.items():
+        c = PAPER_004.cohort(d, demo.studies[demo.studies.dataset == name].reset_index(drop=True)).studies
+        g = simulated_generations(demo, c, direction=d, seed=seed)
+        a = audit_concentration(g, grouping="exact", validity_rule="surface", reps=1).summary()
+        a.index = a.system + "+" + a.policy
+        la = label_audit(c.drop_duplicates("study_id").reset_index(drop=True), g, reps=1, labeler=get_labeler("chexpert+quirks"),
+                         pair=("ON+B4", "OFF+B4"))
+        out[d] = (a, la.exclusion.difference.tolist(), la.alignment.per_label().query("system == 'ON+B4'").set_index("label").tp)
+    a, _, _ = out["MIMIC->IU"]
+    assert (a.prefix_rate.idxmin(), a.prefix_rate.idxmax(), a.unique_report_ratio.idxmin()) == ("ON+B4", "OFF+B4", "ON+B4")
+    a, (with_c, without_c), tp = out["IU->MIMIC"]
+    assert a.prefix_rate.max() == 0 and a.unique_report_ratio.idxmax() == "ON+K50"
+    assert with_c > 0 > without_c                                  # the lead that rests on Cardiomegaly (Table S28)
+    assert tp["Cardiomegaly"] == tp.sum() > 0
+
+
+def test_paper_004_generator_arguments():
+    from cxr_audit.papers import Paper004Generator, decoding_kind
+    demo = make_demo_corpus(n_patients=5)
+    with pytest.raises(InputError, match="arm must be 'ON' or 'OFF'"): Paper004Generator("on", "MIMIC->IU", demo)
+    with pytest.raises(InputError, match="directions are"): Paper004Generator("ON", "IU->CheXpert", demo)
+    assert [decoding_kind(p) for p in ("B4", "G1", "K50")] == ["B4", "G1", "K50"]
+    gen = Paper004Generator("OFF", "MIMIC→IU", demo)
+    texts = gen(demo.studies.study_id.tolist())
+    assert all(t.startswith("No acute cardiopulmonary process.") for t in texts)   # OFF+B4 always opens with the prefix
+    assert texts == gen(demo.studies.study_id.tolist())                          # B4 is deterministic
