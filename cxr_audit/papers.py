@@ -5,7 +5,7 @@
 # %% ../nbs/16_papers.ipynb #a8ec8187
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from fastcore.basics import patch
@@ -20,7 +20,7 @@ from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
 from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, get_labeler
 from .metrics import metric_availability
 from .evaluator import study_section
-from .synth import render_mention
+from .synth import render_findings, render_mention
 from .generate import Generation, SimulatedGenerator, generate_table, get_policy, sample_seed
 from .llm import DECODING
 from .reref import EXPERIMENT_VARIANTS, ReRef
@@ -30,8 +30,9 @@ from .longitudinal import PROGRESSION_CLASSES, LLMAnnotator, keyword_terms
 
 # %% auto #0
 __all__ = ['PAPER_004', 'ENDPOINTS', 'PREFIX_004', 'STOCK_004', 'STOCK_WEIGHTS', 'NORMAL_SENTENCES', 'HEART_LEAD',
-           'SIM_004_RATES', 'PAPER_003', 'PAPER_000', 'Preset', 'entry_endpoints', 'family_from_endpoints',
-           'primary_family', 'SimRates', 'decoding_kind', 'Paper004Generator', 'simulated_generations',
+           'SIM_004_RATES', 'PAPER_003', 'SIM_003_PROFILES', 'PAPER_000', 'Preset', 'entry_endpoints',
+           'family_from_endpoints', 'primary_family', 'Sim004Rates', 'decoding_kind', 'Paper004Generator',
+           'simulated_004_generations', 'Sim003Profile', 'Paper003Generator', 'simulated_003_generations',
            'printed_checks']
 
 # %% ../nbs/16_papers.ipynb #d688277f
@@ -323,7 +324,7 @@ NORMAL_SENTENCES = ("The lungs are clear.", "No pleural effusion or pneumothorax
 HEART_LEAD = "The heart size is within normal limits."   # how ON opens a written-out report in IU->MIMIC
 
 @dataclass(frozen=True)
-class SimRates:
+class Sim004Rates:
     "How one simulated configuration writes: each share is a probability per report."
     prefix: float    # the report opens with `PREFIX_004`
     stock: float     # the body is a stock report (else: kept findings and normal sentences)
@@ -332,10 +333,10 @@ class SimRates:
     empty: float = 0.0  # the report is empty (invalid)
 
 SIM_004_RATES = {   # direction -> configuration -> rates (chosen to give the paper's directions, not its sizes)
-    "MIMIC->IU": {"ON+B4": SimRates(0.014, 0.97, 0.3, 1), "ON+G1": SimRates(0.62, 0.45, 0.5, 2),
-                  "ON+K50": SimRates(0.39, 0.15, 0.6, 3, empty=0.025), "OFF+B4": SimRates(1.0, 0.4, 0.4, 1)},
-    "IU->MIMIC": {"ON+B4": SimRates(0.0, 0.97, 0.1, 1), "ON+G1": SimRates(0.0, 0.5, 0.1, 2),
-                  "ON+K50": SimRates(0.0, 0.1, 0.1, 3), "OFF+B4": SimRates(0.0, 0.95, 0.1, 1)},
+    "MIMIC->IU": {"ON+B4": Sim004Rates(0.014, 0.97, 0.3, 1), "ON+G1": Sim004Rates(0.62, 0.45, 0.5, 2),
+                  "ON+K50": Sim004Rates(0.39, 0.15, 0.6, 3, empty=0.025), "OFF+B4": Sim004Rates(1.0, 0.4, 0.4, 1)},
+    "IU->MIMIC": {"ON+B4": Sim004Rates(0.0, 0.97, 0.1, 1), "ON+G1": Sim004Rates(0.0, 0.5, 0.1, 2),
+                  "ON+K50": Sim004Rates(0.0, 0.1, 0.1, 3), "OFF+B4": Sim004Rates(0.0, 0.95, 0.1, 1)},
 }
 
 
@@ -374,7 +375,7 @@ class Paper004Generator(SimulatedGenerator):
         if g.random() < rates.prefix: text = f"{PREFIX_004} {text}"
         return Generation(text, len(text.split()), False)
 
-    def _body(self, sid: str, rates: SimRates, g) -> str:
+    def _body(self, sid: str, rates: Sim004Rates, g) -> str:
         "A stock report, or the kept findings and a few normal sentences."
         stock = STOCK_004["OFF" if self.arm == "OFF" else f"{self.direction} ON"]
         if g.random() < rates.stock: return stock[int(g.choice(len(stock), p=STOCK_WEIGHTS))]
@@ -386,7 +387,7 @@ class Paper004Generator(SimulatedGenerator):
 
 
 # %% ../nbs/16_papers.ipynb #92c0d0ed
-def simulated_generations(corpus,               # a `synth.DemoCorpus` (its studies, findings and progression)
+def simulated_004_generations(corpus,               # a `synth.DemoCorpus` (its studies, findings and progression)
                           entries=None,         # the entries to generate for (a studies or cohort table); None: the corpus's studies
                           *,
                           direction: str,       # "MIMIC->IU" or "IU->MIMIC": which way the simulated model transfers
@@ -438,6 +439,79 @@ def llm_annotator(self: Preset, backend,     # a chat back end of `cxr_audit.llm
     name = next(iter(self.decoding)) if decoding is None else decoding
     if name not in self.decoding: raise InputError(f"preset {self.name}: decoding must be one of {', '.join(self.decoding)}, got {name!r}")
     return LLMAnnotator(backend, **{**dict(self.prompt_settings), **kwargs}, decoding=dict(self.decoding[name]), seed=seed)
+
+# %% ../nbs/16_papers.ipynb #929fd077
+@dataclass(frozen=True)
+class Sim003Profile:
+    "How one simulated generator of paper 003 writes; each share is a probability per finding or per report."
+    priors: bool      # it sees the prior study (without: it cannot state a change)
+    omit: float       # each finding of the study is left out
+    right: float      # with priors: a change is stated as it is (else as unchanged, or the opposite)
+    stable: float     # without priors: a finding is called unchanged (a guess)
+    own_style: float  # the report is written in the style of the study's site (else in the other style)
+
+SIM_003_PROFILES = {   # the paper's seven generators; the values give its pattern, not its sizes
+    "R2Gen": Sim003Profile(False, 0.38, 0.0, 0.30, 0.65), "MedVersa": Sim003Profile(False, 0.20, 0.0, 0.25, 0.70),
+    "L_R2Gen": Sim003Profile(True, 0.22, 0.12, 0.0, 0.30), "MLRG": Sim003Profile(True, 0.35, 0.20, 0.0, 0.55),
+    "HC-LLM": Sim003Profile(True, 0.28, 0.25, 0.0, 0.65), "Maira2": Sim003Profile(True, 0.08, 0.45, 0.0, 0.55),
+    "Libra": Sim003Profile(True, 0.12, 0.53, 0.0, 0.97),
+}
+_CHANGE_KINDS = ("worsened", "improved", "no change", "new", "new_uncertain", "resolved")
+_OPPOSITE = {"worsened": "improved", "improved": "worsened"}
+
+
+# %% ../nbs/16_papers.ipynb #b7a94ef8
+class Paper003Generator(SimulatedGenerator):
+    "A SIMULATED stand-in for one of paper 003's seven generators, written so that Table 5's pattern points the paper's way."
+    def __init__(self, model: str,   # a key of `SIM_003_PROFILES` (R2Gen, MedVersa, L_R2Gen, MLRG, HC-LLM, Maira2, Libra)
+                 corpus,             # a `synth.DemoCorpus` (or a studies table: then no findings are known)
+                 **kwargs            # `SimulatedGenerator` options (policy, seed, phrases, batch_size)
+                ):
+        if model not in SIM_003_PROFILES:
+            raise InputError(f"Paper003Generator: model must be one of {', '.join(SIM_003_PROFILES)}, got {model!r}")
+        super().__init__("sim-verbose", corpus, **kwargs)
+        self.model, self.profile, self.system = model, SIM_003_PROFILES[model], f"sim-003-{model}"
+        st = getattr(corpus, "studies", corpus)
+        self._style = dict(zip(st["study_id"].astype(str), st["style"])) if "style" in st else {}
+
+    def __repr__(self) -> str: return f"Paper003Generator({self.model!r}; synthetic)"
+
+    def _one(self, key, policy, seed: int) -> Generation:
+        ref = key[0] if isinstance(key, (list, tuple)) and key else key
+        sid = self._study.get(str(ref))
+        if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
+        policy = get_policy(policy)
+        g = rng(seed if policy.do_sample else sample_seed(0, f"{self.system}/{policy.fingerprint}/{sid}"))
+        said = [self._said(m, g) for m in self._mentions[sid] if g.random() >= self.profile.omit]
+        own = self._style.get(sid, "prose")
+        style = own if g.random() < self.profile.own_style else ("terse" if own == "prose" else "prose")
+        text = " ".join(render_findings([m for m in said if m is not None], style, g, self.phrases)[0])
+        return Generation(text, len(text.split()), False)
+
+    def _said(self, m, g):
+        "The mention as this generator states it (None: left out)."
+        pr = self.profile
+        if m.kind not in _CHANGE_KINDS: return m
+        if not pr.priors:   # a change cannot be seen: the finding is described as it is, or guessed unchanged
+            return None if m.current is None else replace(m, kind="no change" if g.random() < pr.stable else "static")
+        if m.kind == "no change" or g.random() < pr.right: return m
+        if m.current is None: return None
+        if m.kind in ("new", "new_uncertain"): return replace(m, kind="static" if m.kind == "new" else "uncertain")
+        return replace(m, kind=_OPPOSITE.get(m.kind, "no change") if g.random() < 0.3 else "no change")
+
+
+# %% ../nbs/16_papers.ipynb #e456033b
+def simulated_003_generations(corpus,          # a `synth.DemoCorpus` (its studies, findings and progression)
+                              entries=None,    # the studies to write for (a studies table); None: the corpus's studies
+                              *,
+                              models=tuple(SIM_003_PROFILES), # which of the seven
+                              seed: int = DEFAULT_SEED # seed of the runs
+                             ) -> pd.DataFrame:
+    "SIMULATED generations of paper 003's seven generators by `Paper003Generator`, one report per model and study."
+    entries = corpus.studies if entries is None else entries
+    runs = [generate_table(Paper003Generator(m, corpus), entries, "G1", seeds=(seed,), system=m, progress=False) for m in models]
+    return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (Paper003Generator)")
+
 
 # %% ../nbs/16_papers.ipynb #74869c8f
 PAPER_000 = Preset(

@@ -380,13 +380,13 @@ def test_paper_004_simulation_points_the_papers_way(seed):
     "The SIMULATED ON/OFF stand-ins give paper 004's effect directions on a small corpus of either seed."
     from cxr_audit.concentration import audit_concentration
     from cxr_audit.labels import get_labeler, label_audit
-    from cxr_audit.papers import simulated_generations
+    from cxr_audit.papers import simulated_004_generations
     demo = make_demo_corpus(n_patients=150, seed=seed)
     site = {"MIMIC->IU": "synthetic-site-b", "IU->MIMIC": "synthetic-site-a"}
     out = {}
     for d, name in site.items():
         c = PAPER_004.cohort(d, demo.studies[demo.studies.dataset == name].reset_index(drop=True)).studies
-        g = simulated_generations(demo, c, direction=d, seed=seed)
+        g = simulated_004_generations(demo, c, direction=d, seed=seed)
         a = audit_concentration(g, grouping="exact", validity_rule="surface", reps=1).summary()
         a.index = a.system + "+" + a.policy
         la = label_audit(c.drop_duplicates("study_id").reset_index(drop=True), g, reps=1, labeler=get_labeler("chexpert+quirks"),
@@ -410,3 +410,21 @@ def test_paper_004_generator_arguments():
     texts = gen(demo.studies.study_id.tolist())
     assert all(t.startswith("No acute cardiopulmonary process.") for t in texts)   # OFF+B4 always opens with the prefix
     assert texts == gen(demo.studies.study_id.tolist())                          # B4 is deterministic
+
+
+def test_paper_003_simulation_keeps_the_papers_pattern():
+    "The seven SIMULATED stand-ins give Table 5's pattern of paper 003 on a small corpus (the page checks the rest)."
+    from cxr_audit.longitudinal import RuleAnnotator, progression_evaluation
+    from cxr_audit.papers import SIM_003_PROFILES, Paper003Generator, simulated_003_generations
+    demo = make_demo_corpus(n_patients=40, seed=6)
+    follow = demo.studies[demo.studies.groupby("patient_id").cumcount() > 0]
+    g = simulated_003_generations(demo, follow)
+    ev = progression_evaluation(follow, g, annotator=RuleAnnotator(), reps=5, clusters="patient_id", report_metrics=("bleu_4",),
+                                diagnosis=True)
+    e = ev.summary().pivot_table(index="system", columns="metric", values="estimate")
+    e.index = e.index.str.split("+").str[0]
+    assert set(e.index) == set(SIM_003_PROFILES)
+    assert e.report_bleu_4.idxmax() == "Libra" and set(e.progression_micro_f1.nlargest(2).index) == {"Libra", "Maira2"}
+    assert set(e.bleu_4.nsmallest(2).index) == {"R2Gen", "MedVersa"}        # no priors: the weakest longitudinal sentences
+    assert (e.progression_f1_improved.loc[["R2Gen", "MedVersa"]] == 0).all()  # they cannot see a change
+    with pytest.raises(InputError, match="model must be one of"): Paper003Generator("GPT", demo)
