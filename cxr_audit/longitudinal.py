@@ -35,16 +35,17 @@ from .llm import DECODING, RuleChat, batch_summary, budget_left, is_restricted, 
 
 # %% auto #0
 __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENTENCES_COLUMNS', 'CUE_KINDS', 'ANNOTATION_COLUMNS',
-           'PAPER_SETTINGS', 'SCOPES', 'MAX_INVALID', 'MATCHES', 'LANGUAGE_METRICS', 'PROGRESSION_METRICS',
-           'TABLE5_METRICS', 'load_keywords', 'keyword_terms', 'keyword_families', 'load_lexicon', 'Cue',
-           'RuleAnnotator', 'report_sentences', 'annotate_reports', 'load_prompts', 'longitudinal_prompt',
-           'keyword_prompt', 'progression_prompt', 'parse_choice', 'parse_binary', 'parse_progression', 'parse_keyword',
-           'LLMAnnotator', 'rule_chat', 'read_gold', 'annotation_counts', 'AnnotationQuality', 'evaluate_annotators',
-           'report_progression', 'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement',
-           'unreadable_text', 'ProgressionEvaluation', 'IncompleteAnnotation', 'progression_evaluation',
-           'plot_progression_f1', 'plot_progression_wins', 'ranking_stability', 'runs_summary', 'ranking_agreement',
-           'keyword_counts', 'KeywordDistance', 'keyword_distance', 'finding_categories', 'category_results', 'LMimic',
-           'build_lmimic', 'plot_class_distribution', 'plot_lmimic_reports']
+           'PAPER_SETTINGS', 'SCOPES', 'MAX_INVALID', 'ERROR_KINDS', 'MATCHES', 'LANGUAGE_METRICS',
+           'PROGRESSION_METRICS', 'CLASS_METRICS', 'TABLE5_METRICS', 'load_keywords', 'keyword_terms',
+           'keyword_families', 'load_lexicon', 'Cue', 'RuleAnnotator', 'report_sentences', 'annotate_reports',
+           'load_prompts', 'longitudinal_prompt', 'keyword_prompt', 'progression_prompt', 'parse_choice',
+           'parse_binary', 'parse_progression', 'parse_keyword', 'LLMAnnotator', 'rule_chat', 'read_gold',
+           'annotation_counts', 'AnnotationQuality', 'evaluate_annotators', 'report_progression',
+           'progression_instances', 'progression_counts', 'TruthAgreement', 'truth_agreement', 'unreadable_text',
+           'ProgressionEvaluation', 'IncompleteAnnotation', 'progression_evaluation', 'plot_progression_f1',
+           'plot_progression_wins', 'ranking_stability', 'runs_summary', 'ranking_agreement', 'keyword_counts',
+           'KeywordDistance', 'keyword_distance', 'finding_categories', 'category_results', 'LMimic', 'build_lmimic',
+           'plot_class_distribution', 'plot_lmimic_reports']
 
 # %% ../nbs/10_longitudinal.ipynb #36f216b2
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
@@ -934,6 +935,39 @@ def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exac
         parts.append(binomial_cis(t.reset_index(), "correct", "n", size).assign(annotator=name))
     return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low", "ci_high"]].rename(columns={"estimate": "accuracy"})
 
+# %% ../nbs/10_longitudinal.ipynb #eb45091f
+ERROR_KINDS = ("unreadable reply", "missed longitudinal", "spurious longitudinal", "no finding term", "other finding",
+               "wrong progression")
+
+def _same(a, b) -> bool: return (is_missing(a) and is_missing(b)) or (not is_missing(a) and not is_missing(b) and a == b)
+
+def _error_kind(gold: tuple, pred: tuple) -> str | None:
+    "The kind of error of one sentence (`ERROR_KINDS`), or None when the annotator got it right."
+    (g_long, g_kw, g_prog), (p_long, p_kw, p_prog) = gold, pred
+    if is_missing(p_long): return "unreadable reply"
+    g_long, p_long = (not is_missing(g_long) and bool(g_long)), bool(p_long)
+    if g_long != p_long: return "missed longitudinal" if g_long else "spurious longitudinal"
+    if not g_long: return None
+    if not _same(g_kw, p_kw): return "no finding term" if is_missing(p_kw) else "other finding"
+    if g_kw == SUPPORT_DEVICES or _same(g_prog, p_prog): return None   # support devices carry no progression
+    return "wrong progression"
+
+@patch
+def errors(self: AnnotationQuality, name: str | None = None # an annotator of `predictions` (None: every one)
+          ) -> pd.DataFrame:
+    "One row per sentence an annotator got wrong: the gold labels, the predicted ones and the kind of error (`ERROR_KINDS`)."
+    names = list(self.predictions) if name is None else [name]
+    parts = []
+    for n in names:
+        if n not in self.predictions: raise InputError(f"unknown annotator {n!r}; annotators are {list(self.predictions)}")
+        p, g = self.predictions[n].reset_index(drop=True), self.gold.reset_index(drop=True)
+        cols = ["is_longitudinal", "keyword", "progression"]
+        kinds = [_error_kind(a, b) for a, b in zip(g[cols].itertuples(index=False), p[cols].itertuples(index=False))]
+        t = g.assign(annotator=n, **{f"predicted_{c}": p[c].to_numpy() for c in cols}, error=kinds)
+        parts.append(t[t["error"].notna()])
+    return pd.concat(parts, ignore_index=True)
+
+
 # %% ../nbs/10_longitudinal.ipynb #4b4e95ec
 @patch
 def confusion(self: AnnotationQuality, name: str # an annotator
@@ -1024,6 +1058,7 @@ def progression_counts(instances,         # see `progression_instances`
 LANGUAGE_METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor")
 PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
                        "progression_micro_precision", "progression_micro_recall", "progression_macro_f1")
+CLASS_METRICS = tuple(f"progression_{m}_{c.replace(' ', '_')}" for c in PROGRESSION_CLASSES for m in ("precision", "recall"))
 TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]  # paper 003's Table 5
 _F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
@@ -1033,9 +1068,11 @@ def _progression_stats(S: np.ndarray) -> dict:
     tp, fp, fn = X[..., 0], X[..., 1], X[..., 2]
     micro = micro_stats(tp.sum(1), fp.sum(1), fn.sum(1))
     out = {"progression_micro_f1": (micro, "micro_f1")}
-    out.update({f"progression_f1_{c.replace(' ', '_')}": (micro_stats(tp[:, j], fp[:, j], fn[:, j]), "micro_f1") for j, c in enumerate(PROGRESSION_CLASSES)})
+    per = {c.replace(" ", "_"): micro_stats(tp[:, j], fp[:, j], fn[:, j]) for j, c in enumerate(PROGRESSION_CLASSES)}
+    out.update({f"progression_f1_{c}": (s, "micro_f1") for c, s in per.items()})
     out.update({"progression_micro_precision": (micro, "micro_precision"), "progression_micro_recall": (micro, "micro_recall"),
                 "progression_macro_f1": (S, "macro_f1")})
+    out.update({f"progression_{m}_{c}": (s, f"micro_{m}") for c, s in per.items() for m in ("precision", "recall")})   # Table 18
     return out
 
 def _joined_longitudinal(sentences) -> dict:
@@ -1240,11 +1277,12 @@ def _score_blocks(scores: pd.DataFrame, units: list, systems: list, prefix: str 
     return blocks
 
 def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: list, labeler) -> dict:
-    "`diagnosis_micro_f1`: per-study `[tp, fp, fn]` over the 14 CheXpert labels (uncertain counted as `labels.UNCERTAIN_POSITIVE` says: negative), `hyps[system]` aligned to `units`."
+    "`diagnosis_micro_f1` (and its precision and recall): per-study `[tp, fp, fn]` over the 14 CheXpert labels (uncertain as `labels.UNCERTAIN_POSITIVE` says: negative)."
     def binary(texts): return to_binary(to_wide(label_reports(list(texts), ids=list(units), labeler=labeler)).to_numpy())
     R = binary(refs)
     def stats(H): return micro_stats((R & H).sum(1), ((1 - R) & H).sum(1), (R & (1 - H)).sum(1))
-    return {"diagnosis_micro_f1": ({s: stats(binary(hyps[s])) for s in systems}, "micro_f1")}
+    per = {s: stats(binary(hyps[s])) for s in systems}
+    return {f"diagnosis_micro_{m}": (per, f"micro_{m}") for m in ("f1", "precision", "recall")}
 
 def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict,
               section: str = "findings", report_metrics: Sequence[str] = (), labeler=None) -> ProgressionEvaluation:
@@ -1259,7 +1297,7 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
     P = pairs[pairs["study_id"].isin(set(units))]
     inst = progression_instances(ref_s, gen_s, P, families)
     stats = {s: _progression_stats(progression_counts(inst, units, s)) for s in systems}
-    blocks = {m: ({s: stats[s][m][0] for s in systems}, stats[systems[0]][m][1]) for m in PROGRESSION_METRICS}
+    blocks = {m: ({s: stats[s][m][0] for s in systems}, stats[systems[0]][m][1]) for m in PROGRESSION_METRICS + CLASS_METRICS}
     key = P.set_index(["system", "study_id"])["sample_id"]
     order = [(s, u) for s in systems for u in units]
     scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order], [gen_long.get(key[(s, u)], "") for s, u in order],
