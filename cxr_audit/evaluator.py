@@ -26,11 +26,12 @@ from .generate import GENERATOR_RECIPES, accepts_indications, call_report_genera
 from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
 
 # %% auto #0
-__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'OFFLINE_METRICS', 'STATUSES', 'ID_COLUMNS', 'EVALUATORS', 'DEFAULT_CLUSTERS', 'CIDER_NOTE',
-           'DEFAULT_SCORE_METRICS', 'generator_function', 'generator_arity', 'read_report', 'study_section',
-           'iter_samples', 'resolve_metrics', 'metric_leaves', 'ReportGenerationEvaluator', 'results_frame',
-           'score_pairs', 'results_summary', 'metric_notes', 'get_evaluator', 'make_chexagent_generator',
-           'make_maira2_generator', 'make_medgemma_generator', 'SystemScores', 'pairwise', 'score_systems']
+__all__ = ['IMAGE_KEYS', 'ID_KEYS', 'OFFLINE_METRICS', 'STATUSES', 'COLUMN_ALIASES', 'ID_COLUMNS', 'EVALUATORS',
+           'DEFAULT_CLUSTERS', 'CIDER_NOTE', 'DEFAULT_SCORE_METRICS', 'generator_function', 'generator_arity',
+           'read_report', 'study_section', 'iter_samples', 'resolve_metrics', 'metric_leaves',
+           'ReportGenerationEvaluator', 'results_frame', 'score_pairs', 'with_aliases', 'results_summary',
+           'metric_notes', 'get_evaluator', 'make_chexagent_generator', 'make_maira2_generator',
+           'make_medgemma_generator', 'SystemScores', 'pairwise', 'score_systems']
 
 # %% ../nbs/12_evaluator.ipynb #36b44d88
 def generator_function(report_generator # a callable, or an object with a `generate` method
@@ -373,6 +374,22 @@ def score_pairs(references: Sequence[str],   # reference texts
     cl = resolve_clusters(clusters, pd.DataFrame(index=range(len(refs))), what="score_pairs: clusters")
     return _score(_leaf_stats(resolve_metrics(metrics, what="score_pairs"), refs, hyps), int(reps), seed, cl)[0]
 
+# %% ../nbs/12_evaluator.ipynb #4263c103
+# result column -> paper 001's name for it, added beside it: RadEval 2.2.1 names the RadGraph F1 of the partial reward
+# `radgraph_partial` (001's documentation writes `radgraph.f1`); it gives no RadGraph precision or recall, so 001's
+# `radgraph.precision` has no column here
+COLUMN_ALIASES = {"radgraph.radgraph_partial": "radgraph.f1"}
+
+def with_aliases(df: pd.DataFrame, # a results table
+                 aliases: Mapping[str, str] = COLUMN_ALIASES # column -> another name for it
+                ) -> pd.DataFrame:
+    "The results with each aliased column repeated under its other name, right after it (a column already there is kept)."
+    out = df.copy()
+    for col, alias in aliases.items():
+        if col in out.columns and alias not in out.columns: out.insert(out.columns.get_loc(col) + 1, alias, out[col])
+    return out
+
+
 # %% ../nbs/12_evaluator.ipynb #16cbf547
 @patch
 def evaluate(self: ReportGenerationEvaluator) -> pd.DataFrame:
@@ -380,7 +397,8 @@ def evaluate(self: ReportGenerationEvaluator) -> pd.DataFrame:
     p = self._pairs()
     self.stats_ = _leaf_stats(self.metrics, p.reference, p.hypothesis)
     cl = resolve_clusters("cluster" if self.clusters is not None else None, p)
-    self.results_, self.bootstrap_ = _score(self.stats_, self.n_bootstrap, self.bootstrap_seed, cl)
+    results, self.bootstrap_ = _score(self.stats_, self.n_bootstrap, self.bootstrap_seed, cl)
+    self.results_ = with_aliases(results)   # paper 001's column names beside RadEval's
     return self.results_
 
 # %% ../nbs/12_evaluator.ipynb #4a472123
@@ -424,6 +442,10 @@ def _out(self: ReportGenerationEvaluator, output_dir) -> Path:
     return Path(d)
 
 # %% ../nbs/12_evaluator.ipynb #8489f684
+def _notes(metrics) -> dict[str, str]:
+    "`metric_notes` and a note for each alias column."
+    return {**metric_notes(metrics), **{a: f"the same values as {c} (paper 001's name for it)" for c, a in COLUMN_ALIASES.items()}}
+
 @patch
 def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None, # results (default: the last `evaluate()`)
                  output_dir: str | os.PathLike | None = None # default: the constructor's output_dir
@@ -432,7 +454,7 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     if df is None: df = getattr(self, "results_", None)
     if df is None: raise InputError("save_results: nothing to save; run evaluate() first")
     out = self._out(output_dir)
-    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(results_summary(df, notes=metric_notes(self.metrics)), out / "results_summary.csv"),
+    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(results_summary(df, notes=_notes(self.metrics)), out / "results_summary.csv"),
              "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], out / "generations.csv")}
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}
