@@ -23,6 +23,7 @@ import sys
 import threading
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -42,19 +43,20 @@ from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, default_labeler
 
 # %% auto #0
 __all__ = ['TOKENIZERS', 'METEOR_STATS', 'METEOR_PARAMS', 'METEOR_PARAPHRASE', 'SUBSET_PREFIX', 'METEOR_MAX_TOKENS',
-           'METEOR_BATCH', 'METEOR_JVM_OPTIONS', 'METEOR_MEMO', 'REGISTRY', 'RADEVAL_METRICS', 'RADEVAL_EXTRA_KEYS',
-           'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE', 'BRIDGED_METRICS',
-           'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric', 'check_pairs',
-           'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table', 'PairCounts',
-           'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score', 'rouge_l_scores', 'RougeL',
-           'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable', 'meteor_paraphrase',
-           'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index', 'remove_stale_subsets', 'meteor_jvm',
-           'close_meteor', 'MeteorRun', 'meteor_jvm_options', 'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor',
-           'label_state_matrix', 'CheXpertF1', 'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats',
-           'compare_with_pycocoevalcap', 'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason',
-           'RadEvalError', 'radeval_evaluator', 'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts',
-           'CheXbertF1', 'radeval_metric', 'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics',
-           'metric_kind', 'metric_availability', 'registry_table']
+           'METEOR_BATCH', 'METEOR_JVM_OPTIONS', 'METEOR_MEMO', 'METEOR_SPLIT', 'REGISTRY', 'RADEVAL_METRICS',
+           'RADEVAL_EXTRA_KEYS', 'CHEXBERT_KEYS', 'RADEVAL_WEIGHTS', 'API_KEY_METRICS', 'RADEVAL_BLEU_NOTE',
+           'BRIDGED_METRICS', 'FULL_METRICS', 'LIGHT_METRICS', 'NATIVE_EQUIVALENTS', 'AVAILABILITY_COLUMNS', 'Metric',
+           'check_pairs', 'MetricBase', 'tokenizer', 'ngram_counts', 'bleu_pair_stats', 'NgramRows', 'ngram_table',
+           'PairCounts', 'pair_counts', 'bleu_stats', 'coco_bleu', 'Bleu', 'lcs_length', 'rouge_l_score',
+           'rouge_l_scores', 'RougeL', 'cider_d_scores', 'CiderD', 'meteor_value', 'meteor_jar', 'java_executable',
+           'meteor_paraphrase', 'jar_words', 'ParaphraseIndex', 'paraphrase_table', 'paraphrase_index',
+           'remove_stale_subsets', 'meteor_jvm', 'close_meteor', 'MeteorRun', 'meteor_jvm_options', 'meteor_jars',
+           'run_meteor', 'start_meteor', 'prefetch_meteor', 'Meteor', 'label_state_matrix', 'CheXpertF1',
+           'register_metric', 'list_metrics', 'get_metric', 'score', 'sample_stats', 'compare_with_pycocoevalcap',
+           'radeval_name', 'radeval_note', 'import_radeval', 'unavailable_reason', 'RadEvalError', 'radeval_evaluator',
+           'radeval_scores', 'radeval_values', 'RadEvalMetric', 'chexbert_counts', 'CheXbertF1', 'radeval_metric',
+           'radcliq_flip', 'Negated', 'negated', 'radeval_status', 'bundle_metrics', 'metric_kind',
+           'metric_availability', 'registry_table']
 
 # %% ../nbs/07_metrics.ipynb #e9fb77df
 @runtime_checkable
@@ -587,8 +589,9 @@ def _jar_of(cmd: Sequence[str]) -> str: return cmd[list(cmd).index("-jar") + 1] 
 
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
-    def __init__(self, cmd: list[str], words: frozenset | None = None):
-        self.cmd, self.words, self.proc, self.lock = cmd, words, None, threading.Lock()   # words: what its paraphrase subset serves (None: all)
+    def __init__(self, cmd: list[str], words: frozenset | None = None, table: Path | None = None):
+        self.cmd, self.words, self.table = cmd, words, table   # words: what its paraphrase subset (the file `table`) serves; None: all
+        self.proc, self.lock = None, threading.Lock()
 
     def start(self):
         self.err = tempfile.TemporaryFile("w+")
@@ -673,17 +676,23 @@ def _covers(jvm: _MeteorJar | None, words: frozenset | None) -> bool:
     "Whether a running jar's paraphrase table serves `words` (None: the full table is asked for)."
     return jvm is not None and jvm.alive and (jvm.words is None or (words is not None and words <= jvm.words))
 
+def _table_for(cmd: tuple, words: frozenset) -> Path:
+    "A paraphrase subset for `words`: the file of another running jar of `cmd` made for the same words, else a new one."
+    same = [j for (k, _), j in _METEOR_JVMS.items() if k == cmd and j.alive and j.words == words and j.table is not None]
+    return same[0].table if same else _paraphrase_subset(_jar_of(cmd), words)
+
 def meteor_jvm(cmd: Sequence[str],          # the java command line running the jar in `-stdio` mode
-               words: frozenset | None = None # words of the texts to score: a jar with the paraphrase subset for them (None: the full table)
+               words: frozenset | None = None, # words of the texts to score: a jar with the paraphrase subset for them (None: the full table)
+               slot: int = 0                # which of the process's jars for `cmd` (a long batch is shared out over several)
               ) -> _MeteorJar:
     "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped, or for new words)."
-    key, old = tuple(cmd), None
+    key, old = (tuple(cmd), int(slot)), None
     with _METEOR_LOCK:
         jvm = _METEOR_JVMS.get(key)
         if _covers(jvm, words): return jvm
         if words is not None and jvm is not None and jvm.words is not None and jvm.alive: words = words | jvm.words  # one table that grows
-        table = [] if words is None else ["-a", str(_paraphrase_subset(_jar_of(cmd), words))]
-        old, jvm = jvm, _MeteorJar(list(cmd) + table, words).start()
+        table = None if words is None else _table_for(key[0], words)
+        old, jvm = jvm, _MeteorJar(list(cmd) + ([] if table is None else ["-a", str(table)]), words, table).start()
         _METEOR_JVMS[key] = jvm
     if old is not None:
         with old.lock: old.close()
@@ -693,7 +702,7 @@ def close_meteor(cmd: Sequence[str] | None = None # the command line of one jar 
                 ) -> int:
     "End the running METEOR jar(s) of this process; returns how many were ended."
     with _METEOR_LOCK:
-        keys = list(_METEOR_JVMS) if cmd is None else [k for k in _METEOR_JVMS if k == tuple(cmd)]
+        keys = list(_METEOR_JVMS) if cmd is None else [k for k in _METEOR_JVMS if k[0] == tuple(cmd)]
         jvms = [_METEOR_JVMS.pop(k) for k in keys]
     for j in jvms:
         with j.lock: j.close()
@@ -749,29 +758,48 @@ def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
 METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}
 
-def _converse(jvm: _MeteorJar, uniq: list, pairs: list, evaluate: bool, memo: dict) -> tuple[dict, list | None]:
-    "SCORE answers of the distinct pairs (those not in `memo`, in batches of `METEOR_BATCH`) and, with `evaluate`, the EVAL answer."
-    todo = [p for p in uniq if p not in memo]
-    if len(memo) + len(todo) > METEOR_MEMO: memo.clear()
-    for i in range(0, len(todo), METEOR_BATCH):
-        part = todo[i:i + METEOR_BATCH]
-        memo.update(zip(part, jvm.ask([f"SCORE ||| {r} ||| {h}" for r, h in part])))
-    raw = {p: memo[p] for p in uniq}
-    return raw, jvm.ask(["EVAL ||| " + " ||| ".join(raw[p] for p in pairs)], len(pairs) + 1) if evaluate else None
+METEOR_SPLIT = 4_000   # a batch of at least this many new pairs is shared out over the process's jars (`meteor_jars`)
 
-def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, subset: bool) -> tuple[dict, list | None]:
-    "`_converse` with the process's jar (none when every answer is kept); a jar that stops is closed and the conversation retried once on a fresh one."
-    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})   # the two tables' answers kept apart, so either can be checked against the other
-    todo = [p for p in uniq if p not in memo]
-    if not todo and not evaluate: return {p: memo[p] for p in uniq}, None
-    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None   # the paraphrases the new pairs can use
+def meteor_jars() -> int:
+    "How many jars share out a long batch: `$CXR_AUDIT_METEOR_JARS`, else 2 on a machine with 2 or more CPUs, else 1."
+    env = os.environ.get("CXR_AUDIT_METEOR_JARS")
+    return max(1, int(env)) if env else (2 if (os.cpu_count() or 1) >= 2 else 1)
+
+def _on_jar(cmd: list[str], words, slot: int, talk: Callable):
+    "`talk(jar)` with jar `slot` of `cmd`; a jar that stops is closed and the call retried once on a fresh one."
     for attempt in (0, 1):
-        jvm = meteor_jvm(cmd, words)
+        jvm = meteor_jvm(cmd, words, slot)
         with jvm.lock:
-            try: return _converse(jvm, uniq, pairs, evaluate, memo)
+            try: return talk(jvm)
             except RuntimeError:
                 jvm.close()
                 if attempt: raise
+
+def _score_new(cmd: list[str], words, todo: list, memo: dict):
+    "SCORE answers of `todo` into `memo`, in batches of `METEOR_BATCH`; a long list shared out over `meteor_jars()` jars at once."
+    def score(part: list):
+        def talk(jvm):
+            for i in range(0, len(part), METEOR_BATCH):
+                chunk = part[i:i + METEOR_BATCH]
+                memo.update(zip(chunk, jvm.ask([f"SCORE ||| {r} ||| {h}" for r, h in chunk])))
+        return talk
+    n = meteor_jars() if len(todo) >= METEOR_SPLIT else 1
+    if n == 1: return _on_jar(cmd, words, 0, score(todo))
+    with ThreadPoolExecutor(n) as pool:   # each jar is its own process: the threads only wait on their pipes
+        for f in [pool.submit(_on_jar, cmd, words, k, score(todo[k::n])) for k in range(n)]: f.result()
+
+def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, subset: bool) -> tuple[dict, list | None]:
+    "SCORE answers of the distinct pairs (those not kept from before) and, with `evaluate`, the jar's EVAL answer."
+    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})   # the two tables' answers kept apart, so either can be checked against the other
+    todo = [p for p in uniq if p not in memo]
+    if not todo and not evaluate: return {p: memo[p] for p in uniq}, None
+    if len(memo) + len(todo) > METEOR_MEMO: memo.clear(); todo = list(uniq)   # the kept answers are dropped, so all are asked
+    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None   # the paraphrases the new pairs can use
+    if todo: _score_new(cmd, words, todo, memo)
+    raw = {p: memo[p] for p in uniq}
+    if not evaluate: return raw, None
+    line = "EVAL ||| " + " ||| ".join(raw[p] for p in pairs)
+    return raw, _on_jar(cmd, words, 0, lambda jvm: jvm.ask([line], len(pairs) + 1))
 
 def run_meteor(references: Sequence[str],  # tokenized references
                hypotheses: Sequence[str],  # tokenized hypotheses

@@ -535,6 +535,28 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
 
 
 @needs_java
+def test_a_long_meteor_batch_shared_over_two_jars_gives_the_same_statistics(monkeypatch):
+    "Above METEOR_SPLIT new pairs, two jars score alternate pairs at once; the statistics equal one jar's, pair for pair."
+    from cxr_audit import metrics
+    from cxr_audit.metrics import close_meteor, run_meteor
+    refs = [f"the heart is normal . no effusion in case {i} ." for i in range(40)]
+    hyps = [f"heart size normal . small effusion {i % 7} ." for i in range(40)]
+    monkeypatch.setattr(metrics, "METEOR_SPLIT", 10)
+    monkeypatch.setenv("CXR_AUDIT_METEOR_JARS", "2")
+    close_meteor(); metrics._METEOR_ANSWERS.clear()
+    two = run_meteor(refs, hyps).stats
+    assert len(_jvm_pids()) == 2                                         # both jars ran, and stay for the next call
+    tables = {j.table for j in metrics._METEOR_JVMS.values()}
+    assert len(tables) == 1                                              # sharing one paraphrase subset file
+    monkeypatch.setenv("CXR_AUDIT_METEOR_JARS", "1")
+    close_meteor(); metrics._METEOR_ANSWERS.clear()
+    one = run_meteor(refs, hyps).stats
+    assert len(_jvm_pids()) == 1
+    np.testing.assert_array_equal(two, one)
+    close_meteor()
+
+
+@needs_java
 def test_meteor_jvm_options_change_no_statistic(monkeypatch):
     "The JVM's default compilers and collector (no options) give the same statistics, bit for bit, on real IU reports."
     from cxr_audit.metrics import close_meteor, meteor_jvm_options, run_meteor
