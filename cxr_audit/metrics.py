@@ -758,7 +758,7 @@ def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
 METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}
 
-METEOR_SPLIT = 4_000   # a batch of at least this many new pairs is shared out over the process's jars (`meteor_jars`)
+METEOR_SPLIT = 1_000   # a batch of at least this many new pairs is shared out over the process's jars (`meteor_jars`)
 
 def meteor_jars() -> int:
     "How many jars share out a long batch: `$CXR_AUDIT_METEOR_JARS`, else 2 on a machine with 2 or more CPUs, else 1."
