@@ -23,7 +23,7 @@ from scipy import sparse
 from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
                             require_columns, rng, save_chart, system_color, write_manifest, write_table)
 from .reports import SPECIAL_TOKENS
-from .stats import (BootstrapResult, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps, chunk_rows,
+from .stats import (BootstrapResult, CIMethod, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps, chunk_rows,
                              incidence, mean_stats, plot_win_probability, rank_ci,
                              cluster_codes, distinct_stats, holm_family, p_value_note, plot_forest, proportion_stats,
                              resolve_clusters, weight_chunks)
@@ -472,7 +472,7 @@ def _lerp(a, b, t):
 
 def _quantile_positions(n, q: float):
     "Lower and upper order-statistic positions and the interpolation weight of quantile `q` of `n` values."
-    v = n * q + (1 + q * (1 - 1 - 1)) - 1                      # numpy's virtual index for the "linear" method
+    v = (n - 1) * q                                           # numpy's virtual index for the "linear" method
     lo = np.floor(v); t = v - lo
     return lo.astype(np.int64), np.minimum(lo + 1, n - 1).astype(np.int64), t
 
@@ -754,7 +754,7 @@ def audit_concentration(generations,                      # a `generations` tabl
                         unit: str = "study_id",           # the paired unit of comparisons and the key of a cluster mapping
                         scheme: Scheme = "shares",        # how distinct counts and report groups are resampled
                         size: float = 0.95,               # interval coverage
-                        method: Literal["percentile", "bca"] = "percentile", # interval method
+                        method: CIMethod = "percentile", # interval method
                         compare_metrics: Sequence[str] = ("validity_rate", "prefix_rate"), # metrics compared between groups
                         baseline: str | None = None       # compare this group with each other one (None: all pairs)
                        ) -> ConcentrationAudit:
@@ -972,7 +972,7 @@ def bootstrap_results(self: ConcentrationAudit,
                       clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster
                       scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
                       size: float = 0.95,            # interval coverage
-                      method: Literal["percentile", "bca"] = "percentile", # interval method
+                      method: CIMethod = "percentile", # interval method
                       unit: str = "study_id"         # the column a cluster mapping is keyed by
                      ) -> dict[str, BootstrapResult]:
     "The `stats.BootstrapResult` (replicates, jackknife, `conf_int`) of each metric of one group."
@@ -995,7 +995,7 @@ def bootstrap(self: ConcentrationAudit,
               clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster; None: reports
               scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
               size: float = 0.95,            # interval coverage
-              method: Literal["percentile", "bca"] = "percentile", # interval method
+              method: CIMethod = "percentile", # interval method
               unit: str = "study_id"         # the column a cluster mapping is keyed by
              ) -> pd.DataFrame:
     "Bootstrap estimates and intervals of the metrics, group by group: one row per group and metric."

@@ -690,7 +690,8 @@ def meteor_jvm(cmd: Sequence[str],          # the java command line running the 
     with _METEOR_LOCK:
         jvm = _METEOR_JVMS.get(key)
         if _covers(jvm, words): return jvm
-        if words is not None and jvm is not None and jvm.words is not None and jvm.alive: words = words | jvm.words  # one table that grows
+        if words is not None:   # one table that grows, shared by every slot: a jar never serves fewer words than another has
+            for j in [j for (k, _), j in _METEOR_JVMS.items() if k == key[0] and j.alive and j.words is not None]: words = words | j.words
         table = None if words is None else _table_for(key[0], words)
         old, jvm = jvm, _MeteorJar(list(cmd) + ([] if table is None else ["-a", str(table)]), words, table).start()
         _METEOR_JVMS[key] = jvm

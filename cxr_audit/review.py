@@ -504,8 +504,8 @@ class ReviewPackets:
     paths: dict              # relative path -> Path of every file written (empty when nothing was written)
 
     def to_frame(self) -> pd.DataFrame:
-        "The private key: one row per reviewed report."
-        return self.key
+        "The private key: one row per reviewed report (a copy)."
+        return self.key.copy()
 
     def summary(self) -> pd.DataFrame:
         "Cases per panel and stratum."
@@ -1036,8 +1036,8 @@ class ConsensusResult:
                               "missing_secondary": t.report_id[(t.role == "secondary") & t.value.isna()].nunique()}])
 
     def to_frame(self) -> pd.DataFrame:
-        "The trail: how every rating was reached."
-        return self.trail
+        "The trail: how every rating was reached (a copy)."
+        return self.trail.copy()
 
     def _repr_markdown_(self):
         s = self.summary().iloc[0]

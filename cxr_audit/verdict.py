@@ -24,7 +24,7 @@ from .concentration import audit_concentration
 from .corpus import to_generations
 from .evaluator import score_systems
 from .labels import CHEXPERT_14, CHEXPERT_5, get_labeler, to_binary
-from .metrics import label_state_matrix, get_metric
+from .metrics import label_state_matrix, get_metric, start_meteor
 from .reref import ORIGINAL, backend_label, rewrite_table
 from .reref_rules import rule_reref
 from .reref_sensitivity import SIGNIFICANCE_RULES, pairwise_gaps, score_references
@@ -180,6 +180,8 @@ def _rewrites(studies, s: dict):
 def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict) -> tuple[pd.DataFrame, str]:
     "Every pair's gap under each applicable variation (`metric, variant, first, second, estimate, ci_low, ci_high, significant`)."
     refs = _rewrites(studies, s)
+    if "meteor" in scored:   # one paraphrase table for every variation's words: the jar is not restarted per variation
+        start_meteor(texts=[*refs["findings"].dropna(), *refs["impression"].dropna(), *g["hypothesis"].dropna()])
     scores = score_references(_by_config(g), refs, scored, studies=studies, section=s["ref_section"]).assign(dataset="all")
     cl = s["cluster_map"]
     parts = []
