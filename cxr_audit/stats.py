@@ -5,7 +5,6 @@
 # %% ../nbs/04_stats.ipynb #14a8ee88
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import warnings
@@ -20,19 +19,10 @@ from scipy import sparse
 
 from .core import DEFAULT_SEED, InputError, as_pandas, enable_theme, is_missing, md_table, progress, require_columns, rng
 
-class _Lazy:
-    "A module imported on first use (scipy.stats alone takes ~0.5 s to import, and most commands never need it)."
-    def __init__(self, name: str): self._name, self._module = name, None
-    def __getattr__(self, attr):
-        if self._module is None: self._module = importlib.import_module(self._name)
-        return getattr(self._module, attr)
-
-sps = _Lazy("scipy.stats")
-_special = _Lazy("scipy.special")   # lighter (~0.25 s): the beta and F quantiles the audit needs, the same numbers as scipy.stats's
 
 
 # %% auto #0
-__all__ = ['sps', 'VALUES', 'CIMethod', 'PConvention', 'EXACT_SPEARMAN_MAX_N', 'spearman', 'kendall_tau', 'resample_indices',
+__all__ = ['VALUES', 'CIMethod', 'PConvention', 'EXACT_SPEARMAN_MAX_N', 'spearman', 'kendall_tau', 'resample_indices',
            'resolve_clusters', 'resampling_unit', 'cluster_codes', 'chunk_rows', 'weight_chunks', 'resample_weights',
            'as_stats', 'mean_stats', 'proportion_stats', 'ratio_stats', 'micro_stats', 'macro_stats', 'bleu_stats',
            'label_counts', 'ratio', 'mean', 'proportion', 'micro_precision', 'micro_recall', 'micro_f1', 'macro_f1',
@@ -436,6 +426,7 @@ def _percentile(R: np.ndarray, size: float) -> np.ndarray:
         return np.nanquantile(R, [a, 1 - a], axis=-1).T
 
 def _bca(R: np.ndarray, est: np.ndarray, J: np.ndarray, size: float) -> np.ndarray:
+    from scipy import stats as sps
     out = np.full((len(R), 2), np.nan); z = sps.norm.ppf([(1 - size) / 2, (1 + size) / 2])
     for i, (r, e, j) in enumerate(zip(R, est, J)):
         r, j = r[np.isfinite(r)], j[np.isfinite(j)]
@@ -1159,6 +1150,7 @@ def _pair_arrays(x, y, what: str) -> tuple[np.ndarray, np.ndarray]:
 def _fisher_ci(r: float, var: float, size: float) -> tuple[float, float]:
     size = _check_size(size)
     if not np.isfinite(var) or var <= 0: return float("nan"), float("nan")
+    from scipy import stats as sps
     z, h = np.arctanh(np.clip(r, -1, 1)), sps.norm.ppf((1 + size) / 2) * math.sqrt(var)
     return float(np.tanh(z - h)), float(np.tanh(z + h))
 
@@ -1171,6 +1163,7 @@ def _orderings(n: int) -> np.ndarray:
 
 def _spearman(x: np.ndarray, y: np.ndarray):
     "Spearman's rho with its two-sided p-value: exact over all n! orderings for n <= EXACT_SPEARMAN_MAX_N, else scipy's t approximation."
+    from scipy import stats as sps
     r = sps.spearmanr(x, y)
     n = len(x)
     if n > EXACT_SPEARMAN_MAX_N or not np.isfinite(r.statistic): return r.statistic, r.pvalue, "asymptotic t p"
@@ -1197,7 +1190,12 @@ spearman = _rank_correlation("spearman", "spearman_rho", _spearman, 1.06, 3,
                              "Spearman's rho with an exact permutation p-value for up to 10 pairs (asymptotic above) and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #d7b0b55b
-kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", lambda x, y: (*sps.kendalltau(x, y), "scipy p (exact for small n without ties)"), 0.437, 4,
+def _kendall(x: np.ndarray, y: np.ndarray):
+    "Kendall's tau-b with scipy's p-value."
+    from scipy import stats as sps
+    return (*sps.kendalltau(x, y), "scipy p (exact for small n without ties)")
+
+kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", _kendall, 0.437, 4,
                                 "Kendall's tau-b with scipy's p-value and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #e28d64e2
@@ -1214,6 +1212,7 @@ def kendalls_w(ratings  # (raters × objects) scores or ranks, e.g. runs × syst
     "Kendall's coefficient of concordance W (tie-corrected) with its chi-square test."
     X = _as_matrix(ratings, "kendalls_w"); m, n = X.shape
     if m < 2 or n < 2: raise InputError(f"kendalls_w: need at least 2 raters and 2 objects, got {m} × {n}")
+    from scipy import stats as sps
     R = sps.rankdata(X, axis=1)
     S = float(((R.sum(0) - m * (n + 1) / 2) ** 2).sum())
     T = sum(float((c ** 3 - c).sum()) for c in (np.unique(row, return_counts=True)[1] for row in X))
@@ -1230,6 +1229,7 @@ def mean_spearman(ratings  # (raters × objects) scores
     X = _as_matrix(ratings, "mean_spearman")
     if X.shape[0] < 2 or X.shape[1] < 2:
         raise InputError(f"mean_spearman: need at least 2 raters and 2 objects, got {X.shape[0]} × {X.shape[1]}")
+    from scipy import stats as sps
     rs = [sps.spearmanr(X[a], X[b]).statistic for a, b in combinations(range(len(X)), 2)]
     return Estimate("mean_spearman_rho", float(np.mean(rs)), n=X.shape[1], method="mean over rater pairs",
                     extra={"pairs": len(rs)})
@@ -1353,8 +1353,9 @@ def exact_binomial_ci(successes: int,                # number of successes k (a 
     k, n = _count(successes, "exact_binomial_ci: successes"), _count(trials, "exact_binomial_ci: trials")
     if n < 1 or not 0 <= k <= n: raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
     a = (1 - _check_size(size)) / 2   # the closed form: beta quantiles (scipy's binomtest finds the same bounds by root search, ~100x slower)
-    lo = 0.0 if k == 0 else float(_special.betaincinv(k, n - k + 1, a))     # = scipy.stats.beta.ppf(a, k, n - k + 1)
-    hi = 1.0 if k == n else float(_special.betaincinv(k + 1, n - k, 1 - a))
+    from scipy import special
+    lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, a))     # = scipy.stats.beta.ppf(a, k, n - k + 1)
+    hi = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1 - a))
     return Estimate(metric, k / n, lo, hi, n=n, method="Clopper-Pearson exact")
 
 # %% ../nbs/04_stats.ipynb #758837ba
@@ -1416,7 +1417,8 @@ def icc2_1(ratings,            # (targets × raters) scores, no missing values
         icc = np.float64(msr - mse) / (msr + (k - 1) * mse + k * (msc - mse) / n)
         F, df2 = np.float64(msr) / mse, (n - 1) * (k - 1)
         lo, hi = _icc_a1_interval(icc, msr, msc, mse, n, k, size)
-    return Estimate("icc2_1", float(icc), lo, hi, float(_special.fdtrc(n - 1, df2, F)), n, "McGraw-Wong F interval; F test",
+    from scipy import special
+    return Estimate("icc2_1", float(icc), lo, hi, float(special.fdtrc(n - 1, df2, F)), n, "McGraw-Wong F interval; F test",
                     extra={"F": float(F), "df1": n - 1, "df2": df2, "raters": k})
 
 def _icc_a1_interval(icc, msr, msc, mse, n, k, size):
@@ -1425,7 +1427,8 @@ def _icc_a1_interval(icc, msr, msc, mse, n, k, size):
     num = (n - 1) * (k - 1) * (k * icc * fj + n * (1 + (k - 1) * icc) - k * icc) ** 2
     den = (n - 1) * k ** 2 * icc ** 2 * fj ** 2 + (n * (1 + (k - 1) * icc) - k * icc) ** 2
     v = num / den
-    fu, fl = _special.fdtri(n - 1, v, 1 - a), _special.fdtri(v, n - 1, 1 - a)   # = scipy.stats.f.ppf(1 - a, dfn, dfd)
+    from scipy import special
+    fu, fl = special.fdtri(n - 1, v, 1 - a), special.fdtri(v, n - 1, 1 - a)   # = scipy.stats.f.ppf(1 - a, dfn, dfd)
     lo = n * (msr - fu * mse) / (fu * (k * msc + (k * n - k - n) * mse) + n * msr)
     hi = n * (fl * msr - mse) / (k * msc + (k * n - k - n) * mse + n * fl * msr)
     return float(lo), float(hi)
