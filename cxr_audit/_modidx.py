@@ -790,6 +790,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                                                                         'cxr_audit/generate.py'),
                                     'cxr_audit.generate.SimulatedGenerator._one': ( 'generate.html#simulatedgenerator._one',
                                                                                     'cxr_audit/generate.py'),
+                                    'cxr_audit.generate.SimulatedGenerator._study_of': ( 'generate.html#simulatedgenerator._study_of',
+                                                                                         'cxr_audit/generate.py'),
                                     'cxr_audit.generate.SimulatedGenerator.generate_batch': ( 'generate.html#simulatedgenerator.generate_batch',
                                                                                               'cxr_audit/generate.py'),
                                     'cxr_audit.generate.TemplatePhrasePenalty': ( 'generate.html#templatephrasepenalty',

@@ -383,7 +383,7 @@ COLUMN_ALIASES = {"radgraph.radgraph_partial": "radgraph.f1"}
 def with_aliases(df: pd.DataFrame, # a results table
                  aliases: Mapping[str, str] = COLUMN_ALIASES # column -> another name for it
                 ) -> pd.DataFrame:
-    "The results with each aliased column repeated under its other name, right after it (a column already there is kept)."
+    "The results with each aliased column repeated under its other name, right after it (one already there is kept)."
     out = df.copy()
     for col, alias in aliases.items():
         if col in out.columns and alias not in out.columns: out.insert(out.columns.get_loc(col) + 1, alias, out[col])
@@ -444,7 +444,8 @@ def _out(self: ReportGenerationEvaluator, output_dir) -> Path:
 # %% ../nbs/12_evaluator.ipynb #8489f684
 def _notes(metrics) -> dict[str, str]:
     "`metric_notes` and a note for each alias column."
-    return {**metric_notes(metrics), **{a: f"the same values as {c} (paper 001's name for it)" for c, a in COLUMN_ALIASES.items()}}
+    same = {a: f"the same values as {c} (paper 001's name for it)" for c, a in COLUMN_ALIASES.items()}
+    return {**metric_notes(metrics), **same}
 
 @patch
 def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None, # results (default: the last `evaluate()`)
@@ -454,7 +455,8 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     if df is None: df = getattr(self, "results_", None)
     if df is None: raise InputError("save_results: nothing to save; run evaluate() first")
     out = self._out(output_dir)
-    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(results_summary(df, notes=_notes(self.metrics)), out / "results_summary.csv"),
+    summary = results_summary(df, notes=_notes(self.metrics))
+    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(summary, out / "results_summary.csv"),
              "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], out / "generations.csv")}
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}

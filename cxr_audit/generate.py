@@ -1000,11 +1000,17 @@ def _cap_words(text: str, cap: int) -> tuple[str, int, bool]:
     return (" ".join(toks[:cap]), cap, True) if len(toks) > cap else (text, len(toks), False)
 
 @patch
-def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Generation:
-    "The synthetic report for one image path or study ID."
+def _study_of(self: SimulatedGenerator, key) -> str:
+    "The study ID of an image path or study ID (the first of a list or tuple); an error for one the corpus lacks."
     ref = key[0] if isinstance(key, (list, tuple)) and key else key
     sid = self._study.get(str(ref))
     if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
+    return sid
+
+@patch
+def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Generation:
+    "The synthetic report for one image path or study ID."
+    sid = self._study_of(key)
     ms, P, resp = self._mentions[sid], self.phrases, simulated_response(policy)
     g = rng(seed if policy.do_sample else sample_seed(0, f"{self.system}/{policy.fingerprint}/{sid}"))
     truth = [m.observation for m in ms if m.kind != "resolved"]

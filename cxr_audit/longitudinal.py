@@ -939,7 +939,9 @@ def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exac
 ERROR_KINDS = ("unreadable reply", "missed longitudinal", "spurious longitudinal", "no finding term", "other finding",
                "wrong progression")
 
-def _same(a, b) -> bool: return (is_missing(a) and is_missing(b)) or (not is_missing(a) and not is_missing(b) and a == b)
+def _same(a, b) -> bool:
+    "Both missing, or both present and equal."
+    return (is_missing(a) and is_missing(b)) or (not is_missing(a) and not is_missing(b) and a == b)
 
 def _error_kind(gold: tuple, pred: tuple) -> str | None:
     "The kind of error of one sentence (`ERROR_KINDS`), or None when the annotator got it right."
@@ -955,11 +957,12 @@ def _error_kind(gold: tuple, pred: tuple) -> str | None:
 @patch
 def errors(self: AnnotationQuality, name: str | None = None # an annotator of `predictions` (None: every one)
           ) -> pd.DataFrame:
-    "One row per sentence an annotator got wrong: the gold labels, the predicted ones and the kind of error (`ERROR_KINDS`)."
+    "One row per sentence an annotator got wrong: gold labels, predicted labels, the kind of error (`ERROR_KINDS`)."
     names = list(self.predictions) if name is None else [name]
     parts = []
     for n in names:
-        if n not in self.predictions: raise InputError(f"unknown annotator {n!r}; annotators are {list(self.predictions)}")
+        if n not in self.predictions:
+            raise InputError(f"unknown annotator {n!r}; annotators are {list(self.predictions)}")
         p, g = self.predictions[n].reset_index(drop=True), self.gold.reset_index(drop=True)
         cols = ["is_longitudinal", "keyword", "progression"]
         kinds = [_error_kind(a, b) for a, b in zip(g[cols].itertuples(index=False), p[cols].itertuples(index=False))]
@@ -1058,7 +1061,8 @@ def progression_counts(instances,         # see `progression_instances`
 LANGUAGE_METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor")
 PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
                        "progression_micro_precision", "progression_micro_recall", "progression_macro_f1")
-CLASS_METRICS = tuple(f"progression_{m}_{c.replace(' ', '_')}" for c in PROGRESSION_CLASSES for m in ("precision", "recall"))
+CLASS_METRICS = tuple(f"progression_{m}_{c.replace(' ', '_')}"   # Table 18: precision and recall of each class
+                      for c in PROGRESSION_CLASSES for m in ("precision", "recall"))
 TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]  # paper 003's Table 5
 _F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
@@ -1072,7 +1076,7 @@ def _progression_stats(S: np.ndarray) -> dict:
     out.update({f"progression_f1_{c}": (s, "micro_f1") for c, s in per.items()})
     out.update({"progression_micro_precision": (micro, "micro_precision"), "progression_micro_recall": (micro, "micro_recall"),
                 "progression_macro_f1": (S, "macro_f1")})
-    out.update({f"progression_{m}_{c}": (s, f"micro_{m}") for c, s in per.items() for m in ("precision", "recall")})   # Table 18
+    out.update({f"progression_{m}_{c}": (s, f"micro_{m}") for c, s in per.items() for m in ("precision", "recall")})
     return out
 
 def _joined_longitudinal(sentences) -> dict:
@@ -1277,7 +1281,7 @@ def _score_blocks(scores: pd.DataFrame, units: list, systems: list, prefix: str 
     return blocks
 
 def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: list, labeler) -> dict:
-    "`diagnosis_micro_f1` (and its precision and recall): per-study `[tp, fp, fn]` over the 14 CheXpert labels (uncertain as `labels.UNCERTAIN_POSITIVE` says: negative)."
+    "`diagnosis_micro_f1`, precision and recall: per-study `[tp, fp, fn]` over the 14 labels (uncertain: negative)."
     def binary(texts): return to_binary(to_wide(label_reports(list(texts), ids=list(units), labeler=labeler)).to_numpy())
     R = binary(refs)
     def stats(H): return micro_stats((R & H).sum(1), ((1 - R) & H).sum(1), (R & (1 - H)).sum(1))
@@ -1297,7 +1301,8 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
     P = pairs[pairs["study_id"].isin(set(units))]
     inst = progression_instances(ref_s, gen_s, P, families)
     stats = {s: _progression_stats(progression_counts(inst, units, s)) for s in systems}
-    blocks = {m: ({s: stats[s][m][0] for s in systems}, stats[systems[0]][m][1]) for m in PROGRESSION_METRICS + CLASS_METRICS}
+    blocks = {m: ({s: stats[s][m][0] for s in systems}, stats[systems[0]][m][1])
+              for m in PROGRESSION_METRICS + CLASS_METRICS}
     key = P.set_index(["system", "study_id"])["sample_id"]
     order = [(s, u) for s in systems for u in units]
     scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order], [gen_long.get(key[(s, u)], "") for s, u in order],

@@ -590,7 +590,8 @@ def _jar_of(cmd: Sequence[str]) -> str: return cmd[list(cmd).index("-jar") + 1] 
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
     def __init__(self, cmd: list[str], words: frozenset | None = None, table: Path | None = None):
-        self.cmd, self.words, self.table = cmd, words, table   # words: what its paraphrase subset (the file `table`) serves; None: all
+        # words: what its paraphrase subset (the file `table`) serves; None: the full table
+        self.cmd, self.words, self.table = cmd, words, table
         self.proc, self.lock = None, threading.Lock()
 
     def start(self):
@@ -678,20 +679,22 @@ def _covers(jvm: _MeteorJar | None, words: frozenset | None) -> bool:
 
 def _table_for(cmd: tuple, words: frozenset) -> Path:
     "A paraphrase subset for `words`: the file of another running jar of `cmd` made for the same words, else a new one."
-    same = [j for (k, _), j in _METEOR_JVMS.items() if k == cmd and j.alive and j.words == words and j.table is not None]
+    same = [j for (k, _), j in _METEOR_JVMS.items()
+            if k == cmd and j.alive and j.words == words and j.table is not None]
     return same[0].table if same else _paraphrase_subset(_jar_of(cmd), words)
 
 def meteor_jvm(cmd: Sequence[str],          # the java command line running the jar in `-stdio` mode
-               words: frozenset | None = None, # words of the texts to score: a jar with the paraphrase subset for them (None: the full table)
-               slot: int = 0                # which of the process's jars for `cmd` (a long batch is shared out over several)
+               words: frozenset | None = None, # words of the texts to score: a jar with their paraphrases (None: all)
+               slot: int = 0                # which of the process's jars for `cmd` (a long batch is shared out)
               ) -> _MeteorJar:
     "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped, or for new words)."
     key, old = (tuple(cmd), int(slot)), None
     with _METEOR_LOCK:
         jvm = _METEOR_JVMS.get(key)
         if _covers(jvm, words): return jvm
-        if words is not None:   # one table that grows, shared by every slot: a jar never serves fewer words than another has
-            for j in [j for (k, _), j in _METEOR_JVMS.items() if k == key[0] and j.alive and j.words is not None]: words = words | j.words
+        if words is not None:   # one table that grows, shared by every slot
+            for j in [j for (k, _), j in _METEOR_JVMS.items() if k == key[0] and j.alive and j.words is not None]:
+                words = words | j.words
         table = None if words is None else _table_for(key[0], words)
         old, jvm = jvm, _MeteorJar(list(cmd) + ([] if table is None else ["-a", str(table)]), words, table).start()
         _METEOR_JVMS[key] = jvm
@@ -777,7 +780,7 @@ def _on_jar(cmd: list[str], words, slot: int, talk: Callable):
                 if attempt: raise
 
 def _score_new(cmd: list[str], words, todo: list, memo: dict):
-    "SCORE answers of `todo` into `memo`, in batches of `METEOR_BATCH`; a long list shared out over `meteor_jars()` jars at once."
+    "SCORE answers of `todo` into `memo`, in batches of `METEOR_BATCH`; a long list shared out over `meteor_jars()` jars."
     def score(part: list):
         def talk(jvm):
             for i in range(0, len(part), METEOR_BATCH):
@@ -791,11 +794,14 @@ def _score_new(cmd: list[str], words, todo: list, memo: dict):
 
 def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, subset: bool) -> tuple[dict, list | None]:
     "SCORE answers of the distinct pairs (those not kept from before) and, with `evaluate`, the jar's EVAL answer."
-    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})   # the two tables' answers kept apart, so either can be checked against the other
+    # the two tables' answers kept apart, so either can be checked against the other
+    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})
     todo = [p for p in uniq if p not in memo]
     if not todo and not evaluate: return {p: memo[p] for p in uniq}, None
-    if len(memo) + len(todo) > METEOR_MEMO: memo.clear(); todo = list(uniq)   # the kept answers are dropped, so all are asked
-    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None   # the paraphrases the new pairs can use
+    if len(memo) + len(todo) > METEOR_MEMO:   # the kept answers are dropped, so every pair is asked
+        memo.clear(); todo = list(uniq)
+    # the paraphrases the new pairs can use
+    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None
     if todo: _score_new(cmd, words, todo, memo)
     raw = {p: memo[p] for p in uniq}
     if not evaluate: return raw, None

@@ -298,7 +298,8 @@ def primary_family(generations,            # a `generations` table of one direct
 
 # %% ../nbs/16_papers.ipynb #d5722ec4
 PREFIX_004 = "No acute cardiopulmonary process."   # paper 004's prefix end point, as a report opens with it
-STOCK_004 = {   # the stock reports of the simulated arms (ON's for IU->MIMIC in the heart-size wording the paper quotes)
+# the stock reports of the simulated arms (ON's for IU->MIMIC in the heart-size wording the paper quotes)
+STOCK_004 = {
     "MIMIC->IU ON": ("The heart is normal in size. The mediastinum is unremarkable. The lungs are clear.",
                      "Cardiomediastinal silhouette is normal. Lungs are clear. No pleural effusion or pneumothorax.",
                      "Heart size and mediastinal contours are normal. Lungs are clear.",
@@ -348,7 +349,7 @@ def decoding_kind(policy # a decoding policy (name, dict or `generate.DecodingPo
     return "B4" if p.num_beams > 1 else "K50" if p.do_sample else "G1"
 
 class Paper004Generator(SimulatedGenerator):
-    "A SIMULATED stand-in for paper 004's model, one arm and direction, written so the paper's effects point the same way."
+    "A SIMULATED stand-in for paper 004's model (one arm, one direction): the paper's effects point the same way."
     def __init__(self, arm: str,           # "ON" (the training-side control) or "OFF"
                  direction: str,           # "MIMIC->IU" or "IU->MIMIC" (the target dataset's reports are scored)
                  corpus,                   # a `synth.DemoCorpus` (or a studies table: then no findings are known)
@@ -362,9 +363,7 @@ class Paper004Generator(SimulatedGenerator):
     def __repr__(self) -> str: return f"Paper004Generator({self.arm!r}, {self.direction!r}; synthetic)"
 
     def _one(self, key, policy, seed: int) -> Generation:
-        ref = key[0] if isinstance(key, (list, tuple)) and key else key
-        sid = self._study.get(str(ref))
-        if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
+        sid = self._study_of(key)
         policy = get_policy(policy)
         rates = SIM_004_RATES[self.direction].get(f"{self.arm}+{decoding_kind(policy)}",
                                                   SIM_004_RATES[self.direction]["OFF+B4"])
@@ -462,8 +461,8 @@ _OPPOSITE = {"worsened": "improved", "improved": "worsened"}
 
 # %% ../nbs/16_papers.ipynb #b7a94ef8
 class Paper003Generator(SimulatedGenerator):
-    "A SIMULATED stand-in for one of paper 003's seven generators, written so that Table 5's pattern points the paper's way."
-    def __init__(self, model: str,   # a key of `SIM_003_PROFILES` (R2Gen, MedVersa, L_R2Gen, MLRG, HC-LLM, Maira2, Libra)
+    "A SIMULATED stand-in for one of paper 003's seven generators: Table 5's pattern points the paper's way."
+    def __init__(self, model: str,   # a key of `SIM_003_PROFILES` (R2Gen, MedVersa, ..., Libra)
                  corpus,             # a `synth.DemoCorpus` (or a studies table: then no findings are known)
                  **kwargs            # `SimulatedGenerator` options (policy, seed, phrases, batch_size)
                 ):
@@ -477,9 +476,7 @@ class Paper003Generator(SimulatedGenerator):
     def __repr__(self) -> str: return f"Paper003Generator({self.model!r}; synthetic)"
 
     def _one(self, key, policy, seed: int) -> Generation:
-        ref = key[0] if isinstance(key, (list, tuple)) and key else key
-        sid = self._study.get(str(ref))
-        if sid is None: raise InputError(f"{self.system}: {ref!r} is not an image or study of its corpus")
+        sid = self._study_of(key)
         policy = get_policy(policy)
         g = rng(seed if policy.do_sample else sample_seed(0, f"{self.system}/{policy.fingerprint}/{sid}"))
         said = [self._said(m, g) for m in self._mentions[sid] if g.random() >= self.profile.omit]
@@ -509,7 +506,8 @@ def simulated_003_generations(corpus,          # a `synth.DemoCorpus` (its studi
                              ) -> pd.DataFrame:
     "SIMULATED generations of paper 003's seven generators by `Paper003Generator`, one report per model and study."
     entries = corpus.studies if entries is None else entries
-    runs = [generate_table(Paper003Generator(m, corpus), entries, "G1", seeds=(seed,), system=m, progress=False) for m in models]
+    runs = [generate_table(Paper003Generator(m, corpus), entries, "G1", seeds=(seed,), system=m, progress=False)
+            for m in models]
     return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (Paper003Generator)")
 
 
