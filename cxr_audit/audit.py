@@ -337,8 +337,9 @@ def concentration_stage(ctx: AuditContext # the run: tables, ground truth and pa
     a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
     main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
     s = a.summary()
-    how = (f"{a.reps:,} resamples per configuration (seed {a.seed}) of {ctx.unit}; a report drawn twice by a resample is "
-           "not counted as a duplicate of itself (the `shares` scheme of the `concentration` module)")
+    how = (f"{a.reps:,} resamples per configuration (seed {a.seed}) of {ctx.unit}; "
+           "a report drawn twice by a resample is not counted as a duplicate of itself "
+           "(the `shares` scheme of the `concentration` module)")
     blocks = [a.headline() + " The prefix rate alone can miss this: it only looks at how a report opens.",
               s.assign(**{c: s[c].round(4) for c in a.metrics}), a.plot("top_k"), a.plot("profile", max_reports=15),
               a.plot("distinct_n"), f"**Estimates with {a.size:.0%} intervals** ({how}):", interval_cells(a.to_frame(), main)]
@@ -423,9 +424,9 @@ def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and para
                                    fam[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]],
                                    cc.note(), "Rank of each configuration by unique-report ratio, with its bootstrap interval:",
                                    cc.ranks(), cc.plot("win")],
-                   note="Reference-free statistics computed from the report text (no reference, labeler or LLM). They describe "
-                        "the reports, not their quality: no configuration is called better here, and the Verdicts section judges "
-                        "the metric leads.")
+                   note="Reference-free statistics computed from the report text (no reference, labeler or LLM). "
+                        "They describe the reports, not their quality: no configuration is called better here, "
+                        "and the Verdicts section judges the metric leads.")
 
 # %% ../nbs/14_audit.ipynb #c5f766c1
 _REPORT_METRICS = ("bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_5")   # the audit report's metrics section

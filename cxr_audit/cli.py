@@ -449,7 +449,7 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
 def reference_corpus(reports: str,                 # a table of reports (.parquet read one column at a time, or .csv)
                      *, out: str,                  # output folder
                      column: str = "findings",     # the column holding the reports
-                     labeler: str = "chexpert",    # chexpert, clinical, chexpert+quirks, the official labeler's CSV, or none
+                     labeler: str = "chexpert",    # chexpert, clinical, chexpert+quirks, an official CSV, or none
                      top_k: int = 5                # most frequent texts listed
                     ) -> str:
     "Audit a corpus of reference reports alone: concentration, Distinct-n, length, label shares (no systems)."
@@ -820,7 +820,8 @@ def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded i
 COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load, "cohort": cohort,
                                         "concentration": concentration,
                                         "longitudinal": longitudinal,
-                                        "labels": labels, "reference-corpus": reference_corpus, "trace": trace, "reref": reref,
+                                        "labels": labels, "reference-corpus": reference_corpus, "trace": trace,
+                                        "reref": reref,
                                         "score": score, "verdict": verdict, "generate": generate, "llm-cache": llm_cache,
                                         "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}

@@ -842,7 +842,7 @@ def recipe_004_iu(studies,                                        # an IU X-ray 
                   seed: int = 42,                                 # split seed (paper 004: 42)
                   partition: str = "test",                        # the partition that forms the cohort
                   views: Sequence[str] = FRONTAL_VIEWS,           # views tried first
-                  split: Literal["auto", "draw", "given"] = "auto", # draw the partitions, keep the table as the given split, or auto
+                  split: Literal["auto", "draw", "given"] = "auto", # draw the partitions, keep the table whole, or auto
                   what: str = "studies"                           # the table's name in messages and the manifest
                  ) -> Cohort:
     "Paper 004's IU X-ray cohort: eligible studies, split by IU ID with seed 42 (or the split as given), frontal first."
@@ -853,16 +853,19 @@ def recipe_004_iu(studies,                                        # an IU X-ray 
     c = (Cohort(df, what=what)
          .exclude("drop studies without images", pl.col("image_paths").list.len() == 0, rule="image_paths is empty")
          .min_chars(1, ("findings", "impression"), clean="iu", name="has report text"))
-    if given: c = c.filter(f"{partition} split as given", pl.lit(True), rule="the table is one split already: every study kept")
+    if given:
+        c = c.filter(f"{partition} split as given", pl.lit(True), rule="the table is one split: every study kept")
     else: c = (c.split("study_id", fr, seed, name="split by IU ID")
                 .filter(f"{partition} partition", pl.col("split") == partition, rule=f"split is {partition!r}"))
     c = c.select_views(views, prefer="first", fallback="any", name="frontal first, else first image")
-    return _tagged(c, "004_iu", {"fractions": fr, "seed": seed, "partition": partition, "split": "given" if given else "draw",
+    return _tagged(c, "004_iu", {"fractions": fr, "seed": seed, "partition": partition,
+                                 "split": "given" if given else "draw",
                                  "views": [views] if isinstance(views, str) else list(views)})
 
 def _given_split(df: pd.DataFrame, split: str, partition: str) -> bool:
     "Whether the table is used as the split it is: asked for, or (auto) every study already marked `partition`."
-    if split not in ("auto", "draw", "given"): raise InputError(f"recipe 004_iu: split must be auto, draw or given, got {split!r}")
+    if split not in ("auto", "draw", "given"):
+        raise InputError(f"recipe 004_iu: split must be auto, draw or given, got {split!r}")
     if split != "auto": return split == "given"
     marks = df["split"].dropna().astype(str) if "split" in df.columns else pd.Series([], dtype=str)
     return len(marks) == len(df) and len(df) > 0 and bool((marks == partition).all())

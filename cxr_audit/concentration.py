@@ -23,7 +23,8 @@ from scipy import sparse
 from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
                             require_columns, rng, save_chart, system_color, write_manifest, write_table)
 from .reports import SPECIAL_TOKENS
-from .stats import (BootstrapResult, CIMethod, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps, chunk_rows,
+from .stats import (BootstrapResult, CIMethod, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps,
+                             chunk_rows,
                              incidence, mean_stats, plot_win_probability, rank_ci,
                              cluster_codes, distinct_stats, holm_family, p_value_note, plot_forest, proportion_stats,
                              resolve_clusters, weight_chunks)
@@ -70,7 +71,7 @@ def normalize_for_matching(text: str | None,               # one report (None co
     return _normalize(pl.Series([text if isinstance(text, str) else ""], dtype=pl.String),
                       lowercase, collapse_whitespace, strip_trailing)[0]
 
-def normalize_texts(texts,                          # reports: a polars or pandas Series or a list (None counts as empty)
+def normalize_texts(texts,                          # reports: a polars or pandas Series or a list (None: empty)
                     lowercase: bool = True,          # see `normalize_for_matching`
                     collapse_whitespace: bool = True, # see `normalize_for_matching`
                     strip_trailing: str = ".,;:!?"   # see `normalize_for_matching`
@@ -84,7 +85,7 @@ def prefix_hits(normalized: pl.Series, # reports normalized (`normalize_texts`)
                ) -> np.ndarray:
     "Per report: whether it opens with `prefix` as whole words (`process` does not open `processes ...`)."
     hit = normalized.str.starts_with(prefix)
-    if prefix and _TOKEN.fullmatch(prefix[-1]):   # the prefix ends inside a word: the next character must not go on with it
+    if prefix and _TOKEN.fullmatch(prefix[-1]):   # the prefix ends in a word: the next character must not go on with it
         hit = hit & ~normalized.str.slice(len(prefix), 1).str.contains(r"^[^\W_]")
     return hit.to_numpy()
 

@@ -261,7 +261,8 @@ def _formulas_restored(df: pd.DataFrame) -> pd.DataFrame:
     for c in out.columns:
         if _texty(out[c]):
             s = out[c]
-            hit = s.astype("string").str.match(_QUOTED.pattern, na=False).to_numpy(bool)   # vectorised: read on every CSV
+            # vectorised: read on every CSV
+            hit = s.astype("string").str.match(_QUOTED.pattern, na=False).to_numpy(bool)
             if hit.any(): out[c] = s.where(~hit, s.str[1:])
     return out
 
@@ -473,7 +474,8 @@ def cxr_theme() -> dict:
         "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 0},   # labels are never cut with "…"
         "title": {"fontSize": 14, "anchor": "start"},
         # the label of a row of facets sits above it, unturned: a facet only one bar high has room for any name
-        "headerRow": {"labelAngle": 0, "labelOrient": "top", "labelAnchor": "start", "labelFontWeight": "bold", "labelLimit": 0},
+        "headerRow": {"labelAngle": 0, "labelOrient": "top", "labelAnchor": "start", "labelFontWeight": "bold",
+                      "labelLimit": 0},
         "range": {"category": PALETTE},
         "mark": {"color": PALETTE[0]}, "bar": {"color": PALETTE[0]},
         "background": "white"}}

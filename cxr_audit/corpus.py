@@ -792,7 +792,8 @@ def split_of_file(name: str # a file name, e.g. "IU_XRay_test.json"
                  ) -> str | None:
     "The split a benchmark file holds by its name (`test`, `valid`, `train`), else None."
     words = set(re.split(r"[^a-z]+", Path(str(name)).stem.lower()))
-    for split, names in (("test", {"test"}), ("valid", {"valid", "val", "validation", "validate"}), ("train", {"train"})):
+    names_of = (("test", {"test"}), ("valid", {"valid", "val", "validation", "validate"}), ("train", {"train"}))
+    for split, names in names_of:
         if words & names: return split
     return None
 
@@ -805,7 +806,7 @@ def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None
     sid, pid = _rexrank_ids(key, e, dataset)
     sec = lambda k: _text(e.get(f"section_{k}"))
     return {"study_id": sid, "patient_id": pid, "source_id": str(key),
-            "split": e.get("split") or split_of_file(where),   # ReXrank files are one split each, named in the file name
+            "split": e.get("split") or split_of_file(where),   # ReXrank: one split per file, named in its name
             "indication": ctx["indication"] or sec("clinical_history") or sec("history"),
             "comparison": sec("comparison") or ctx["comparison"], "technique": sec("technique") or ctx["technique"],
             "findings": sec("findings"), "impression": sec("impression"), "text": _text(e.get("report")),

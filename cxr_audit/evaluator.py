@@ -456,7 +456,8 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     if df is None: raise InputError("save_results: nothing to save; run evaluate() first")
     out = self._out(output_dir)
     summary = results_summary(df, notes=_notes(self.metrics))
-    paths = {"results": write_table(df, out / "results.csv"), "results_summary": write_table(summary, out / "results_summary.csv"),
+    paths = {"results": write_table(df, out / "results.csv"),
+             "results_summary": write_table(summary, out / "results_summary.csv"),
              "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], out / "generations.csv")}
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}
@@ -479,7 +480,7 @@ def get_evaluator(name: str # a registry key (paper 001: "report_generation")
     return EVALUATORS[name]
 
 def _local_checkpoint(recipe: str) -> Path:
-    "A recipe's checkpoint in the local Hugging Face cache (never downloaded), or an `InputError` saying where to put it."
+    "A recipe's checkpoint in the local Hugging Face cache (never downloaded), or an `InputError` saying where it goes."
     r = GENERATOR_RECIPES[recipe]
     try:
         from huggingface_hub import snapshot_download
@@ -491,7 +492,7 @@ def _local_checkpoint(recipe: str) -> Path:
                      "model_path= a folder holding it (cxr_audit never downloads models)")
 
 def _sample_transform(sample: Mapping) -> dict:
-    "A sample with its image (`img`, `image` or `image_path`: a path, DICOM included, or pixels) as a plain image file's path under `img`."
+    "A sample with its image (`img`, `image` or `image_path`: a path, DICOM, or pixels) as an image file under `img`."
     src = next((sample[k] for k in ("img", "image", "image_path") if k in sample and sample[k] is not None), None)
     if src is None: raise InputError(f"transform: the sample has no image (keys: {sorted(sample)})")
     return {**sample, "img": image_file(src)}
@@ -499,14 +500,15 @@ def _sample_transform(sample: Mapping) -> dict:
 def _make(recipe: str, model_path, device, kwargs: dict) -> tuple[Callable, Any]:
     path = Path(model_path) if model_path is not None else _local_checkpoint(recipe)
     remote = GENERATOR_RECIPES[recipe].remote_code
-    return _sample_transform, load_generator(recipe, path, device, trust_remote_code=kwargs.pop("trust_remote_code", remote), **kwargs)
+    trust = kwargs.pop("trust_remote_code", remote)
+    return _sample_transform, load_generator(recipe, path, device, trust_remote_code=trust, **kwargs)
 
 # %% ../nbs/12_evaluator.ipynb #71154c47
 def make_chexagent_generator(device: str | None = None, # "cuda", "cpu"; None: a GPU when torch sees one
                              model_path=None,           # the checkpoint folder (None: the local Hugging Face cache)
                              **kwargs                   # `generate.load_generator` settings (policy, batch_size, ...)
                             ) -> tuple[Callable, Any]:
-    "Paper 001's CheXagent-2 recipe: `(transform, report_generator)` (its code runs from the checkpoint: trusted here, as 001 does)."
+    "Paper 001's CheXagent-2 recipe: `(transform, report_generator)`; its checkpoint's code is trusted, as in 001."
     return _make("chexagent", model_path, device, kwargs)
 
 def make_maira2_generator(device: str | None = None, # see `make_chexagent_generator`

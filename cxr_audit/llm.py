@@ -713,7 +713,7 @@ def run_deadline(budget_s: float | None # seconds a whole run of LLM calls may t
 
 def budget_left(deadline: float | None # from `run_deadline`
                ) -> float | None:
-    "The `budget_s` of a run's next `run_batch` (None: no limit); a spent budget gives a sliver: its requests fail at once."
+    "The `budget_s` of a run's next `run_batch` (None: no limit); a spent budget gives a sliver: its requests fail."
     return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
 
 def _left(deadline: float | None) -> float | None:

@@ -780,7 +780,7 @@ def _on_jar(cmd: list[str], words, slot: int, talk: Callable):
                 if attempt: raise
 
 def _score_new(cmd: list[str], words, todo: list, memo: dict):
-    "SCORE answers of `todo` into `memo`, in batches of `METEOR_BATCH`; a long list shared out over `meteor_jars()` jars."
+    "SCORE answers of `todo` into `memo` in batches of `METEOR_BATCH`; a long list is shared out over `meteor_jars()`."
     def score(part: list):
         def talk(jvm):
             for i in range(0, len(part), METEOR_BATCH):

@@ -306,7 +306,8 @@ STOCK_004 = {
                      "The lungs are clear bilaterally. No focal consolidation, effusion or pneumothorax.",
                      "Normal heart size. No focal airspace disease. No pleural effusion.",
                      "The cardiomediastinal contours are unremarkable. No consolidation or effusion."),
-    "IU->MIMIC ON": ("The heart size is within normal limits. The lungs are clear. No pleural effusion or pneumothorax.",
+    "IU->MIMIC ON": ("The heart size is within normal limits. The lungs are clear. "
+                     "No pleural effusion or pneumothorax.",
                      "Heart size is within normal limits. No focal airspace consolidation. No pneumothorax.",
                      "The heart size is within normal limits. No acute cardiopulmonary abnormality.",
                      "The heart size is within normal limits. Lungs are clear bilaterally.",

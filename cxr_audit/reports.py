@@ -375,7 +375,7 @@ def _pysbd():
 
 @functools.lru_cache(maxsize=1 << 16)   # about 40 MB when full
 def _pysbd_segment(text: str) -> tuple[str, ...]:
-    "pysbd on one (shielded) piece, remembered: a looping output repeats its sentences, and stages split the same reports."
+    "pysbd on one (shielded) piece, remembered: a looping output repeats sentences; stages split the same reports."
     return tuple(_pysbd().segment(text))
 
 def pysbd_splitter(text: str,                                  # one segment

@@ -1418,7 +1418,8 @@ def icc2_1(ratings,            # (targets × raters) scores, no missing values
         F, df2 = np.float64(msr) / mse, (n - 1) * (k - 1)
         lo, hi = _icc_a1_interval(icc, msr, msc, mse, n, k, size)
     from scipy import special
-    return Estimate("icc2_1", float(icc), lo, hi, float(special.fdtrc(n - 1, df2, F)), n, "McGraw-Wong F interval; F test",
+    p = float(special.fdtrc(n - 1, df2, F))
+    return Estimate("icc2_1", float(icc), lo, hi, p, n, "McGraw-Wong F interval; F test",
                     extra={"F": float(F), "df1": n - 1, "df2": df2, "raters": k})
 
 def _icc_a1_interval(icc, msr, msc, mse, n, k, size):
