@@ -40,7 +40,8 @@ pre.src{background:#fff;font-size:.8em;line-height:1.35}pre.src .ln{color:#999;t
 
 SECTIONS = {"papers": "Papers"}   # sub-folders of nbs/ rendered as a sidebar section of their own
 SKIP_FLAGS = ("notest", "slow")   # settings.ini's tst_flags: cells nbdev_test skips are skipped here too
-OPTIONAL = ("torch", "transformers", "PIL")   # the generate extra, left out of the docs extra: its pages render without those outputs
+# the generate extra, left out of the docs extra: its pages render without those outputs
+OPTIONAL = ("torch", "transformers", "PIL")
 
 
 def notebooks():
@@ -100,12 +101,15 @@ def _skipped(cell, flags):
 def missing_optional(path):
     "The optional packages a notebook imports that are not installed here."
     import importlib.util
-    src = "\n".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
-    return [m for m in OPTIONAL if re.search(rf"^\s*(?:import|from)\s+{m}\b", src, re.M) and importlib.util.find_spec(m) is None]
+    src = "\n".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"]
+                    if c["cell_type"] == "code")
+    return [m for m in OPTIONAL if re.search(rf"^\s*(?:import|from)\s+{m}\b", src, re.M)
+            and importlib.util.find_spec(m) is None]
 
 
 def _guard_imports(src, missing):
-    "A cell's source with its top-level imports of missing packages made harmless (the cells that use them then fail alone)."
+    """A cell's source with its top-level imports of missing packages made harmless (the cells that use them then fail
+    alone)."""
     pat = re.compile(rf"^(import|from)\s+({'|'.join(missing)})\b.*$", re.M)
     return pat.sub(lambda m: f"try: {m.group(0).strip()}\nexcept ModuleNotFoundError: pass", src) if missing else src
 
@@ -113,8 +117,8 @@ def _guard_imports(src, missing):
 def _not_run_note(missing):
     import nbformat
     extra = ", ".join(f"`{m}`" for m in missing)
-    return nbformat.v4.new_output("stream", name="stdout", text=f"(not run in this build of the docs: it needs {extra}; "
-                                  "`make install-generate` then `make docs` runs it)\n")
+    return nbformat.v4.new_output("stream", name="stdout", text="(not run in this build of the docs: it needs "
+                                  f"{extra}; `make install-generate` then `make docs` runs it)\n")
 
 
 def execute(path, strict=True, flags=SKIP_FLAGS):
@@ -132,7 +136,8 @@ def execute(path, strict=True, flags=SKIP_FLAGS):
         if missing: orig[id(c)], c.source = c.source, _guard_imports(c.source, missing)
     def post(c):
         if id(c) in orig: c.source = orig.pop(id(c))
-        if missing and any(o.get("output_type") == "error" for o in c.get("outputs", [])): c.outputs = [_not_run_note(missing)]
+        if missing and any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+            c.outputs = [_not_run_note(missing)]
     try:
         with working_directory(Path(path).parent):
             shell.run_all(nb, exc_stop=not missing, preproc=pre, postproc=post)
@@ -142,7 +147,8 @@ def execute(path, strict=True, flags=SKIP_FLAGS):
 
 
 def _release(shell):
-    """Let a notebook's shell go when its page is done. IPython keeps every shell for an exit hook that clears its namespace
+    """Let a notebook's shell go when its page is done. IPython keeps every shell for an exit hook that clears its
+    namespace
     and runs a full garbage collection: a site build (two shells a page) kept every notebook's objects to the end, then
     spent ~30 s of CPU at exit collecting them (measured on this site, 2 GB of heap)."""
     import atexit
@@ -151,10 +157,12 @@ def _release(shell):
 
 @functools.lru_cache(None)
 def _parse_each_source_once():
-    """execnb's `NbCell.parsed_` means to keep a cell's syntax tree but never does (it stores `_parsed_` as an attribute, then
-    looks for it as a dict key), so nbdev's docs processors parse each cell again at every look, three times or more a page
-    (~3% of the notebook test worker's CPU, measured with py-spy). Replaced by one that keeps the tree with the source it was
-    parsed from: a processor that changes a cell's source gets a fresh parse; nbdev only reads the trees."""
+    """execnb's `NbCell.parsed_` means to keep a cell's syntax tree but never does (it stores `_parsed_` as an
+    attribute, then
+    looks for it as a dict key), so nbdev's docs processors parse each cell again at every look, three times or more a
+    page
+    (~3% of the notebook test worker's CPU, measured with py-spy). Replaced by one that keeps the tree with the source
+    it was parsed from: a processor that changes a cell's source gets a fresh parse; nbdev only reads the trees."""
     import ast
     from execnb.nbio import NbCell
 
@@ -194,8 +202,8 @@ _WARNING_LINE = re.compile(r"^\S*?\.py:\d+: (\w*Warning): (.*)\n(?:[ \t]+\S.*(?:
 
 
 def clean_stream(text):
-    """Printed output as a reader should see it: a warning as `Category: message` (without the file, line and source line
-    Python adds), and no path of the machine that built the page."""
+    """Printed output as a reader should see it: a warning as `Category: message` (without the file, line and source
+    line Python adds), and no path of the machine that built the page."""
     text = _WARNING_LINE.sub(r"\1: \2\n", text)
     return text.replace(str(ROOT) + os.sep, "").replace(str(ROOT), ".")
 
@@ -204,7 +212,8 @@ def _doc_cell(c):
     "One processed cell as the page shows it (None: left out)."
     import nbformat
     c.metadata.pop("execution", None)
-    if c.cell_type == "raw" and c.source.lstrip().startswith("---"): return nbformat.v4.new_markdown_cell(_frontmatter_md(c.source))
+    if c.cell_type == "raw" and c.source.lstrip().startswith("---"):
+        return nbformat.v4.new_markdown_cell(_frontmatter_md(c.source))
     if c.cell_type != "code": return c
     d = _directives(c.source)
     if d.get("include") == "false": return None
@@ -226,10 +235,11 @@ NO_ALT = "No description has been provided for this image"   # nbconvert's text 
 
 @functools.lru_cache(None)
 def _exporter():
-    """One nbconvert exporter for every page (building one compiles its templates: ~0.4 s a page), without two steps that
-    took ~70% of its time and change nothing on these pages (measured: 19 s of CPU for the site, ~6 s now):
+    """One nbconvert exporter for every page (building one compiles its templates: ~0.4 s a page), without two steps
+    that took ~70% of its time and change nothing on these pages (measured: 19 s of CPU for the site, ~6 s now):
     - the pass of the whole page through BeautifulSoup (pure-Python parsing of every table and figure), which only adds
-      `tabindex` to the `lab` template's cells (not in `basic`) and a default `alt` to images (done here with a pattern);
+      `tabindex` to the `lab` template's cells (not in `basic`) and a default `alt` to images (done here with a
+      pattern);
     - `clean_html` (bleach) on each code cell's highlighted source: Pygments' own escaped output of our notebooks. The
       outputs are not sanitized either way (nbconvert's `sanitize_html` is off: the notebooks are ours)."""
     from nbconvert import HTMLExporter
@@ -240,11 +250,15 @@ def _exporter():
 
     class PageExporter(HTMLExporter):
         def from_notebook_node(self, nb, resources=None, **kw):
-            "`HTMLExporter.from_notebook_node` (its filters for this notebook, then the template) without the BeautifulSoup pass."
+            """`HTMLExporter.from_notebook_node` (its filters for this notebook, then the template) without the
+            BeautifulSoup pass."""
             lang = nb.metadata.get("language_info", {})
-            self.register_filter("highlight_code", Highlight2HTML(pygments_lexer=lang.get("pygments_lexer", lang.get("name")), parent=self))
+            self.register_filter("highlight_code",
+                                 Highlight2HTML(pygments_lexer=lang.get("pygments_lexer", lang.get("name")),
+                                                parent=self))
             resources = self._init_resources(resources)
-            self.register_filter("filter_data_type", WidgetsDataTypeFilter(notebook_metadata=getattr(self, "_nb_metadata", {}),
+            self.register_filter("filter_data_type",
+                                 WidgetsDataTypeFilter(notebook_metadata=getattr(self, "_nb_metadata", {}),
                                                                            parent=self, resources=resources))
             body, resources = TemplateExporter.from_notebook_node(self, nb, resources, **kw)
             return re.sub(r"<img(?![^>]*\balt=)", f'<img alt="{NO_ALT}"', body), resources
@@ -272,7 +286,8 @@ def _link_bases():
     out = []
     for c in (cfg.d, modidx["d"]["settings"]):
         lib = Path(c["lib_path"]).name
-        out += [(urljoin(c["git_url"] + "/", f"blob/{c['branch']}/{lib}/"), "source/"), (f"blob/{c['branch']}/{lib}/", "source/"),
+        out += [(urljoin(c["git_url"] + "/", f"blob/{c['branch']}/{lib}/"), "source/"),
+                (f"blob/{c['branch']}/{lib}/", "source/"),
                 (urljoin(urljoin(c["doc_host"] + "/", c["doc_baseurl"]) + "/", ""), "")]
     return [(b, d) for b, d in dict.fromkeys(out) if b not in ("", "./", "/")]
 
@@ -285,7 +300,8 @@ def localize(body, nb_path, bases=None):
     here = Path(page_path(nb_path)).parent
     def fix(m):
         href = m.group(2)
-        if href.startswith(("#", "mailto:", "data:", "javascript:")) or re.match(r"^[a-z]+://", href) and not any(href.startswith(b) for b, _ in bases):
+        if href.startswith(("#", "mailto:", "data:", "javascript:")) or re.match(r"^[a-z]+://",
+                                                                                 href) and not any(href.startswith(b) for b, _ in bases):
             return m.group(0)
         url, frag = (href.split("#", 1) + [""])[:2]
         target = _site_target(url, nb_path, bases)
@@ -311,12 +327,14 @@ def _site_target(url, nb_path, bases):
 def source_page(py):
     "A module's source as a page with one anchor per line (#L12), the target of the 'source' links."
     lines = Path(py).read_text(encoding="utf-8").splitlines()
-    rows = "".join(f'<span id="L{i}"><a class="ln" href="#L{i}">{i:>5}</a>  {html.escape(l)}\n</span>' for i, l in enumerate(lines, 1))
+    rows = "".join(f'<span id="L{i}"><a class="ln" href="#L{i}">{i:>5}</a>  {html.escape(l)}\n</span>' for i,
+                   l in enumerate(lines, 1))
     return f"<h1>{html.escape(py.relative_to(ROOT).as_posix())}</h1><pre class=\"src\">{rows}</pre>"
 
 
 def page(title, body, pages, current):
-    "One HTML page; `pages` holds (page path, title, section), a section heading before its first page; links are relative."
+    """One HTML page; `pages` holds (page path, title, section), a section heading before its first page; links are
+    relative."""
     here, links, seen = Path(current).parent.as_posix(), [], None
     rel = lambda p: os.path.relpath(p, here)
     for dest, t, sec in pages:
@@ -325,10 +343,11 @@ def page(title, body, pages, current):
         links.append(f'<a href="{rel(dest)}" class="{"cur" if dest == current else ""}">{html.escape(t)}</a>')
     search = (f'<input id="q" type="search" placeholder="Search" aria-label="Search the docs"><div id="hits"></div>'
               f'<script src="{rel("search.js")}"></script>')
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)} - cxr_audit</title>'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body>'
-            f'<div class="layout"><nav class="side"><div class="brand">cxr_audit</div>{search}{"".join(links)}</nav>'
-            f'<main>{body}</main></div></body></html>\n')
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)} - '
+            'cxr_audit</title><meta name="viewport" '
+            f'content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body><div class="layout"><nav '
+            'class="side"><div '
+            f'class="brand">cxr_audit</div>{search}{"".join(links)}</nav><main>{body}</main></div></body></html>\n')
 
 
 def render_page(path, out, strict=True):
@@ -404,8 +423,8 @@ def _plain(fragment_html):
 
 
 def search_js(out, pages):
-    """A search box that works from file:// (the index is inline in the script: no fetch): page titles, headings, symbols,
-    and the text under each heading (its first 2,000 characters)."""
+    """A search box that works from file:// (the index is inline in the script: no fetch): page titles, headings,
+    symbols, and the text under each heading (its first 2,000 characters)."""
     idx = []
     for dest, title, _ in pages:
         f = Path(out) / dest
@@ -414,7 +433,8 @@ def search_js(out, pages):
         heads = []
         for k in range(1, len(parts), 2):
             hid = re.search(r'id="([^"]+)"', parts[k]).group(1)
-            body = " ".join(_plain(x) for x in re.findall(r"<(?:p|li|td)\b[^>]*>(.*?)</(?:p|li|td)>", parts[k + 1], flags=re.S))
+            body = " ".join(_plain(x) for x in re.findall(r"<(?:p|li|td)\b[^>]*>(.*?)</(?:p|li|td)>", parts[k + 1],
+                                                          flags=re.S))
             heads.append([hid, _plain(parts[k]), body[:2000].lower()])
         idx.append([dest, title, heads])
     return ("const IDX=" + json.dumps(idx) + ";\n" + SEARCH_JS)

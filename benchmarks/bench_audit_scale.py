@@ -22,11 +22,13 @@ from _timing import options, run_with_peak, write_result
 def run_demo(exe: str, patients: int, workers: int, out: Path) -> dict:
     "One `cxr-audit demo` run: wall seconds, peak tree memory, the table sizes and the manifest's stage seconds."
     r = run_with_peak([exe, "demo", "--out", out, "--n-patients", patients, "--workers", workers])
-    if r["returncode"] != 0: raise SystemExit(f"demo with {patients} patients failed ({r['returncode']}):\n{r['stderr']}")
+    if r["returncode"] != 0:
+        raise SystemExit(f"demo with {patients} patients failed ({r['returncode']}):\n{r['stderr']}")
     m = json.loads((out / "manifest.json").read_text())
     rows = {t: pq.ParquetFile(out / f"{t}.parquet").metadata.num_rows for t in ("studies", "generations")}
-    return {"patients": patients, "studies": rows["studies"], "generations": rows["generations"], "wall_s": round(r["wall_s"], 1),
-            "peak_rss_gb": round(r["peak_rss_gb"], 2), "stage_seconds": m["stage_seconds"]}
+    return {"patients": patients, "studies": rows["studies"], "generations": rows["generations"],
+            "wall_s": round(r["wall_s"], 1), "peak_rss_gb": round(r["peak_rss_gb"], 2),
+            "stage_seconds": m["stage_seconds"]}
 
 
 def exponent(a: float, b: float, n1: int, n2: int) -> float | None:
@@ -50,7 +52,8 @@ def main():
         growth.append({"from_studies": n1, "to_studies": n2, "wall": exponent(a["wall_s"], b["wall_s"], n1, n2),
                        "peak_rss": exponent(a["peak_rss_gb"], b["peak_rss_gb"], n1, n2), "stages": stages})
     write_result("audit_scale", {"command": "cxr-audit demo (the full audit on the synthetic corpus, 5 configurations)",
-                                 "workers": opt.workers, "cpus": psutil.cpu_count(), "runs": runs, "growth_exponents": growth})
+                                 "workers": opt.workers, "cpus": psutil.cpu_count(), "runs": runs,
+                                 "growth_exponents": growth})
 
 
 if __name__ == "__main__":

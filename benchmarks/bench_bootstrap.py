@@ -189,7 +189,8 @@ def main():
     for _ in range(3):
         t = time.perf_counter(); res, table, _ = ours(stats, metrics, reps); runs.append(time.perf_counter() - t)
     ours_s = float(np.median(runs))
-    tracemalloc.start(); ours(stats, metrics, reps); peak_mb = tracemalloc.get_traced_memory()[1] / 2 ** 20; tracemalloc.stop()
+    tracemalloc.start(); ours(stats, metrics,
+                              reps); peak_mb = tracemalloc.get_traced_memory()[1] / 2 ** 20; tracemalloc.stop()
 
     idx = resample_indices(n, reps, seed=SEED)
     t = time.perf_counter(); base = evaluator_practice(refs, ref_labels, systems, idx[:a.baseline_reps])
@@ -204,7 +205,8 @@ def main():
     diff_eval = np.abs(ours_R[:, :, :a.baseline_reps] - base)
     diff_loop = np.abs(ours_R[:, :, :loop_reps] - loop)
     per_metric = {m: {"kind": METRICS[m][0], "max_abs_diff_vs_evaluator": float(np.nanmax(diff_eval[k])),
-                      "bit_identical_vs_evaluator": bool(np.array_equal(ours_R[k, :, :a.baseline_reps], base[k], equal_nan=True)),
+                      "bit_identical_vs_evaluator": bool(np.array_equal(ours_R[k, :, :a.baseline_reps], base[k],
+                                                                        equal_nan=True)),
                       "max_abs_diff_vs_loop": float(np.nanmax(diff_loop[k]))} for k, m in enumerate(metrics)}
     counts_exact = all(v["bit_identical_vs_evaluator"] for m, v in per_metric.items()
                        if m in ("exact_label_match", "label_micro_f1", "label_micro_precision", "label_macro_f1",
@@ -223,7 +225,8 @@ def main():
     rm = bootstrap_metrics({m: ({s: stats[s][m] for s in stats}, "mean") for m in mean_metrics}, reps=reps, seed=SEED)
     sysf = {m: r.systems_frame().set_index("system") for m, r in rm.items()}
     ours_mean_s = time.perf_counter() - t
-    mc = max(max(abs(sysf[m].loc[s, "ci_low"] - ci.low), abs(sysf[m].loc[s, "ci_high"] - ci.high)) / sysf[m].loc[s, "se"]
+    mc = max(max(abs(sysf[m].loc[s, "ci_low"] - ci.low),
+                 abs(sysf[m].loc[s, "ci_high"] - ci.high)) / sysf[m].loc[s, "se"]
              for (m, s), ci in sc.items())
 
     out = {
@@ -239,7 +242,8 @@ def main():
         "speedup": round(baseline_s / ours_s, 1),
         "speedup_including_precompute": round(baseline_s / (ours_s + precompute_s), 1),
         "loop_precomputed_s": round(loop_s, 2),
-        "loop_precomputed_note": f"{loop_reps} of {reps} replicates timed" + ("" if loop_reps == reps else " and scaled"),
+        "loop_precomputed_note": f"{loop_reps} of {reps} replicates timed" + ("" if loop_reps == reps
+                                                                              else " and scaled"),
         "speedup_vs_loop_precomputed": round(loop_s / ours_s, 1),
         "scipy_mean_s": round(scipy_s, 3), "ours_mean_s": round(ours_mean_s, 4),
         "speedup_vs_scipy_mean": round(scipy_s / ours_mean_s, 1),

@@ -31,16 +31,21 @@ from cxr_audit.reports import clean_report_mimic
 FINDINGS = ["The lungs are clear.", "There is no focal consolidation.", "No pleural effusion or pneumothorax.",
             "Heart size is normal.", "The cardiomediastinal silhouette is within normal limits.",
             "Mild pulmonary vascular congestion.", "Small left pleural effusion.", "Moderate right pleural effusion.",
-            "Bibasilar atelectasis.", "Left lower lobe opacity may reflect pneumonia.", "Endotracheal tube terminates 4 cm above the carina.",
-            "Enteric tube courses below the diaphragm.", "Right internal jugular line ends in the SVC.", "Stable cardiomegaly.",
-            "Mild interstitial edema.", "No acute osseous abnormality.", "Healed right rib fractures.", "Hiatal hernia.",
-            "Elevated right hemidiaphragm.", "Calcified granuloma in the right upper lobe.", "Sternotomy wires are intact.",
-            "Median sternotomy and CABG clips.", "Pacemaker leads in the right atrium and ventricle.", "Degenerative changes of the spine.",
-            "Lung volumes are low.", "Hyperinflated lungs.", "Patchy opacities in both lung bases.", "Interval improvement of the effusion.",
-            "No change since the prior study.", "Increased opacity at the right base.", "Tortuous aorta.", "Aortic knob calcification."]
+            "Bibasilar atelectasis.", "Left lower lobe opacity may reflect pneumonia.",
+            "Endotracheal tube terminates 4 cm above the carina.", "Enteric tube courses below the diaphragm.",
+            "Right internal jugular line ends in the SVC.", "Stable cardiomegaly.",
+            "Mild interstitial edema.", "No acute osseous abnormality.", "Healed right rib fractures.",
+            "Hiatal hernia.", "Elevated right hemidiaphragm.", "Calcified granuloma in the right upper lobe.",
+            "Sternotomy wires are intact.",
+            "Median sternotomy and CABG clips.", "Pacemaker leads in the right atrium and ventricle.",
+            "Degenerative changes of the spine.", "Lung volumes are low.", "Hyperinflated lungs.",
+            "Patchy opacities in both lung bases.", "Interval improvement of the effusion.",
+            "No change since the prior study.", "Increased opacity at the right base.", "Tortuous aorta.",
+            "Aortic knob calcification."]
 IMPRESSIONS = ["No acute cardiopulmonary process.", "Possible early pneumonia.", "Small bilateral effusions.",
                "Lines and tubes as described.", "Mild pulmonary edema.", "Cardiomegaly without edema.",
-               "Improving left basilar opacity.", "Worsening right effusion.", "No pneumothorax.", "Atelectasis at the bases."]
+               "Improving left basilar opacity.", "Worsening right effusion.", "No pneumothorax.",
+               "Atelectasis at the bases."]
 VIEWS = np.array(["PA", "AP", "LATERAL", "LL", "AP AXIAL", None], dtype=object)
 VIEW_P = [0.28, 0.40, 0.25, 0.04, 0.005, 0.025]
 
@@ -78,7 +83,8 @@ def make_studies(n_images: int, seed: int = 0, test_share: float = 0.014) -> pd.
     df = pd.DataFrame(rows)
     df.insert(2, "dataset", "mimic-cxr")
     df["view"] = [v[0] for v in df["image_views"]]
-    df["study_time"] = pd.Timestamp("2150-01-01") + pd.to_timedelta(g.integers(0, 10 * 365 * 86400, n_studies), unit="s")
+    df["study_time"] = pd.Timestamp("2150-01-01") + pd.to_timedelta(g.integers(0, 10 * 365 * 86400, n_studies),
+                                                                    unit="s")
     for c in ("indication", "comparison", "technique"): df[c] = ""
     df["restricted"] = True
     return df

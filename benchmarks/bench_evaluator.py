@@ -1,4 +1,5 @@
-"""Benchmark: `ReportGenerationEvaluator` (bootstrap by weights) against the documented evaluator's bootstrap, in one run.
+"""Benchmark: `ReportGenerationEvaluator` (bootstrap by weights) against the documented evaluator's bootstrap, in one
+run.
 
 Workload: 1,000 (reference, hypothesis) pairs from the synthetic demo corpus (the studies' findings against the
 simulated `sim-omit` generator's reports), 5 built-in metrics (BLEU-4, ROUGE-L, METEOR via the jar, CIDEr-D,
@@ -41,14 +42,16 @@ def make_dataset(n):
     if len(st) < n: raise SystemExit(f"demo corpus too small: {len(st)} < {n}")
     hyp = demo.generations.query("system == 'sim-omit'").set_index("study_id").hypothesis
     written = {ps[0]: hyp[sid] for sid, ps in zip(st.study_id, st.image_paths)}
-    samples = [{"img": ps[0], "study_id": sid, "report": text} for sid, ps, text in zip(st.study_id, st.image_paths, st.text)]
+    samples = [{"img": ps[0], "study_id": sid, "report": text} for sid, ps,
+               text in zip(st.study_id, st.image_paths, st.text)]
     return samples, (lambda imgs: [written[p] for p in imgs])
 
 
 def main():
     a = options(n=1000, reps=1000, baseline_reps=5, repeat=3)
     samples, generator = make_dataset(a.n)
-    mk = lambda: ReportGenerationEvaluator(generator, dataset=samples, metrics=METRICS, n_bootstrap=a.reps, bootstrap_seed=SEED)
+    mk = lambda: ReportGenerationEvaluator(generator, dataset=samples, metrics=METRICS, n_bootstrap=a.reps,
+                                           bootstrap_seed=SEED)
 
     # ours, end to end
     ev = mk(); ours_df = ev.evaluate()
@@ -63,14 +66,16 @@ def main():
     diffs, times = {m: [] for m in METRICS}, []
     for r in range(a.baseline_reps):
         rows = np.repeat(np.arange(n), W[r])
-        t = time.perf_counter(); out = score(refs[rows].tolist(), hyps[rows].tolist(), METRICS); times.append(time.perf_counter() - t)
+        t = time.perf_counter(); out = score(refs[rows].tolist(), hyps[rows].tolist(),
+                                             METRICS); times.append(time.perf_counter() - t)
         for m, v in zip(out.metric, out.value): diffs[m].append(abs(float(v) - float(ours_df[m].iloc[r + 1])))
     per_rep = float(np.median(times))
     baseline_s = point_s + per_rep * a.reps
 
     res = {
         "benchmark": "evaluator",
-        "workload": f"{n} pairs (demo corpus findings vs sim-omit), {len(METRICS)} metrics, {a.reps} bootstrap replicates",
+        "workload": f"{n} pairs (demo corpus findings vs sim-omit), {len(METRICS)} metrics, {a.reps} bootstrap "
+                    "replicates",
         "metrics": METRICS,
         "n_pairs": n, "reps": a.reps,
         "ours_s": round(ours_s, 3),
@@ -80,12 +85,14 @@ def main():
         "baseline_point_estimate_s": round(point_s, 3),
         "baseline_per_replicate_s": round(per_rep, 3),
         "baseline_replicates_timed": a.baseline_reps,
-        "baseline_scaled": f"{a.baseline_reps} of {a.reps} replicates timed (median), scaled linearly; plus the point estimate",
+        "baseline_scaled": f"{a.baseline_reps} of {a.reps} replicates timed (median), scaled linearly; plus the point "
+                           "estimate",
         "speedup": round(baseline_s / ours_s, 1),
         "speedup_bootstrap_only": round(per_rep * a.reps / boot_s, 1),
         "max_abs_diff_vs_rerun": {m: float(np.max(d)) for m, d in diffs.items()},
-        "note": ("bleu_4, rouge_l, meteor and chexpert_f1_5 equal the re-run on the same draws up to rounding; cider differs by "
-                 "design: ours holds the IDF of the full set fixed, a re-run recomputes it from each resample's references"),
+        "note": ("bleu_4, rouge_l, meteor and chexpert_f1_5 equal the re-run on the same draws up to rounding; cider "
+                 "differs by design: ours holds the IDF of the full set fixed, a re-run recomputes it from each "
+                 "resample's references"),
         "point_estimates": {m: float(v) for m, v in zip(point.metric, point.value)},
         "repeat": a.repeat,
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},

@@ -40,11 +40,12 @@ def main():
         pv = proc.image_processor([load_image(p) for p in paths], return_tensors="pt")["pixel_values"]
         never = (EOSReweight(1e-9),)
         pol = {k: dataclasses.replace(POLICIES[k], max_new_tokens=a.tokens, processors=never) for k in ("G1", "K50")}
-        anti = dataclasses.replace(pol["G1"], name="G1-anti", processors=never + (TemplatePhrasePenalty(), RecurrencePenalty(),
+        anti = dataclasses.replace(pol["G1"], name="G1-anti",
+                                   processors=never + (TemplatePhrasePenalty(), RecurrencePenalty(),
                                                                                  EarlyEOSSuppression(min_tokens=8)))
         gen, gen1 = HFReportGenerator(model, proc, batch_size=a.n), HFReportGenerator(model, proc, batch_size=1)
-        raw = lambda **kw: model.generate(pixel_values=pv, max_new_tokens=a.tokens, min_new_tokens=a.tokens, pad_token_id=0,
-                                          eos_token_id=3, **kw)
+        raw = lambda **kw: model.generate(pixel_values=pv, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
+                                          pad_token_id=0, eos_token_id=3, **kw)
         gen.generate_batch(paths[:2], policy=pol["G1"])  # warm up
         res = {
             "hf_greedy_s": best_of(lambda: raw(do_sample=False, repetition_penalty=1.15), a.repeat),

@@ -121,7 +121,8 @@ def run_medspacy(texts, ours_wide: pd.DataFrame, timeout: int) -> dict:
         (d / "rules.json").write_text(json.dumps(medspacy_rules()))
         (d / "texts.json").write_text(json.dumps([t if isinstance(t, str) else "" for t in texts]))
         (d / "run.py").write_text(MEDSPACY_SCRIPT)
-        r = subprocess.run([py, d / "run.py", d / "rules.json", d / "texts.json", d / "out.json"], capture_output=True, text=True, timeout=1800)
+        r = subprocess.run([py, d / "run.py", d / "rules.json", d / "texts.json", d / "out.json"], capture_output=True,
+                           text=True, timeout=1800)
         if r.returncode != 0: raise RuntimeError(f"medspacy run failed: {r.stderr.strip()[-800:]}")
         res = json.loads((d / "out.json").read_text())
     ms = medspacy_states(res["ents"])
@@ -153,8 +154,9 @@ def main():
     rps_sbd, _ = time_labeler(Labeler(splitter="default"), texts[:2000])
     audit_s, audit_reports = time_label_audit(args.audit_patients)
     res = {"benchmark": "labels", "reports": len(texts), "one_core": cpu is not None, "cpu": cpu,
-           "reports_per_s": round(rps, 1), "reports_per_s_no_cache": round(rps_nc, 1), "reports_per_s_pysbd": round(rps_sbd, 1),
-           "label_audit_s": round(audit_s, 2), "label_audit_generated_reports": audit_reports,
+           "reports_per_s": round(rps, 1), "reports_per_s_no_cache": round(rps_nc, 1),
+           "reports_per_s_pysbd": round(rps_sbd, 1), "label_audit_s": round(audit_s, 2),
+           "label_audit_generated_reports": audit_reports,
            "target_reports_per_s": 2000, "meets_target": rps >= 2000,
            "mean_words": round(float(np.mean([len(t.split()) for t in texts])), 1),
            "python": platform.python_version(), "machine": platform.machine()}

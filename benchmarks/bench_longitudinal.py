@@ -1,4 +1,5 @@
-"""Benchmark: longitudinal annotation and progression-aware evaluation (`cxr_audit.longitudinal`) on SYNTHETIC demo data.
+"""Benchmark: longitudinal annotation and progression-aware evaluation (`cxr_audit.longitudinal`) on SYNTHETIC demo
+data.
 
 Data: `make_demo_corpus(--patients)` (default 300 patients): the reference findings and all simulated generations.
 
@@ -9,7 +10,8 @@ Timed (wall clock, best of --repeat):
 - split_reports_per_s (pysbd, the default) and split_reports_per_s_regex: `report_sentences` on all reports;
 - evaluate_s: `progression_evaluation` (progression measures only, sentences given) with --reps paired replicates,
   against the evaluator practice of recomputing progression micro-F1 from the instance table on every resample
-  (the resampled studies' rows gathered and counted with numpy; micro-F1 only; --naive-reps replicates timed, scaled). Both use the same resamples
+  (the resampled studies' rows gathered and counted with numpy; micro-F1 only; --naive-reps replicates timed, scaled).
+  Both use the same resamples
   (`cxr_audit.stats.resample_indices`, same seed); `identical` says whether their micro-F1 replicates agree exactly.
 Writes benchmarks/results/longitudinal.json and prints it. No assertions on time.
 Run: .venv/bin/python benchmarks/bench_longitudinal.py [--patients 300] [--reps 1000]
@@ -20,14 +22,15 @@ import time
 import numpy as np
 
 from _timing import best_of, options, write_result
-from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, progression_evaluation, report_sentences,
-                                    rule_chat)
+from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, progression_evaluation,
+                                    report_sentences, rule_chat)
 from cxr_audit.stats import resample_indices
 from cxr_audit.synth import make_demo_corpus
 
 
 def naive_micro_f1(instances, units, system, idx):
-    "Per resample: gather the resampled studies' instance rows and recompute micro F1 with numpy (the evaluator practice)."
+    """Per resample: gather the resampled studies' instance rows and recompute micro F1 with numpy (the evaluator
+    practice)."""
     d = instances[instances.system == system]
     ref, pred = d.reference.to_numpy(), d.predicted.to_numpy()
     pos = {u: i for i, u in enumerate(units)}
@@ -46,7 +49,8 @@ def naive_micro_f1(instances, units, system, idx):
 def main():
     a = options(__doc__.splitlines()[0], patients=300, reps=1000, naive_reps=200, llm_n=2000, split_n=2000, repeat=3)
     demo = make_demo_corpus(a.patients, seed=0)
-    reports = {**dict(zip(demo.studies.study_id, demo.studies.findings)), **dict(zip(demo.generations.sample_id, demo.generations.hypothesis))}
+    reports = {**dict(zip(demo.studies.study_id, demo.studies.findings)),
+               **dict(zip(demo.generations.sample_id, demo.generations.hypothesis))}
     sents = report_sentences(reports, splitter="regex")
     uniq = sents.sentence.unique().tolist()
     res = {"patients": a.patients, "reports": len(reports), "sentences": len(sents), "distinct_sentences": len(uniq)}
@@ -56,7 +60,8 @@ def main():
     sub = uniq[:a.llm_n]
     t_llm = best_of(lambda: LLMAnnotator(rule_chat(), cache=False).annotate(sub), max(1, a.repeat // 2))
     t_rules_sub = best_of(lambda: RuleAnnotator().annotate(sub), a.repeat)
-    res.update(llm_path_sentences=len(sub), llm_path_sentences_per_s=len(sub) / t_llm, llm_path_overhead=t_llm / t_rules_sub)
+    res.update(llm_path_sentences=len(sub), llm_path_sentences_per_s=len(sub) / t_llm,
+               llm_path_overhead=t_llm / t_rules_sub)
 
     some = dict(list(reports.items())[:a.split_n])
     res["split_reports_per_s"] = len(some) / best_of(lambda: report_sentences(some), 1)

@@ -31,7 +31,8 @@ from _timing import options, timed, write_result
 from cxr_audit import metrics as M
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = [Path("/work/shared/data/iu_valid_rexrank.json"), ROOT / "tests" / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"]
+DATA = [Path("/work/shared/data/iu_valid_rexrank.json"),
+        ROOT / "tests" / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"]
 NAMES = ["bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider"]
 
 

@@ -54,9 +54,11 @@ def main():
     exe = shutil.which("cxr-audit", path=str(Path(sys.executable).parent)) or "cxr-audit"
     with tempfile.TemporaryDirectory() as d:
         path = synthetic_corpus(opt.reports, Path(d) / "reports.parquet")
-        runs = {"read": run_with_peak([sys.executable, "-c", "import sys, pandas as pd; pd.read_parquet(sys.argv[1])", path]),
+        runs = {"read": run_with_peak([sys.executable, "-c", "import sys, pandas as pd; pd.read_parquet(sys.argv[1])",
+                                       path]),
                 "naive": run_with_peak([sys.executable, "-c", NAIVE, path]),
-                "audit, no labels": run_with_peak([exe, "reference-corpus", path, "--out", Path(d) / "a", "--labeler", "none"]),
+                "audit, no labels": run_with_peak([exe, "reference-corpus", path, "--out", Path(d) / "a", "--labeler",
+                                                   "none"]),
                 "audit": run_with_peak([exe, "reference-corpus", path, "--out", Path(d) / "b"])}
         summary = pd.read_csv(Path(d) / "b" / "summary.csv").set_index("measure")["value"].round(4).to_dict()
     for name, r in runs.items():

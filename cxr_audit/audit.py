@@ -23,8 +23,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs, config_label, enable_theme, shared_chart_pool, submit_chart,
-                            system_color, system_colors, use_system_colors, write_manifest, write_table)
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, chart_svg, chart_svgs,
+                            config_label, enable_theme, shared_chart_pool, submit_chart, system_color, system_colors,
+                            use_system_colors, write_manifest, write_table)
 from .corpus import match_study_keys, to_generations, to_studies
 from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
@@ -84,7 +85,8 @@ def table_html(df,                 # a pandas or polars table
     shown = df.head(max_rows)
     body = shown.to_html(index=False, escape=True, border=0, classes="tbl", formatters=fmt, na_rep="–")
     cut = f'<p class="muted">Showing {max_rows} of {len(df)} rows.</p>' if len(df) > max_rows else ""
-    blank = '<p class="muted">– : no value for that row (not defined, or not applicable to it).</p>' if shown.isna().any().any() else ""
+    blank = ('<p class="muted">– : no value for that row (not defined, or not applicable to it).</p>'
+             if shown.isna().any().any() else "")
     return f'<div class="tblwrap">{body}</div>{blank}{cut}'
 
 # %% ../nbs/14_audit.ipynb #dd77204c
@@ -114,7 +116,8 @@ nav.toc ol{margin:4px 0 0 0}code{background:#f3f3f3;padding:1px 4px;border-radiu
 CHART_WAIT_S = 600   # the report waits this long in all for the drawing process, then draws what is missing itself
 
 def _drawn(svg, deadline: float) -> str | None:
-    "An SVG string, or a future's result (None when its drawing failed or `deadline`, a `time.monotonic()`, has passed)."
+    """An SVG string, or a future's result (None when its drawing failed or `deadline`, a `time.monotonic()`, has
+    passed)."""
     if isinstance(svg, str): return svg
     try: return svg.result(timeout=max(0.0, deadline - time.monotonic()))
     except Exception: return None   # noqa: BLE001 (the drawing process stopped, could not start, or hangs: drawn here instead)
@@ -132,10 +135,14 @@ def render_report(sections: Sequence[Section],     # the sections, in order
               'report is simulated by <code>cxr_audit.synth</code>; no patient data is shown.</div>') if synthetic else ""
     banner += "".join(f'<div class="banner">{_inline(n)}</div>' for n in notices)
     failed = [s for s in sections if s.error]
-    if failed: banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) failed: ")
+    if failed:
+        banner += ('<div class="banner"><strong>Incomplete run.</strong> ' + html.escape(f"{len(failed)} section(s) "
+                                                                                         "failed: ")
                           + ", ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in failed) + ".</div>")
-    deadline = time.monotonic() + CHART_WAIT_S   # one wait for all charts: a hung drawing process costs it once, not per chart
-    given = {k: svg for k, v in (drawn or {}).items() if (svg := _drawn(v, deadline)) is not None}   # one that failed is drawn again here
+    # one wait for all charts: a hung drawing process costs it once, not per chart
+    deadline = time.monotonic() + CHART_WAIT_S
+    # one that failed is drawn again here
+    given = {k: svg for k, v in (drawn or {}).items() if (svg := _drawn(v, deadline)) is not None}
     charts = [b for s in sections for b in s.blocks if _is_chart(b) and id(b) not in given]
     given.update(zip(map(id, charts), chart_svgs(charts)))                           # the rest drawn now, in parallel
     drawn = {k: f'<figure class="chart">{svg}</figure>' for k, svg in given.items()}
@@ -148,7 +155,8 @@ def render_report(sections: Sequence[Section],     # the sections, in order
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head>'
             f'<body><main><h1>{html.escape(title)}</h1>{banner}<nav class="toc"><ol>{toc}</ol></nav>'
-            + "\n".join(body) + f'<footer class="muted"><hr>Written by cxr_audit. {foot}</footer></main></body></html>\n')
+            + "\n".join(body) + '<footer class="muted"><hr>Written by cxr_audit. '
+                                f'{foot}</footer></main></body></html>\n')
 
 # %% ../nbs/14_audit.ipynb #d6a06b89
 def n_words(texts # report texts
@@ -183,7 +191,8 @@ def length_profile(studies,    # a `studies` table (reference lengths per datase
     "Word-count percentiles (10, 25, 50, 75, 90) per reference dataset and per generating system."
     s, g = as_pandas(studies), as_pandas(generations)
     parts = [pd.DataFrame({"group": "reference: " + s["dataset"], "words": n_words(s["text"])}),
-             pd.DataFrame({"group": "generated: " + g["system"] + " " + g["policy"], "words": n_words(g["hypothesis"])})]
+             pd.DataFrame({"group": "generated: " + g["system"] + " " + g["policy"],
+                           "words": n_words(g["hypothesis"])})]
     d = pd.concat(parts, ignore_index=True)
     q = d.groupby("group", sort=True)["words"].quantile([.1, .25, .5, .75, .9]).unstack()
     q.columns = ["p10", "p25", "median", "p75", "p90"]
@@ -206,7 +215,7 @@ def plot_counts(summary: pd.DataFrame,     # a summary table
                 count: str,                # column of the bar lengths
                 color: str | None = None,  # column that colours the bars
                 title: str = "",           # chart title
-                systems: bool = False      # `color` names systems: their colours come from `core.system_color`, no legend
+                systems: bool = False    # `color` names systems: their colours come from `core.system_color`, no legend
                ):
     "A horizontal bar chart of `count` per `y` (optionally coloured by `color`)."
     alt = enable_theme()
@@ -231,11 +240,12 @@ class AuditContext:
     def _simulated(self) -> pd.Series: return self.studies["dataset"].astype(str).str.startswith("synthetic")
 
     def notices(self) -> list[str]:
-        "Banners the report needs besides the synthetic one: simulated and real studies mixed, configurations set aside."
+        """Banners the report needs besides the synthetic one: simulated and real studies mixed, configurations set
+        aside."""
         sim, out = self._simulated(), []
         if sim.any() and not sim.all():
-            out.append(f"**Mixed data.** {int(sim.sum())} of {len(sim)} studies are simulated (`cxr_audit.synth`) and the rest "
-                       "are real reports: this report may show patient data.")
+            out.append(f"**Mixed data.** {int(sim.sum())} of {len(sim)} studies are simulated (`cxr_audit.synth`) and "
+                       "the rest are real reports: this report may show patient data.")
         out += [f"**Incomplete run.** {n}" for n in self.params.get("set_aside", [])]
         return out
 
@@ -244,7 +254,8 @@ class AuditContext:
 
     @property
     def ref_section(self) -> str:
-        "The reference section the metrics, the verdict and ReRef score against (`--reference-section`; default findings)."
+        """The reference section the metrics, the verdict and ReRef score against (`--reference-section`; default
+        findings)."""
         return self.params.get("ref_section") or "findings"
 
     def reps(self, default: int # the stage's own number of resamples
@@ -254,8 +265,10 @@ class AuditContext:
 
     @property
     def patient_of_study(self) -> pd.Series:
-        "`study_id` -> the resampling cluster of each study: its patient when known, else the study itself (`stats.resolve_clusters`)."
-        col = "patient_id" if "patient_id" in self.studies.columns else "study_id"   # no patient column: every study alone
+        """`study_id` -> the resampling cluster of each study: its patient when known, else the study itself
+        (`stats.resolve_clusters`)."""
+        # no patient column: every study alone
+        col = "patient_id" if "patient_id" in self.studies.columns else "study_id"
         return pd.Series(resolve_clusters(col, self.studies), index=self.studies["study_id"].to_numpy(), dtype=object)
 
     @property
@@ -269,14 +282,17 @@ def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     "The corpus overview: datasets, systems, lengths."
     ds, sy = dataset_summary(ctx.studies), system_summary(ctx.generations)
     visits = ctx.studies.groupby("patient_id").size()   # studies without a patient ID are not counted here
-    who = f"of {visits.size} patients ({visits.min()}-{visits.max()} studies per patient)" if visits.size else "with no patient IDs"
+    who = (f"of {visits.size} patients ({visits.min()}-{visits.max()} studies per patient)" if visits.size
+           else "with no patient IDs")
     policies = sorted(p for p in sy["policy"].unique() if p)
     lead = (f"**{len(ctx.studies)} studies** {who} in {ds['dataset'].nunique()} dataset(s): "
             f"{', '.join(f'`{d}`' for d in ds['dataset'].unique())}. **{len(ctx.generations)} generated reports** from "
-            f"{sy['system'].nunique()} system(s)" + (f" under decoding policies {', '.join(f'`{p}`' for p in policies)}" if policies else "")
+            f"{sy['system'].nunique()} system(s)" + (f" under decoding policies {', '.join(f'`{p}`' for p in policies)}"
+                                                     if policies else "")
             + f". **Resampling unit** of every section's intervals and tests: {ctx.unit}."
             + (f" **Study keys:** {ctx.params['study_keys']}" if ctx.params.get("study_keys") else ""))
-    blocks = [lead, ds, plot_counts(ds, "dataset", "studies", "style" if "style" in ds else None, "Studies per dataset"),
+    blocks = [lead, ds, plot_counts(ds, "dataset", "studies", "style" if "style" in ds else None,
+                                    "Studies per dataset"),
               sy, plot_counts(sy.assign(label=config_label(sy.system, sy.policy)), "label", "reports", "label",
                                       "Reports per system and policy", systems=True),
               plot_lengths(length_profile(ctx.studies, ctx.generations))]
@@ -285,7 +301,8 @@ def corpus_stage(ctx: AuditContext # the run: tables, ground truth and parameter
 # %% ../nbs/14_audit.ipynb #09c61536
 def _restrict_to_cohort(ctx: AuditContext, keep: set) -> str:
     "Keep only the cohort's studies (and their generated reports) for the later stages; the sentence that says so."
-    if not keep: return f"**The cohort is empty**, so the sections below analyse all {len(ctx.studies):,} studies given."
+    if not keep:
+        return f"**The cohort is empty**, so the sections below analyse all {len(ctx.studies):,} studies given."
     n_s, n_g = len(ctx.studies), len(ctx.generations)
     ctx.studies = ctx.studies[ctx.studies["study_id"].isin(keep)].reset_index(drop=True)
     ctx.generations = ctx.generations[ctx.generations["study_id"].isin(keep)].reset_index(drop=True)
@@ -294,22 +311,28 @@ def _restrict_to_cohort(ctx: AuditContext, keep: set) -> str:
 
 def cohort_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
-    "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`); the later stages analyse the cohort's studies."
+    """The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`); the later stages analyse the
+    cohort's studies."""
     name = ctx.params.get("cohort_recipe", "000_test")
-    kw = {"split": None} if name == "000_test" and not ctx.studies["split"].eq("test").any() else {}  # no test partition: whole table
+    # no test partition: whole table
+    kw = {"split": None} if name == "000_test" and not ctx.studies["split"].eq("test").any() else {}
     cohort = run_recipe(name, ctx.studies, **kw)
     problems = cohort.check(image_root=ctx.params.get("image_root"))
     verdict = "No integrity problems found." if problems.empty else f"**{len(problems)} integrity problem(s)**:"
     doc = (RECIPES[name].__doc__ or "").strip().splitlines()
     splits = sorted(str(x) for x in ctx.studies["split"].dropna().unique())
     scope = _restrict_to_cohort(ctx, set(cohort.studies["study_id"].astype(str)))
-    if kw: scope = (f"**These tables have no `test` partition** (splits: {', '.join(f'`{x}`' for x in splits) or 'none given'}), "
-                    "so the recipe's partition step is skipped and every split is kept: this is not the paper's test set. " + scope)
-    return Section("Cohort", [cohort.headline(), scope, cohort.summary(), cohort.plot(), verdict] + ([problems] if len(problems) else []),
+    if kw:
+        scope = ("**These tables have no `test` partition** (splits: "
+                    f"{', '.join(f'`{x}`' for x in splits) or 'none given'}), so the recipe's partition step is "
+                    "skipped and every split is kept: this is not the paper's test set. " + scope)
+    return Section("Cohort", [cohort.headline(), scope, cohort.summary(), cohort.plot(),
+                              verdict] + ([problems] if len(problems) else []),
                    note=f"Recipe `{name}`" + (f": {doc[0]}" if doc else "") + " Deterministic rules, no model.")
 
 # %% ../nbs/14_audit.ipynb #a8905604
-_CONCENTRATION_MAIN = ("validity_rate", "unique_report_ratio", "duplicate_rate", "top_k_share", "prefix_rate", "distinct_2")
+_CONCENTRATION_MAIN = ("validity_rate", "unique_report_ratio", "duplicate_rate", "top_k_share", "prefix_rate",
+                       "distinct_2")
 
 def interval_cells(frame: pd.DataFrame,   # long table: group, metric, estimate, ci_low, ci_high
                    metrics: Sequence[str] # the metrics to show, as columns
@@ -318,22 +341,24 @@ def interval_cells(frame: pd.DataFrame,   # long table: group, metric, estimate,
     iv = frame[frame["metric"].isin(metrics)]
     cell = iv.assign(text=[f"{e:.3f} [{lo:.3f}, {hi:.3f}]" for e, lo, hi in zip(iv.estimate, iv.ci_low, iv.ci_high)])
     wide = cell.pivot(index="group", columns="metric", values="text")
-    return wide.reindex(index=list(dict.fromkeys(iv.group)), columns=list(metrics)).rename_axis(columns=None).reset_index()
+    return wide.reindex(index=list(dict.fromkeys(iv.group)),
+                        columns=list(metrics)).rename_axis(columns=None).reset_index()
 
 # %% ../nbs/14_audit.ipynb #0b58c913
 def _concentration_comparisons(a) -> list:
     "The Holm family of paired comparisons of a `ConcentrationAudit`, as report blocks."
     try: t = a.comparison_table()
     except InputError as e: return [f"No paired comparisons: {e}."]
-    return [f"**Paired comparisons** on the {t.n_units.iloc[0]:,} {a.unit} values every configuration covers, first − second, "
-            f"Holm-adjusted over all {len(t)} tests as one family; {int(t.significant.sum())} significant "
+    return [f"**Paired comparisons** on the {t.n_units.iloc[0]:,} {a.unit} values every configuration covers, first − "
+            f"second, Holm-adjusted over all {len(t)} tests as one family; {int(t.significant.sum())} significant "
             f"(p_holm < {1 - a.size:g}). Intervals are unadjusted.",
             t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
             a.note(), a.plot("forest", title="Validity and prefix hit: paired differences")]
 
 def concentration_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                         ) -> Section:
-    "Validity, recurrence and concentration of the generated reports, with clustered intervals and Holm-adjusted comparisons."
+    """Validity, recurrence and concentration of the generated reports, with clustered intervals and Holm-adjusted
+    comparisons."""
     a = audit_concentration(ctx.generations, clusters=ctx.patient_of_study, reps=ctx.reps(2000), seed=ctx.seed)
     main = [a.top_column if m == "top_k_share" else m for m in _CONCENTRATION_MAIN]
     s = a.summary()
@@ -342,23 +367,27 @@ def concentration_stage(ctx: AuditContext # the run: tables, ground truth and pa
            "(the `shares` scheme of the `concentration` module)")
     blocks = [a.headline() + " The prefix rate alone can miss this: it only looks at how a report opens.",
               s.assign(**{c: s[c].round(4) for c in a.metrics}), a.plot("top_k"), a.plot("profile", max_reports=15),
-              a.plot("distinct_n"), f"**Estimates with {a.size:.0%} intervals** ({how}):", interval_cells(a.to_frame(), main)]
+              a.plot("distinct_n"), f"**Estimates with {a.size:.0%} intervals** ({how}):",
+              interval_cells(a.to_frame(), main)]
     if len(a.labels) > 1: blocks += _concentration_comparisons(a)
     bad = a.invalid_counts()
-    blocks += ([f"**{bad.outputs.sum():,} output(s) are not surface-valid**, by reason (kept in every denominator):", bad]
+    blocks += ([f"**{bad.outputs.sum():,} output(s) are not surface-valid**, by reason (kept in every denominator):",
+                bad]
                if len(bad) else ["Every output is surface-valid."])
-    return Section("Concentration", blocks, note="Distribution of the outputs, not their correctness; every output counts in "
-                   "every denominator. Computed from the report text by rules (no labeler, no LLM).")
+    return Section("Concentration", blocks, note="Distribution of the outputs, not their correctness; every output "
+                   "counts in every denominator. Computed from the report text by rules (no labeler, no LLM).")
 
 # %% ../nbs/14_audit.ipynb #0a213657
-_LABEL_FLAG_COLUMNS = ["system", "label", "positives", "top_evidence", "top_share", "normal_wording_positives", "with_term", "verdict"]
+_LABEL_FLAG_COLUMNS = ["system", "label", "positives", "top_evidence", "top_share", "normal_wording_positives",
+                       "with_term", "verdict"]
 _LABEL_EXCLUSION_COLUMNS = ["labeler", "scope", "value_a", "value_b", "difference", "ci_low", "ci_high", "sign_flip"]
 
 
 
 def _labeler_words(lab) -> str:
     "Which labeler produced the labels, in words, for the audit's captions."
-    if not hasattr(lab, "profile"): return f"the official CheXpert labeler's output (labels `{lab.source}`, read from a file)"
+    if not hasattr(lab, "profile"):
+        return f"the official CheXpert labeler's output (labels `{lab.source}`, read from a file)"
     how = {"chexpert": "the official labeler's definitions", "clinical": "the clinical reading"}[lab.profile]
     quirks = ", with the official tool's documented quirks" if getattr(lab, "official_quirks", False) else ""
     return f"the offline rule-based labeler (`cxr_audit.labels`, labels `{lab.source}`: {how}{quirks}; no LLM)"
@@ -369,37 +398,45 @@ def _swap_blocks(ctx: AuditContext, lab) -> list:
     swap = labeler_swap(ctx.studies, ctx.generations, names)
     cells = swap.assign(cell=[f"{f:.3f} ({r})" for f, r in zip(swap.micro_f1, swap["rank"])])
     table = cells.pivot(index="system", columns="labeler", values="cell")[list(pd.unique(swap.labeler))].reset_index()
-    return ["**Labeler swap.** The same runs scored again under other readings of the reports (micro-F1 over the 14 labels, "
-            "point estimates, rank in brackets): `cxr_audit:chexpert` follows the official labeler's definitions, "
-            "`cxr_audit:clinical` lets other findings pass as No Finding, and `+quirks` adds the official tool's documented "
-            "responses such as normal heart-size wording read as cardiomegaly.", table, swap_note(swap)]
+    return ["**Labeler swap.** The same runs scored again under other readings of the reports (micro-F1 over the 14 "
+            "labels, point estimates, rank in brackets): `cxr_audit:chexpert` follows the official labeler's "
+            "definitions, `cxr_audit:clinical` lets other findings pass as No Finding, and `+quirks` adds the official "
+            "tool's documented responses such as normal heart-size wording read as cardiomegaly.", table,
+            swap_note(swap)]
 
 def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "Label alignment against references (and the ground truth, when given) and the label-trigger audit."
     reps, seed = ctx.reps(200), ctx.seed
     lab = get_labeler(ctx.params.get("labeler"))
-    audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, labeler=lab, contrast="naive")
+    audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, labeler=lab,
+                        contrast="naive")
     al, naive = audit.alignment, audit.contrast
     matched = int((al.matching.status == "matched").sum())
     blocks = [f"CheXpert-14 labels from {_labeler_words(lab)} for "
-              f"**{len(al.reference_ids)}** reference reports (findings and impression) and **{len(al.matching)}** generated reports "
-              f"of **{len(al.systems)}** run(s). Only raw state 1 counts as positive. Case matching: {matched} matched, "
-              f"{len(al.matching) - matched} not matched. Intervals: {reps} bootstrap resamples of cases (seed {seed}).",
+              f"**{len(al.reference_ids)}** reference reports (findings and impression) and **{len(al.matching)}** "
+              f"generated reports of **{len(al.systems)}** run(s). Only raw state 1 counts as positive. Case matching: "
+              f"{matched} matched, {len(al.matching) - matched} not matched. Intervals: {reps} bootstrap resamples of "
+              f"cases (seed {seed}).",
               audit.headline(), audit.summary(),
               audit.plot("counts", title="Per-label TP, FP and FN against reference-report labels"),
-              "**Traceability.** A deliberately naive labeler that reads any cardiac phrase as a cardiomegaly mention (the weakness "
-              f"the cross-domain audit found in the official labeler; labels `{naive.labeler}`) is traced on the same outputs: "
-              f"a label is flagged when one sentence gives at least {naive.trace.dominance:.0%} of its positives (with at least "
-              f"{naive.trace.min_positives}), or normal wording at least {naive.trace.normal_share:.0%} of them (the counts are in the verdict).",
-              naive.trace.summary()[_LABEL_FLAG_COLUMNS] if len(naive.trace.flagged()) else "The naive labeler shows no flagged label on these outputs.",
+              "**Traceability.** A deliberately naive labeler that reads any cardiac phrase as a cardiomegaly mention "
+              f"(the weakness the cross-domain audit found in the official labeler; labels `{naive.labeler}`) is "
+              "traced on the same outputs: a label is flagged when one sentence gives at least "
+              f"{naive.trace.dominance:.0%} of its positives (with at least {naive.trace.min_positives}), or normal "
+              f"wording at least {naive.trace.normal_share:.0%} of them (the counts are in the verdict).",
+              naive.trace.summary()[_LABEL_FLAG_COLUMNS] if len(naive.trace.flagged())
+              else "The naive labeler shows no flagged label on these outputs.",
               naive.plot("triggers", top=4, title="Naive labeler: evidence behind Cardiomegaly = 1")]
     if audit.pair is None: blocks.append("Exclusion sensitivity needs two runs; only one was given.")
-    else: blocks += [f"**Exclusion sensitivity** of `{audit.pair[0]}` − `{audit.pair[1]}` (micro-F1, all labels, then without "
-                     f"{', '.join(audit.exclude)}), under each labeler (a descriptive check, outside any Holm family):",
+    else:
+        blocks += [f"**Exclusion sensitivity** of `{audit.pair[0]}` − `{audit.pair[1]}` (micro-F1, all labels, then "
+                     f"without {', '.join(audit.exclude)}), under each labeler (a descriptive check, outside any Holm "
+                     "family):",
                      audit.exclusion[_LABEL_EXCLUSION_COLUMNS]]
     blocks += _swap_blocks(ctx, lab)
-    return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting a label-based score.")
+    return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting "
+                                                           "a label-based score.")
 
 # %% ../nbs/14_audit.ipynb #7c6bfc62
 def policy_stage(ctx: AuditContext # the run: tables, ground truth and parameters
@@ -408,7 +445,8 @@ def policy_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     summ = policy_summary(ctx.generations)
     return Section("Decoding policies", [summ, plot_policy_summary(summ, "distinct", "Distinct-report share by policy"),
                                          plot_policy_summary(summ, "top_share", "Share of the most frequent report")],
-                   note="A distinct share near 1 means every study got its own report; a high top share means template collapse.")
+                   note="A distinct share near 1 means every study got its own report; a high top share means template "
+                        "collapse.")
 
 # %% ../nbs/14_audit.ipynb #4ac76bc1
 def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and parameters
@@ -417,12 +455,16 @@ def uncertainty_stage(ctx: AuditContext # the run: tables, ground truth and para
     try: cc = compare_configurations(ctx.generations, ctx.studies, "patient_id", reps=ctx.reps(5000), seed=ctx.seed)
     except InputError as e: return Section("Uncertainty", [f"No comparison: {e}."])
     fam = cc.to_frame()
-    lead = (f"{cc.n_units} studies in {cc.n_clusters} resampling clusters ({ctx.unit}); {len(cc.results['unique_report_ratio'].systems)} "
-            f"configurations; {cc.reps:,} paired resamples (seed {ctx.seed}); {len(fam)} comparisons, Holm-adjusted over the "
-            f"family: {int(fam.significant.sum())} significant (p_holm < {1 - cc.size:g}). Intervals are unadjusted.")
-    return Section("Uncertainty", [lead, cc.summary()[["metric", "system", "estimate", "ci_low", "ci_high"]], cc.plot("forest"),
-                                   fam[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]],
-                                   cc.note(), "Rank of each configuration by unique-report ratio, with its bootstrap interval:",
+    lead = (f"{cc.n_units} studies in {cc.n_clusters} resampling clusters ({ctx.unit}); "
+            f"{len(cc.results['unique_report_ratio'].systems)} configurations; {cc.reps:,} paired resamples (seed "
+            f"{ctx.seed}); {len(fam)} comparisons, Holm-adjusted over the family: {int(fam.significant.sum())} "
+            f"significant (p_holm < {1 - cc.size:g}). Intervals are unadjusted.")
+    return Section("Uncertainty", [lead, cc.summary()[["metric", "system", "estimate", "ci_low", "ci_high"]],
+                                   cc.plot("forest"),
+                                   fam[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm",
+                                        "win_prob", "significant"]],
+                                   cc.note(), "Rank of each configuration by unique-report ratio, with its bootstrap "
+                                              "interval:",
                                    cc.ranks(), cc.plot("win")],
                    note="Reference-free statistics computed from the report text (no reference, labeler or LLM). "
                         "They describe the reports, not their quality: no configuration is called better here, "
@@ -439,7 +481,8 @@ def _verdict_of(v, metric: str, a: str, b: str):
     return hit.iloc[0] if len(hit) else None
 
 def _verdict_words(res, v) -> str:
-    "Per metric: the best configuration's lead over the runner-up and its verdict (the Verdicts section's), never a bare 'best'."
+    """Per metric: the best configuration's lead over the runner-up and its verdict (the Verdicts section's), never a
+    bare 'best'."""
     if v is None: return "No verdict was run (stage `verdict`): these leads are not judged here; read them with care."
     parts = []
     for m, d in res.estimates.groupby("metric", sort=False):
@@ -447,7 +490,8 @@ def _verdict_words(res, v) -> str:
                                                      if m in res.results else False)
         if len(d) < 2: continue
         r = _verdict_of(v, m, d.config.iloc[0], d.config.iloc[1])
-        said = "not judged" if r is None else (f"**{r.verdict}**" + (f" ({r.failed} fails)" if r.verdict == "fragile" else ""))
+        said = "not judged" if r is None else (f"**{r.verdict}**" + (f" ({r.failed} fails)" if r.verdict == "fragile"
+                                                                     else ""))
         parts.append(f"`{m}`: `{d.config.iloc[0]}` ahead of `{d.config.iloc[1]}`, {said}")
     return "**Verdicts on the leaders** (from the Verdicts section): " + "; ".join(parts) + "."
 
@@ -459,33 +503,38 @@ def _with_verdicts(table: pd.DataFrame, v) -> pd.DataFrame:
 
 def metrics_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                   ) -> Section:
-    "Reference-based metrics per configuration (first seed of each) with intervals, and paired differences against the first."
+    """Reference-based metrics per configuration (first seed of each) with intervals, and paired differences against
+    the first."""
     reps, seed = ctx.reps(2000), ctx.seed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lab = get_labeler(ctx.params.get("labeler"))
         metrics = [get_metric(m, labeler=lab) if m.startswith("chexpert_f1") else m for m in _REPORT_METRICS]
-        res = score_systems(ctx.generations, ctx.studies, metrics, reps=reps, seed=seed, baseline=ctx.params.get("baseline") or 0,
-                            ref_section=ctx.ref_section,
+        res = score_systems(ctx.generations, ctx.studies, metrics, reps=reps, seed=seed,
+                            baseline=ctx.params.get("baseline") or 0, ref_section=ctx.ref_section,
                             by=("system", "policy"), first_seed=True, skip_unavailable=True,
                             keep_flagged=bool(ctx.params.get("keep_flagged", False)))
     c, base = res.counts, ctx.params.get("baseline") or res.configs[0]
-    out = [] if res.flagged is None else res.flagged.loc[res.flagged["excluded"] & (res.flagged["text"] == "reference"), "sample_id"].tolist()
-    cl = f" in {c['clusters']} resampling clusters ({ctx.unit})" if c["clusters"] else " (resampled as studies: no `patient_id` column)"
+    out = [] if res.flagged is None else res.flagged.loc[res.flagged["excluded"] & (res.flagged["text"] == "reference"),
+                                                         "sample_id"].tolist()
+    cl = f" in {c['clusters']} resampling clusters ({ctx.unit})" if c["clusters"] else (" (resampled as studies: no "
+                                                                                        "`patient_id` column)")
     empty = {k: n for k, n in c["empty_hypothesis"].items() if n}
     why = ("chosen with `--baseline`" if ctx.params.get("baseline") else
            "the first configuration of the table, as no baseline was named; choose one with `--baseline`")
     lead = (f"**{c['units']} studies**{cl}, references from their `{ctx.ref_section}` (`--reference-section`); "
             f"**{len(res.configs)} configurations** "
-            f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are percentile "
-            f"95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared with `{base}` ({why}) on the "
-            f"same resamples; `p_holm` adjusts over all {0 if res.comparisons is None else len(res.comparisons)} comparisons "
-            f"(Holm) and `significant` means p_holm < 0.05. CheXpert-F1 uses {_labeler_words(lab)}; "
-            f"no LLM is involved."
+            f"(system+policy, first seed) scored on {', '.join(f'`{m}`' for m in res.metrics)}. Intervals are "
+            f"percentile 95% intervals from {reps:,} paired resamples (seed {seed}); every configuration is compared "
+            f"with `{base}` ({why}) on the same resamples; `p_holm` adjusts over all "
+            f"{0 if res.comparisons is None else len(res.comparisons)} comparisons (Holm) and `significant` means "
+            f"p_holm < 0.05. CheXpert-F1 uses {_labeler_words(lab)}; no LLM is involved."
             + (f" **{c['not_common']} studies are left out** because not every configuration has a report for them "
-               "(every configuration is scored on the same studies)." if c.get("not_common") else "") + (f" Empty outputs are scored as empty reports: {', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
-            + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every average "
-               f"({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))
+               "(every configuration is scored on the same studies)." if c.get("not_common")
+               else "") + (" Empty outputs are scored as empty reports: "
+                           f"{', '.join(f'{k} {n}' for k, n in empty.items())}." if empty else "")
+            + (f" {len(out)} studies whose reference is empty or only de-identification masks are left out of every "
+               f"average ({', '.join(map(str, out[:5]))}{' …' if len(out) > 5 else ''})." if out else ""))
     blocks = [lead] + [f"**Not computed:** {n}" for n in res.notes] + [res.summary(), res.headline() + ".",
                                                                        _verdict_words(res, ctx.extra.get("_verdict"))]
     if res.comparisons is not None:
@@ -495,18 +544,21 @@ def metrics_stage(ctx: AuditContext # the run: tables, ground truth and paramete
         blocks += [f"**Warning:** {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     blocks += [x for x in res.caveats() if x not in res.notes]
     return Section("Reference-based metrics", blocks,
-                   note="CIDEr-D keeps the IDF of the full reference set in every resample; the other metrics are exact on each resample.")
+                   note="CIDEr-D keeps the IDF of the full reference set in every resample; the other metrics are "
+                        "exact on each resample.")
 
 # %% ../nbs/14_audit.ipynb #64a797f3
 _REREF_TITLE = "Reference sensitivity (ReRef)"
-_REREF_NOTE = ("The back end that rewrote the references is named on every table; the offline rule back end is deterministic, and an LLM "
-               "back end (cxr-audit reref --backend openai) covers more variations. A variation it cannot apply is shown as not applicable, never as 0.")
+_REREF_NOTE = ("The back end that rewrote the references is named on every table; the offline rule back end is "
+               "deterministic, and an LLM back end (cxr-audit reref --backend openai) covers more variations. A "
+               "variation it cannot apply is shown as not applicable, never as 0.")
 
 
 
 def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                 ) -> Section:
-    "Alternative references (rule back end), per-study metric shifts and ranking reversals of the audited systems (paper 000)."
+    """Alternative references (rule back end), per-study metric shifts and ranking reversals of the audited systems
+    (paper 000)."""
     clusters = ctx.patient_of_study
     try:
         res = reference_sensitivity(ctx.studies, ctx.generations, "experiment", reps=ctx.reps(1000),
@@ -516,23 +568,27 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
         return Section(_REREF_TITLE, [f"Reference sensitivity could not run on these tables: {e}"], note=_REREF_NOTE,
                        error=f"could not run: {e}")
     blocks = [_reref_intro(res), res.caption(), res.run.feasibility().round(3), _reref_label_check(res),
-              "**Score shifts** (the mean per-study difference, in units of each metric's standard deviation across (system, dataset) "
-              "pairs under the original references); mean and largest IQR over the applicable variations (paper 000, Figure 4):",
+              "**Score shifts** (the mean per-study difference, in units of each metric's standard deviation across "
+              "(system, dataset) pairs under the original references); mean and largest IQR over the applicable "
+              "variations (paper 000, Figure 4):",
               res.iqr.round(3), res.plot("shifts"), res.plot("systems")]
     if not res.gaps:
         return Section(_REREF_TITLE, blocks + [res.headline()], note=_REREF_NOTE)
     top = res.most_reversed()
     comparison = res.compare(top["metric"], top["dataset"])
     blocks += [res.headline(),
-               f"**Ranking reversals** (Figure 7b): every pair of systems within a dataset, compared under the original references "
-               f"and under each variation ({res.params['reps']:,} paired bootstrap resamples of {ctx.unit}; "
-               "`comparisons` counts pairs × variations × datasets, and a significant flip is one whose verdict "
-               "(significant after Holm over the pairs of one variant, or a tie) changes too:",
-               res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("flips"), res.plot("reversals"),
-               f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: `{top['first']}` − "
-               f"`{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} flip(s); Figure 7a):",
+               "**Ranking reversals** (Figure 7b): every pair of systems within a dataset, compared under the "
+               f"original references and under each variation ({res.params['reps']:,} paired bootstrap resamples of "
+               f"{ctx.unit}; `comparisons` counts pairs × variations × datasets, and a significant flip is one whose "
+               "verdict (significant after Holm over the pairs of one variant, or a tie) changes too:",
+               res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("flips"),
+               res.plot("reversals"),
+               f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: "
+               f"`{top['first']}` − `{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} "
+               "flip(s); Figure 7a):",
                res.plot("gaps"),
-               comparison.to_frame().assign(metric=top["metric"])[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p",
+               comparison.to_frame().assign(metric=top["metric"])[["metric", "first", "second", "estimate", "ci_low",
+                                                                   "ci_high", "p",
                                                                     "p_holm", "significant"]],
                res.note()]
     return Section(_REREF_TITLE, blocks, note=_REREF_NOTE)
@@ -540,24 +596,28 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
 
 def _reref_intro(res) -> str:
     p = res.params
-    return (f"Alternative references from the **{p['backend']}** back end of ReRef (described in the caption below) for **{p['studies']}** studies and **{len(p['variants'])}** "
-            f"variations of the reporting-practice taxonomy, scored on the **{p['section']}** section with "
-            + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the back end cannot apply to a study, or that would need "
-            "invented content, is infeasible for that study (as in paper 000); a variation it can apply to no study is not applicable.")
+    return (f"Alternative references from the **{p['backend']}** back end of ReRef (described in the caption below) "
+            f"for **{p['studies']}** studies and **{len(p['variants'])}** variations of the reporting-practice "
+            f"taxonomy, scored on the **{p['section']}** section with "
+            + ", ".join(f"`{m}`" for m in p["metrics"]) + ". A variation that the back end cannot apply to a study, or "
+            "that would need invented content, is infeasible for that study (as in paper 000); a variation it can "
+            "apply to no study is not applicable.")
 
 
 def _reref_label_check(res) -> str:
     row = res.agreement_summary().iloc[0]
-    return (f"Label check of the **{int(row.rewrites)}** rewrites that differ from their original: all present and uncertain "
-            f"findings are kept in **{row.present:.1%}**, and all raw states (absent included) in **{row.strict:.1%}** "
-            "(dropping or rewording normal statements by design turns some 'absent' into 'not mentioned').")
+    return (f"Label check of the **{int(row.rewrites)}** rewrites that differ from their original: all present and "
+            f"uncertain findings are kept in **{row.present:.1%}**, and all raw states (absent included) in "
+            f"**{row.strict:.1%}** (dropping or rewording normal statements by design turns some 'absent' into 'not "
+            "mentioned').")
 
 # %% ../nbs/14_audit.ipynb #265ba86c
 _LONGITUDINAL_TITLE = "Longitudinal progression"
-_LONGITUDINAL_NOTE = "An unmentioned progression counts as wrong; support devices are excluded from the progression scores."
+_LONGITUDINAL_NOTE = ("An unmentioned progression counts as wrong; support devices are excluded from the "
+                      "progression scores.")
 _SECTION_METRICS = ("bleu_4", "rouge_l", "meteor")
-_TABLE_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
-                  "bleu_4", "rouge_l", "meteor")
+_TABLE_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved",
+                  "progression_f1_worsened", "bleu_4", "rouge_l", "meteor")
 
 
 
@@ -565,30 +625,33 @@ def _intro(ev) -> str:
     "The first paragraph: who annotated, what was evaluated, how it was resampled."
     c, who = ev.coverage(), ev.annotators["references"]
     backend = "the offline rule-based annotator" if who == "rules" else f"the LLM annotator `{who}`"
-    return (f"Each reference report's findings and each generated report were split into sentences and annotated by {backend} "
-            f"(`cxr_audit.longitudinal`): **{c['longitudinal_reference_sentences']}** of {c['reference_sentences']} reference sentences "
-            f"are longitudinal, and **{c['studies']}** studies have longitudinal reference content and a report from every system; "
-            f"they are the evaluated set (paper 003's L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples.")
+    return ("Each reference report's findings and each generated report were split into sentences and annotated by "
+            f"{backend} (`cxr_audit.longitudinal`): **{c['longitudinal_reference_sentences']}** of "
+            f"{c['reference_sentences']} reference sentences are longitudinal, and **{c['studies']}** studies have "
+            "longitudinal reference content and a report from every system; they are the evaluated set (paper 003's "
+            f"L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples.")
 
 
 def _truth_blocks(ev) -> list:
     "The annotation checked against the known true changes (the demo corpus), when given."
     if ev.truth is None: return []
-    text = (f"**Annotation against the known truth.** {ev.truth.headline()} Support devices are left out. The rule lexicon was "
-            "written with the synthetic phrase bank in view, so this checks the pipeline more than the rules (see the "
-            "gold-sentence results in the `longitudinal` documentation):")
+    text = (f"**Annotation against the known truth.** {ev.truth.headline()} Support devices are left out. The rule "
+            "lexicon was written with the synthetic phrase bank in view, so this checks the pipeline more than the "
+            "rules (see the gold-sentence results in the `longitudinal` documentation):")
     return [text, ev.truth.summary()]
 
 
 def _system_blocks(ev) -> list:
     "Per system: the table of estimates, the best against the runner-up (Holm), the charts and the notes."
-    lead = ("**Progression and wording of change by system.** Progression F1 counts a reference change as captured when the "
-            "generated report describes the same finding with the same progression; language measures compare the "
-            "longitudinal sentences only. " + ev.headline())
+    lead = ("**Progression and wording of change by system.** Progression F1 counts a reference change as captured "
+            "when the generated report describes the same finding with the same progression; language measures "
+            "compare the longitudinal sentences only. " + ev.headline())
     blocks = [lead, ev.table([m for m in _TABLE_METRICS if m in ev.results]).reset_index(), ev.plot("f1")]
     if len(ev.systems) > 1:
-        bv = ev.best_vs_runner_up()[["metric", "best", "runner_up", "difference", "ci_low", "ci_high", "p", "p_holm", "significant"]]
-        blocks += ["**Best against runner-up**, per measure (`significant` is p_holm < 0.05, Holm over that measure's pairs of systems):",
+        bv = ev.best_vs_runner_up()[["metric", "best", "runner_up", "difference", "ci_low", "ci_high", "p", "p_holm",
+                                     "significant"]]
+        blocks += ["**Best against runner-up**, per measure (`significant` is p_holm < 0.05, Holm over that measure's "
+                   "pairs of systems):",
                    bv, ev.note("progression_micro_f1"), ev.plot("wins")]
     return blocks + ([" ".join(ev.notes)] if ev.notes else [])
 
@@ -603,33 +666,37 @@ def longitudinal_stage(ctx: AuditContext # the run: tables, ground truth and par
                                     clusters=ctx.patient_of_study, metrics=_SECTION_METRICS, splitter="regex")
     except InputError as e:
         return Section(_LONGITUDINAL_TITLE, [f"No longitudinal evaluation was possible: {e}."], note=_LONGITUDINAL_NOTE)
-    return Section(_LONGITUDINAL_TITLE, [_intro(ev) + f" Resampling unit: {ctx.unit}."] + _truth_blocks(ev) + _system_blocks(ev),
+    return Section(_LONGITUDINAL_TITLE,
+                   [_intro(ev) + f" Resampling unit: {ctx.unit}."] + _truth_blocks(ev) + _system_blocks(ev),
                    note=_LONGITUDINAL_NOTE)
 
 # %% ../nbs/14_audit.ipynb #92e861cd
 def review_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "A simulated blinded review of the audited tables: agreement, consensus and summaries, clearly labelled."
-    title, note = "Human review (SIMULATED ratings)", "Simulated ratings, not a human review: the layout and statistics of a real one."
+    title, note = "Human review (SIMULATED ratings)", ("Simulated ratings, not a human review: the layout and "
+                                                       "statistics of a real one.")
     reps, seed = ctx.reps(500), ctx.seed
     try: sim = simulate_review(ctx.studies, ctx.generations, reps=reps, seed=seed)
     except InputError as e: return Section(title, [f"No review can be simulated: {e}."], note=note)
     a = sim.agreement
     return Section(title, [
-        sim.headline() + f" The blinded-review kit ran on the corpus to show what it produces (sampling and packet seed {seed}): "
-        "random and targeted cases, every configuration's report under a random ID, two simulated reviewers (`simulate_ratings`) "
-        "in their own random orders, simulated consensus decisions. Replace them with real returned sheets "
-        "(`cxr-audit review analyse`) for a real review.",
+        sim.headline() + " The blinded-review kit ran on the corpus to show what it produces (sampling and packet "
+        f"seed {seed}): random and targeted cases, every configuration's report under a random ID, two simulated "
+        "reviewers (`simulate_ratings`) in their own random orders, simulated consensus decisions. Replace them with "
+        "real returned sheets (`cxr-audit review analyse`) for a real review.",
         sim.case_counts(),
-        f"Agreement before consensus, phase 1 primary end points (simulated reviewers; intervals from {reps} resamples or exact):",
+        f"Agreement before consensus, phase 1 primary end points (simulated reviewers; intervals from {reps} resamples "
+        "or exact):",
         a[(a.phase == 1) & (a.role == "primary")].drop(columns=["phase", "role"]).reset_index(drop=True),
         "Summary of the random panel, phase 1 (simulated; descriptive only, no hypothesis tests):", sim.summary(1),
         sim.plot("summary", title="SIMULATED review, phase 1: shares with exact 95% intervals")], note=note)
 
 # %% ../nbs/14_audit.ipynb #91df8d9c
 _VERDICT_METRICS = _REPORT_METRICS   # the audit judges the metrics its metrics section shows
-_CHECK_SECTIONS = {"stability": "Reference-based metrics", "concentration": "Concentration", "labels": "Labels and traceability",
-                   "section": "Reference-based metrics", "references": _REREF_TITLE, "longitudinal": _LONGITUDINAL_TITLE}
+_CHECK_SECTIONS = {"stability": "Reference-based metrics", "concentration": "Concentration",
+                   "labels": "Labels and traceability", "section": "Reference-based metrics",
+                   "references": _REREF_TITLE, "longitudinal": _LONGITUDINAL_TITLE}
 
 def _failed_links(fragile: pd.DataFrame) -> Html:
     "The fragile comparisons as a list, each failing check linked to the section that shows its evidence."
@@ -637,38 +704,44 @@ def _failed_links(fragile: pd.DataFrame) -> Html:
         title = _CHECK_SECTIONS[check]
         return f'<a href="#{Section(title).anchor}">{html.escape(check)}</a>'
     items = [f"<li><code>{html.escape(r.metric)}</code>: <code>{html.escape(r.first)}</code> ahead of "
-             f"<code>{html.escape(r.second)}</code>, fragile on " + ", ".join(link(c) for c in r.failed.split(", ") if c)
+             f"<code>{html.escape(r.second)}</code>, fragile on " + ", ".join(link(c) for c in r.failed.split(", ")
+                                                                              if c)
              + "</li>" for r in fragile.itertuples()]
     return Html("<ul>" + "".join(items) + "</ul>")
 
 def verdict_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                   ) -> Section:
-    "The report's first section: per metric and pair of configurations, holds / fragile / not shown, with the checks behind it."
+    """The report's first section: per metric and pair of configurations, holds / fragile / not shown, with the checks
+    behind it."""
     if config_label(ctx.generations.system, ctx.generations.policy).nunique() < 2:
         return Section("Verdicts", ["A verdict compares configurations; these generations have only one."])
     if ctx.params.get("reps") == 0:
-        return Section("Verdicts", ["No verdicts: this run asked for no resamples (`--reps 0`), and a verdict rests on them."])
+        return Section("Verdicts", ["No verdicts: this run asked for no resamples (`--reps 0`), and a verdict rests "
+                                    "on them."])
     v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.params.get("reps"), seed=ctx.seed,
                 clusters="patient_id" if "patient_id" in ctx.studies.columns else None,
                 labeler=ctx.params.get("labeler") or "chexpert", ref_section=ctx.ref_section)
     ctx.extra["_verdict"] = v   # the metrics section shows it beside each "best"
     t = v.to_frame()
     fragile = t[t.verdict == "fragile"]
-    blocks = [v.headline() + (" The fragile ones, with the checks that fail (each links to the section with its evidence):"
+    blocks = [v.headline() + (" The fragile ones, with the checks that fail (each links to the section with its "
+                              "evidence):"
                               if len(fragile) else "")]
     if len(fragile):
-        blocks += [_failed_links(fragile), fragile[["metric", "first", "second", "estimate", "p_holm", "failed", "reasons"]].round(4)]
+        blocks += [_failed_links(fragile), fragile[["metric", "first", "second", "estimate", "p_holm", "failed",
+                                                    "reasons"]].round(4)]
     blocks += ["Every comparison (`first` is ahead; one column per check: pass, fail, or not run and why):",
                t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict", *CHECKS]].round(4),
                v.plot(), v.note()]
     blocks += [f"**Warning:** {w}" for w in v.params["warnings"]]
-    return Section("Verdicts", blocks, note="Is each lead real? holds: significant after Holm and every check that ran passes; "
-                   "fragile: significant but a check fails; not shown: not significant.")
+    return Section("Verdicts", blocks, note="Is each lead real? holds: significant after Holm and every check that ran "
+                   "passes; fragile: significant but a check fails; not shown: not significant.")
 
-STAGES: dict[str, Callable[[AuditContext], Section]] = {"verdict": verdict_stage, "corpus": corpus_stage, "cohort": cohort_stage,
-                                                        "policies": policy_stage, "concentration": concentration_stage,
-                                                        "uncertainty": uncertainty_stage, "metrics": metrics_stage, "reref": reref_stage,
-                                                        "longitudinal": longitudinal_stage,
+STAGES: dict[str, Callable[[AuditContext], Section]] = {"verdict": verdict_stage, "corpus": corpus_stage,
+                                                        "cohort": cohort_stage, "policies": policy_stage,
+                                                        "concentration": concentration_stage,
+                                                        "uncertainty": uncertainty_stage, "metrics": metrics_stage,
+                                                        "reref": reref_stage, "longitudinal": longitudinal_stage,
                                                         "labels": labels_stage, "review": review_stage}
 
 
@@ -684,7 +757,8 @@ def check_pair(studies,      # a `studies` table
                what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
                notes: list | None = None # receives a sentence when generations were matched by the benchmark's keys
               ):
-    "Canonical `studies` and `generations` tables; every generation must refer to a known study (by `study_id` or `source_id`)."
+    """Canonical `studies` and `generations` tables; every generation must refer to a known study (by `study_id` or
+    `source_id`)."""
     s = to_studies(studies, what[0])
     g, note = match_study_keys(s, to_generations(generations, what[1]), what)
     if note is not None and notes is not None: notes.append(note)
@@ -700,27 +774,32 @@ def check_pair(studies,      # a `studies` table
 # %% ../nbs/14_audit.ipynb #00afa33e
 @contextlib.contextmanager
 def _stage_progress(name: str, counter):
-    "A line on stderr when a stage starts and when it ends (with its time), when `counter` is `(i, n)`; silent when None."
+    """A line on stderr when a stage starts and when it ends (with its time), when `counter` is `(i, n)`; silent when
+    None."""
     if counter is None: yield; return
     t0 = time.perf_counter()
     print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} ...", file=sys.stderr, flush=True)
     try: yield
     except Exception:
-        print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} FAILED after {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} FAILED after {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
         raise
-    print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(f"cxr-audit: [{counter[0]}/{counter[1]}] {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+          flush=True)
 
 def run_stage(name: str,        # a name in `STAGES`
               ctx: AuditContext # the run: tables, ground truth and parameters
              ) -> Section:
-    "One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages still run."
+    """One stage's section; a stage that raises becomes a section saying what failed and why, and the other stages
+    still run."""
     t0 = time.perf_counter()
     try:
         with _stage_progress(name, (ctx.params.get("_progress") or {}).get(name)): sec = STAGES[name](ctx)
     except Exception as e:   # noqa: BLE001 (any failure of one stage is reported in its section; run_audit then fails the run)
         why = f"{type(e).__name__}: {e}"
-        sec = Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The other sections "
-                                                "are complete; fix the input it names, or leave the stage out with `--stages`."],
+        sec = Section(f"Stage `{name}` failed", [f"**The `{name}` stage failed and has no results here**: `{why}`. The "
+                                                "other sections are complete; fix the input it names, or leave the "
+                                                "stage out with `--stages`."],
                       note="This run is incomplete: the command exits with a non-zero status.", error=why)
     sec.seconds = round(time.perf_counter() - t0, 2)
     return sec
@@ -731,7 +810,8 @@ SIDE_STAGES = ("reref", "labels", "review")   # the stages a second process runs
 def audit_workers(workers: int | None = None # processes (None: $CXR_AUDIT_WORKERS, else 2 when there are 4+ CPUs)
                  ) -> int:
     "How many processes run the audit's stages: 1 or 2."
-    w = workers if workers is not None else os.environ.get("CXR_AUDIT_WORKERS") or (2 if (os.cpu_count() or 1) >= 4 else 1)
+    w = workers if workers is not None else os.environ.get("CXR_AUDIT_WORKERS") or (2 if (os.cpu_count() or 1) >= 4
+                                                                                    else 1)
     try: w = int(w)
     except (TypeError, ValueError): raise InputError(f"audit workers: a whole number (1 or 2), got {w!r}") from None
     if w < 1: raise InputError(f"audit workers: at least 1, got {w}")
@@ -746,8 +826,10 @@ TABLE_STAGES = ("cohort",)   # stages that narrow the tables the later stages re
 
 def _side_plan(names: Sequence[str], workers: int) -> tuple[list[int], int]:
     "Positions of the stages the second process runs, and the position after which it may start (-1: at once)."
-    if workers < 2 or len(names) < 2 or __name__ == "__main__": return [], -1   # run as a notebook: a fresh process lacks these
-    cut = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1)   # it must see the tables those stages leave
+    # run as a notebook: a fresh process lacks these
+    if workers < 2 or len(names) < 2 or __name__ == "__main__": return [], -1
+    # it must see the tables those stages leave
+    cut = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1)
     return [i for i, n in enumerate(names) if i > cut and n in SIDE_STAGES and STAGES[n] is _BUILT_IN.get(n)], cut
 
 _SIDE_MAIN = """import pickle, sys
@@ -758,9 +840,11 @@ with open(sys.argv[1], "wb") as f: pickle.dump(out, f)
 """
 
 class _SideProcess:
-    "A fresh Python process that imports the package at once, then runs the stages it is sent (no `multiprocessing`: a user's script is never re-run)."
+    """A fresh Python process that imports the package at once, then runs the stages it is sent (no `multiprocessing`:
+    a user's script is never re-run)."""
     def __init__(self, out: Path):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}   # the same package as this process
+        # the same package as this process
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.out = out
         self.proc = subprocess.Popen([sys.executable, "-c", _SIDE_MAIN, str(out)], stdin=subprocess.PIPE, env=env)
 
@@ -794,7 +878,8 @@ def run_stages(names: Sequence[str], # stage names, in report order
     side, cut = _side_plan(names, workers)
     out, drawn = [None] * len(names), {}
     def keep(i, sec):
-        out[i] = sec; drawn.update({id(b): submit_chart(pool, b) for b in sec.blocks if _is_chart(b)})   # drawn while the rest runs
+        # drawn while the rest runs
+        out[i] = sec; drawn.update({id(b): submit_chart(pool, b) for b in sec.blocks if _is_chart(b)})
     with tempfile.TemporaryDirectory(prefix="cxr_audit_side_") as tmp:
         helper = _SideProcess(Path(tmp) / "sections.pkl") if side else None   # it imports while the first stages run
         try:
@@ -802,7 +887,8 @@ def run_stages(names: Sequence[str], # stage names, in report order
             for i in _main_order(names, cut):
                 n = names[i]
                 if i not in side: keep(i, run_stage(n, ctx))
-                if side and i == cut: helper.send([names[j] for j in side], ctx, colors)   # the tables are final from here on
+                # the tables are final from here on
+                if side and i == cut: helper.send([names[j] for j in side], ctx, colors)
             secs = helper.result() if side else []
         finally:
             if helper is not None: helper.stop()
@@ -812,17 +898,21 @@ def run_stages(names: Sequence[str], # stage names, in report order
 
 # %% ../nbs/14_audit.ipynb #9a088e64
 def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):
-    "Start the METEOR jar with the paraphrases of every report's words and score each report against its findings in the background."
+    """Start the METEOR jar with the paraphrases of every report's words and score each report against its findings in
+    the background."""
     start_meteor(texts=[*g["hypothesis"], *(x for c in ("findings", "impression") if c in s.columns for x in s[c])])
     first = s.drop_duplicates("study_id")
-    ref = pd.Series(first["findings"].to_numpy() if "findings" in first else "", index=first["study_id"].astype(str).to_numpy())
-    prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())   # the metrics stage finds them scored
+    ref = pd.Series(first["findings"].to_numpy() if "findings" in first else "",
+                    index=first["study_id"].astype(str).to_numpy())
+    # the metrics stage finds them scored
+    prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())
 
 def _check_choices(ctx: AuditContext):
     "The reference section and baseline asked for exist (checked before any stage runs)."
     if ctx.ref_section not in ("findings", "impression", "both"):
         raise InputError(f"audit: reference section must be findings, impression or both, got {ctx.ref_section!r}")
-    base, configs = ctx.params.get("baseline"), list(dict.fromkeys(config_label(ctx.generations.system, ctx.generations.policy)))
+    base, configs = ctx.params.get("baseline"), list(dict.fromkeys(config_label(ctx.generations.system,
+                                                                                ctx.generations.policy)))
     if base and base not in configs:
         raise InputError(f"audit: baseline {base!r} is not a configuration of the generations; they are {configs}")
 
@@ -831,17 +921,19 @@ def _output_folder(out_dir) -> Path:
     out = Path(out_dir)
     try: out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError, PermissionError) as e:
-        raise InputError(f"audit: cannot write the report to {out}: {e.strerror or e} (a file is in the way, or no permission)") from None
+        raise InputError(f"audit: cannot write the report to {out}: {e.strerror or e} (a file is in the way, or no "
+                         "permission)") from None
     return out
 
 def _set_aside_sparse(g: pd.DataFrame, min_share: float = 0.5) -> tuple[pd.DataFrame, list[str]]:
-    "The generations without configurations covering under `min_share` of the best-covered one's studies, and a sentence on each."
+    """The generations without configurations covering under `min_share` of the best-covered one's studies, and a
+    sentence on each."""
     label = config_label(g.system, g.policy)
     cover = g.groupby(label.to_numpy())["study_id"].nunique()
     sparse = cover[cover < min_share * cover.max()] if cover.size > 1 else cover.iloc[:0]
     notes = [f"Configuration `{c}` has reports for {n} of the {cover.max()} studies the best-covered one has (under "
-             f"{min_share:.0%}): it is set aside, since comparing it would cut every configuration down to the studies it covers. "
-             "Score it on its own with `cxr-audit score`." for c, n in sparse.items()]
+             f"{min_share:.0%}): it is set aside, since comparing it would cut every configuration down to the studies "
+             "it covers. Score it on its own with `cxr-audit score`." for c, n in sparse.items()]
     return g[~label.isin(sparse.index).to_numpy()].reset_index(drop=True), notes
 
 def run_audit(studies,                              # a `studies` table
@@ -852,10 +944,11 @@ def run_audit(studies,                              # a `studies` table
               params: dict | None = None,           # run parameters: seed, reps, cohort_recipe, image_root, labeler, ref_section, baseline
               title: str = "cxr_audit report",      # page title
               what: tuple[str, str] = ("studies", "generations"), # names of the two tables in errors
-              progress: bool | None = None,         # a line per stage on stderr (None: when stderr is a terminal)
-              workers: int | None = None            # processes running stages (None: `audit_workers()`); 1: all in this one
+              progress: bool | None = None,  # a line per stage on stderr (None: when stderr is a terminal)
+              workers: int | None = None     # processes running stages (None: `audit_workers()`); 1: all in this one
              ) -> Path:
-    "Run the audit stages and write `out_dir/report.html` and `manifest.json` (with each stage's seconds); return the report's path (`IncompleteRunError` after writing both when a stage failed)."
+    """Run the audit stages and write `out_dir/report.html` and `manifest.json` (with each stage's seconds); return the
+    report's path (`IncompleteRunError` after writing both when a stage failed)."""
     keyed = []
     s, g = check_pair(studies, generations, what, notes=keyed)
     g, aside = _set_aside_sparse(g)
@@ -868,9 +961,12 @@ def run_audit(studies,                              # a `studies` table
     bad = [n for n in names if n not in STAGES]
     if bad: raise InputError(f"unknown audit stage(s) {bad}; available: {list(STAGES)}")
     recipe = ctx.params.get("cohort_recipe", "000_test")
-    if "cohort" in names and recipe not in RECIPES: raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
-    if progress or (progress is None and sys.stderr.isatty()): ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
-    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)   # the jar and its answers, beside the first stages
+    if "cohort" in names and recipe not in RECIPES:
+        raise InputError(f"unknown cohort recipe {recipe!r}; available: {sorted(RECIPES)}")
+    if progress or (progress is None and sys.stderr.isatty()):
+        ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
+    # the jar and its answers, beside the first stages
+    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)
     colors = system_colors(config_label(g.system, g.policy))                  # one colour per system, in every chart
     with use_system_colors(colors):                   # charts drawn in another process, kept for the next audit
         sections, drawn = run_stages(names, ctx, colors, shared_chart_pool(), audit_workers(workers))
@@ -880,12 +976,14 @@ def run_audit(studies,                              # a `studies` table
                                   notices=ctx.notices()), encoding="utf-8")
     broken = [n for n, s in zip(names, sections) if s.error]
     failed = broken + (["coverage"] if aside else [])
-    write_manifest(out / "manifest.json", outputs={"report": path}, params={k: v for k, v in ctx.params.items() if not k.startswith("_")},
-                   command="audit", stage_seconds={n: s.seconds for n, s in zip(names, sections)}, failed_stages=failed,
+    write_manifest(out / "manifest.json", outputs={"report": path},
+                   params={k: v for k, v in ctx.params.items() if not k.startswith("_")}, command="audit",
+                   stage_seconds={n: s.seconds for n, s in zip(names, sections)}, failed_stages=failed,
                    studies=len(s), generations=len(g))
     why = ([f"{len(broken)} of {len(names)} stage(s) failed ({', '.join(broken)})"] if broken else []) + (
         [f"{len(aside)} configuration(s) set aside for covering too few studies"] if aside else [])
-    if failed: raise IncompleteRunError(f"audit: {'; '.join(why)}; the report with the rest and the reasons is at {path}",
+    if failed:
+        raise IncompleteRunError(f"audit: {'; '.join(why)}; the report with the rest and the reasons is at {path}",
                                         output=path, failed=failed)
     return path
 
@@ -906,7 +1004,8 @@ def run_demo(out_dir,                    # output folder
     paths["report"] = run_audit(tables["studies"], tables["generations"], out, extra=extra, params=params,
                                 title="cxr_audit demo report (synthetic data)", workers=workers)
     audit_manifest = out / "manifest.json"   # the audit's stage times, kept in the demo's manifest
-    times = json.loads(audit_manifest.read_text(encoding="utf-8")).get("stage_seconds") if audit_manifest.is_file() else None
+    times = (json.loads(audit_manifest.read_text(encoding="utf-8")).get("stage_seconds") if audit_manifest.is_file()
+             else None)
     write_manifest(out / "manifest.json", outputs={k: v for k, v in paths.items()}, params=params,
                    command="cxr-audit demo", synthetic=True, stage_seconds=times)
     paths["manifest"] = out / "manifest.json"

@@ -26,7 +26,8 @@ __all__ = ['DEFAULT_SEED', 'LOADERS', 'COMMANDS', 'OUT_NOTE', 'OTHER_USER_ERRORS
            'llm_batch_export', 'llm_batch_import', 'llm_batch_status', 'build_parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #f247ea63
-DEFAULT_SEED: int = 0   # `core.DEFAULT_SEED`, repeated here so that `--help` loads no pandas (a test keeps the two equal)
+# `core.DEFAULT_SEED`, repeated here so that `--help` loads no pandas (a test keeps the two equal)
+DEFAULT_SEED: int = 0
 
 def _error(message: str # one line saying what is wrong with the input
           ) -> Exception:
@@ -72,7 +73,8 @@ def _table(path, what: str | None = None):
     return t
 
 def _studies_table(path):
-    "The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id, strict types)."
+    """The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id,
+    strict types)."""
     from cxr_audit.corpus import to_studies, UNNAMED_DATASET
     t = _table(path, str(path))
     to_studies(t, what=str(path), dataset=UNNAMED_DATASET)
@@ -80,18 +82,21 @@ def _studies_table(path):
 
 # %% ../nbs/15_cli.ipynb #b09bc5bb
 def _labeler_arg(value: str) -> str:
-    "The `--labeler` value: a packaged labeler's name, or an existing file of official labels (checked before any work)."
+    """The `--labeler` value: a packaged labeler's name, or an existing file of official labels (checked before any
+    work)."""
     from cxr_audit.labels import LABELER_NAMES
     v = str(value)
     if v in LABELER_NAMES: return v
     if not Path(v).is_file():
-        raise _error(f"--labeler {v!r}: not one of {', '.join(LABELER_NAMES)} and no such file (the official labeler's output CSV)")
+        raise _error(f"--labeler {v!r}: not one of {', '.join(LABELER_NAMES)} and no such file (the official labeler's "
+                     "output CSV)")
     return str(Path(v))
 
 def _stage_reps(reps: int | None) -> int | None:
     "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
     if reps is not None and int(reps) < 1:
-        raise _error(f"--reps must be >= 1 (every audit stage resamples), got {reps}; leave it out for each stage's own default")
+        raise _error(f"--reps must be >= 1 (every audit stage resamples), got {reps}; leave it out for each stage's "
+                     "own default")
     return reps
 
 def demo(out: str = "demo_out",       # output folder
@@ -106,15 +111,15 @@ def demo(out: str = "demo_out",       # output folder
     return f"Wrote the demo audit (synthetic data) to {paths['report']}"
 
 # %% ../nbs/15_cli.ipynb #818f5473
-def audit(*, studies: str,                   # studies table (.csv/.parquet)
-          generations: str,                  # generations table (.csv/.parquet)
-          out: str,                          # output folder
-          stages: list[str] | None = None,   # stages to run (default: all; the simulated review only for synthetic data)
-          cohort_recipe: str = "000_test",   # cohort recipe shown in the report
-          reps: int | None = None,           # resamples in every stage (None: each stage's own default)
-          seed: int = DEFAULT_SEED,          # seed of every resample
-          keep_flagged: bool = False,        # score studies whose reference is only de-identification masks (left out by default)
-          labeler: str = "chexpert",         # CheXpert labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
+def audit(*, studies: str,                  # studies table (.csv/.parquet)
+          generations: str,                 # generations table (.csv/.parquet)
+          out: str,                         # output folder
+          stages: list[str] | None = None,  # stages to run (default: all; the simulated review only for synthetic data)
+          cohort_recipe: str = "000_test",  # cohort recipe shown in the report
+          reps: int | None = None,          # resamples in every stage (None: each stage's own default)
+          seed: int = DEFAULT_SEED,         # seed of every resample
+          keep_flagged: bool = False,       # score studies whose reference is only de-identification masks (left out by default)
+          labeler: str = "chexpert",        # CheXpert labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
           reference_section: Literal["findings", "impression", "both"] = "findings", # the section every metric scores against
           baseline: str | None = None,       # the configuration (system+policy) the others are compared with (default: the first)
           workers: int | None = None         # processes running the stages (default: 2 with 4+ CPUs, or $CXR_AUDIT_WORKERS; 1: one)
@@ -142,7 +147,8 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     lines = []
     if studies:
         s = to_studies(_table(studies), studies)
-        lines.append(f"{studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets {sorted(s['dataset'].unique())}")
+        lines.append(f"{studies}: {len(s)} studies, {s['patient_id'].nunique()} patients, datasets "
+                     f"{sorted(s['dataset'].unique())}")
         if {"view_status", "load_flags"} <= set(s.columns):    # written by `cxr-audit load`: say what it flagged
             lines.append(load_report(s).headline())
     if generations:
@@ -153,7 +159,8 @@ def validate(studies: str | None = None,      # studies table (.csv/.parquet)
     return "\n".join(lines + keyed + ["ok"])
 
 # %% ../nbs/15_cli.ipynb #67b43b83
-LOADERS: dict[str, str] = {"iu-xray": "load_iu_xray", "mimic-cxr": "load_mimic_cxr", "chexpert-plus": "load_chexpert_plus",
+LOADERS: dict[str, str] = {"iu-xray": "load_iu_xray", "mimic-cxr": "load_mimic_cxr",
+                           "chexpert-plus": "load_chexpert_plus",
                            "rexgradient": "load_rexgradient"}   # dataset -> its loader in `corpus`
 
 def _joined(v) -> str:
@@ -170,11 +177,13 @@ def load(path: str,                                  # the dataset's file or fol
     from cxr_audit.core import md_table, write_table
     from cxr_audit import corpus
     from cxr_audit.corpus import load_report, load_rexrank
-    if Path(out).suffix not in (".parquet", ".csv"): raise _error(f"load: --out must end in .parquet or .csv, got {out!r}")
+    if Path(out).suffix not in (".parquet", ".csv"):
+        raise _error(f"load: --out must end in .parquet or .csv, got {out!r}")
     loader = load_rexrank if rexrank else getattr(corpus, LOADERS[dataset])
     studies = loader(path, dataset, image_root=image_root) if rexrank else loader(path, image_root=image_root)
     table = studies if Path(out).suffix == ".parquet" else studies.assign(
-        **{c: studies[c].map(_joined) for c in ("image_paths", "image_views", "frontal_lateral", "load_flags") if c in studies})
+        **{c: studies[c].map(_joined) for c in ("image_paths", "image_views", "frontal_lateral", "load_flags")
+           if c in studies})
     write_table(table, out)
     report = load_report(studies)
     flags = md_table(report.to_frame()[["flag", "n_studies", "examples"]]) if report.n_flagged else ""
@@ -183,7 +192,8 @@ def load(path: str,                                  # the dataset's file or fol
         a, b = studies["study_id"].iloc[0], studies["source_id"].iloc[0]
         keys = (f"Key your outputs' `study_id` by the study ids of this table (e.g. {a}) or by the file's own keys "
                 f"(kept as `source_id`, e.g. {b}); either is matched.")
-    return "\n".join(x for x in (report.headline(), flags, f"Wrote {out} ({dataset}, {len(studies)} studies)", keys) if x)
+    return "\n".join(x for x in (report.headline(), flags, f"Wrote {out} ({dataset}, {len(studies)} studies)", keys)
+                     if x)
 
 # %% ../nbs/15_cli.ipynb #5ec4a343
 def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 004_iu, 000_test or 003_lmimic
@@ -205,11 +215,13 @@ def cohort(*, recipe: str,                      # the cohort recipe: 004_mimic, 
     paths = c.save(out, image_root=image_root, params={"recipe": recipe, "studies": str(studies), **params})
     n_problems = len(c.check(image_root=image_root))
     return (f"cohort {recipe}: {c.headline().replace('**', '').split(' selected')[0]} ({len(c.steps)} steps, "
-            f"{sum(s.n_excluded for s in c.steps):,} rows excluded, {n_problems} problem(s)); wrote {paths['cohort'].parent}")
+            f"{sum(s.n_excluded for s in c.steps):,} rows excluded, {n_problems} problem(s)); wrote "
+            f"{paths['cohort'].parent}")
 
 # %% ../nbs/15_cli.ipynb #70023333
 def _clusters_arg(clusters, *tables) -> str | None:
-    "The column a command resamples by: `patient_id` when a table has it (a study without one alone), none for '' or 'none'."
+    """The column a command resamples by: `patient_id` when a table has it (a study without one alone), none for '' or
+    'none'."""
     if clusters is None or str(clusters).strip().lower() in ("", "none"): return None
     if clusters == "patient_id" and not any(t is not None and "patient_id" in t.columns for t in tables): return None
     return clusters
@@ -236,23 +248,27 @@ def concentration(generations: str,                 # CSV/parquet `generations` 
                   grouping: Literal["normalized", "exact"] = "normalized", # duplicate groups of normalized or exact text (paper 004: exact)
                   validity_rule: Literal["strict", "surface"] = "strict" # "surface": token-limit, looping and too-short outputs stay valid, flagged (paper 004)
                  ) -> str:
-    "Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables, charts, manifest."
+    """Audit validity, recurrence, concentration, prefix rate and Distinct-n of generated reports; write tables,
+    charts, manifest."""
     from cxr_audit.core import IncompleteRunError
     from cxr_audit.corpus import typed_generation_columns
     from cxr_audit.concentration import DEFAULT_PREFIXES, audit_concentration
-    table = typed_generation_columns(_table(generations), str(generations))   # truncated 'no' is False, seed 'x' an error
+    # truncated 'no' is False, seed 'x' an error
+    table = typed_generation_columns(_table(generations), str(generations))
     if unit not in table.columns:
-        raise _error(f"concentration: --unit {unit!r} is not a column of {generations} (columns: {', '.join(map(str, table.columns))})")
+        raise _error(f"concentration: --unit {unit!r} is not a column of {generations} (columns: "
+                     f"{', '.join(map(str, table.columns))})")
     clusters = _clusters_arg(clusters, table)
     a = audit_concentration(table, by=by or ("system", "policy"), prefixes=prefix or DEFAULT_PREFIXES,
-                            top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters, unit=unit,
-                            scheme=scheme, baseline=baseline, grouping=grouping, validity_rule=validity_rule)
+                            top_k=top_k, max_new_tokens=max_new_tokens, reps=reps, seed=seed, clusters=clusters,
+                            unit=unit, scheme=scheme, baseline=baseline, grouping=grouping, validity_rule=validity_rule)
     paths = a.save(out, inputs={"generations": Path(generations)}, params={"command": "cxr-audit concentration"})
     msg = (f"concentration: {len(a.flags):,} reports in {len(a.labels)} group(s), {int((~a.flags.valid).sum()):,} not "
            f"surface-valid; " + a.headline().replace("**", ""))
     if "comparisons" in paths:
         t = a.comparison_table()
-        msg += f" {int(t.significant.sum())} of {len(t)} paired comparisons significant after Holm (p_holm < {1 - a.size:g})."
+        msg += (f" {int(t.significant.sum())} of {len(t)} paired comparisons significant after Holm (p_holm < "
+                f"{1 - a.size:g}).")
     msg += _unit_line(table, clusters) + f" Wrote {Path(out)}"
     why = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))["params"].get("comparisons")
     if why:   # the groups could not be compared: said (stdout and the manifest), and the run is not complete
@@ -288,12 +304,13 @@ def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_c
     from cxr_audit.llm import OpenAIChat
     return LLMAnnotator(OpenAIChat(model, base_url=base_url), int(n_task_examples), int(n_change_indicators),
                         int(n_progression_examples), decoding=decoding, seed=llm_seed, cache=cache,
-                        max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted), progress=True,
-                        **(waiting or {}))
+                        max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted),
+                        progress=True, **(waiting or {}))
 
 
 def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
-    "`longitudinal --batch`: every reference and generated sentence through one step of the annotator behind a batch collector."
+    """`longitudinal --batch`: every reference and generated sentence through one step of the annotator behind a batch
+    collector."""
     import pandas as pd
     from cxr_audit.llm import is_restricted
     from cxr_audit.llm_batch import BatchCollector
@@ -307,51 +324,54 @@ def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
                          "restricted": st["study_id"].astype(str).map(held)})
     hyps = pd.DataFrame({"report_id": "generation/" + gens["sample_id"].astype(str), "text": gens["hypothesis"],
                          "restricted": gens["study_id"].astype(str).map(held).fillna(False).astype(bool).to_numpy()
-                                       | is_restricted(gens)})   # its study's flag, or the generation's own cell or dataset
+                                       # its study's flag, or the generation's own cell or dataset
+                                       | is_restricted(gens)})
     sents = annotate_reports(pd.concat([refs, hyps], ignore_index=True), ann)
     if ann.pending_:
-        return (f"longitudinal: {ann.pending_} LLM request(s) for {sents.sentence.nunique()} distinct sentences wait for batch results; run "
-                f"`cxr-audit llm-batch export --cache {cache} --out DIR`, submit the files, `cxr-audit llm-batch import`, then this "
-                "command again (one round per annotation step)")
-    return ("longitudinal: every LLM answer is in the cache; run the same command without --batch (and the same --cache) to "
-            "evaluate with no LLM call")
+        return (f"longitudinal: {ann.pending_} LLM request(s) for {sents.sentence.nunique()} distinct sentences wait "
+                f"for batch results; run `cxr-audit llm-batch export --cache {cache} --out DIR`, submit the files, "
+                "`cxr-audit llm-batch import`, then this command again (one round per annotation step)")
+    return ("longitudinal: every LLM answer is in the cache; run the same command without --batch (and the same "
+            "--cache) to evaluate with no LLM call")
 
 
 def _save_incomplete(e, out: str, inputs: dict, params: dict) -> None:
     "The annotations, the replies and the unreadable counts of an incomplete longitudinal run, with a manifest."
     from cxr_audit.core import write_table
     from cxr_audit.core import write_manifest
-    tables = {"reference_sentences.parquet": e.reference_sentences, "generated_sentences.parquet": e.generated_sentences,
-              "llm_calls.parquet": e.llm_calls, "validity.csv": e.validity}
+    tables = {"reference_sentences.parquet": e.reference_sentences,
+              "generated_sentences.parquet": e.generated_sentences, "llm_calls.parquet": e.llm_calls,
+              "validity.csv": e.validity}
     paths = {n.split(".")[0]: write_table(t, Path(out) / n) for n, t in tables.items() if t is not None}
-    write_manifest(Path(out) / "manifest.json", inputs=inputs, outputs=paths, params={**params, "complete": False}, notes=[str(e)])
+    write_manifest(Path(out) / "manifest.json", inputs=inputs, outputs=paths, params={**params, "complete": False},
+                   notes=[str(e)])
 
 def longitudinal(*, studies: str,                                      # studies table (the references; .csv/.parquet)
                  generations: str,                                     # generations table (.csv/.parquet)
                  out: str,                                             # output folder
-                 annotator: Literal["rules", "openai"] = "rules",      # rule-based (offline) or an OpenAI-compatible server
+                 annotator: Literal["rules", "openai"] = "rules",  # rule-based (offline) or an OpenAI-compatible server
                  model: str | None = None,                             # model name (openai annotator)
-                 base_url: str | None = None,                          # OpenAI-compatible server URL (else $OPENAI_BASE_URL)
+                 base_url: str | None = None,                     # OpenAI-compatible server URL (else $OPENAI_BASE_URL)
                  cache: str | None = None,                             # LLM response cache file
                  batch: bool = False,                                  # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
                  decoding: Literal["greedy", "sampling"] = "greedy",   # greedy, or the paper's sampling settings
                  llm_seed: int | None = None,                          # seed of sampled LLM answers
                  max_concurrency: int = 4,                             # LLM requests in flight
-                 timeout: float = 120,                                 # seconds one LLM request may take before it is tried again
-                 retries: int = 4,                                     # further tries of a request that failed for a passing reason
-                 budget: float | None = None,                          # seconds all the LLM calls together may take (default: no limit)
-                 allow_remote_restricted: bool = False,                # let restricted studies go to a non-local server
-                 public_dataset: list[str] | None = None,              # public datasets (any other named one stays here)
-                 n_task_examples: Literal[0, 3, 5] = 3,                # worked examples in the longitudinal prompt
-                 n_change_indicators: Literal[0, 4, 8, 12] = 8,        # signal words in the longitudinal prompt
-                 n_progression_examples: Literal[0, 2, 4] = 2,         # worked examples in the progression prompt
-                 metrics: list[str] | None = None,                     # language metrics on longitudinal sentences (default: BLEU-1..4, ROUGE-L, METEOR)
-                 reps: int = 1000,                                     # paired bootstrap resamples
-                 seed: int = DEFAULT_SEED,                             # seed of the resamples
-                 clusters: str = "patient_id",                         # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
-                 match: Literal["exact", "families"] = "exact",        # how findings of reference and generation are matched (exact term, or keyword families)
-                 section: str = "findings",                            # studies column holding the reference text
-                 max_invalid: float = 0.05                             # above this share of unreadable annotator replies: no score, exit 1
+                 timeout: float = 120,                       # seconds one LLM request may take before it is tried again
+                 retries: int = 4,                         # further tries of a request that failed for a passing reason
+                 budget: float | None = None,          # seconds all the LLM calls together may take (default: no limit)
+                 allow_remote_restricted: bool = False,          # let restricted studies go to a non-local server
+                 public_dataset: list[str] | None = None,        # public datasets (any other named one stays here)
+                 n_task_examples: Literal[0, 3, 5] = 3,          # worked examples in the longitudinal prompt
+                 n_change_indicators: Literal[0, 4, 8, 12] = 8,  # signal words in the longitudinal prompt
+                 n_progression_examples: Literal[0, 2, 4] = 2,   # worked examples in the progression prompt
+                 metrics: list[str] | None = None,               # language metrics on longitudinal sentences (default: BLEU-1..4, ROUGE-L, METEOR)
+                 reps: int = 1000,                               # paired bootstrap resamples
+                 seed: int = DEFAULT_SEED,                       # seed of the resamples
+                 clusters: str = "patient_id",                   # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
+                 match: Literal["exact", "families"] = "exact",  # how findings of reference and generation are matched (exact term, or keyword families)
+                 section: str = "findings",                      # studies column holding the reference text
+                 max_invalid: float = 0.05          # above this share of unreadable annotator replies: no score, exit 1
                 ) -> str:
     "Annotate references and generations longitudinally, evaluate every system, write tables, charts and a manifest."
     from cxr_audit.core import IncompleteRunError
@@ -363,21 +383,26 @@ def longitudinal(*, studies: str,                                      # studies
                      n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries, budget))
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)
-    if batch: return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
+    if batch:
+        return _longitudinal_batch(ann, st, to_generations(_table(generations), what=str(generations)), cache, section)
     clusters = _clusters_arg(clusters, st)
     try:
-        ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann, reps=reps,
-                                    seed=seed, clusters=clusters, metrics=chosen, match=match, section=section, max_invalid=max_invalid)
+        ev = progression_evaluation(st, to_generations(_table(generations), what=str(generations)), annotator=ann,
+                                    reps=reps, seed=seed, clusters=clusters, metrics=chosen, match=match,
+                                    section=section, max_invalid=max_invalid)
     except IncompleteAnnotation as e:   # write what was annotated and the replies, for a look; report no score; exit 1
-        _save_incomplete(e, out, {"studies": studies, "generations": generations}, {"annotator": repr(ann), "max_invalid": max_invalid})
-        raise IncompleteRunError(f"longitudinal: annotator {ann.name}: {e}. Wrote the annotations and replies to {out}", output=out) from None
+        _save_incomplete(e, out, {"studies": studies, "generations": generations},
+                         {"annotator": repr(ann), "max_invalid": max_invalid})
+        raise IncompleteRunError(f"longitudinal: annotator {ann.name}: {e}. Wrote the annotations and replies to {out}",
+                                 output=out) from None
     ev.save(out, inputs={"studies": studies, "generations": generations},
             params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
     unread = unreadable_text(ev.validity())
     f1 = ev.summary().query("metric == 'progression_micro_f1'")
-    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), annotator {ann.name} "
-            f"({unread}); "
-            "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
+    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), "
+            f"annotator {ann.name} ({unread}); "
+            "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                                                 for r in f1.itertuples())
             + (f". {ev.headline()} {ev.note('progression_micro_f1')}" if len(ev.systems) > 1 else "")
             + "".join(f" Note: {n}" for n in ev.notes) + _unit_line(st, clusters) + f" Wrote {out}")
 
@@ -390,7 +415,8 @@ def _list_arg(value) -> list[str]:
 
 
 def _ids_arg(value) -> list[str]:
-    "IDs from a list or comma-separated text, where an item may be a file (a table with `study_id`, or one ID per line)."
+    """IDs from a list or comma-separated text, where an item may be a file (a table with `study_id`, or one ID per
+    line)."""
     from cxr_audit.core import read_table
     out = []
     for item in ([value] if isinstance(value, (str, Path)) else list(value or [])):
@@ -408,13 +434,14 @@ def _rating_files(ratings) -> list[Path]:
     "The sheet files behind files and folders (a folder gives its CSV and XLSX files)."
     out = []
     for p in map(Path, _list_arg(ratings)):
-        out += sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".xlsx") and not f.name.startswith("~$")) if p.is_dir() else [p]
+        out += sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".xlsx")
+                      and not f.name.startswith("~$")) if p.is_dir() else [p]
     return out
 
 # %% ../nbs/15_cli.ipynb #4148efbf
-def labels(*, references: str,               # studies-like table (CSV/parquet): study_id and findings/impression or text
-           predictions: str,                 # generations table (CSV/parquet), aligned with the references on study_id
-           out: str,                         # output folder
+def labels(*, references: str,  # studies-like table (CSV/parquet): study_id and findings/impression or text
+           predictions: str,    # generations table (CSV/parquet), aligned with the references on study_id
+           out: str,            # output folder
            labels: Literal["14", "5"] = "14", # observations scored: CheXpert-14, or the five of CheXbert-F1
            uncertain_positive: bool = False, # count uncertain (-1) as positive
            reps: int = 1000,                 # bootstrap resamples of the intervals
@@ -422,7 +449,8 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
            clusters: str = "patient_id",     # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
            labeler: str = "chexpert"         # chexpert (official definitions), clinical, chexpert+quirks, or the official labeler's output CSV
           ) -> str:
-    "Label references and generated reports (offline labeler or official labels), align them on study_id, trace the labels, write the tables."
+    """Label references and generated reports (offline labeler or official labels), align them on study_id, trace the
+    labels, write the tables."""
     from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit, reference_texts
@@ -430,9 +458,11 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     refs = to_studies(_table(references, str(references)), what=str(references), dataset=UNNAMED_DATASET)
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
     if not gens["study_id"].isin(refs["study_id"]).any():
-        raise _error(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); nothing to align")
+        raise _error(f"labels: no study_id of {predictions} is in {references} (first: {gens['study_id'].iloc[0]!r}); "
+                     "nothing to align")
     clusters = _clusters_arg(clusters, refs)
-    audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters, labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
+    audit = label_audit(refs, gens, reps=reps, seed=seed, clusters=clusters,
+                        labels=CHEXPERT_14 if str(labels) == "14" else CHEXPERT_5,
                         uncertain_positive=uncertain_positive, labeler=get_labeler(_labeler_arg(labeler)))
     audit.save(out, inputs={"references": Path(references), "predictions": Path(predictions)})
     al, f1 = audit.alignment, audit.summary()
@@ -441,8 +471,9 @@ def labels(*, references: str,               # studies-like table (CSV/parquet):
     blank = int(reference_texts(refs).fillna("").astype(str).str.strip().eq("").sum())
     empty = f" {blank} of the references are empty (every label absent);" if blank else ""
     scores = "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in f1.itertuples())
-    return (f"labels ({audit.labeler}): {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), {ok}/{len(al.matching)} matched; "
-            f"micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): {scores}; {len(audit.trace.flagged())} flagged label(s);{empty}"
+    return (f"labels ({audit.labeler}): {len(refs)} references, {len(gens)} predictions of {len(al.systems)} run(s), "
+            f"{ok}/{len(al.matching)} matched; micro-F1 ({len(al.labels)} labels, {reps} resamples, seed {seed}): "
+            f"{scores}; {len(audit.trace.flagged())} flagged label(s);{empty}"
             + _unit_line(refs, clusters) + f" Wrote {out}")
 
 # %% ../nbs/15_cli.ipynb #2fbe012d
@@ -460,21 +491,22 @@ def reference_corpus(reports: str,                 # a table of reports (.parque
     return f"reference-corpus: {ra.headline()} {ra.params['seconds']:g} s. Wrote {out}"
 
 # %% ../nbs/15_cli.ipynb #346bcd63
-def trace(*, chexpert_csv: str,              # the official labeler's output CSV (Reports column + 14 label columns)
-          texts: str,                        # the texts that were labeled (CSV/parquet with an id and a text column)
-          out: str | None = None,            # output folder (default: print the summary only)
-          id_column: str | None = None,      # id column of the CSV (default: its rows are the texts, in order)
-          dominance: float = 0.5,            # flag a label when one evidence gives at least this share of its positives...
-          min_positives: int = 10            # ...and it has at least this many positives
+def trace(*, chexpert_csv: str,          # the official labeler's output CSV (Reports column + 14 label columns)
+          texts: str,                    # the texts that were labeled (CSV/parquet with an id and a text column)
+          out: str | None = None,        # output folder (default: print the summary only)
+          id_column: str | None = None,  # id column of the CSV (default: its rows are the texts, in order)
+          dominance: float = 0.5,        # flag a label when one evidence gives at least this share of its positives...
+          min_positives: int = 10        # ...and it has at least this many positives
          ) -> str:
     "Check that the official CheXpert labeler saw the texts the system wrote, and trace which phrases drive its labels."
     from cxr_audit.labels import trace_audit
-    ta = trace_audit(chexpert_csv, _table(texts, str(texts)), id_column=id_column, dominance=dominance, min_positives=min_positives)
+    ta = trace_audit(chexpert_csv, _table(texts, str(texts)), id_column=id_column, dominance=dominance,
+                     min_positives=min_positives)
     if out: ta.save(out, inputs={"chexpert_csv": Path(chexpert_csv), "texts": Path(texts)})
     return "trace: " + ta.headline() + (f"; wrote {out}" if out else "")
 
 # %% ../nbs/15_cli.ipynb #30a7c667
-def review_prepare(*, studies: str,                  # studies table (CSV/parquet): IDs, strata, images, reference reports
+def review_prepare(*, studies: str,                # studies table (CSV/parquet): IDs, strata, images, reference reports
                    generations: str,                 # generations table (CSV/parquet)
                    out: str,                         # output folder (phase1/, phase2/, key/)
                    n_cases: int,                     # random cases per stratum (the total without strata)
@@ -485,46 +517,52 @@ def review_prepare(*, studies: str,                  # studies table (CSV/parque
                    reviewers: tuple[str, ...] = ("R1", "R2"), # reviewer names
                    configs: list[str] | None = None, # system+policy configurations to review (default: all)
                    codebook: str | None = None,      # codebook JSON file (default: the packaged one)
-                   simulate: bool = False            # also write SIMULATED filled sheets to OUT/simulated, to try the analysis
+                   simulate: bool = False     # also write SIMULATED filled sheets to OUT/simulated, to try the analysis
                   ) -> str:
     "Sample cases and write blinded review packets: phase-1 and phase-2 sheets per reviewer and a private key."
     from cxr_audit.review import prepare_review, simulate_ratings
     s, g = _studies_table(studies), _table(generations, str(generations))
-    P = prepare_review(s, g, int(n_cases), seed, _list_arg(strata) or None, _ids_arg(targeted) or None, _ids_arg(exclude) or None,
-                       tuple(_list_arg(reviewers)) or ("R1", "R2"), _list_arg(configs) or None, codebook, out)
+    P = prepare_review(s, g, int(n_cases), seed, _list_arg(strata) or None, _ids_arg(targeted) or None,
+                       _ids_arg(exclude) or None, tuple(_list_arg(reviewers)) or ("R1", "R2"),
+                       _list_arg(configs) or None, codebook, out)
     if simulate: simulate_ratings(P, g, seed=seed, out_dir=Path(out) / "simulated", formats=("csv",))
     k, o = P.key, Path(out)
     n_cases, n_random = k.study_id.nunique(), k[k.panel == "random"].study_id.nunique()
     return (f"review prepare: {n_cases} cases ({n_random} random, {n_cases - n_random} targeted) x "
-            f"{len(k[['system', 'policy']].drop_duplicates())} configurations = {len(k)} reports for {', '.join(P.reviewers)} "
-            f"(seed {seed}); sheets in {o / 'phase1'} and {o / 'phase2'}, private key in {o / 'key'}"
+            f"{len(k[['system', 'policy']].drop_duplicates())} configurations = {len(k)} reports for "
+            f"{', '.join(P.reviewers)} (seed {seed}); sheets in {o / 'phase1'} and {o / 'phase2'}, private key in "
+            f"{o / 'key'}"
             + (f"; SIMULATED ratings in {o / 'simulated'}" if simulate else ""))
 
 # %% ../nbs/15_cli.ipynb #44042d0f
-def review_analyse(*, key: str,                      # the review key (OUT/key/review_key.csv of `review prepare`)
-                   ratings: list[str],               # returned sheets: files and/or folders (each reviewer's sheet once)
-                   out: str,                         # output folder
-                   decisions: str | None = None,     # the filled consensus queue (CSV/XLSX); without it, write the queue to fill
-                   rules: str | None = None,         # consensus rules as JSON, e.g. '{"count_gap": 2}'
+def review_analyse(*, key: str,                   # the review key (OUT/key/review_key.csv of `review prepare`)
+                   ratings: list[str],            # returned sheets: files and/or folders (each reviewer's sheet once)
+                   out: str,                      # output folder
+                   decisions: str | None = None,  # the filled consensus queue (CSV/XLSX); without it, write the queue to fill
+                   rules: str | None = None,      # consensus rules as JSON, e.g. '{"count_gap": 2}'
                    panel: Literal["random", "all"] = "random", # panel to summarise
                    reps: int = 2000,                 # bootstrap resamples of the agreement intervals
                    seed: int = DEFAULT_SEED,         # random seed of the resamples
                    codebook: str | None = None       # codebook JSON file (default: the packaged one)
                   ) -> str:
-    "Check returned sheets and report agreement; then write the consensus queue, or with decisions the consensus summaries."
+    """Check returned sheets and report agreement; then write the consensus queue, or with decisions the consensus
+    summaries."""
     from cxr_audit.review import review_analysis
     try: rules_map = json.loads(rules) if isinstance(rules, str) and rules.strip() else (rules or None)
-    except json.JSONDecodeError as e: raise _error(f"review analyse: rules must be JSON, e.g. '{{\"count_gap\": 2}}' ({e})") from None
+    except json.JSONDecodeError as e:
+        raise _error(f"review analyse: rules must be JSON, e.g. '{{\"count_gap\": 2}}' ({e})") from None
     if panel not in ("random", "all"): raise _error(f"review analyse: panel must be 'random' or 'all', got {panel!r}")
-    a = review_analysis(_list_arg(ratings), key, decisions, codebook, rules_map, None if panel == "all" else panel, reps=reps, seed=seed)
+    a = review_analysis(_list_arg(ratings), key, decisions, codebook, rules_map, None if panel == "all" else panel,
+                        reps=reps, seed=seed)
     a.save(out, inputs={f"ratings:{f.name}": f for f in _rating_files(ratings)})
     o, q = Path(out), a.queue
     if a.consensus is None:
-        return (f"review analyse: {a.key.report_id.nunique()} reports rated by {' and '.join(a.reviewers)}; agreement in "
-                f"{o / 'agreement.csv'}; {len(q)} ratings of {q.report_id.nunique()} reports to discuss in {o / 'consensus_queue.xlsx'}")
+        return (f"review analyse: {a.key.report_id.nunique()} reports rated by {' and '.join(a.reviewers)}; "
+                f"agreement in {o / 'agreement.csv'}; {len(q)} ratings of {q.report_id.nunique()} reports to discuss "
+                f"in {o / 'consensus_queue.xlsx'}")
     s = a.consensus.summary().iloc[0]
-    return (f"review analyse: {s['items']} reports; {s.triggered} met a trigger ({s.resolved_by_discussion} by discussion, "
-            f"{s.resolved_by_adjudication} by adjudication); summaries in {o}")
+    return (f"review analyse: {s['items']} reports; {s.triggered} met a trigger ({s.resolved_by_discussion} by "
+            f"discussion, {s.resolved_by_adjudication} by adjudication); summaries in {o}")
 
 # %% ../nbs/15_cli.ipynb #3b6f3b4d
 def _reref_loop(backend: str, model: str | None, verifier_model: str | None, base_url: str | None, structured: str,
@@ -541,17 +579,21 @@ def _reref_loop(backend: str, model: str | None, verifier_model: str | None, bas
 
 
 def _reref_batch(table, chosen, loop, options: dict, backend: str, cache: str | None, generations: str | None) -> str:
-    "`reref --batch`: one pass of the loop behind batch collectors; says what waits for batch results, or that every answer is in."
+    """`reref --batch`: one pass of the loop behind batch collectors; says what waits for batch results, or that every
+    answer is in."""
     from cxr_audit.llm_batch import BatchCollector
     from cxr_audit.reref import rewrite_table
-    if backend != "openai" or not cache: raise _error("reref: --batch needs --backend openai and --cache FILE (the requests are recorded there)")
+    if backend != "openai" or not cache:
+        raise _error("reref: --batch needs --backend openai and --cache FILE (the requests are recorded there)")
     loop.generator, loop.verifier = BatchCollector(loop.generator, cache), BatchCollector(loop.verifier, cache)
     run = rewrite_table(table, chosen, loop, **{**options, "progress": False})
     if run.pending:
         steps = ", ".join(f"round {r.round} {r.step}: {r.tasks}" for r in run.status().itertuples())
-        return (f"reref: {len(run.pending)} reference(s) wait for batch results ({steps}); run `cxr-audit llm-batch export "
-                f"--cache {cache} --out DIR`, submit the files, `cxr-audit llm-batch import`, then this command again")
-    return ("reref: every LLM answer is in the cache; run the same command without --batch (and the same --cache) to write "
+        return (f"reref: {len(run.pending)} reference(s) wait for batch results ({steps}); run `cxr-audit "
+                f"llm-batch export --cache {cache} --out DIR`, submit the files, `cxr-audit llm-batch import`, then "
+                "this command again")
+    return ("reref: every LLM answer is in the cache; run the same command without --batch (and the same --cache) "
+            "to write "
             + ("the analysis" if generations else "the references") + " with no LLM call")
 
 
@@ -565,19 +607,19 @@ def reref(*, studies: str,                              # studies table (.csv/.p
           structured: str = "auto",                     # structured-output mode of the server
           max_rounds: int = 5,                          # generate-verify rounds per study and variation
           generator_max_tokens: int = 16382,            # the Generator's reply limit (paper 000: 16,382)
-          seed: int = DEFAULT_SEED,                     # seed of the bootstrap (and of LLM sampling for the openai back end)
+          seed: int = DEFAULT_SEED,                # seed of the bootstrap (and of LLM sampling for the openai back end)
           max_concurrency: int = 8,                     # LLM requests in flight at once
           timeout: float = 120,                         # seconds one LLM request may take before it is tried again
-          retries: int = 4,                             # further tries of a request that failed for a passing reason (timeout, 429, 5xx)
-          budget: float | None = None,                  # seconds all the LLM calls together may take (default: no limit)
-          cache: str | None = None,                     # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
-          batch: bool = False,                          # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
-          allow_remote_restricted: bool = False,        # allow restricted studies to go to a non-local server
-          public_dataset: list[str] | None = None,      # public datasets (any other named one stays here)
-          generations: str | None = None,               # generations table: also score every system under each variant
-          metrics: list[str] | None = None,             # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
-          reps: int = 1000,                             # paired bootstrap resamples of the gaps
-          clusters: str = "patient_id",                 # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
+          retries: int = 4,            # further tries of a request that failed for a passing reason (timeout, 429, 5xx)
+          budget: float | None = None,              # seconds all the LLM calls together may take (default: no limit)
+          cache: str | None = None,      # LLM response cache file (default: none for rules, $CXR_AUDIT_CACHE otherwise)
+          batch: bool = False,                      # record the LLM requests for batch files instead of calling (then `llm-batch export`); needs --cache
+          allow_remote_restricted: bool = False,    # allow restricted studies to go to a non-local server
+          public_dataset: list[str] | None = None,  # public datasets (any other named one stays here)
+          generations: str | None = None,           # generations table: also score every system under each variant
+          metrics: list[str] | None = None,         # metrics of the analysis (default: bleu_4 rouge_l chexpert_f1_5; also comma lists)
+          reps: int = 1000,                         # paired bootstrap resamples of the gaps
+          clusters: str = "patient_id",             # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
           section: Literal["findings", "impression", "both"] = "findings", # reference section scored
           level: Literal["study", "corpus"] = "study"   # shifts: mean per-study difference (paper 000) or of corpus statistics
          ) -> str:
@@ -597,53 +639,65 @@ def reref(*, studies: str,                              # studies table (.csv/.p
     if not generations:
         run = rewrite_table(table, chosen, loop, **options)
         run.save(out, inputs={"studies": Path(studies)}, params=params)
-        if run.calls["requests"] and not run.calls["ok"]:   # outputs kept; a run where no call succeeded is not a success
+        # outputs kept; a run where no call succeeded is not a success
+        if run.calls["requests"] and not run.calls["ok"]:
             raise IncompleteRunError(f"reref: none of {run.calls['requests']} LLM calls succeeded (see {Path(out)}); "
-                                     "is the server reachable and the model name right?", output=Path(out), failed=["llm"])
-        return (f"reref: {run.references.study_id.nunique()} studies x {run.references.variant.nunique() - 1} variant(s); "
-                f"{run.calls['requests']} calls; wrote {Path(out)}")
+                                     "is the server reachable and the model name right?", output=Path(out),
+                                     failed=["llm"])
+        return (f"reref: {run.references.study_id.nunique()} studies x {run.references.variant.nunique() - 1} "
+                f"variant(s); {run.calls['requests']} calls; wrote {Path(out)}")
     clusters = _clusters_arg(clusters, table)
-    res = reference_sensitivity(table, _table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, reps=reps,
-                                seed=seed, clusters=clusters, section=section, rewrite_options=options, level=level)
+    kw = dict(reps=reps, seed=seed, clusters=clusters, section=section, rewrite_options=options, level=level)
+    res = reference_sensitivity(table, _table(generations), chosen, loop, _list_arg(metrics) or DEFAULT_METRICS, **kw)
     res.save(out, inputs={"studies": Path(studies), "generations": Path(generations)}, params=params)
     total = res.reversals[["pairs", "flips", "significant_flips"]].sum()
-    return (f"reref: {res.params['studies']} studies x {len(res.params['variants'])} variant(s); {res.run.calls['requests']} calls; "
-            f"scored {res.scores.sample_id.nunique()} samples; {int(total.flips)} of {int(total.pairs)} system-pair comparisons "
-            f"flip order, {int(total.significant_flips)} significantly (Holm within each variant, p_holm < {1 - res.params['size']:g})."
+    return (f"reref: {res.params['studies']} studies x {len(res.params['variants'])} variant(s); "
+            f"{res.run.calls['requests']} calls; scored {res.scores.sample_id.nunique()} samples; {int(total.flips)} "
+            f"of {int(total.pairs)} system-pair comparisons flip order, {int(total.significant_flips)} significantly "
+            f"(Holm within each variant, p_holm < {1 - res.params['size']:g})."
             + f" Not applicable with this back end: {', '.join(res.params['not_applicable']) or 'none'}."
             + _unit_line(table, clusters) + f" Wrote {Path(out)}")
 
 # %% ../nbs/15_cli.ipynb #f77833ef
 def _flag_line(res) -> list[str]:
-    "Lines counting the empty or mask-only texts (`corpus.text_flag`): references left out (named), generations scored as written."
+    """Lines counting the empty or mask-only texts (`corpus.text_flag`): references left out (named), generations
+    scored as written."""
     f = res.flagged
     if f is None or not len(f): return []
     ref, hyp = f[f["text"] == "reference"], f[(f["text"] == "hypothesis") & ~f["excluded"]]
     out, lines = ref[ref["excluded"]], []
     if len(out):
         why = ", ".join(f"{n} {r}" for r, n in out["reason"].value_counts().items())
-        lines.append(f"Left out of every average: {len(out)} stud{'y' if len(out) == 1 else 'ies'} whose reference is empty or only de-identification masks "
-                     f"({why}; {', '.join(map(str, out['sample_id'].head(5)))}{' ...' if len(out) > 5 else ''}); see flagged.csv"
-                     + ("; --keep-flagged scores mask-only references as written." if (out["reason"] == "masked").any() else "."))
-    if len(ref) > len(out): lines.append(f"Flagged, scored as written (--keep-flagged): {len(ref) - len(out)} reference(s) only masks.")
-    if len(hyp): lines.append(f"Flagged, scored as written: {len(hyp)} generated report(s) empty or only de-identification masks "
-                              f"({', '.join(f'{c} {n}' for c, n in hyp['config'].value_counts(sort=False).items())}); see flagged.csv.")
+        lines.append(f"Left out of every average: {len(out)} stud{'y' if len(out) == 1 else 'ies'} whose reference is "
+                     f"empty or only de-identification masks ({why}; "
+                     f"{', '.join(map(str, out['sample_id'].head(5)))}{' ...' if len(out) > 5 else ''}); see "
+                     "flagged.csv"
+                     + ("; --keep-flagged scores mask-only references as written." if (out["reason"] == "masked").any()
+                        else "."))
+    if len(ref) > len(out):
+        lines.append(f"Flagged, scored as written (--keep-flagged): {len(ref) - len(out)} reference(s) only masks.")
+    if len(hyp):
+        lines.append(f"Flagged, scored as written: {len(hyp)} generated report(s) empty or only "
+                              "de-identification masks "
+                              f"({', '.join(f'{c} {n}' for c, n in hyp['config'].value_counts(sort=False).items())}); "
+                              "see flagged.csv.")
     return lines
 
-def score(generations: str,                              # generations table (.csv/.parquet): hypothesis, and reference or study_id
-          out: str = "score_out",                        # output folder
-          metrics: list[str] | None = None,              # metric names (default: bleu_4 rouge_l meteor chexpert_f1_5)
-          reps: int = 1000,                              # paired bootstrap resamples (0: estimates only)
-          seed: int = DEFAULT_SEED,                      # seed of the resamples
-          studies: str | None = None,                           # studies table giving the references (and patient clusters)
+def score(generations: str,                  # generations table (.csv/.parquet): hypothesis, and reference or study_id
+          out: str = "score_out",            # output folder
+          metrics: list[str] | None = None,  # metric names (default: bleu_4 rouge_l meteor chexpert_f1_5)
+          reps: int = 1000,                  # paired bootstrap resamples (0: estimates only)
+          seed: int = DEFAULT_SEED,          # seed of the resamples
+          studies: str | None = None,  # studies table giving the references (and patient clusters)
           ref_section: Literal["findings", "impression", "both", "full"] = "findings", # reference section
-          baseline: str | None = None,                          # configuration every other one is compared with (default: all pairs)
-          by: list[str] | None = None,                   # columns defining a configuration (default: system policy seed)
-          clusters: str = "patient_id",                  # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies) (generations or studies column)
-          keep_flagged: bool = False,                    # score studies whose reference is only de-identification masks (left out by default)
-          labeler: str = "chexpert",                     # CheXpert-F1 labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
+          baseline: str | None = None,  # configuration every other one is compared with (default: all pairs)
+          by: list[str] | None = None,   # columns defining a configuration (default: system policy seed)
+          clusters: str = "patient_id",  # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies) (generations or studies column)
+          keep_flagged: bool = False,    # score studies whose reference is only de-identification masks (left out by default)
+          labeler: str = "chexpert",     # CheXpert-F1 labels: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
          ) -> str:
-    "Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired differences."
+    """Score generations against references: metrics per configuration with intervals, and Holm-adjusted paired
+    differences."""
     from cxr_audit.corpus import typed_generation_columns
     import warnings
     from cxr_audit.evaluator import DEFAULT_SCORE_METRICS, score_systems
@@ -657,23 +711,27 @@ def score(generations: str,                              # generations table (.c
     g, s = typed_generation_columns(_table(gpath), gpath.name), _table(spath) if spath else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = score_systems(g, s, scored, int(reps), int(seed), baseline or None, ref_section, tuple(by) if by else None,
-                            clusters=_clusters_arg(clusters, g, s), what=(gpath.name, spath.name if spath else "studies"),
+        res = score_systems(g, s, scored, int(reps), int(seed), baseline or None, ref_section,
+                            tuple(by) if by else None, clusters=_clusters_arg(clusters, g, s),
+                            what=(gpath.name, spath.name if spath else "studies"),
                             keep_flagged=keep_flagged)
-    params = {"command": "cxr-audit score", "metrics": list(metrics), "reps": int(reps), "seed": int(seed), "ref_section": ref_section,
-              "labeler": lab.source, "baseline": baseline, "by": by, "clusters": clusters or None, "keep_flagged": keep_flagged}
+    params = {"command": "cxr-audit score", "metrics": list(metrics), "reps": int(reps), "seed": int(seed),
+              "ref_section": ref_section, "labeler": lab.source, "baseline": baseline, "by": by,
+              "clusters": clusters or None, "keep_flagged": keep_flagged}
     paths = res.save(out, params, {"generations": gpath, **({"studies": spath} if spath else {})})
     cl = f" in {res.counts['clusters']} clusters" if res.counts["clusters"] else ""
-    lines = [f"score: {len(res.configs)} configuration(s) x {len(res.metrics)} metric(s) on {res.counts['units']:,} studies{cl}, "
-             f"{int(reps)} resamples (seed {int(seed)})"
-             + (f", CheXpert labels {lab.source}" if any(m.startswith("chexpert_f1") for m in metrics) else "") + f"; {res.headline()}."
-             + _unit_line(s if s is not None and clusters in s.columns else g, _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
+    lines = [f"score: {len(res.configs)} configuration(s) x {len(res.metrics)} metric(s) on {res.counts['units']:,} "
+             f"studies{cl}, {int(reps)} resamples (seed {int(seed)})"
+             + (f", CheXpert labels {lab.source}" if any(m.startswith("chexpert_f1") for m in metrics)
+                else "") + f"; {res.headline()}."
+             + _unit_line(s if s is not None and clusters in s.columns else g,
+                          _clusters_arg(clusters, g, s)) + f" Wrote {paths['systems'].parent}"]
     if res.comparisons is not None: lines.append(res.note())
     lines += [f"Not computed: {n}" for n in res.notes] + _flag_line(res)
     lines += [f"References: {res.counts['reference_fallback']}"] if res.counts.get("reference_fallback") else []
     if res.counts.get("not_common"):
-        lines.append(f"Left out: {res.counts['not_common']} studies that not every configuration has a report for (every "
-                     f"configuration is scored on the same {res.counts['units']:,} studies)")
+        lines.append(f"Left out: {res.counts['not_common']} studies that not every configuration has a report "
+                     f"for (every configuration is scored on the same {res.counts['units']:,} studies)")
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
@@ -681,15 +739,16 @@ def _pairs_arg(pairs) -> list[tuple[str, str]] | None:
     "`--pairs FIRST,SECOND ...` as (first, second) tuples (None: every pair)."
     if not pairs: return None
     bad = [p for p in pairs if len(str(p).split(",")) != 2]
-    if bad: raise _error(f"--pairs {bad[0]!r}: write each pair as FIRST,SECOND (two configurations, e.g. sysA+B4,sysB+B4)")
+    if bad:
+        raise _error(f"--pairs {bad[0]!r}: write each pair as FIRST,SECOND (two configurations, e.g. sysA+B4,sysB+B4)")
     return [tuple(x.strip() for x in str(p).split(",")) for p in pairs]
 
-def verdict(*, studies: str,                        # studies table (.csv/.parquet): study_id, findings, impression (patient_id)
-            generations: str,                       # generations table (.csv/.parquet): sample_id, study_id, system, policy, hypothesis
+def verdict(*, studies: str,                # studies table (.csv/.parquet): study_id, findings, impression (patient_id)
+            generations: str,       # generations table (.csv/.parquet): sample_id, study_id, system, policy, hypothesis
             out: str,                               # output folder
             metrics: list[str] | None = None,       # metric names (default: bleu_4 rouge_l chexpert_f1_14)
             pairs: list[str] | None = None,         # FIRST,SECOND configuration pairs to judge (default: every pair)
-            reps: int | None = None,                # paired resamples (default: enough for Holm over the comparisons, at least 1000)
+            reps: int | None = None,   # paired resamples (default: enough for Holm over the comparisons, at least 1000)
             seed: int = DEFAULT_SEED,               # seed of the resamples
             clusters: str = "patient_id",           # resampled together: patient_id (default; a study without one alone), another column, or "none" (studies)
             labeler: str = "chexpert",              # labels of CheXpert-F1: chexpert, clinical, chexpert+quirks, or the official labeler's output CSV
@@ -698,13 +757,15 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
             checks: list[str] | None = None,        # checks to run (default: all): stability concentration labels section references longitudinal
             rule: Literal["holm", "ci"] = "holm"    # a reversal under the rewrites or on progression F1 counts when significant by this rule
            ) -> str:
-    "Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the reasons."
+    """Is each lead real? Per metric and pair of configurations: holds, fragile (a check fails) or not shown, with the
+    reasons."""
     from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
     from cxr_audit.verdict import CHECKS, verdict as judge
     from cxr_audit.audit import check_pair
     keyed = []
-    st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)   # a table without `dataset` is fine here
+    # a table without `dataset` is fine here
+    st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)
     st, g = check_pair(st, to_generations(_table(generations), what=str(generations)), (str(studies), str(generations)),
                        notes=keyed)
     refs = _table(references) if references else None
@@ -712,10 +773,12 @@ def verdict(*, studies: str,                        # studies table (.csv/.parqu
               reps=None if reps is None else int(reps), seed=int(seed), clusters=_clusters_arg(clusters, st),
               labeler=_labeler_arg(labeler), ref_section=ref_section, references=refs, checks=tuple(checks or CHECKS),
               rule=rule, progress=True)
-    inputs = {"studies": Path(studies), "generations": Path(generations), **({"references": Path(references)} if references else {})}
+    inputs = {"studies": Path(studies), "generations": Path(generations),
+              **({"references": Path(references)} if references else {})}
     v.save(out, inputs=inputs)
     worst = v.to_frame()[v.to_frame().verdict == "fragile"]
-    lines = keyed + [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}" for r in worst.itertuples()]
+    lines = keyed + [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}"
+                                                    for r in worst.itertuples()]
     return "\n".join(lines + [f"Warning: {w}" for w in v.params["warnings"]] + [f"Wrote {out}"])
 
 
@@ -730,17 +793,19 @@ def generate(model: str,                      # local folder of a saved Hugging 
              batch_size: int = 8,             # samples per model call
              device: str = "cpu",             # torch device
              use_indication: bool = False,    # pass each study's indication to the generator
-             max_images: int = 1,             # images per entry: the cohort's chosen image_path first, then the study's others
+             max_images: int = 1,      # images per entry: the cohort's chosen image_path first, then the study's others
              image_root: str | None = None,          # folder the image paths are relative to
              checkpoint: str | None = None,          # JSON-lines checkpoint file for resuming a long run
              progress: bool = True,           # progress bar on stderr
             ) -> str:
-    "Run a local Hugging Face model over a studies table under decoding policies; write the generations table and its manifest."
+    """Run a local Hugging Face model over a studies table under decoding policies; write the generations table and its
+    manifest."""
     from cxr_audit.core import write_manifest, write_table
     from cxr_audit.generate import HFReportGenerator, generate_table, parse_policies
     seed_list = list(seeds) if seeds else [DEFAULT_SEED]
     pols = parse_policies(policies)
-    gen = HFReportGenerator.from_pretrained(model, prompt=prompt, batch_size=batch_size, device=device, **({"system": system} if system else {}))
+    gen = HFReportGenerator.from_pretrained(model, prompt=prompt, batch_size=batch_size, device=device,
+                                            **({"system": system} if system else {}))
     table = generate_table(gen, _table(studies), pols, seed_list, use_indication=use_indication, max_images=max_images,
                            image_root=image_root, checkpoint=checkpoint, progress=progress)
     dest = write_table(table, out)
@@ -749,8 +814,9 @@ def generate(model: str,                      # local folder of a saved Hugging 
     write_manifest(dest.with_name(dest.with_suffix("").name + ".manifest.json"), inputs={"studies": studies, **cfgs},
                    outputs={"generations": dest}, command="cxr-audit generate",
                    params={"model": mdir.name, "system": gen.system, "kind": gen.kind, "prompt": gen.prompt,
-                           "policies": [p.to_dict() for p in pols], "seeds": seed_list, "use_indication": use_indication,
-                           "max_images": max_images, "batch_size": batch_size, "device": device})
+                           "policies": [p.to_dict() for p in pols], "seeds": seed_list,
+                           "use_indication": use_indication, "max_images": max_images, "batch_size": batch_size,
+                           "device": device})
     n_err, n_trunc = int(table["error"].notna().sum()), int(table["truncated"].sum())
     return f"Wrote {len(table)} generations ({n_err} failed, {n_trunc} truncated) to {dest}"
 
@@ -767,46 +833,55 @@ def llm_cache(path: str | None = None, # cache file (default: $CXR_AUDIT_CACHE o
         c = ChatCache(path or None)
         if clear: c.clear()
         out = json.dumps(c.stats(), indent=2); c.close()
-    except sqlite3.DatabaseError as e: raise _error(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
+    except sqlite3.DatabaseError as e:
+        raise _error(f"llm-cache: {path or 'the cache'} is not an SQLite cache file ({e})") from None
     return out
 
 # %% ../nbs/15_cli.ipynb #0b0d34da
 def _batch_cache(cache: str, name: str) -> Path:
     "The cache file of an `llm-batch` step: it must exist and be an SQLite file (a missing one would be created empty)."
     p = Path(cache)
-    if not p.is_file(): raise _error(f"llm-batch {name}: no cache file {cache} (give the --cache the run recorded into)")
+    if not p.is_file():
+        raise _error(f"llm-batch {name}: no cache file {cache} (give the --cache the run recorded into)")
     with open(p, "rb") as f:
-        if f.read(16) != b"SQLite format 3\x00": raise _error(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
+        if f.read(16) != b"SQLite format 3\x00":
+            raise _error(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
     return p
 
 def llm_batch_export(*, cache: str,                  # the LLM cache file the batch run recorded its requests into
                      out: str,                       # folder for the batch JSONL files and their manifest (created)
-                     max_lines: int = 50_000,        # requests per file at most (OpenAI: 50,000; Azure global batch: 100,000)
+                     max_lines: int = 50_000,  # requests per file at most (OpenAI: 50,000; Azure global batch: 100,000)
                      max_bytes: int = 200_000_000,   # bytes per file at most (OpenAI and Azure: 200 MB)
                      again: bool = False,            # also write requests already exported and still unanswered
                      allow_restricted: bool = False  # write restricted requests too (the file stays here, or the agreement covers the provider)
                     ) -> str:
-    "Write the recorded, unanswered LLM requests as OpenAI batch JSONL files (for OpenAI/Azure Batch or vllm run-batch)."
+    """Write the recorded, unanswered LLM requests as OpenAI batch JSONL files (for OpenAI/Azure Batch or vllm
+    run-batch)."""
     from cxr_audit.llm_batch import export_batch
     files = export_batch(_batch_cache(cache, "export"), out, max_lines=max_lines, max_bytes=max_bytes, again=again,
                          allow_restricted=allow_restricted)
-    if not len(files): return f"llm-batch export: nothing to export (no recorded request is waiting{'' if again else ' to go out'})"
+    if not len(files):
+        return f"llm-batch export: nothing to export (no recorded request is waiting{'' if again else ' to go out'})"
     return (f"llm-batch export: {int(files.requests.sum())} requests in {len(files)} file(s) in {Path(out)}: "
-            + ", ".join(files.file) + ". Submit them, then run `cxr-audit llm-batch import` on the output and error files.")
+            + ", ".join(files.file) + ". Submit them, then run `cxr-audit llm-batch import` on the output and "
+                                      "error files.")
 
 def llm_batch_import(*, cache: str,                 # the LLM cache file the requests were recorded in
                      results: list[str],            # the provider's output and error JSONL files
                      chunk: int = 500               # lines per transaction
                     ) -> str:
-    "Read a batch provider's output and error files into the LLM cache; failures are recorded, re-import changes nothing."
+    """Read a batch provider's output and error files into the LLM cache; failures are recorded, re-import changes
+    nothing."""
     from cxr_audit.llm_batch import import_batch
     if int(chunk) < 1: raise _error(f"llm-batch import: --chunk must be >= 1, got {chunk}")
     rows = import_batch(_batch_cache(cache, "import"), results, chunk=chunk)
     n = rows.status.value_counts()
     if len(rows) and n.get("unknown", 0) == len(rows):
-        raise _error(f"llm-batch import: none of the {len(rows)} result lines was recorded in {cache}; is it the cache the run used?")
-    return (f"llm-batch import: {len(rows)} lines: {n.get('ok', 0)} answers, {n.get('failed', 0)} failed, {n.get('unknown', 0)} unknown; "
-            f"{int(rows.stored.sum())} newly stored. Run the same command again (the run) to continue.")
+        raise _error(f"llm-batch import: none of the {len(rows)} result lines was recorded in {cache}; is it the cache "
+                     "the run used?")
+    return (f"llm-batch import: {len(rows)} lines: {n.get('ok', 0)} answers, {n.get('failed', 0)} failed, "
+            f"{n.get('unknown', 0)} unknown; {int(rows.stored.sum())} newly stored. Run the same command again (the "
+            "run) to continue.")
 
 def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded its requests into
                     ) -> str:
@@ -817,21 +892,24 @@ def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded i
     return status_line(st) + ("\n\n" + md_table(st) if len(st) else "")
 
 # %% ../nbs/15_cli.ipynb #831458f4
-COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load, "cohort": cohort,
-                                        "concentration": concentration,
+COMMANDS: dict[str, Callable | dict] = {"demo": demo, "audit": audit, "validate": validate, "load": load,
+                                        "cohort": cohort, "concentration": concentration,
                                         "longitudinal": longitudinal,
                                         "labels": labels, "reference-corpus": reference_corpus, "trace": trace,
                                         "reref": reref,
-                                        "score": score, "verdict": verdict, "generate": generate, "llm-cache": llm_cache,
-                                        "llm-batch": {"export": llm_batch_export, "import": llm_batch_import, "status": llm_batch_status},
+                                        "score": score, "verdict": verdict, "generate": generate,
+                                        "llm-cache": llm_cache,
+                                        "llm-batch": {"export": llm_batch_export, "import": llm_batch_import,
+                                                      "status": llm_batch_status},
                                         "review": {"prepare": review_prepare, "analyse": review_analyse}}
 
-OUT_NOTE = ("--out: a folder this command wrote into before has that run's outputs replaced (files this run does not write "
-            "again are removed and listed in manifest.json as replaced_outputs); other files in it are left alone.")
+OUT_NOTE = ("--out: a folder this command wrote into before has that run's outputs replaced (files this run does "
+            "not write again are removed and listed in manifest.json as replaced_outputs); other files in it are "
+            "left alone.")
 
 def _add_command(sub, name: str, command, full: str | None = None, options: bool = True):
-    """Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review prepare');
-    `options=False`: the name and help line only (a command this run does not parse)."""
+    """Register `command` (a function, or a mapping of steps) under `name` (`full`: the name errors give, e.g. 'review
+    prepare'); `options=False`: the name and help line only (a command this run does not parse)."""
     if isinstance(command, Mapping):
         group = sub.add_parser(name, help=f"{name}: " + ", ".join(command))
         steps = group.add_subparsers(dest=f"_{name}_step", metavar="STEP", required=True)
@@ -844,22 +922,25 @@ def _add_command(sub, name: str, command, full: str | None = None, options: bool
 
 def build_parser(only: str | None = None # a command name: only its options are built (None or an unknown name: every command's)
                 ) -> argparse.ArgumentParser:
-    """The `cxr-audit` parser, one subparser per entry in `COMMANDS`. Reading the options' help from the source (`docments`)
-    is most of the cost of building it, so a run builds the options of its own command only (`only`)."""
-    parser = argparse.ArgumentParser(prog="cxr-audit", description="Audit how chest X-ray report generation is evaluated (offline).")
+    """The `cxr-audit` parser, one subparser per entry in `COMMANDS`. Reading the options' help from the source
+    (`docments`) is most of the cost of building it, so a run builds the options of its own command only (`only`)."""
+    parser = argparse.ArgumentParser(prog="cxr-audit", description="Audit how chest X-ray report generation is "
+                                                                   "evaluated (offline).")
     sub = parser.add_subparsers(dest="_command_name", metavar="COMMAND", required=True)
-    for name, command in COMMANDS.items(): _add_command(sub, name, command, options=only not in COMMANDS or name == only)
+    for name, command in COMMANDS.items():
+        _add_command(sub, name, command, options=only not in COMMANDS or name == only)
     return parser
 
 # %% ../nbs/15_cli.ipynb #73e4d3de
 OTHER_USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
                      ImportError)   # besides the package's own errors (`core.CxrAuditError`): a file, a missing extra
-SIGPIPE_EXIT = 141            # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away (`... | head -1`)
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away (`... | head -1`)
 
 def _check_options(command: Callable, kwargs: dict):
     "Refuse, before any work, what no command can use: a negative count, an output folder that is a file."
     for k, v in kwargs.items():
-        bad = [x for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, int) and not isinstance(x, bool) and x < 0]
+        bad = [x for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, int) and not isinstance(x, bool)
+               and x < 0]
         if bad: raise _error(f"--{k.replace('_', '-')} must be >= 0, got {bad[0]}")
     out = kwargs.get("out")
     if out and command not in (load, generate) and Path(out).exists() and not Path(out).is_dir():
@@ -868,14 +949,16 @@ def _check_options(command: Callable, kwargs: dict):
 def _reader_gone() -> int:
     "Stop writing to a closed pipe quietly: later writes (and the flush at exit) go to /dev/null."
     try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, io.UnsupportedOperation): pass   # stdout is no real file (e.g. redirected in a notebook)
+    # stdout is no real file (e.g. redirected in a notebook)
+    except (OSError, ValueError, io.UnsupportedOperation): pass
     return SIGPIPE_EXIT
 
 def _run(argv: Sequence[str] | None) -> int:
     "Parse `argv`, run the command, print its message; the exit code (2: a user error, one line on stderr)."
     argv = sys.argv[1:] if argv is None else list(argv)
     args = vars(build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv))
-    from cxr_audit.core import CxrAuditError, IncompleteRunError   # `--help` has exited above, before numpy or pandas load
+    # `--help` has exited above, before numpy or pandas load
+    from cxr_audit.core import CxrAuditError, IncompleteRunError
     command, name = args.pop("_command"), args.pop("_name")
     kwargs = {k: v for k, v in args.items() if not k.startswith("_")}
     try:
@@ -894,5 +977,5 @@ def main(argv: Sequence[str] | None = None # arguments (default: sys.argv[1:])
     "Entry point of the `cxr-audit` command; returns the exit code (141 when the reader of its output went away)."
     try:
         try: return _run(argv)
-        finally: sys.stdout.flush()   # also after `--help` exits: a closed pipe is seen here, not in a traceback at exit
+        finally: sys.stdout.flush()  # also after `--help` exits: a closed pipe is seen here, not in a traceback at exit
     except BrokenPipeError: return _reader_gone()

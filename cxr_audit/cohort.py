@@ -97,7 +97,8 @@ def to_frame(self: Cohort) -> pd.DataFrame:
 def _name(self: Cohort, name: str | None, default: str) -> str:
     "`name` (or `default`), refused when a step of that name already exists."
     name = default if name is None else name
-    if not isinstance(name, str) or not name.strip(): raise InputError(f"{self.what}: a step name must be a non-empty string, not {name!r}")
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"{self.what}: a step name must be a non-empty string, not {name!r}")
     if name in {s.name for s in self.steps}:
         raise InputError(f"{self.what}: a step named {name!r} already exists; pass name= to tell the steps apart")
     return name
@@ -127,7 +128,8 @@ def _plural(n: int, unit: str) -> str:
 def _count(n, what: str, arg: str = "n", least: int = 0) -> int:
     "`n` checked to be an integer of at least `least`."
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < least:
-        kind = "a non-negative integer" if least == 0 else "a positive integer" if least == 1 else f"an integer >= {least}"
+        kind = "a non-negative integer" if least == 0 else "a positive integer" if least == 1 else ("an integer "
+                                                                                                    f">= {least}")
         raise InputError(f"{what}: {arg} must be {kind}, not {n!r}")
     return int(n)
 
@@ -336,7 +338,8 @@ def min_chars(self: Cohort, n: int,                            # minimum length 
     return self._next("min_chars", name, rule, {"n": n, "text": cols, "clean": fname}, self._df[keep], self._df[~keep])
 
 # %% ../nbs/03_cohort.ipynb #bbec5d5d
-IMAGE_LISTS = {"image_paths": "image_path", "image_views": "image_view", "dicom_ids": "dicom_id", "metadata_rows": "metadata_row"}
+IMAGE_LISTS = {"image_paths": "image_path", "image_views": "image_view", "dicom_ids": "dicom_id",
+               "metadata_rows": "metadata_row"}
 
 def _as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
@@ -367,12 +370,16 @@ def _exploded(self: Cohort, where: str) -> pl.DataFrame:
     f = _polars(df, lists + (["view"] if "image_views" not in lists and "view" in df.columns else []), where)
     for c in lists:     # an empty table, or a column of nothing but missing values, has no list type yet
         if f[c].null_count() == len(f): f = f.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias(c))
-        if not isinstance(f.schema[c], pl.List): raise InputError(f"{where}: column {c!r} must hold lists (one item per image), not {f.schema[c]}")
+        if not isinstance(f.schema[c], pl.List):
+            raise InputError(f"{where}: column {c!r} must hold lists (one item per image), not {f.schema[c]}")
     n = f["image_paths"].list.len().fill_null(0)
     for c in lists[1:]:
         bad = (f[c].list.len().fill_null(0) != n).to_numpy()
-        if bad.any(): raise InputError(f"{where}: {self._label(df, int(np.flatnonzero(bad)[0]))}: {c} and image_paths have different lengths")
-    g = f.filter(n > 0).with_columns(image_index=pl.int_ranges(0, pl.col("image_paths").list.len())).explode(lists + ["image_index"])
+        if bad.any():
+            raise InputError(f"{where}: {self._label(df, int(np.flatnonzero(bad)[0]))}: {c} and image_paths have "
+                             "different lengths")
+    g = f.filter(n > 0).with_columns(image_index=pl.int_ranges(0,
+                                                               pl.col("image_paths").list.len())).explode(lists + ["image_index"])
     if "image_views" not in lists:
         first = pl.col("view") if "view" in g.columns else pl.lit(None, dtype=pl.String)
         g = g.with_columns(image_views=pl.when(pl.col("image_index") == 0).then(first).otherwise(None))
@@ -389,7 +396,8 @@ def explode_images(self: Cohort, name: str | None = None, # the step's name (def
     out = df.iloc[g["__pos__"].to_numpy()].copy()
     out["image_index"] = g["image_index"].to_numpy().astype(np.int64)
     for c, single in IMAGE_LISTS.items():
-        if c in g.columns: out[single] = _column(_norm_views(g[c].to_list()) if c == "image_views" else g[c].to_list(), out.index)
+        if c in g.columns:
+            out[single] = _column(_norm_views(g[c].to_list()) if c == "image_views" else g[c].to_list(), out.index)
     suffix = out["dicom_id"].astype(str) if "dicom_id" in out.columns else out["image_index"].astype(str)
     out["entry_id"] = out[self.id_col].astype(str) + "/" + suffix
     key = ("metadata_row" if "metadata_row" in out.columns else None) if order_by == "auto" else order_by
@@ -399,7 +407,8 @@ def explode_images(self: Cohort, name: str | None = None, # the step's name (def
     empty = ~np.isin(np.arange(len(df)), g["__pos__"].to_numpy())
     rule = "one row per image" + (f", ordered by {key}" if key else ", in table order")
     note = f"{len(df) - int(empty.sum())} studies gave {len(out)} image entries"
-    return self._next("explode_images", name, rule, {"order_by": key}, out, df[empty], note, unit="image", id_col="entry_id")
+    return self._next("explode_images", name, rule, {"order_by": key}, out, df[empty], note, unit="image",
+                      id_col="entry_id")
 
 # %% ../nbs/03_cohort.ipynb #194e927d
 FRONTAL_VIEWS = ("PA", "AP", "AP SUPINE", "AP ERECT", "FRONTAL", "AP AXIAL", "PA LLD", "AP LLD", "AP RLD", "PA RLD")
@@ -408,12 +417,14 @@ def _view_set(views) -> set | None:
     return None if views is None else set(_norm_views([views] if isinstance(views, str) else views))
 
 def _view_choice(study, index, views: list, allowed: set | None, fallback, rank: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    "Positions of the chosen image rows and whether each came from the fallback (`rank` None: keep every allowed image)."
+    """Positions of the chosen image rows and whether each came from the fallback (`rank` None: keep every allowed
+    image)."""
     v = _norm_views(views)
     f = pl.DataFrame({"g": study, "i": index, "pos": np.arange(len(v)),
                       "ok": [allowed is None or x in allowed for x in v],
                       "fb": [fallback == "any" or (isinstance(fallback, set) and x in fallback) for x in v],
-                      "rank": [0 if rank is None else rank.get(x, len(rank)) for x in v]}, schema_overrides={"ok": pl.Boolean, "fb": pl.Boolean})
+                      "rank": [0 if rank is None else rank.get(x, len(rank)) for x in v]},
+                     schema_overrides={"ok": pl.Boolean, "fb": pl.Boolean})
     ok = f.filter(pl.col("ok"))
     if rank is not None: ok = ok.sort(["g", "rank", "i", "pos"]).unique("g", keep="first")
     fb = f.filter(~pl.col("ok").any().over("g") & pl.col("fb")).sort(["g", "i", "pos"]).unique("g", keep="first")
@@ -425,7 +436,8 @@ def _fallback(fallback):
     "`fallback` as 'any', None (for 'none') or a set of views."
     if fallback in ("any",): return "any"
     if fallback is None or fallback == "none": return None
-    if isinstance(fallback, str): raise InputError(f"select_views: fallback must be 'any', 'none' or a tuple of views, not {fallback!r}")
+    if isinstance(fallback, str):
+        raise InputError(f"select_views: fallback must be 'any', 'none' or a tuple of views, not {fallback!r}")
     return _view_set(fallback)
 
 _PREFER = {"frontal": "frontal views first", "order": "in the order listed", "first": "in image order"}
@@ -448,7 +460,9 @@ def _select_study_views(self: Cohort, name, rule, params, allowed, fallback, ran
     kept = df.iloc[rows["__pos__"].to_numpy()].copy()
     kept["image_index"] = rows["image_index"].to_numpy().astype(np.int64)
     for c, single in IMAGE_LISTS.items():
-        if c in rows.columns: kept[single] = _column(_norm_views(rows[c].to_list()) if c == "image_views" else rows[c].to_list(), kept.index)
+        if c in rows.columns:
+            kept[single] = _column(_norm_views(rows[c].to_list()) if c == "image_views" else rows[c].to_list(),
+                                   kept.index)
     kept["view_fallback"] = used_fb
     keep = np.isin(np.arange(len(df)), rows["__pos__"].to_numpy())
     no_image, with_image = len(df) - g["__pos__"].n_unique(), g["__pos__"].n_unique()
@@ -461,7 +475,8 @@ def _select_image_views(self: Cohort, name, rule, params, allowed, fallback) -> 
     "Image level: the allowed entries of each study, or one fallback entry."
     df = self._df
     require_columns(df, ["image_view", "image_index"], f"{self.what}: step {name!r}")
-    pos, used_fb = _view_choice(df.index.to_numpy(), df["image_index"].to_numpy(), df["image_view"].tolist(), allowed, fallback, None)
+    pos, used_fb = _view_choice(df.index.to_numpy(), df["image_index"].to_numpy(), df["image_view"].tolist(), allowed,
+                                fallback, None)
     keep = _positions_mask(len(df), pos)
     kept = df[keep].assign(view_fallback=used_fb)
     no_view = df.index.nunique() - df.index[keep][~used_fb].nunique()
@@ -476,7 +491,8 @@ def select_views(self: Cohort, allowed: Sequence[str] | None = ("PA", "AP", "AP 
                  name: str | None = None                      # the step's name (default "select views")
                 ) -> Cohort:
     "Choose images by view: one per study (study level) or every allowed entry (image level), with a logged fallback."
-    if prefer not in ("frontal", "order", "first"): raise InputError(f"select_views: prefer must be 'frontal', 'order' or 'first', not {prefer!r}")
+    if prefer not in ("frontal", "order", "first"):
+        raise InputError(f"select_views: prefer must be 'frontal', 'order' or 'first', not {prefer!r}")
     name = self._name(name, "select views")
     allowed_set, fb = _view_set(allowed), _fallback(fallback)
     order = None if allowed is None else _norm_views([allowed] if isinstance(allowed, str) else allowed)
@@ -495,7 +511,8 @@ def follow_up(self: Cohort, patient: str = "patient_id", # column grouping studi
               name: str | None = None                      # the step's name
              ) -> Cohort:
     "Number each patient's studies in time order (`visit`) and keep visit `min_visit` and later."
-    if self.unit == "image": raise InputError(f"{self.what}: follow_up works on study rows; call it before explode_images")
+    if self.unit == "image":
+        raise InputError(f"{self.what}: follow_up works on study rows; call it before explode_images")
     min_visit = _count(min_visit, "follow_up", "min_visit", least=1)
     name = self._name(name, f"visit {min_visit} or later")
     df = self._df
@@ -522,10 +539,13 @@ def cap(self: Cohort, n: int,                             # how many rows to kee
     df = self._df
     by = [order_by] if isinstance(order_by, str) else list(order_by or [])
     require_columns(df, by, f"{self.what}: step {name!r}")
-    if by: first = df.reset_index(drop=True).sort_values(by, ascending=not descending, kind="stable", na_position="last").index[:n]
+    if by:
+        first = df.reset_index(drop=True).sort_values(by, ascending=not descending, kind="stable",
+                                                      na_position="last").index[:n]
     else: first = np.arange(min(n, len(df)))
     keep = _positions_mask(len(df), first)
-    rule = f"first {n} rows" + (f" by {', '.join(by)}{' (descending)' if descending else ''}" if by else " in the current order")
+    rule = f"first {n} rows" + (f" by {', '.join(by)}{' (descending)' if descending else ''}" if by
+                                else " in the current order")
     note = f"only {len(df)} rows: all kept" if len(df) <= n else ""
     return self._next("cap", name, rule, {"n": n, "order_by": by, "descending": descending}, df[keep], df[~keep], note)
 
@@ -573,7 +593,8 @@ def check_fractions(fractions: Mapping[str, float], # partition name -> share
         raise InputError(f"{what}: fractions must be a non-empty dict of partition name -> share, not {fractions!r}")
     out = {}
     for k, v in fractions.items():
-        if not isinstance(k, str) or not k.strip(): raise InputError(f"{what}: partition names must be non-empty strings, not {k!r}")
+        if not isinstance(k, str) or not k.strip():
+            raise InputError(f"{what}: partition names must be non-empty strings, not {k!r}")
         if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 < float(v) <= 1:
             raise InputError(f"{what}: the fraction of {k!r} must be in (0, 1], not {v!r}")
         out[k] = float(v)
@@ -588,7 +609,8 @@ def allocate(n_ids: int,                        # distinct IDs to share out
     "IDs per partition: largest-remainder rounding of `fractions * n_ids`, at least one each."
     names, share = list(fractions), np.array(list(fractions.values())) * n_ids
     counts = np.floor(share).astype(int)
-    for i in sorted(range(len(names)), key=lambda i: (-(share[i] - counts[i]), i))[: n_ids - int(counts.sum())]: counts[i] += 1
+    for i in sorted(range(len(names)), key=lambda i: (-(share[i] - counts[i]), i))[: n_ids - int(counts.sum())]:
+        counts[i] += 1
     for i in np.flatnonzero(counts == 0): counts[int(np.argmax(counts))] -= 1; counts[i] = 1
     return dict(zip(names, counts.tolist()))
 
@@ -607,20 +629,24 @@ def split(self: Cohort, by: str,                  # the ID column partitions are
     require_columns(df, [by], f"{self.what}: step {name!r}")
     ids = df[by]
     gone = ids.map(is_missing).to_numpy(dtype=bool)
-    if gone.any(): raise InputError(f"{self.what}: step {name!r}: {self._label(df, int(np.flatnonzero(gone)[0]))} has no {by}; "
+    if gone.any():
+        raise InputError(f"{self.what}: step {name!r}: {self._label(df, int(np.flatnonzero(gone)[0]))} has no {by}; "
                                     f"every row needs one to be split ({int(gone.sum())} row(s) affected)")
     uniq = sorted(pd.unique(ids), key=str)
-    if len(uniq) < len(fr): raise InputError(f"{self.what}: step {name!r}: {len(uniq)} distinct {by} value(s) cannot fill "
+    if len(uniq) < len(fr):
+        raise InputError(f"{self.what}: step {name!r}: {len(uniq)} distinct {by} value(s) cannot fill "
                                              f"{len(fr)} partitions ({', '.join(fr)})")
     counts = allocate(len(uniq), fr)
     part = np.empty(len(uniq), dtype=object)
     part[rng(seed).permutation(len(uniq))] = np.repeat(list(counts), list(counts.values()))
     out = df.copy()
-    if column in out.columns and out[column].map(lambda v: not is_missing(v)).any(): out[f"{column}_source"] = out[column]
+    if column in out.columns and out[column].map(lambda v: not is_missing(v)).any():
+        out[f"{column}_source"] = out[column]
     out[column] = ids.map(dict(zip(uniq, part))).astype(object)
     rows = out[column].value_counts()
     note = f"{by}: " + ", ".join(f"{k} {counts[k]}" for k in counts)
-    if any(int(rows.get(k, 0)) != counts[k] for k in counts): note += "; rows: " + ", ".join(f"{k} {int(rows.get(k, 0))}" for k in counts)
+    if any(int(rows.get(k, 0)) != counts[k] for k in counts):
+        note += "; rows: " + ", ".join(f"{k} {int(rows.get(k, 0))}" for k in counts)
     rule = f"by {by}: " + ", ".join(f"{k} {v:g}" for k, v in fr.items()) + f" (seed {seed})"
     return self._next("split", name, rule, {"by": by, "fractions": fr, "seed": seed, "column": column}, out, None, note)
 
@@ -631,7 +657,8 @@ def _check_ids(df: pd.DataFrame, col: str) -> list[tuple]:
     miss = df[col].map(is_missing).to_numpy(dtype=bool)
     out = [("missing_id", col, None, int(miss.sum()), f"{int(miss.sum())} row(s) without {col}")] if miss.any() else []
     counts = df.loc[~miss, col].value_counts(sort=False)
-    return out + [("duplicate_id", col, k, int(n), f"{col} {k!r} is on {n} rows") for k, n in counts[counts > 1].items()]
+    return out + [("duplicate_id", col, k, int(n), f"{col} {k!r} is on {n} rows") for k,
+                  n in counts[counts > 1].items()]
 
 def _check_overlap(parts: pd.DataFrame, part_col: str, cols: Sequence[str]) -> list[tuple]:
     out = []
@@ -655,7 +682,8 @@ def _check_references(df: pd.DataFrame, ref: Sequence[str], id_col: str) -> list
 def _check_images(df: pd.DataFrame, root, id_col: str) -> list[tuple]:
     root, out = Path(root), []
     paths = ([[p] for p in df["image_path"]] if "image_path" in df.columns
-             else [_as_list(v) for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))])
+             else [_as_list(v) for v in df["image_paths"]] if "image_paths" in df.columns
+             else [[] for _ in range(len(df))])
     for k, ps in zip(df[id_col], paths):
         if not ps: out.append(("no_image", id_col, k, 1, "the row has no image"))
         for p in ps:
@@ -666,7 +694,8 @@ def _check_images(df: pd.DataFrame, root, id_col: str) -> list[tuple]:
 # %% ../nbs/03_cohort.ipynb #ecdc9896
 @patch
 def _partitioned(self: Cohort) -> tuple[pd.DataFrame, str, list[str]]:
-    "Every row that got a partition from the last split step (kept or dropped later), its column and the ID columns to check."
+    """Every row that got a partition from the last split step (kept or dropped later), its column and the ID columns
+    to check."""
     at = [i for i, s in enumerate(self.steps) if s.kind == "split"]
     col = self.steps[at[-1]].params["column"] if at else "split"
     cols = ([self.steps[at[-1]].params["by"]] if at else []) + ["study_id", "patient_id"]
@@ -702,7 +731,8 @@ def manifest(self: Cohort) -> dict:
     body = {"kind": "cxr_audit.cohort", "cxr_audit": cxr_audit.__version__, "recipe": self.recipe,
             "id_column": self.id_col, "unit": self.unit, "input": self._shared["input"],
             "output": _table_info(self.studies), "flow": _table_info(self.flow),
-            "excluded": _table_info(self.excluded, list(dict.fromkeys(["excluded_by", "input_row", self._shared["id"], "entry_id"]))),
+            "excluded": _table_info(self.excluded,
+                                    list(dict.fromkeys(["excluded_by", "input_row", self._shared["id"], "entry_id"]))),
             "steps": [{"step": s.name, "kind": s.kind, "rule": s.rule, "params": s.params} for s in self.steps]}
     body = _jsonable(body)
     return {**body, "sha256": sha256_text(json.dumps(body, sort_keys=True, ensure_ascii=False)),
@@ -712,7 +742,8 @@ def manifest(self: Cohort) -> dict:
 def _wrap(text: str, width: int, lines: int) -> list[str]:
     "`text` wrapped to at most `lines` lines of `width` characters (the last one shortened with an ellipsis)."
     out = textwrap.wrap(str(text), width) or [""]
-    return out[:lines - 1] + [textwrap.shorten(" ".join(out[lines - 1:]), width, placeholder="...")] if len(out) > lines else out
+    return out[:lines - 1] + [textwrap.shorten(" ".join(out[lines - 1:]), width,
+                                               placeholder="...")] if len(out) > lines else out
 
 def _count_text(n: int, unit: str, n_studies: int | None = None) -> str:
     s = _plural(n, unit)
@@ -726,9 +757,11 @@ def _flow_boxes(cohort: Cohort) -> pd.DataFrame:
     unit = "study"
     for k, s in enumerate(cohort.steps, start=1):
         lines = _wrap(s.name, 40, 1) + [_count_text(s.n_out, s.unit, s.n_studies)]
-        rows.append({"kind": "step", "y": 2.0 * k, "lines": lines + (_wrap(s.note, 48, 1) if s.kind in _NOTE_KINDS and s.note else [])})
+        rows.append({"kind": "step", "y": 2.0 * k,
+                     "lines": lines + (_wrap(s.note, 48, 1) if s.kind in _NOTE_KINDS and s.note else [])})
         if s.n_excluded:
-            rows.append({"kind": "excluded", "y": 2.0 * k - 1,   # what the box counts: the rows that failed the step's rule
+            # what the box counts: the rows that failed the step's rule
+            rows.append({"kind": "excluded", "y": 2.0 * k - 1,
                          "lines": [f"Excluded: {_plural(s.n_excluded, unit)}"] + _wrap(f"failing: {s.rule}", 42, 2)})
         unit = s.unit
     return pd.DataFrame(rows)
@@ -757,16 +790,19 @@ def plot_flow(cohort: Cohort, # the cohort to draw
     across = pd.DataFrame({"x0": 26.0, "x1": 56.0, "y": boxes.y[side].to_numpy()})
     rect = alt.Chart(boxes.drop(columns="lines")).mark_rect(stroke="#4d4d4d", strokeWidth=1).encode(
         x=x("x0"), x2="x1", y=y("y0"), y2="y1",
-        color=alt.Color("kind:N", scale=alt.Scale(domain=["input", "step", "excluded"], range=["#dcebf5", "#ffffff", "#f3f3f3"]), legend=None))
+        color=alt.Color("kind:N", scale=alt.Scale(domain=["input", "step", "excluded"],
+                                                  range=["#dcebf5", "#ffffff", "#f3f3f3"]), legend=None))
     lines = _flow_text(boxes)
     text = [alt.Chart(lines[lines["first"] == first]).mark_text(fontSize=11, align="center", baseline="middle",
                                                                 fontWeight="bold" if first else "normal")
             .encode(x=x("x"), y=y("y"), text="text:N") for first in (True, False)]
     layers = [rect, alt.Chart(down).mark_rule(color="#4d4d4d").encode(x=x("x"), y=y("y0"), y2="y1"),
-              alt.Chart(down).mark_point(shape="triangle-down", filled=True, size=60, color="#4d4d4d").encode(x=x("x"), y=y("y1"))]
+              alt.Chart(down).mark_point(shape="triangle-down", filled=True, size=60,
+                                         color="#4d4d4d").encode(x=x("x"), y=y("y1"))]
     if len(across):
         layers += [alt.Chart(across).mark_rule(color="#4d4d4d", strokeDash=[3, 2]).encode(x=x("x0"), x2="x1", y=y("y")),
-                   alt.Chart(across).mark_point(shape="triangle-right", filled=True, size=50, color="#4d4d4d").encode(x=x("x1"), y=y("y"))]
+                   alt.Chart(across).mark_point(shape="triangle-right", filled=True, size=50,
+                                                color="#4d4d4d").encode(x=x("x1"), y=y("y"))]
     name = title or (f"Cohort flow: {cohort.recipe['name']}" if cohort.recipe else "Cohort flow")
     return alt.layer(*layers, *text).properties(width=width, height=int(56 * (bottom - top)), title=name)
 
@@ -783,9 +819,11 @@ def plot(self: Cohort,
 @patch
 def _repr_markdown_(self: Cohort) -> str:
     head = (f"**Cohort** of {len(self):,} {self.unit} rows ({self._df.index.nunique():,} studies) from "
-            f"{len(self.input):,} {self.what} rows" + (f", recipe `{self.recipe['name']}`" if self.recipe else "") + "\n\n")
+            f"{len(self.input):,} {self.what} rows" + (f", recipe `{self.recipe['name']}`" if self.recipe
+                                                       else "") + "\n\n")
     if not self.steps: return head + "No steps yet."
-    rows = "\n".join(f"| {s.name} | {s.rule.replace('|', '/')} | {s.n_in:,} | {s.n_out:,} | {s.n_excluded:,} | {s.note} |" for s in self.steps)
+    rows = "\n".join(f"| {s.name} | {s.rule.replace('|', '/')} | {s.n_in:,} | {s.n_out:,} | {s.n_excluded:,} | "
+                     f"{s.note} |" for s in self.steps)
     return head + "| step | rule | n_in | n_out | n_excluded | note |\n|---|---|---|---|---|---|\n" + rows
 
 # %% ../nbs/03_cohort.ipynb #947ca344
@@ -834,7 +872,9 @@ def recipe_004_mimic(studies,                          # a MIMIC-CXR `studies` t
          .select_views(views, prefer="first", fallback="none", name="PA / AP / AP supine")
          .min_chars(min_text, ("impression", "findings"), clean="mimic", name=f"text >= {min_text} chars")
          .cap(n, name=f"first {n}"))
-    return _tagged(c, "004_mimic", {"n": n, "min_text": min_text, "views": [views] if isinstance(views, str) else list(views), "test_split": test_split})
+    return _tagged(c, "004_mimic", {"n": n, "min_text": min_text,
+                                    "views": [views] if isinstance(views, str) else list(views),
+                                    "test_split": test_split})
 
 # %% ../nbs/03_cohort.ipynb #e857da99
 def recipe_004_iu(studies,                                        # an IU X-ray `studies` table (from `load_iu_xray`)
@@ -848,7 +888,8 @@ def recipe_004_iu(studies,                                        # an IU X-ray 
     "Paper 004's IU X-ray cohort: eligible studies, split by IU ID with seed 42 (or the split as given), frontal first."
     df = _needs(studies, ["study_id", "image_paths", "findings", "impression"], "004_iu", what)
     fr, seed = check_fractions(fractions, "recipe 004_iu"), _seed(seed, "recipe 004_iu")
-    if partition not in fr: raise InputError(f"recipe 004_iu: partition {partition!r} is not one of the fractions' names ({', '.join(fr)})")
+    if partition not in fr:
+        raise InputError(f"recipe 004_iu: partition {partition!r} is not one of the fractions' names ({', '.join(fr)})")
     given = _given_split(df, split, partition)
     c = (Cohort(df, what=what)
          .exclude("drop studies without images", pl.col("image_paths").list.len() == 0, rule="image_paths is empty")
@@ -880,7 +921,8 @@ def recipe_000_test(studies,                       # a `studies` table of one da
     df = _needs(studies, ["study_id", section] + (["split"] if split is not None else []), "000_test", what)
     c = Cohort(df, what=what)
     if split is not None: c = c.filter(f"{split} split", pl.col("split") == split, rule=f"split is {split!r}")
-    return _tagged(c.require_section(section, name=f"has {section.capitalize()}"), "000_test", {"split": split, "section": section})
+    return _tagged(c.require_section(section, name=f"has {section.capitalize()}"), "000_test",
+                   {"split": split, "section": section})
 
 # %% ../nbs/03_cohort.ipynb #03b0d847
 def recipe_003_lmimic(studies,                     # a MIMIC-CXR `studies` table, all splits
@@ -921,7 +963,8 @@ def write_cohort(cohort: Cohort,                    # the cohort to write
                 ) -> dict[str, Path]:
     "Write the cohort, flow table, excluded rows, problems, flow chart and manifest into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    paths = {"cohort": write_table(cohort.studies, out / "cohort.parquet"), "flow": write_table(cohort.flow, out / "flow.csv"),
+    paths = {"cohort": write_table(cohort.studies, out / "cohort.parquet"),
+             "flow": write_table(cohort.flow, out / "flow.csv"),
              "excluded": write_table(cohort.excluded, out / "excluded.parquet"),
              "problems": write_table(cohort.check(image_root=image_root), out / "problems.csv")}
     if chart: paths["flow_chart"] = save_chart(plot_flow(cohort), out / "flow.svg")

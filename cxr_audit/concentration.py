@@ -20,8 +20,8 @@ import pyarrow as pa
 from fastcore.basics import patch
 from scipy import sparse
 
-from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
-                            require_columns, rng, save_chart, system_color, write_manifest, write_table)
+from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing,
+                            md_table, require_columns, rng, save_chart, system_color, write_manifest, write_table)
 from .reports import SPECIAL_TOKENS
 from .stats import (BootstrapResult, CIMethod, PairedResult, bootstrap_distinct, bootstrap_metrics, check_reps,
                              chunk_rows,
@@ -53,7 +53,8 @@ def _normalize(texts: pl.Series, lowercase: bool = True, collapse_whitespace: bo
     "Vectorized `normalize_for_matching` over a polars string Series."
     s = texts.fill_null("")
     if lowercase: s = s.str.to_lowercase()
-    if collapse_whitespace:    # every run of \s to one space; the regex runs only where it can match: a tab-like control, two
+    # every run of \s to one space; the regex runs only where it can match: a tab-like control, two
+    if collapse_whitespace:
                                # spaces, or non-ASCII text (the rest of \s is not ASCII)
         odd = s.str.contains(r"[\t-\r]") | s.str.contains("  ", literal=True) | (s.str.len_bytes() != s.str.len_chars())
         odd = np.flatnonzero(odd.to_numpy())
@@ -92,7 +93,8 @@ def prefix_hits(normalized: pl.Series, # reports normalized (`normalize_texts`)
 
 # %% ../nbs/05_concentration.ipynb #827b2f95
 def _no_nulls(s: pl.Series) -> tuple[pl.Series, np.ndarray]:
-    "A string Series with its nulls set to '' (in a copy; `scatter` rewrites only those rows), and where the nulls were."
+    """A string Series with its nulls set to '' (in a copy; `scatter` rewrites only those rows), and where the nulls
+    were."""
     null = s.is_null().to_numpy()
     return (s.clone().scatter(np.flatnonzero(null), "") if null.any() else s), null
 
@@ -110,7 +112,8 @@ def _text_column(values) -> tuple[pl.Series, np.ndarray]:
 def _index_of(values: pl.Series, distinct: pl.Series) -> np.ndarray:
     "For each of `values`, its position in `distinct` (which holds each value once)."
     key = pl.DataFrame({"v": distinct}).with_row_index("i")
-    return pl.DataFrame({"v": values}).join(key, on="v", how="left", maintain_order="left")["i"].to_numpy().astype(np.int64)
+    return pl.DataFrame({"v": values}).join(key, on="v", how="left",
+                                            maintain_order="left")["i"].to_numpy().astype(np.int64)
 
 def _codes(values: pl.Series,      # strings without nulls
            hashes: pl.Series | None = None # their 64-bit hashes (default `values.hash()`)
@@ -124,7 +127,8 @@ def _codes(values: pl.Series,      # strings without nulls
     codes[rows.explode().to_numpy()] = np.repeat(rank, rows.list.len().to_numpy())
     at = at[order]
     if values.gather(at[codes]).eq_missing(values).all(): return codes, at
-    codes = _index_of(values, values.unique(maintain_order=True))   # two values share a hash: match the strings themselves
+    # two values share a hash: match the strings themselves
+    codes = _index_of(values, values.unique(maintain_order=True))
     at = np.full(int(codes.max()) + 1, len(values), np.int64); np.minimum.at(at, codes, np.arange(len(values)))
     return codes, at
 
@@ -173,9 +177,10 @@ def _piece_tokens(pieces: pl.Series) -> tuple[np.ndarray, np.ndarray, int]:
     return lens, ids.astype(np.int32), len(at)
 
 def _chunk_repeats(pieces, ntok: np.ndarray, n: int, bv: int, budget: int = 1 << 16) -> np.ndarray:
-    """Per text: how many of its n-grams repeat an earlier one of the same text. Texts are taken a chunk at a time (about
-    `budget` tokens, which stay in cache); each n-gram is one integer (text in chunk, then its n raw `bv`-bit token ids),
-    and a sort puts equal n-grams of one text side by side. No per-token array of the whole corpus is built."""
+    """Per text: how many of its n-grams repeat an earlier one of the same text. Texts are taken a chunk at a time
+    (about
+    `budget` tokens, which stay in cache); each n-gram is one integer (text in chunk, then its n raw `bv`-bit token
+    ids), and a sort puts equal n-grams of one text side by side. No per-token array of the whole corpus is built."""
     npc, code, lens, ids, _ = pieces; U, nb = len(npc), n * bv
     pend = np.cumsum(npc); pstart = pend - npc
     L, first, ids = lens[code].astype(np.int32), (np.cumsum(lens) - lens).astype(np.int32), ids.astype(np.int64)
@@ -217,8 +222,9 @@ class _Corpus:
 
     @cached_property
     def pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        "The texts cut at each '.': pieces per text, the distinct piece of each piece in text order, tokens per distinct piece, their token ids (piece after piece), vocabulary size."
-        pieces = self.uniq.str.split(".")                                  # no token holds a '.': each piece is tokenized once
+        """The texts cut at each '.': pieces per text, the distinct piece of each piece in text order, tokens per
+        distinct piece, their token ids (piece after piece), vocabulary size."""
+        pieces = self.uniq.str.split(".")  # no token holds a '.': each piece is tokenized once
         flat = pieces.explode()
         code, at = _codes(flat)
         lens, ids, V = _piece_tokens(flat.gather(at))
@@ -228,7 +234,8 @@ class _Corpus:
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         "Token ids and owning text of every token, in order; tokens per text; vocabulary size."
         npc, code, lens, ids, V = self.pieces
-        L = lens[code].astype(np.int32); end = np.cumsum(L, dtype=np.int64); first = (np.cumsum(lens) - lens).astype(np.int32)
+        L = lens[code].astype(np.int32); end = np.cumsum(L,
+                                                         dtype=np.int64); first = (np.cumsum(lens) - lens).astype(np.int32)
         at = np.repeat(first[code] - (end - L).astype(np.int32), L); at += np.arange(len(at), dtype=np.int32)
         tid = ids[at]                                                      # the token ids of every piece, in text order
         ntok = self.ntok
@@ -264,17 +271,19 @@ class _Corpus:
     def repeats(self, n: int) -> np.ndarray:
         "Per distinct text: how many of its n-grams repeat an earlier n-gram of the same text."
         if ("repeats", n) not in self._cache:
-            bv = max(int(self.pieces[4]).bit_length(), 1)              # token ids < V < 2^bv: an all-ones id names no token
-            if _PACK_BITS - 1 - n * bv >= _CHUNK_MIN_BITS:             # a text number and n raw token ids fit in one integer
+            bv = max(int(self.pieces[4]).bit_length(), 1)   # token ids < V < 2^bv: an all-ones id names no token
+            if _PACK_BITS - 1 - n * bv >= _CHUNK_MIN_BITS:  # a text number and n raw token ids fit in one integer
                 self._cache[("repeats", n)] = _chunk_repeats(self.pieces, self.ntok, n, bv)
                 return self._cache[("repeats", n)]
             owner, U = self.tokens[1], len(self.uniq)
             ok = self.inside(n); m = len(ok); h = n // 2
             a, K = self.starts(h) if n % 2 == 0 else (None, 0)
             b = max(int(K).bit_length(), int(n).bit_length())          # ids < K < 2^b: an all-ones half names no n-gram
-            if n % 2 == 0 and int(U - 1).bit_length() + 2 * b < _PACK_BITS:   # pack (text, first half, second half) into one integer
+            # pack (text, first half, second half) into one integer
+            if n % 2 == 0 and int(U - 1).bit_length() + 2 * b < _PACK_BITS:
                 key = owner[:m].astype(np.int64); key <<= b; key |= a[:m]; key <<= b; key |= a[h:h + m]; shift = 2 * b
-                cross = np.flatnonzero(~ok)          # n-grams that run into the next text (at most n - 1 per text): keys of their own
+                # n-grams that run into the next text (at most n - 1 per text): keys of their own
+                cross = np.flatnonzero(~ok)
                 key[cross] = (owner[cross].astype(np.int64) << shift) | (((1 << b) - 1) << b) | (cross & ((1 << b) - 1))
             else:
                 a, K = self.starts(n); shift = max(int(K - 1).bit_length(), 1)
@@ -304,7 +313,8 @@ REASONS: dict[str, str] = {
     "not_text": "a value that is not a string (a number, a list, ...)",
     "empty": "the empty string",
     "no_words": "only whitespace and punctuation: no letter or digit",
-    "special_token": "an unresolved special token of a tokenizer or chat template (`</s>`, `<pad>`, `[PAD]`, `<unk>`, `<|...|>`, ...)",
+    "special_token": "an unresolved special token of a tokenizer or chat template (`</s>`, `<pad>`, `[PAD]`, `<unk>`, "
+                     "`<|...|>`, ...)",
     "bad_character": "a replacement character (U+FFFD) or U+2047 (how some tokenizers print unknown bytes)",
     "too_few_words": "fewer than `min_words` tokens once special tokens are removed",
     "token_limit": "hit the generation token cap (`truncated`, or `max_new_tokens` reached)",
@@ -314,7 +324,8 @@ REASONS: dict[str, str] = {
 ValidityRule = Literal["strict", "surface"]
 _FLAGGED_ONLY = {"strict": (),                                          # every reason code makes an output invalid
                  "surface": ("too_few_words", "token_limit", "looping")}  # paper 004: kept and flagged
-FLAG_COLUMNS = {"hit_token_limit": "token_limit", "looping": "looping", "too_few_words": "too_few_words"}  # column -> code
+# column -> code
+FLAG_COLUMNS = {"hit_token_limit": "token_limit", "looping": "looping", "too_few_words": "too_few_words"}
 
 VALIDITY_RULES: dict = {
     "special_tokens": tuple(SPECIAL_TOKENS),            # literal strings (from `cxr_audit.reports.SPECIAL_TOKENS`)
@@ -405,9 +416,10 @@ def _reason_text(bits: np.ndarray) -> np.ndarray:
 _REASON_ARROW = pa.array(_REASON_TEXT.tolist(), pa.large_string())
 
 def _reason_column(bits: np.ndarray):
-    "`_reason_text` as a flags column, stored as pandas would store it (taken from an arrow array when pandas uses arrow strings)."
+    """`_reason_text` as a flags column, stored as pandas would store it (taken from an arrow array when pandas uses
+    arrow strings)."""
     dtype = pd.Series(_REASON_TEXT[:1]).dtype               # how this pandas (and its options) stores Python strings
-    if len(bits) and isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow":   # (an empty column stays object)
+    if len(bits) and isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow":  # (an empty column stays object)
         return pd.array(_REASON_ARROW.take(pa.array(bits)), dtype=dtype)   # no million Python strings
     return _reason_text(bits)
 
@@ -419,7 +431,8 @@ def surface_validity(texts,                          # reports: strings, None, o
                      rules: Mapping | None = None,   # changes to `VALIDITY_RULES`
                      validity_rule: ValidityRule = "strict" # "strict": every reason invalidates; "surface": paper 004's rule
                     ) -> pd.DataFrame:
-    "Per report: `valid`, `reasons` (codes of `REASONS` joined by ';'), `words` and the flags `hit_token_limit`, `looping`, `too_few_words`."
+    """Per report: `valid`, `reasons` (codes of `REASONS` joined by ';'), `words` and the flags `hit_token_limit`,
+    `looping`, `too_few_words`."""
     r = _rules(rules); corpus = _Corpus.of(texts)
     bits, words = _row_bits(corpus, r, max_new_tokens, truncated, n_tokens)
     hard = _hard_bits(r, validity_rule)
@@ -480,14 +493,15 @@ def _quantile_positions(n, q: float):
 def _group_quantiles(gid: np.ndarray, values: np.ndarray, G: int, qs: Sequence[float]) -> np.ndarray:
     "`(G × len(qs))` quantiles of `values` within each group."
     if values.dtype.kind in "iu" and len(values) and values.min() >= 0 and G * (int(values.max()) + 1) < 1 << 62:
-        M = int(values.max()) + 1                              # small counts: one sort of (group, value) packed together
+        M = int(values.max()) + 1  # small counts: one sort of (group, value) packed together
         v = (np.sort(gid.astype(np.int64) * M + values) % M).astype(float)
     else: v = values[np.lexsort((values, gid))].astype(float)
     n = np.bincount(gid, minlength=G); start = np.cumsum(n) - n
     out = np.full((G, len(qs)), np.nan)
     for j, q in enumerate(qs):
         lo, hi, t = _quantile_positions(np.maximum(n, 1), q)
-        out[:, j] = np.where(n > 0, _lerp(v[np.minimum(start + lo, len(v) - 1)], v[np.minimum(start + hi, len(v) - 1)], t), np.nan)
+        out[:, j] = np.where(n > 0, _lerp(v[np.minimum(start + lo, len(v) - 1)], v[np.minimum(start + hi, len(v) - 1)],
+                                          t), np.nan)
     return out
 
 # %% ../nbs/05_concentration.ipynb #5b8ac171
@@ -512,7 +526,8 @@ def _group_codes(df: pd.DataFrame, by: tuple) -> tuple[np.ndarray, pd.DataFrame]
     return codes.astype(np.int64), keys
 
 def _labels(keys: pd.DataFrame) -> list[str]:
-    "One label per group: `core.config_label` of system and policy, then any other key values, joined by '+' ('all' without keys)."
+    """One label per group: `core.config_label` of system and policy, then any other key values, joined by '+' ('all'
+    without keys)."""
     if not len(keys.columns): return ["all"] * len(keys)
     text = [["<missing>" if is_missing(v) else str(v) for v in row] for row in keys.itertuples(index=False)]
     if list(keys.columns[:2]) == ["system", "policy"]:     # a configuration: its one label (a missing policy drops out)
@@ -523,7 +538,9 @@ def _labels(keys: pd.DataFrame) -> list[str]:
 def _normalization(opts: Mapping | None) -> dict:
     o = dict(opts or {})
     bad = sorted(set(o) - {"lowercase", "collapse_whitespace", "strip_trailing"})
-    if bad: raise InputError(f"normalization: unknown option(s) {bad}; options are lowercase, collapse_whitespace, strip_trailing")
+    if bad:
+        raise InputError(f"normalization: unknown option(s) {bad}; options are lowercase, collapse_whitespace, "
+                         "strip_trailing")
     return o
 
 def _prefixes(prefixes, norm: dict) -> list[str]:
@@ -537,12 +554,12 @@ def _prefixes(prefixes, norm: dict) -> list[str]:
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class ConcentrationAudit:
     "The concentration audit of a `generations` table: measures per group, flags per report, intervals and comparisons."
-    by: tuple                                 # the grouping columns
-    top_k: int                                # k of the top-k share
-    distinct: tuple                           # n of the Distinct-n columns
-    repeat_n: int                             # n of the repeated-n-gram rate
-    params: dict                              # prefixes, token cap, validity rules, normalization, text column, clusters given
-    reps: int = 5000                          # resamples of the intervals and comparisons
+    by: tuple         # the grouping columns
+    top_k: int        # k of the top-k share
+    distinct: tuple   # n of the Distinct-n columns
+    repeat_n: int     # n of the repeated-n-gram rate
+    params: dict      # prefixes, token cap, validity rules, normalization, text column, clusters given
+    reps: int = 5000  # resamples of the intervals and comparisons
     seed: int | np.random.Generator | None = DEFAULT_SEED # their seed
     clusters: np.ndarray | None = field(default=None, repr=False) # one cluster label per report (None: reports are resampled)
     unit: str = "study_id"                    # the paired unit of the comparisons
@@ -581,7 +598,8 @@ class ConcentrationAudit:
 
     @cached_property
     def comparisons(self) -> dict[str, PairedResult]:
-        "Paired comparisons of `compare_metrics` between the groups on shared units, one `PairedResult` per metric ({} for one group)."
+        """Paired comparisons of `compare_metrics` between the groups on shared units, one `PairedResult` per metric
+        ({} for one group)."""
         if len(self.labels) < 2 or not self.compare_metrics: return {}
         return self._paired(self.compare_metrics, self.baseline)
 
@@ -594,7 +612,8 @@ class ConcentrationAudit:
     @property
     def metrics(self) -> list[str]:
         "The metric columns of `summary()`, in order."
-        return (["validity_rate", "unique_report_ratio", "duplicate_rate", self.top_column, "prefix_rate", self.repeat_column]
+        return (["validity_rate", "unique_report_ratio", "duplicate_rate", self.top_column, "prefix_rate",
+                 self.repeat_column]
                 + [f"distinct_{n}" for n in self.distinct] + ["length_median", "length_iqr"])
 
     @cached_property
@@ -635,9 +654,10 @@ def _flags(self: ConcentrationAudit) -> pd.DataFrame:
     R, src = self._rows, self._source
     ids = [c for c in ("sample_id", "study_id") if c in src.columns and c not in self.by]
     out = src[ids + list(self.by)]
-    return out.assign(valid=R["valid"], reasons=_reason_column(R["bits"]), **_flag_columns(R["bits"]), words=R["words"].astype(np.int64),
-                      duplicate_group=R["nid"], duplicate_group_size=R["size"],
-                      **{f"in_top_{self.top_k}": R["top"], "prefix_hit": R["prefix"], f"repeated_{self.repeat_n}gram": R["repeat"]},
+    return out.assign(valid=R["valid"], reasons=_reason_column(R["bits"]), **_flag_columns(R["bits"]),
+                      words=R["words"].astype(np.int64), duplicate_group=R["nid"], duplicate_group_size=R["size"],
+                      **{f"in_top_{self.top_k}": R["top"], "prefix_hit": R["prefix"],
+                         f"repeated_{self.repeat_n}gram": R["repeat"]},
                       length=R["length"].astype(np.int64))
 
 @patch
@@ -656,11 +676,15 @@ def _decomposable(self: ConcentrationAudit) -> list[str]:
 @patch
 def _check_settings(self: ConcentrationAudit):
     "Refuse, at once, settings that would only fail when the intervals or comparisons are computed."
-    if self.scheme not in ("shares", "recount"): raise InputError(f"scheme must be 'shares' or 'recount', got {self.scheme!r}")
-    if self.method not in ("percentile", "bca"): raise InputError(f"method must be 'percentile' or 'bca', got {self.method!r}")
-    if not 0 < self.size < 1: raise InputError(f"size must be a coverage between 0 and 1 (e.g. 0.95), got {self.size!r}")
+    if self.scheme not in ("shares", "recount"):
+        raise InputError(f"scheme must be 'shares' or 'recount', got {self.scheme!r}")
+    if self.method not in ("percentile", "bca"):
+        raise InputError(f"method must be 'percentile' or 'bca', got {self.method!r}")
+    if not 0 < self.size < 1:
+        raise InputError(f"size must be a coverage between 0 and 1 (e.g. 0.95), got {self.size!r}")
     bad = [m for m in self._metric_names(self.compare_metrics) if m not in self._decomposable]
-    if bad: raise InputError(f"compare_metrics: {bad} do(es) not decompose over reports; use some of {self._decomposable}")
+    if bad:
+        raise InputError(f"compare_metrics: {bad} do(es) not decompose over reports; use some of {self._decomposable}")
     if self.baseline is not None and self.baseline not in self.labels:
         raise InputError(f"baseline {self.baseline!r} is not a group; groups are {self.labels}")
 
@@ -677,7 +701,7 @@ def _group_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
     g_of, shared = corpus._cache[("who", G)]
     who = g_of[owner]; who[~ok] = G                            # so are the n-grams that cross into the next text
     ids = ids[:len(ok)]
-    if shared.any():                                           # add the n-grams of each shared text once per group holding it
+    if shared.any():  # add the n-grams of each shared text once per group holding it
         pairs = np.unique(gid[shared[uid]] * U + uid[shared[uid]])
         pg, pu = pairs // U, (pairs % U).astype(owner.dtype)
         lo, hi = np.searchsorted(owner, pu, "left"), np.searchsorted(owner, pu, "right")
@@ -701,7 +725,8 @@ def _present(keys: np.ndarray, size: int) -> np.ndarray:
     return pl.Series(keys).unique().sort().to_numpy()
 
 def _group_pieces(corpus: _Corpus, gid: np.ndarray, G: int) -> tuple:
-    "The (group, text) pairs; their pieces' groups and distinct pieces, text after text; the (group, distinct piece) pairs."
+    """The (group, text) pairs; their pieces' groups and distinct pieces, text after text; the (group, distinct piece)
+    pairs."""
     if ("group pieces", G) not in corpus._cache:             # like ("who", G): one grouping per corpus
         npc, code, lens = corpus.pieces[:3]; U, P = len(corpus.uniq), len(lens)
         pairs = _present(gid.astype(np.int64) * U + corpus.uid, G * U)
@@ -731,15 +756,17 @@ def _piece_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
     return _distinct_per(tuple(who), tuple(keys), V ** n, G)
 
 def _distinct_counts(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
-    "Distinct n-grams among the rows of each group: from the pieces for n = 1 and 2, from every token position beyond (kept)."
+    """Distinct n-grams among the rows of each group: from the pieces for n = 1 and 2, from every token position beyond
+    (kept)."""
     if ("distinct", G, n) not in corpus._cache:              # like ("who", G): one grouping per corpus
-        corpus._cache[("distinct", G, n)] = _piece_distinct(corpus, gid, G, n) if n <= 2 else _group_distinct(corpus, gid, G, n)
+        corpus._cache[("distinct", G, n)] = _piece_distinct(corpus, gid, G,
+                                                            n) if n <= 2 else _group_distinct(corpus, gid, G, n)
     return corpus._cache[("distinct", G, n)]
 
 # %% ../nbs/05_concentration.ipynb #4eb0fbd9
 def audit_concentration(generations,                      # a `generations` table (pandas or polars); reports in `text`
                         by=("system", "policy"),          # columns defining a group; a tuple or "system,policy"
-                        prefixes=DEFAULT_PREFIXES,        # openings counted by `prefix_rate` (normalized; text may follow)
+                        prefixes=DEFAULT_PREFIXES,     # openings counted by `prefix_rate` (normalized; text may follow)
                         top_k: int = 5,                   # k of the top-k share
                         distinct: Sequence[int] = (1, 2), # the n of the Distinct-n columns
                         repeat_n: int = 4,                # n of the repeated-n-gram flag and rate
@@ -751,31 +778,35 @@ def audit_concentration(generations,                      # a `generations` tabl
                         text: str = "hypothesis",         # the column holding the reports
                         reps: int = 5000,                 # bootstrap resamples of the intervals and comparisons
                         seed: int | np.random.Generator | None = DEFAULT_SEED, # seed of every resample
-                        clusters=None,                    # column name, one label per row, or mapping `unit` value -> cluster
-                        unit: str = "study_id",           # the paired unit of comparisons and the key of a cluster mapping
-                        scheme: Scheme = "shares",        # how distinct counts and report groups are resampled
-                        size: float = 0.95,               # interval coverage
+                        clusters=None,              # column name, one label per row, or mapping `unit` value -> cluster
+                        unit: str = "study_id",     # the paired unit of comparisons and the key of a cluster mapping
+                        scheme: Scheme = "shares",  # how distinct counts and report groups are resampled
+                        size: float = 0.95,         # interval coverage
                         method: CIMethod = "percentile", # interval method
                         compare_metrics: Sequence[str] = ("validity_rate", "prefix_rate"), # metrics compared between groups
                         baseline: str | None = None       # compare this group with each other one (None: all pairs)
                        ) -> ConcentrationAudit:
-    "Validity, recurrence, concentration, prefix, repeated n-gram, Distinct-n and length per group, with intervals and comparisons."
+    """Validity, recurrence, concentration, prefix, repeated n-gram, Distinct-n and length per group, with intervals
+    and comparisons."""
     by = _columns(by)
     df = require_columns(generations, [text, *by], "generations").reset_index(drop=True)
     if not len(df): raise InputError("generations: no rows to audit")
     top_k, repeat_n = _positive_int(top_k, "top_k"), _positive_int(repeat_n, "repeat_n")
     distinct = tuple(_positive_int(n, "distinct n") for n in distinct)
     r, norm = _rules(rules), _normalization(normalization)
-    if grouping not in ("normalized", "exact"): raise InputError(f"grouping must be 'normalized' or 'exact', got {grouping!r}")
+    if grouping not in ("normalized", "exact"):
+        raise InputError(f"grouping must be 'normalized' or 'exact', got {grouping!r}")
     _hard_bits(r, validity_rule)
-    with ThreadPoolExecutor(2) as pool:                       # polars and numpy work side by side (both release the GIL)
+    with ThreadPoolExecutor(2) as pool:  # polars and numpy work side by side (both release the GIL)
         grouped = pool.submit(_group_codes, df, by)
         corpus = _Corpus.of(df[text])
         gid, keys = grouped.result()
         matched = pool.submit(_matching, corpus, norm, prefixes, grouping, gid)
-        corpus.pieces                                         # built once, here: the next job and the main thread read them
-        early = pool.submit(lambda: [_distinct_counts(corpus, gid, len(keys), k) for k in distinct if k <= 2])   # one job:
-        rows = _row_measures(df, corpus, r, repeat_n, max_new_tokens, validity_rule, matched)   # they share `_group_pieces`
+        corpus.pieces  # built once, here: the next job and the main thread read them
+        # one job:
+        early = pool.submit(lambda: [_distinct_counts(corpus, gid, len(keys), k) for k in distinct if k <= 2])
+        # they share `_group_pieces`
+        rows = _row_measures(df, corpus, r, repeat_n, max_new_tokens, validity_rule, matched)
         early.result()
     counts = matched.result()[2]
     rows.update(size=counts["count"][counts["pair"]], top=counts["rank"][counts["pair"]] < top_k)
@@ -784,16 +815,19 @@ def audit_concentration(generations,                      # a `generations` tabl
               "rules": r, "normalization": norm, "grouping": grouping,
               "validity_rule": validity_rule, "text": text, "clusters": _clusters_given(clusters)}
     audit = ConcentrationAudit(by=by, top_k=top_k, distinct=distinct, repeat_n=repeat_n, params=params,
-                               reps=_positive_int(reps, "reps"), seed=seed, clusters=_resolved_clusters(df, clusters, unit),
-                               unit=unit, scheme=scheme, size=size, method=method, compare_metrics=tuple(compare_metrics),
-                               baseline=baseline, _source=df, _corpus=corpus, _gid=gid, _keys=keys, _rows=rows, _counts=counts)
+                               reps=_positive_int(reps, "reps"), seed=seed,
+                               clusters=_resolved_clusters(df, clusters, unit), unit=unit, scheme=scheme, size=size,
+                               method=method, compare_metrics=tuple(compare_metrics),
+                               baseline=baseline, _source=df, _corpus=corpus, _gid=gid, _keys=keys, _rows=rows,
+                               _counts=counts)
     audit._check_settings()
     audit._summary_table, audit.flags                        # computed now, cached on the object
-    corpus.release()                                          # the token arrays are large; bootstraps rebuild what they need
+    corpus.release()  # the token arrays are large; bootstraps rebuild what they need
     return audit
 
 def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-    "Per row: whether its normalized text opens with a prefix, and the number of its duplicate group; the `_report_counts`."
+    """Per row: whether its normalized text opens with a prefix, and the number of its duplicate group; the
+    `_report_counts`."""
     normed = _normalize(corpus.uniq, **norm)
     hit = np.zeros(len(normed), bool)
     for p in _prefixes(prefixes, norm): hit |= prefix_hits(normed, p)
@@ -803,7 +837,8 @@ def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str, gid: np.ndar
 
 def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, repeat_n: int, max_new_tokens, validity_rule: str,
                   matched: Future) -> dict:
-    "Per row: validity bits and flag, words, normalized-text id, prefix hit (`matched` gives the last two), repeated n-gram, length."
+    """Per row: validity bits and flag, words, normalized-text id, prefix hit (`matched` gives the last two), repeated
+    n-gram, length."""
     bits, words = _row_bits(corpus, r, max_new_tokens, df.get("truncated"), df.get("n_tokens"))
     hard = _hard_bits(r, validity_rule)
     hit, nid, _ = matched.result()
@@ -830,18 +865,20 @@ def _resolved_clusters(df: pd.DataFrame, clusters, unit: str) -> np.ndarray | No
 @patch
 def headline(self: ConcentrationAudit) -> str:
     "One markdown sentence on the most concentrated group (largest top-k share; then the lowest unique-report ratio)."
-    s = self.summary().assign(group=self.labels).sort_values([self.top_column, "unique_report_ratio"], ascending=[False, True])
+    s = self.summary().assign(group=self.labels).sort_values([self.top_column, "unique_report_ratio"],
+                                                             ascending=[False, True])
     r = s.iloc[0]
-    return (f"**{r.group}**{' is the most concentrated' if len(s) > 1 else ''}: its {self.top_k} most frequent reports cover "
-            f"**{r[self.top_column]:.1%}** of its {r.n:,} outputs, only {r.unique_report_ratio:.1%} of its outputs are distinct, "
-            f"and {r.duplicate_rate:.1%} repeat another output word for word.")
+    return (f"**{r.group}**{' is the most concentrated' if len(s) > 1 else ''}: its {self.top_k} most frequent "
+            f"reports cover **{r[self.top_column]:.1%}** of its {r.n:,} outputs, only {r.unique_report_ratio:.1%} of "
+            f"its outputs are distinct, and {r.duplicate_rate:.1%} repeat another output word for word.")
 
 # %% ../nbs/05_concentration.ipynb #95905806
 @patch
 def invalid_counts(self: ConcentrationAudit) -> pd.DataFrame:
     "The outputs that are not surface-valid, counted by group and reason codes: `group, reasons, outputs`."
     bad = ~self._rows["valid"]
-    df = pd.DataFrame({"group": np.array(self.labels, dtype=object)[self._gid[bad]], "reasons": _reason_text(self._rows["bits"][bad])})
+    df = pd.DataFrame({"group": np.array(self.labels, dtype=object)[self._gid[bad]],
+                       "reasons": _reason_text(self._rows["bits"][bad])})
     return df.groupby(["group", "reasons"], sort=False).size().rename("outputs").reset_index()
 
 # %% ../nbs/05_concentration.ipynb #9bf20a86
@@ -849,7 +886,8 @@ def invalid_counts(self: ConcentrationAudit) -> pd.DataFrame:
 def profile(self: ConcentrationAudit,
             max_reports: int = 20  # the largest m shown
            ) -> pd.DataFrame:
-    "Per group and m = 1..max_reports: `count` of the m-th most frequent report, its `share` and the `cumulative_share`."
+    """Per group and m = 1..max_reports: `count` of the m-th most frequent report, its `share` and the
+    `cumulative_share`."""
     c, n = self._counts, np.bincount(self._gid, minlength=len(self._keys))
     order = np.lexsort((c["rank"], c["group"]))
     g, cnt, rank = c["group"][order], c["count"][order], c["rank"][order]
@@ -871,9 +909,11 @@ def _top_share(k: int, singles: int = 0):
     def top_k_share(C: np.ndarray) -> np.ndarray:
         "Sum of the k largest weighted counts over the total."
         big, small = C[:, :C.shape[1] - singles], C[:, C.shape[1] - singles:]
-        tops = [np.sort(big, axis=1) if big.shape[1] <= k else np.sort(np.partition(big, big.shape[1] - k, axis=1)[:, -k:], axis=1)]
-        if small.shape[1]:                         # the j-th largest small count = how many levels v have at least j counts >= v
-            ge = np.stack([(small >= v).sum(1) for v in range(1, int(small.max()) + 1)], axis=1) if small.max() > 0 else np.zeros((len(C), 1))
+        tops = [np.sort(big, axis=1) if big.shape[1] <= k
+                else np.sort(np.partition(big, big.shape[1] - k, axis=1)[:, -k:], axis=1)]
+        if small.shape[1]:  # the j-th largest small count = how many levels v have at least j counts >= v
+            ge = np.stack([(small >= v).sum(1) for v in range(1, int(small.max()) + 1)],
+                          axis=1) if small.max() > 0 else np.zeros((len(C), 1))
             tops.append(np.stack([(ge >= j).sum(1) for j in range(min(k, small.shape[1]), 0, -1)], axis=1))
         top = np.sort(np.hstack(tops), axis=1)[:, -k:].sum(1)
         with np.errstate(divide="ignore", invalid="ignore"): return top / C.sum(1)
@@ -894,7 +934,8 @@ def _count_bootstrap(specs: Sequence,      # (codes, D, {name: value function of
                      reps: int, seed, clusters, size: float, method: str) -> dict[str, BootstrapResult]:
     "Bootstrap statistics of weighted category counts `C = W @ onehot(codes)`, chunk by chunk, with jackknife values."
     n = len(specs[0][0])
-    sorted_ = [(np.argsort(codes, kind="stable"), np.searchsorted(np.sort(codes), np.arange(D))) for codes, D, _ in specs]
+    sorted_ = [(np.argsort(codes, kind="stable"), np.searchsorted(np.sort(codes), np.arange(D))) for codes, D,
+               _ in specs]
     ccodes, m = cluster_codes(clusters, n)
     rows = chunk_rows(max(n, m, *(D for _, D, _ in specs)), reps)
     R = {k: np.empty(reps) for _, _, fns in specs for k in fns}
@@ -910,7 +951,8 @@ def _count_bootstrap(specs: Sequence,      # (codes, D, {name: value function of
         for lo in range(0, m, rows):
             C = full - by[lo:lo + rows].toarray()                 # leave one unit (or cluster) out
             for k, f in fns.items(): J[k][lo:lo + len(C)] = f(C)
-        out.update({k: BootstrapResult(k, float(f(full[None])[0]), R[k], J[k], n, None if clusters is None else m, size, method)
+        out.update({k: BootstrapResult(k, float(f(full[None])[0]), R[k], J[k], n, None if clusters is None else m, size,
+                                       method)
                     for k, f in fns.items()})
     return out
 
@@ -935,18 +977,19 @@ def _bootstrap_rows(self: ConcentrationAudit, rows: np.ndarray, metrics: list, r
     R, kw = self._rows, dict(reps=reps, seed=seed, clusters=clusters, size=size, method=method)
     flags = {"validity_rate": R["valid"], "prefix_rate": R["prefix"], self.repeat_column: R["repeat"]}
     if scheme == "shares": flags.update({"duplicate_rate": R["duplicate"], self.top_column: R["top"]})
-    summed, out = {}, {}                                      # statistics that add up over reports: one shared bootstrap
+    summed, out = {}, {}  # statistics that add up over reports: one shared bootstrap
     for m in metrics:
         if m in flags: summed[m] = ({"g": proportion_stats(flags[m][rows].astype(float))}, "proportion")
         elif m == "unique_report_ratio" or m.startswith("distinct_"):
-            X, tot = (_onehot(R["nid"][rows]), None) if m == "unique_report_ratio" else self._ngram_incidence(rows, int(m.split("_")[1]))
+            X, tot = (_onehot(R["nid"][rows]),
+                      None) if m == "unique_report_ratio" else self._ngram_incidence(rows, int(m.split("_")[1]))
             if tot is not None and tot.sum() == 0: continue   # no n-gram at all: no Distinct-n
             if scheme == "shares": summed[m] = ({"g": distinct_stats(X, tot)}, "ratio")
             else: out[m] = bootstrap_distinct(X, tot, scheme="recount", **kw)
     if summed:
         res = bootstrap_metrics(summed, reps=reps, seed=seed, clusters=clusters, size=size, method=method)
         out.update({m: r.result("g") for m, r in res.items()})
-    specs = []                                                # statistics of weighted counts: one pass over the resamples
+    specs = []  # statistics of weighted counts: one pass over the resamples
     recount = {m: f for m, f in (("duplicate_rate", _duplicate_rate), (self.top_column, _top_share(self.top_k)))
                if scheme == "recount" and m in metrics}
     if recount:                                               # report groups, those of one report numbered last
@@ -970,9 +1013,9 @@ def bootstrap_results(self: ConcentrationAudit,
                       metrics=None,                  # names from `.metrics` (default: all)
                       reps: int = 5000,              # resamples
                       seed: int | np.random.Generator | None = DEFAULT_SEED, # random seed
-                      clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster
-                      scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
-                      size: float = 0.95,            # interval coverage
+                      clusters=None,              # column name, one label per row, or mapping `unit` value -> cluster
+                      scheme: Scheme = "shares",  # how distinct counts and report groups are resampled (see above)
+                      size: float = 0.95,         # interval coverage
                       method: CIMethod = "percentile", # interval method
                       unit: str = "study_id"         # the column a cluster mapping is keyed by
                      ) -> dict[str, BootstrapResult]:
@@ -983,7 +1026,8 @@ def bootstrap_results(self: ConcentrationAudit,
         group = self.labels.index(group)
     rows = np.flatnonzero(self._gid == group)
     cl = _resolved_clusters(self._source, clusters, unit)
-    if not isinstance(seed, (int, np.integer)): seed = int(rng(seed).integers(1 << 62))   # one seed: every metric on the same resamples
+    # one seed: every metric on the same resamples
+    if not isinstance(seed, (int, np.integer)): seed = int(rng(seed).integers(1 << 62))
     return self._bootstrap_rows(rows, self._metric_names(metrics), reps, seed, None if cl is None else cl[rows],
                                 scheme, size, method)
 
@@ -993,7 +1037,7 @@ def bootstrap(self: ConcentrationAudit,
               metrics=None,                  # names from `.metrics` (default: all)
               reps: int = 5000,              # resamples per group
               seed: int | np.random.Generator | None = DEFAULT_SEED, # random seed
-              clusters=None,                 # column name, one label per row, or mapping `unit` value -> cluster; None: reports
+              clusters=None,         # column name, one label per row, or mapping `unit` value -> cluster; None: reports
               scheme: Scheme = "shares",     # how distinct counts and report groups are resampled (see above)
               size: float = 0.95,            # interval coverage
               method: CIMethod = "percentile", # interval method
@@ -1008,8 +1052,9 @@ def bootstrap(self: ConcentrationAudit,
         res = self.bootstrap_results(g, ms, reps, seed, cl, scheme, size, method, unit)
         for m in ms:
             row = ({k: v for k, v in res[m].to_frame().to_dict("records")[0].items() if k != "metric"} if m in res else
-                   {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "se": np.nan, "n": int((self._gid == g).sum()),
-                    "n_clusters": None, "reps": reps, "n_valid_reps": 0, "method": method, "size": size})
+                   {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "se": np.nan,
+                    "n": int((self._gid == g).sum()), "n_clusters": None, "reps": reps, "n_valid_reps": 0,
+                    "method": method, "size": size})
             out.append({**keys[g], "group": label, "metric": m, **row,
                         "scheme": "" if m in scheme_free else scheme})
     return pd.DataFrame(out)
@@ -1042,7 +1087,8 @@ def _unit_stats(self: ConcentrationAudit, metric: str, rows: np.ndarray) -> tupl
              "duplicate_rate": R["duplicate"], self.top_column: R["top"]}
     if metric in flags: return proportion_stats(flags[metric][rows].astype(float)), "proportion"
     if metric == "unique_report_ratio": return distinct_stats(_onehot(R["nid"][rows])), "ratio"
-    if metric.startswith("distinct_"): return distinct_stats(*self._ngram_incidence(rows, int(metric.split("_")[1]))), "ratio"
+    if metric.startswith("distinct_"):
+        return distinct_stats(*self._ngram_incidence(rows, int(metric.split("_")[1]))), "ratio"
     raise InputError(f"compare: {metric!r} does not decompose over reports; use one of {self._decomposable}")
 
 @patch
@@ -1058,7 +1104,8 @@ def _paired(self: ConcentrationAudit, metrics, baseline=None, pairs=None) -> dic
                              size=self.size, method=self.method)
 
 # %% ../nbs/05_concentration.ipynb #079c1296
-_COMPARISON_COLUMNS = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob", "significant"]
+_COMPARISON_COLUMNS = ["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "win_prob",
+                       "significant"]
 
 @patch
 def comparison_table(self: ConcentrationAudit) -> pd.DataFrame:
@@ -1087,12 +1134,14 @@ def compare(self: ConcentrationAudit,
     return res
 
 # %% ../nbs/05_concentration.ipynb #cbf4aa1a
-_CONFIG_STATS = {"unique_report_ratio": ("ratio", True), "words_per_report": ("mean", True), "truncated_share": ("proportion", False)}
+_CONFIG_STATS = {"unique_report_ratio": ("ratio", True), "words_per_report": ("mean", True),
+                 "truncated_share": ("proportion", False)}
 
 def _config_stats(name: str, frame: pd.DataFrame) -> np.ndarray:
     "Per-study sufficient statistics of one reference-free statistic for one configuration."
     if name == "unique_report_ratio": return distinct_stats(incidence([[h] for h in frame["hypothesis"]])[0])
-    if name == "words_per_report": return mean_stats(np.array([len(str(h).split()) for h in frame["hypothesis"]], dtype=float))
+    if name == "words_per_report":
+        return mean_stats(np.array([len(str(h).split()) for h in frame["hypothesis"]], dtype=float))
     return proportion_stats(frame["truncated"].to_numpy(dtype=float))
 
 def configuration_units(generations,               # a `generations` table
@@ -1127,13 +1176,16 @@ class ConfigurationComparison:
     size: float = 0.95           # interval coverage; significant means p_holm < 1 - size
 
     def to_frame(self) -> pd.DataFrame:
-        "Every comparison, Holm-adjusted over the whole family: `metric, first, second, estimate, ci_low, ci_high, p, p_holm, significant, ...`."
+        """Every comparison, Holm-adjusted over the whole family: `metric, first, second, estimate, ci_low, ci_high, p,
+        p_holm, significant, ...`."""
         return holm_family(self.results, size=self.size)
 
     def summary(self) -> pd.DataFrame:
         "Each configuration's own estimate and interval of each statistic."
-        frames = [r.systems_frame(size=self.size).drop(columns="metric").assign(metric=m) for m, r in self.results.items()]
-        return pd.concat(frames, ignore_index=True)[["metric", "system", "estimate", "ci_low", "ci_high", "n", "n_clusters", "reps"]]
+        frames = [r.systems_frame(size=self.size).drop(columns="metric").assign(metric=m) for m,
+                  r in self.results.items()]
+        return pd.concat(frames, ignore_index=True)[["metric", "system", "estimate", "ci_low", "ci_high", "n",
+                                                     "n_clusters", "reps"]]
 
     def compare(self, metric: str = "unique_report_ratio") -> PairedResult:
         "One statistic's `PairedResult` (Holm within that statistic only)."
@@ -1161,7 +1213,7 @@ class ConfigurationComparison:
     def _repr_markdown_(self): return md_table(self.to_frame()) + f"\n\n{self.note()}"
 
 # %% ../nbs/05_concentration.ipynb #fade4e38
-def compare_configurations(generations,            # a `generations` table (system, policy, seed, study_id, hypothesis, truncated)
+def compare_configurations(generations,  # a `generations` table (system, policy, seed, study_id, hypothesis, truncated)
                            studies=None,           # its `studies` table (unit order and patient clusters)
                            clusters=None,          # None, a column of `studies` (e.g. "patient_id"), or a mapping study_id -> cluster
                            reps: int = 5000,       # paired resamples
@@ -1172,8 +1224,8 @@ def compare_configurations(generations,            # a `generations` table (syst
     "Paired, clustered comparisons of every configuration on unique-report ratio, words per report and truncated share."
     by, units, labels = configuration_units(generations, studies, clusters, unit)
     if len(by) < 2 or len(units) < 2:
-        raise InputError(f"compare_configurations: needs two or more configurations covering two or more common {unit} values "
-                         f"(got {len(by)} configuration(s), {len(units)} common)")
+        raise InputError("compare_configurations: needs two or more configurations covering two or more common "
+                         f"{unit} values (got {len(by)} configuration(s), {len(units)} common)")
     metrics = {m: ({c: _config_stats(m, d) for c, d in by.items()}, value) for m, (value, _) in _CONFIG_STATS.items()}
     res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=labels, size=size,
                             higher_is_better={m: better for m, (_, better) in _CONFIG_STATS.items()})
@@ -1200,8 +1252,10 @@ def plot_top_k_share(audit,                    # ConcentrationAudit or its `summ
     df = _with_labels(audit); col = next(c for c in df.columns if re.fullmatch(r"top_\d+_share", str(c)))
     k = col.split("_")[1]; order = df.sort_values(col, ascending=False).group.tolist()
     y = alt.Y("group:N", sort=order, title=None)
-    bars = alt.Chart(df).mark_bar().encode(x=alt.X(f"{col}:Q", title=f"share of outputs in the {k} most frequent reports",
-                                                   scale=alt.Scale(domain=[0, 1])), y=y, color=system_color("group", df["group"], legend=None),
+    bars = alt.Chart(df).mark_bar().encode(x=alt.X(f"{col}:Q", title=f"share of outputs in the {k} most "
+                                                                     "frequent reports",
+                                                   scale=alt.Scale(domain=[0, 1])), y=y,
+                                           color=system_color("group", df["group"], legend=None),
                                            tooltip=["group", alt.Tooltip(f"{col}:Q", format=".3f"), "n"])
     chart = bars
     if intervals is not None:
@@ -1219,7 +1273,8 @@ def plot_concentration_profile(profile,                   # `ConcentrationAudit.
     return alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("m:Q", title="m most frequent reports", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("cumulative_share:Q", title="share of outputs covered", scale=alt.Scale(domain=[0, 1])),
-        color=system_color("group", df["group"]), tooltip=["group", "m", "count", alt.Tooltip("cumulative_share:Q", format=".3f")]
+        color=system_color("group", df["group"]),
+        tooltip=["group", "m", "count", alt.Tooltip("cumulative_share:Q", format=".3f")]
     ).properties(width=420, height=240, title=title or "Concentration profile")
 
 # %% ../nbs/05_concentration.ipynb #1d7e9dd8
@@ -1233,7 +1288,8 @@ def plot_distinct_n(audit,                    # ConcentrationAudit or its `summa
     long["metric"] = long.metric.str.replace("distinct_", "Distinct-")
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("value:Q", title="distinct n-grams ÷ all n-grams"), y=alt.Y("group:N", title=None),
-        yOffset="metric:N", color=alt.Color("metric:N", title=None, scale=alt.Scale(range=["#9E9E9E", "#333333"])), tooltip=["group", "metric", alt.Tooltip("value:Q", format=".4f")]
+        yOffset="metric:N", color=alt.Color("metric:N", title=None, scale=alt.Scale(range=["#9E9E9E", "#333333"])),
+        tooltip=["group", "metric", alt.Tooltip("value:Q", format=".4f")]
     ).properties(width=420, height=alt.Step(14), title=title or "Lexical diversity (Distinct-n)")
 
 # %% ../nbs/05_concentration.ipynb #717e2c15
@@ -1250,17 +1306,21 @@ def plot(self: ConcentrationAudit,
     if kind == "top_k": return plot_top_k_share(self, self.intervals if intervals else None, title)
     if kind == "profile": return plot_concentration_profile(self.profile(max_reports), title)
     if kind == "distinct_n": return plot_distinct_n(self, title)
-    if kind != "forest": raise InputError(f"kind must be one of 'top_k', 'profile', 'distinct_n', 'forest', got {kind!r}")
+    if kind != "forest":
+        raise InputError(f"kind must be one of 'top_k', 'profile', 'distinct_n', 'forest', got {kind!r}")
     if not self.comparisons: raise InputError("plot('forest'): no comparisons (one group, or no `compare_metrics`)")
-    return plot_forest(self.comparison_table(), title=title or "Paired differences (first − second), Holm over the family")
+    return plot_forest(self.comparison_table(), title=title or "Paired differences (first − second), Holm over "
+                                                               "the family")
 
 # %% ../nbs/05_concentration.ipynb #31f08975
 @patch
 def _manifest_params(self: ConcentrationAudit) -> dict:
     "The audit's settings, JSON-ready."
-    seed = int(self.seed) if isinstance(self.seed, (int, np.integer)) else None if self.seed is None else repr(self.seed)
-    return {**self.params, "by": list(self.by), "top_k": self.top_k, "distinct": list(self.distinct), "repeat_n": self.repeat_n,
-            "reps": self.reps, "seed": seed, "unit": self.unit, "scheme": self.scheme, "size": self.size, "method": self.method,
+    seed = int(self.seed) if isinstance(self.seed,
+                                        (int, np.integer)) else None if self.seed is None else repr(self.seed)
+    return {**self.params, "by": list(self.by), "top_k": self.top_k, "distinct": list(self.distinct),
+            "repeat_n": self.repeat_n, "reps": self.reps, "seed": seed, "unit": self.unit, "scheme": self.scheme,
+            "size": self.size, "method": self.method,
             "compare_metrics": list(self.compare_metrics), "baseline": self.baseline}
 
 @patch
@@ -1271,8 +1331,10 @@ def save(self: ConcentrationAudit,
         ) -> dict[str, Path]:
     "Write the summary, flags, profile, intervals, comparisons, charts and a manifest into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": write_table(self.summary(), out / "summary.csv"), "flags": write_table(self.flags, out / "flags.parquet"),
-             "profile": write_table(self.profile(), out / "profile.csv"), "intervals": write_table(self.to_frame(), out / "intervals.csv")}
+    paths = {"summary": write_table(self.summary(), out / "summary.csv"),
+             "flags": write_table(self.flags, out / "flags.parquet"),
+             "profile": write_table(self.profile(), out / "profile.csv"),
+             "intervals": write_table(self.to_frame(), out / "intervals.csv")}
     charts = {"top_k_share.svg": self.plot("top_k"), "concentration_profile.svg": self.plot("profile", max_reports=20),
               "distinct_n.svg": self.plot("distinct_n")}
     extra = {}
@@ -1282,6 +1344,7 @@ def save(self: ConcentrationAudit,
             charts["comparisons.svg"] = self.plot("forest", title="Paired differences (first − second)")
     except InputError as e: extra["comparisons"] = f"none: {e}"
     for name, ch in charts.items(): paths[name] = save_chart(ch, out / name)
-    write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
+    write_manifest(out / "manifest.json", inputs=dict(inputs or {}),
+                   outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
                    params={**self._manifest_params(), **extra, **dict(params or {})})
     return {**paths, "manifest": out / "manifest.json"}

@@ -219,11 +219,14 @@ def _cp1252(e: UnicodeDecodeError):
     return "".join(bytes([b]).decode("cp1252", "ignore") or chr(b) for b in e.object[e.start:e.end]), e.end
 
 def _decode(raw: bytes, encoding: str, fallback: bool, what: str, errors: str = "cxr_audit.cp1252") -> tuple[str, list[int]]:
-    "`raw` as text, and the 1-based lines not in `encoding` (decoded with `errors`); UTF-16 when a UTF-16 BOM starts it."
+    """`raw` as text, and the 1-based lines not in `encoding` (decoded with `errors`); UTF-16 when a UTF-16 BOM starts
+    it."""
     if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE): return raw.decode("utf-16"), []
     try: return raw.decode(encoding), []
     except UnicodeDecodeError as e:
-        if not fallback: raise InputError(f"{what}: not {encoding} text ({e.reason} at byte {e.start}); pass encoding= (e.g. 'latin-1')") from None
+        if not fallback:
+            raise InputError(f"{what}: not {encoding} text ({e.reason} at byte {e.start}); pass encoding= (e.g. "
+                             "'latin-1')") from None
     codecs.register_error("cxr_audit.cp1252", _cp1252)
     out, bad = [], []
     for i, line in enumerate(raw.split(b"\n")):
@@ -267,12 +270,14 @@ def _formulas_restored(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 def _refuse_repeated_names(df: pd.DataFrame, header: Callable[[], list], what: str) -> None:
-    "An `InputError` when the file's header names a column twice (pandas renames the second `name.1`, which would hide it)."
+    """An `InputError` when the file's header names a column twice (pandas renames the second `name.1`, which would
+    hide it)."""
     if not any(isinstance(c, str) and re.fullmatch(r"(.+)\.\d+", c) for c in df.columns): return
     names = [str(c).strip() for c in header()]
     dup = sorted({n for n in names if names.count(n) > 1})
-    if dup: raise InputError(f"{what}: column name(s) {', '.join(map(repr, dup))} appear more than once in the header; rename them "
-                             "(which one is meant cannot be guessed, and one would be dropped)")
+    if dup:
+        raise InputError(f"{what}: column name(s) {', '.join(map(repr, dup))} appear more than once in the header; "
+                             "rename them (which one is meant cannot be guessed, and one would be dropped)")
 
 def _read_csv(path: Path, sep: str, text: bool, encoding: str, fallback: bool, what: str, repaired: str | None) -> pd.DataFrame:
     kw = dict(sep=sep, dtype=str if text else dict.fromkeys(ID_COLUMNS, str), keep_default_na=False, na_values=[""])
@@ -307,7 +312,8 @@ def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv
     if sfx not in _TABLE_SUFFIXES:
         raise InputError(f"{what}: unsupported file type {sfx!r}; use {', '.join(_TABLE_SUFFIXES)}")
     try:
-        if sfx in (".parquet", ".pq"): return pd.read_parquet(path).assign(**({repaired_column: False} if repaired_column else {}))
+        if sfx in (".parquet", ".pq"):
+            return pd.read_parquet(path).assign(**({repaired_column: False} if repaired_column else {}))
         return _read_csv(path, "\t" if sfx.startswith(".tsv") else ",", text, encoding, fallback, what, repaired_column)
     except InputError: raise
     except Exception as e: raise InputError(f"{what}: could not be read as {sfx[1:]} ({type(e).__name__}: {e})") from e
@@ -316,7 +322,8 @@ def read_table(path: str | os.PathLike,      # .parquet/.pq, .csv, .csv.gz, .tsv
 def write_table(df,                       # the table (pandas or polars)
                 path: str | os.PathLike   # .parquet or .csv
                ) -> Path:
-    "Write a table to parquet or CSV (chosen by suffix), deterministically; return the path. CSV text that a spreadsheet could run as a formula gets a leading `'` (`read_table` takes it off again)."
+    """Write a table to parquet or CSV (chosen by suffix), deterministically; return the path. CSV text that a
+    spreadsheet could run as a formula gets a leading `'` (`read_table` takes it off again)."""
     df, path = as_pandas(df), Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet": df.to_parquet(path, index=False, engine="pyarrow")
@@ -338,7 +345,8 @@ def optional_import(module: str, # dotted module name, e.g. "transformers"
 def install_hint(extra: str # the cxr_audit extra, e.g. "metrics"
                 ) -> str:
     "How to install an extra: from a clone of the repository (how the package is installed), or from a built wheel."
-    return f'pip install -e ".[{extra}]" in a clone of cxr_audit (or pip install "cxr_audit[{extra}]" from a built wheel)'
+    return (f'pip install -e ".[{extra}]" in a clone of cxr_audit (or pip install "cxr_audit[{extra}]" from a '
+            'built wheel)')
 
 # %% ../nbs/00_core.ipynb #9b705b17
 def cache_dir(path: str | os.PathLike | None = None # explicit folder; wins over the environment
@@ -358,9 +366,10 @@ def resource_text(name: str # a file name in cxr_audit/resources/
 def read_text(path: str | os.PathLike,       # a text file (.gz is decompressed)
               what: str | None = None,       # name used in messages (default: the path)
               encoding: str = "utf-8-sig",   # text encoding; the default also drops a UTF-8 byte-order mark
-              fallback: bool = True          # read bytes that are not `encoding` as cp1252 (with a warning) instead of refusing
+              fallback: bool = True  # read bytes that are not `encoding` as cp1252 (with a warning) instead of refusing
              ) -> str:
-    "A text file's content; stray non-UTF-8 bytes read as cp1252 with a warning; `InputError` naming the file otherwise."
+    """A text file's content; stray non-UTF-8 bytes read as cp1252 with a warning; `InputError` naming the file
+    otherwise."""
     p = Path(path).expanduser(); what = what or str(p)
     if not p.is_file(): raise InputError(f"{what}: file not found")
     text, bad = _decode(_raw_bytes(p), encoding, fallback, what)
@@ -379,7 +388,8 @@ def read_json(source,                     # a mapping (copied) or a path to a JS
     if not p.is_file(): raise InputError(f"{p}: {what} file not found")
     text = read_text(p, str(p), encoding)
     try: return json.loads(text, object_pairs_hook=pairs_hook)
-    except json.JSONDecodeError as e: raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
 
 # %% ../nbs/00_core.ipynb #827af161
 _SECRET = re.compile(r"(api[_-]?key|secret|password|passwd|credential|authori[sz]ation|(^|[_-])(auth|token|access[_-]?token)$)",
@@ -415,14 +425,16 @@ def _describe(item) -> dict:
 _KEY_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY")
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 _SCHEMES = "bearer|basic|digest|token|negotiate"
-_BEARER = re.compile(rf"(?i)\b({_SCHEMES})\s+[A-Za-z0-9._~+/=-]{{8,}}")   # an Authorization header's credentials, any scheme
+# an Authorization header's credentials, any scheme
+_BEARER = re.compile(rf"(?i)\b({_SCHEMES})\s+[A-Za-z0-9._~+/=-]{{8,}}")
 _HEADER = re.compile(rf"(?i)\b((?:proxy-)?authorization|x-api-key|api-key)(\"?\s*[:=]\s*\"?)(?!(?:{_SCHEMES})\s+<redacted>)"
                      r"[^\s\"',;}]+")   # a header's bare value (no scheme)
 
 def redact(text,             # any text (other values are returned unchanged)
            secrets=()        # further secret values to remove (e.g. a client's api_key)
           ):
-    "`text` without URL user info, `Authorization` credentials (Bearer, Basic, any scheme), API-key headers or any configured key value (each replaced by `<redacted>`)."
+    """`text` without URL user info, `Authorization` credentials (Bearer, Basic, any scheme), API-key headers or any
+    configured key value (each replaced by `<redacted>`)."""
     if not isinstance(text, str): return text
     keys = {s for s in (*secrets, *(os.environ.get(v) for v in _KEY_VARS)) if isinstance(s, str) and len(s) >= 4}
     for k in sorted(keys, key=len, reverse=True): text = text.replace(k, "<redacted>")
@@ -437,7 +449,8 @@ def write_manifest(path: str | os.PathLike,  # where the JSON goes
                    params: Mapping | None = None,   # parameters of the run (credentials are redacted)
                    **extra                          # any further JSON-serialisable fields
                   ) -> dict:
-    "Write a JSON run manifest with sha256 hashes, package versions and the time; return it. An earlier run's outputs that this run did not write again are removed (`replaced_outputs`)."
+    """Write a JSON run manifest with sha256 hashes, package versions and the time; return it. An earlier run's outputs
+    that this run did not write again are removed (`replaced_outputs`)."""
     m = {"created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
          "versions": package_versions(),
          "params": _redact(dict(params or {})),
@@ -452,8 +465,8 @@ def write_manifest(path: str | os.PathLike,  # where the JSON goes
     return m
 
 def _stale_outputs(path: Path, outputs: Mapping) -> list[Path]:
-    """Files an earlier run of the same kind (its manifest at `path` shares an output name and file with this one) listed
-    as outputs and this run did not write: left beside the new outputs they would be read as this run's."""
+    """Files an earlier run of the same kind (its manifest at `path` shares an output name and file with this one)
+    listed as outputs and this run did not write: left beside the new outputs they would be read as this run's."""
     try: old = json.loads(path.read_text(encoding="utf-8")).get("outputs", {})
     except (OSError, ValueError, AttributeError): return []
     files = lambda d: {k: v.get("path") for k, v in d.items() if isinstance(v, Mapping) and v.get("path")}
@@ -463,14 +476,16 @@ def _stale_outputs(path: Path, outputs: Mapping) -> list[Path]:
     return [path.parent / n for n in sorted(gone) if (path.parent / n).is_file() and Path(n).name == n]
 
 # %% ../nbs/00_core.ipynb #3f8f5ae3
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000"]   # Okabe-Ito; the two blues far apart
+# Okabe-Ito; the two blues far apart
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000"]
 
 def cxr_theme() -> dict:
     "The project's Altair theme (a Vega-Lite config)."
     return {"config": {
         "view": {"stroke": None, "continuousWidth": 360, "continuousHeight": 220},
         "font": "DejaVu Sans, Helvetica, Arial, sans-serif",
-        "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6", "domainColor": "#888", "labelLimit": 0},
+        "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#e6e6e6", "domainColor": "#888",
+                 "labelLimit": 0},
         "legend": {"labelFontSize": 11, "titleFontSize": 12, "labelLimit": 0},   # labels are never cut with "…"
         "title": {"fontSize": 14, "anchor": "start"},
         # the label of a row of facets sits above it, unturned: a facet only one bar high has room for any name
@@ -485,8 +500,8 @@ _CLASS_TABLES: dict[tuple, dict] = {}
 
 def _reuse_class_table(alt):
     """Altair turns an encoding given as a string (`x="field:Q"`) into its channel class through a table of all its ~570
-    schema classes, each schema hashed as JSON, and builds that table anew for every such channel (~20 ms each, ~0.7 s of
-    the demo audit); build it once per set of classes instead (the same table, so the same charts)."""
+    schema classes, each schema hashed as JSON, and builds that table anew for every such channel (~20 ms each, ~0.7 s
+    of the demo audit); build it once per set of classes instead (the same table, so the same charts)."""
     F = getattr(getattr(getattr(alt, "utils", None), "schemapi", None), "_FromDict", None)
     if F is None or getattr(F, "_cxr_audit_reuse", False): return
     build = F.__init__
@@ -529,7 +544,8 @@ def chart_svg(chart # an Altair chart
              ) -> str:
     "The chart rendered to an SVG string (offline; no scripts)."
     import vl_convert as vlc
-    return vlc.vegalite_to_svg(chart.to_dict(validate=False))   # the schema check costs as much as the drawing; tests validate
+    # the schema check costs as much as the drawing; tests validate
+    return vlc.vegalite_to_svg(chart.to_dict(validate=False))
 
 # %% ../nbs/00_core.ipynb #77cce69b
 _DRAW_LOOP = """import base64, json, os, pickle, sys
@@ -551,18 +567,24 @@ for line in sys.stdin:
 """
 
 def _chart_payload(chart) -> str | None:
-    "The chart with the caller's theme and data options, pickled for `ChartProcess` (None: its spec must be built here)."
+    """The chart with the caller's theme and data options, pickled for `ChartProcess` (None: its spec must be built
+    here)."""
     import altair as alt
-    if not (hasattr(alt, "theme") and hasattr(alt.theme, "register")) or alt.data_transformers.active != "default": return None
+    if not (hasattr(alt, "theme") and hasattr(alt.theme, "register")) or alt.data_transformers.active != "default":
+        return None
     theme = alt.theme.get()
-    try: return "P" + base64.b64encode(pickle.dumps((chart, theme() if theme else None, dict(alt.data_transformers.options)))).decode()
+    try:
+        return "P" + base64.b64encode(pickle.dumps((chart, theme() if theme else None,
+                                                    dict(alt.data_transformers.options)))).decode()
     except Exception: return None   # noqa: BLE001 (a chart that does not pickle is built here instead)
 
 class ChartProcessStopped(RuntimeError):
-    "The chart-drawing process ended before it drew this chart (it crashed, was killed, or answered out of turn); draw it here instead."
+    """The chart-drawing process ended before it drew this chart (it crashed, was killed, or answered out of turn);
+    draw it here instead."""
 
 class ChartProcess:
-    "Another Python process that draws Vega-Lite specs to SVG in the order given (vl-convert there keeps this process's interpreter free)."
+    """Another Python process that draws Vega-Lite specs to SVG in the order given (vl-convert there keeps this
+    process's interpreter free)."""
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, "-c", _DRAW_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8")
@@ -572,7 +594,8 @@ class ChartProcess:
         for t in self.threads: t.start()
 
     def submit(self, spec: dict | str) -> Future:
-        "A future of the SVG of `spec` (a Vega-Lite dict, or a `_chart_payload`); failed at once with `ChartProcessStopped` once the process has ended."
+        """A future of the SVG of `spec` (a Vega-Lite dict, or a `_chart_payload`); failed at once with
+        `ChartProcessStopped` once the process has ended."""
         f = Future()
         with self.lock:   # the reader fails every waiting future when the process ends: none may be added after that
             if self.stopped is None:
@@ -621,7 +644,8 @@ _SHARED_LOCK = threading.Lock()
 
 def _close_shared_pool():
     pool = _SHARED_POOL.pop("pool", None)
-    if pool is not None and pool.owner == os.getpid(): pool.close(timeout=10)   # at exit: nothing waits for a chart any more
+    # at exit: nothing waits for a chart any more
+    if pool is not None and pool.owner == os.getpid(): pool.close(timeout=10)
 
 def shared_chart_pool() -> ChartProcess:
     """This Python process's drawing process: started on first use and kept for every later audit and `chart_svgs` call
@@ -637,7 +661,8 @@ def shared_chart_pool() -> ChartProcess:
 def submit_chart(pool,  # a `shared_chart_pool()` or `chart_pool()`, or any executor (e.g. a `ThreadPoolExecutor`)
                  chart  # an Altair chart
                 ) -> Future:
-    "Start drawing `chart` to SVG on `pool`; the theme and data options in force here apply (a `ChartProcess` builds the spec itself)."
+    """Start drawing `chart` to SVG on `pool`; the theme and data options in force here apply (a `ChartProcess` builds
+    the spec itself)."""
     if isinstance(pool, ChartProcess): return pool.submit(_chart_payload(chart) or chart.to_dict(validate=False))
     spec = chart.to_dict(validate=False)
     import vl_convert as vlc
@@ -649,14 +674,18 @@ def chart_svgs(charts: Sequence,  # Altair charts
     "Each chart rendered to an SVG string, in order."
     if workers <= 1 or len(charts) < 4: return [chart_svg(c) for c in charts]
     pool = shared_chart_pool(); futures = [submit_chart(pool, c) for c in charts]
-    return [chart_svg(c) if isinstance(f.exception(), ChartProcessStopped) else f.result() for c, f in zip(charts, futures)]
+    return [chart_svg(c) if isinstance(f.exception(), ChartProcessStopped) else f.result() for c,
+            f in zip(charts, futures)]
 
 # %% ../nbs/00_core.ipynb #9945e9dd
-EXTRA_COLORS = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499", "#DDDDDD"]  # Tol muted
+# Tol muted
+EXTRA_COLORS = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499",
+                "#DDDDDD"]
 
 def system_colors(names: Iterable[str] # system or configuration names (`config_label`), in any order, repeats allowed
                  ) -> dict[str, str]:
-    "One colour per name: sorted names take `PALETTE` then `EXTRA_COLORS` in turn (repeating past 18); bare systems follow their first configuration."
+    """One colour per name: sorted names take `PALETTE` then `EXTRA_COLORS` in turn (repeating past 18); bare systems
+    follow their first configuration."""
     colours = PALETTE + EXTRA_COLORS
     names = sorted({str(n) for n in names if n is not None and n == n})
     out = {n: colours[i % len(colours)] for i, n in enumerate(names)}
@@ -687,7 +716,8 @@ def system_color(field: str,          # the column that names the system or conf
                  title: str | None = None, # legend title (None: no title)
                  **kw                 # further `alt.Color` arguments (e.g. `legend=None`)
                 ):
-    "An `alt.Color` on `field` with one fixed colour per name: the active `use_system_colors` mapping, else the names' own."
+    """An `alt.Color` on `field` with one fixed colour per name: the active `use_system_colors` mapping, else the
+    names' own."""
     import altair as alt
     names = sorted({str(v) for v in values if v is not None and v == v})
     active = _SYSTEM_COLORS.get() or {}

@@ -31,12 +31,12 @@ __all__ = ['RESTRICTED_DATASETS', 'PUBLIC_DATASETS', 'PUBLIC_DATASETS_ENV', 'UNN
            'load_chexpert_plus', 'load_rexgradient', 'load_generations', 'LoadReport', 'load_report']
 
 # %% ../nbs/02_corpus.ipynb #f6446c9d
-RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")   # the canonical names of the restricted collections
+RESTRICTED_DATASETS = ("mimic-cxr", "chexpert-plus", "rexgradient")  # the canonical names of the restricted collections
 _RESTRICTED_STEMS = {"mimic": "mimic-cxr", "chexpert": "chexpert-plus", "rexgradient": "rexgradient"}
 PUBLIC_DATASETS = ("iu-xray", "synthetic")   # the collections known to be public (their text may leave this machine)
 _PUBLIC_STEMS = {"iuxray": "iu-xray", "openi": "iu-xray", "indiana": "iu-xray", "synthetic": "synthetic"}
 PUBLIC_DATASETS_ENV = "CXR_AUDIT_PUBLIC_DATASETS"   # comma-separated further public datasets, read on every call
-UNNAMED_DATASET = "unnamed"   # the `dataset` of a table that names none (its rows are judged by their `restricted` cell)
+UNNAMED_DATASET = "unnamed"  # the `dataset` of a table that names none (its rows are judged by their `restricted` cell)
 
 def dataset_key(name # a dataset name as written anywhere
                ) -> str:
@@ -61,7 +61,8 @@ def dataset_access(name,                            # a dataset name (any spelli
                    restricted: Iterable[str] | str = (), # further restricted datasets of the user
                    public: Iterable[str] | str = ()      # further public datasets of the user (and `CXR_AUDIT_PUBLIC_DATASETS`)
                   ) -> Literal["restricted", "public", "unknown", "unnamed"]:
-    "Whether `name` is a restricted collection, a known or declared public one, a name not known to be either, or blank."
+    """Whether `name` is a restricted collection, a known or declared public one, a name not known to be either, or
+    blank."""
     if is_missing(name) or not str(name).strip() or str(name) == UNNAMED_DATASET: return "unnamed"
     if restricted_dataset(name, restricted) is not None: return "restricted"
     key = dataset_key(name)
@@ -106,18 +107,21 @@ def _as_int(v) -> int | None:
     if is_missing(v): return None
     try: f = v if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) else float(str(v).strip())
     except ValueError: f = None
-    if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f): raise InputError(f"not an integer: {v!r}")
+    if f is None or isinstance(v, (bool, np.bool_)) or not np.isfinite(f) or f != int(f):
+        raise InputError(f"not an integer: {v!r}")
     return int(f)
 
 def _no_lists(df: pd.DataFrame, cols: Iterable[str], what: str):
-    "An `InputError` naming the first row whose cell in one of `cols` is a list (a parquet list column) rather than one text."
+    """An `InputError` naming the first row whose cell in one of `cols` is a list (a parquet list column) rather than
+    one text."""
     for c in cols:
         if c in df.columns:
             _bad_row(df, df[c].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what,
                      f"column {c!r} holds a list of texts, not one text; join them into one text first")
 
 def _spaced_ids(df: pd.DataFrame, col: str, what: str):
-    "An `InputError` when two values of `col` differ only in the spaces around them (`s1` and `s1 ` would be two studies)."
+    """An `InputError` when two values of `col` differ only in the spaces around them (`s1` and `s1 ` would be two
+    studies)."""
     ids = df[col].dropna().astype(str).drop_duplicates()
     key = ids.str.strip()
     clash = key.duplicated(keep=False)
@@ -132,7 +136,8 @@ def _duplicates(df: pd.DataFrame, col: str, what: str):
     if dup.any():
         i = int(np.flatnonzero(dup)[0]); v = df[col].iloc[i]
         first = int(np.flatnonzero((df[col] == v).to_numpy())[0])
-        raise InputError(f"{what}: rows {first} and {i}: duplicate {col} {v!r} ({int(dup.sum())} row(s) repeat an earlier one)")
+        raise InputError(f"{what}: rows {first} and {i}: duplicate {col} {v!r} ({int(dup.sum())} row(s) repeat an "
+                         "earlier one)")
 
 # %% ../nbs/02_corpus.ipynb #f6874e3e
 def validate_studies(df,                   # a table in the canonical `studies` shape
@@ -144,7 +149,8 @@ def validate_studies(df,                   # a table in the canonical `studies` 
     _bad_row(df, ids.isna() | ids.astype(str).str.strip().eq(""), what, "empty study_id")
     _duplicates(df, "study_id", what)
     _bad_row(df, df["dataset"].isna() | df["dataset"].astype(str).str.strip().eq(""), what, "empty dataset")
-    _bad_row(df, ~df["image_paths"].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what, "image_paths is not a list")
+    _bad_row(df, ~df["image_paths"].map(lambda v: isinstance(v, (list, tuple, np.ndarray))), what,
+             "image_paths is not a list")
     _bad_row(df, ~df["restricted"].map(lambda v: isinstance(v, (bool, np.bool_))), what, "restricted is not a boolean")
     for c in SECTION_COLUMNS + ("text",):
         _bad_row(df, ~df[c].map(lambda v: isinstance(v, str)), what, f"{c} is not a string")
@@ -173,14 +179,19 @@ def to_studies(df,                        # a table with at least `study_id`, `d
         joined = [_join_sections(r) for r in df.loc[blank, list(SECTION_COLUMNS)].to_dict("records")]
         df.loc[blank, "text"] = joined
     for c in ("patient_id", "split", "view"):
-        df[c] = pd.Series([None if is_missing(v) else str(v) for v in df[c]], index=df.index, dtype=object) if c in df.columns else None
-    df["image_paths"] = [_as_path_list(v) for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))]
+        df[c] = pd.Series([None if is_missing(v) else str(v) for v in df[c]], index=df.index,
+                          dtype=object) if c in df.columns else None
+    df["image_paths"] = [_as_path_list(v)
+                         for v in df["image_paths"]] if "image_paths" in df.columns else [[] for _ in range(len(df))]
     _bad_row(df, df["image_paths"].map(lambda ps: any(";" in p for p in ps)), what,
-             "an image path contains ';', which separates the paths of a study in CSV tables; rename that file or folder")
+             "an image path contains ';', which separates the paths of a study in CSV tables; rename that file "
+             "or folder")
     df["study_time"] = pd.to_datetime(df["study_time"], errors="coerce") if "study_time" in df.columns else pd.NaT
     flags = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else False
-    df["restricted"] = pd.Series(flags, index=df.index, dtype=bool) | df["dataset"].map(lambda d: restricted_dataset(d) is not None)
-    df["study_id"] = pd.Series([None if is_missing(v) else str(v) for v in df["study_id"]], index=df.index, dtype=object)
+    df["restricted"] = pd.Series(flags, index=df.index,
+                                 dtype=bool) | df["dataset"].map(lambda d: restricted_dataset(d) is not None)
+    df["study_id"] = pd.Series([None if is_missing(v) else str(v) for v in df["study_id"]], index=df.index,
+                               dtype=object)
     _spaced_ids(df, "study_id", what)
     df["dataset"] = df["dataset"].astype(str)
     extra = [c for c in df.columns if c not in STUDIES_COLUMNS]
@@ -194,12 +205,17 @@ def _join_sections(r: Mapping) -> str:
 def typed_generation_columns(df,                        # a generations-like table
                              what: str = "generations"  # named in error messages
                             ) -> pd.DataFrame:
-    "The table with its `seed` (blank: 0), `n_tokens` and `truncated` (blank: False) columns, where present, read strictly; `sample_id` unique."
+    """The table with its `seed` (blank: 0), `n_tokens` and `truncated` (blank: False) columns, where present, read
+    strictly; `sample_id` unique."""
     df = as_pandas(df, what).copy()
     if "sample_id" in df.columns: _duplicates(df, "sample_id", what)
-    if "seed" in df.columns: df["seed"] = pd.Series([v or 0 for v in _convert(df["seed"], _as_int, what, "seed")], index=df.index, dtype="int64")
-    if "n_tokens" in df.columns: df["n_tokens"] = pd.Series(_convert(df["n_tokens"], _as_int, what, "n_tokens"), index=df.index, dtype="Int64")
-    if "truncated" in df.columns: df["truncated"] = pd.Series(_convert(df["truncated"], _as_bool, what, "truncated"), index=df.index, dtype=bool)
+    if "seed" in df.columns:
+        df["seed"] = pd.Series([v or 0 for v in _convert(df["seed"], _as_int, what, "seed")], index=df.index,
+                               dtype="int64")
+    if "n_tokens" in df.columns:
+        df["n_tokens"] = pd.Series(_convert(df["n_tokens"], _as_int, what, "n_tokens"), index=df.index, dtype="Int64")
+    if "truncated" in df.columns:
+        df["truncated"] = pd.Series(_convert(df["truncated"], _as_bool, what, "truncated"), index=df.index, dtype=bool)
     return df
 
 # %% ../nbs/02_corpus.ipynb #3d54a29b
@@ -209,7 +225,8 @@ def to_generations(df,                        # a table with at least `study_id`
                    what: str = "generations", # named in error messages (e.g. a file name)
                    **defaults                 # values for absent columns, e.g. policy="B4"
                   ) -> pd.DataFrame:
-    "A table in the canonical `generations` shape (`sample_id` defaults to `system/policy/seed/entry_id`, or `.../study_id` without entries)."
+    """A table in the canonical `generations` shape (`sample_id` defaults to `system/policy/seed/entry_id`, or
+    `.../study_id` without entries)."""
     df = as_pandas(df, what).copy()
     for k, v in {"policy": "default", "seed": 0, "n_tokens": None, "truncated": False, **defaults}.items():
         if k not in df.columns: df[k] = [v] * len(df)
@@ -220,10 +237,13 @@ def to_generations(df,                        # a table with at least `study_id`
     df["hypothesis"] = df["hypothesis"].fillna("").astype(str)
     df["policy"] = df["policy"].map(lambda v: "" if is_missing(v) else str(v))   # a blank policy cell: no policy named
     no_system = df["system"].map(lambda v: is_missing(v) or not str(v).strip())
-    if no_system.any(): raise InputError(f"{what}: row {int(np.flatnonzero(no_system)[0])}: no system name ({int(no_system.sum())} row(s) affected)")
+    if no_system.any():
+        raise InputError(f"{what}: row {int(np.flatnonzero(no_system)[0])}: no system name ({int(no_system.sum())} "
+                         "row(s) affected)")
     df = typed_generation_columns(df, what)
     if "sample_id" not in df.columns:       # one cohort entry per row when the table has `entry_id` (several per study)
-        key = df["entry_id"].where(df["entry_id"].notna(), df["study_id"]) if "entry_id" in df.columns else df["study_id"]
+        key = df["entry_id"].where(df["entry_id"].notna(),
+                                   df["study_id"]) if "entry_id" in df.columns else df["study_id"]
         df["sample_id"] = [f"{s}/{p}/{n}/{k}" for s, p, n, k in zip(df["system"], df["policy"], df["seed"], key)]
     _duplicates(df, "sample_id", what)
     extra = [c for c in df.columns if c not in GENERATIONS_COLUMNS]
@@ -234,7 +254,8 @@ def match_study_keys(studies,                         # a `studies` table (with 
                      generations,                     # a canonical `generations` table (see `to_generations`)
                      what: tuple[str, str] = ("studies", "generations") # names of the two tables in messages
                     ) -> tuple[pd.DataFrame, str | None]:
-    "Generations that name their studies by `source_id` re-keyed to `study_id`, and a sentence saying so (None: nothing to do)."
+    """Generations that name their studies by `source_id` re-keyed to `study_id`, and a sentence saying so (None:
+    nothing to do)."""
     s, g = as_pandas(studies, what[0]), generations
     unknown = ~g["study_id"].isin(set(s["study_id"].astype(str)))
     if not unknown.any() or "source_id" not in s.columns: return g, None
@@ -257,7 +278,8 @@ def _path(path: str | os.PathLike, what: str = "file") -> Path:
     return p
 
 def _read_rows(path, what: str | None = None) -> pd.DataFrame:
-    "A CSV/parquet file as text cells, with a `load_flags` list per row (`encoding_repaired` where bytes were read as cp1252)."
+    """A CSV/parquet file as text cells, with a `load_flags` list per row (`encoding_repaired` where bytes were read as
+    cp1252)."""
     df = read_table(path, what, text=True, repaired_column="__repaired__")
     df["load_flags"] = [["encoding_repaired"] if r else [] for r in df.pop("__repaired__")]
     return df
@@ -281,7 +303,8 @@ def _pairs(pairs: list) -> _Entries:
     return out
 
 def _read_entries(path: Path):
-    "A JSON file with repeated keys caught: identical repeats in `.repeated` of each object, conflicting ones an `InputError`."
+    """A JSON file with repeated keys caught: identical repeats in `.repeated` of each object, conflicting ones an
+    `InputError`."""
     try: return read_json(path, pairs_hook=_pairs)
     except _RepeatedKey as e: raise InputError(f"{path}: {e}") from None
 
@@ -291,7 +314,8 @@ def _text(v) -> str:
     return "" if is_missing(v) else str(v).strip()
 
 def _as_list(v) -> list:
-    "A list from a list or array, a Python or JSON list literal written as text, a `;`-separated string, or a missing value."
+    """A list from a list or array, a Python or JSON list literal written as text, a `;`-separated string, or a missing
+    value."""
     if isinstance(v, (list, tuple, np.ndarray)): return [None if is_missing(x) else x for x in v]
     if is_missing(v) or not str(v).strip(): return []
     s = str(v).strip()
@@ -317,10 +341,12 @@ def _add_flag(df: pd.DataFrame, mask, flag: str) -> pd.DataFrame:
 
 # %% ../nbs/02_corpus.ipynb #26525108
 def _parse_times(values: Iterable, where: str, col: str) -> pd.Series:
-    "Timestamps from `YYYYMMDD`, `YYYYMMDDHHMMSS` or ISO-like text (missing: NaT); an unreadable value is an `InputError`."
+    """Timestamps from `YYYYMMDD`, `YYYYMMDDHHMMSS` or ISO-like text (missing: NaT); an unreadable value is an
+    `InputError`."""
     vals = list(values)
     if not vals: return pd.Series([], dtype="datetime64[ns]")
-    txt = pd.Series([None if is_missing(v) else (v if isinstance(v, (pd.Timestamp, np.datetime64)) else str(v).strip()) for v in vals],
+    txt = pd.Series([None if is_missing(v) else (v if isinstance(v, (pd.Timestamp, np.datetime64)) else str(v).strip())
+                     for v in vals],
                     dtype=object)
     out = pd.Series(pd.NaT, index=txt.index, dtype="datetime64[ns]")
     stamps = txt.map(lambda v: isinstance(v, (pd.Timestamp, np.datetime64)))
@@ -338,8 +364,9 @@ def _parse_times(values: Iterable, where: str, col: str) -> pd.Series:
     return out
 
 # %% ../nbs/02_corpus.ipynb #6189ca1f
-_VIEW_SYNONYMS = {"POSTERO-ANTERIOR": "PA", "POSTERO_ANTERIOR": "PA", "POSTEROANTERIOR": "PA", "POSTERIOR-ANTERIOR": "PA",
-                  "ANTERO-POSTERIOR": "AP", "ANTERO_POSTERIOR": "AP", "ANTEROPOSTERIOR": "AP", "ANTERIOR-POSTERIOR": "AP",
+_VIEW_SYNONYMS = {"POSTERO-ANTERIOR": "PA", "POSTERO_ANTERIOR": "PA", "POSTEROANTERIOR": "PA",
+                  "POSTERIOR-ANTERIOR": "PA", "ANTERO-POSTERIOR": "AP", "ANTERO_POSTERIOR": "AP",
+                  "ANTEROPOSTERIOR": "AP", "ANTERIOR-POSTERIOR": "AP",
                   "LEFT LATERAL": "LL", "RIGHT LATERAL": "RL", "LAT": "LATERAL"}
 
 def normalize_view(view # a view label as the source writes it (ViewPosition, "Frontal", "postero-anterior", ...)
@@ -353,7 +380,8 @@ def normalize_view(view # a view label as the source writes it (ViewPosition, "F
 VIEW_STATUS = {
     "ok": "one view per image (a view may still be None where the source leaves it blank)",
     "fewer_views": "fewer views than images: no image gets a view, since nothing says which image a view belongs to",
-    "more_views": "more views than images: an image gets a view only where every order-keeping way of dropping the extra entries agrees",
+    "more_views": "more views than images: an image gets a view only where every order-keeping way of dropping the "
+                  "extra entries agrees",
     "no_views": "images, but the source gives no view for any of them (Open-i XML, R2Gen, a table without views)",
     "no_images": "the study has no image",
 }
@@ -419,7 +447,8 @@ def _cell_key(v):
     return None if is_missing(v) else str(v)
 
 def _drop_repeats(df: pd.DataFrame, what: str, strict: bool = True) -> pd.DataFrame:
-    "Rows repeating an earlier row of their study exactly dropped, the kept one flagged `duplicate_id`; `strict`: other repeats are an error."
+    """Rows repeating an earlier row of their study exactly dropped, the kept one flagged `duplicate_id`; `strict`:
+    other repeats are an error."""
     ids = df["study_id"].map(_cell_key)
     rep = np.flatnonzero(ids.duplicated(keep=False).to_numpy() & ids.notna().to_numpy())
     cols, first, seen, drop, kept = [c for c in df.columns if c != "load_flags"], {}, {}, [], []
@@ -429,7 +458,8 @@ def _drop_repeats(df: pd.DataFrame, what: str, strict: bool = True) -> pd.DataFr
         if strict and sid in first:
             j = first[sid]
             diff = [c for c in cols if _cell_key(df[c].iloc[i]) != _cell_key(df[c].iloc[j])]
-            raise InputError(f"{what}: rows {j} and {i} (study_id={sid!r}): the same study given twice with different {', '.join(diff[:4])}")
+            raise InputError(f"{what}: rows {j} and {i} (study_id={sid!r}): the same study given twice with different "
+                             f"{', '.join(diff[:4])}")
         seen[sid, key] = i; first.setdefault(sid, i)
     if not drop: return df
     df = _add_flag(df.copy(), np.isin(np.arange(len(df)), kept), "duplicate_id")
@@ -455,7 +485,8 @@ def _group_images(df: pd.DataFrame, what: str,
     return out.reset_index(drop=True)
 
 def _finish(df: pd.DataFrame, what: str, **defaults) -> pd.DataFrame:
-    "The canonical `studies` table from a loader's frame: repeats dropped, views lined up with images, `view_status` and `load_flags`."
+    """The canonical `studies` table from a loader's frame: repeats dropped, views lined up with images, `view_status`
+    and `load_flags`."""
     sections = [c for c in ("findings", "impression") if c in df.columns]
     out = to_studies(_drop_repeats(df.reset_index(drop=True), what), what, **defaults)
     n = out["image_paths"].map(len).tolist()
@@ -463,7 +494,8 @@ def _finish(df: pd.DataFrame, what: str, **defaults) -> pd.DataFrame:
     out["view_status"] = [_view_status(v, k) for v, k in zip(raw, n)]
     if "image_views" in out.columns:
         out["image_views"] = [_align_views(v, k) for v, k in zip(raw, n)]
-        if "view" not in df.columns: out["view"] = pd.Series([v[0] if v else None for v in out["image_views"]], dtype=object)
+        if "view" not in df.columns:
+            out["view"] = pd.Series([v[0] if v else None for v in out["image_views"]], dtype=object)
     old = out["load_flags"] if "load_flags" in out.columns else [[]] * len(out)
     texts = out[list(SECTION_COLUMNS) + ["text"]].to_dict("records")
     out["load_flags"] = [_study_flags(f, s, t, sections) for f, s, t in zip(old, out["view_status"], texts)]
@@ -478,7 +510,8 @@ def _rename(df: pd.DataFrame, columns: Mapping[str, str] | None, what: str) -> p
     return df.drop(columns=clash).rename(columns={v: k for k, v in columns.items()})
 
 def _per_image_lists(df: pd.DataFrame, what: str) -> pd.DataFrame:
-    "Per-image `image_path`/`image_view` columns as one-element lists, list-valued columns parsed (`bad_list` where they cannot be)."
+    """Per-image `image_path`/`image_view` columns as one-element lists, list-valued columns parsed (`bad_list` where
+    they cannot be)."""
     df = df.copy()
     if "image_path" in df.columns:
         _bad_row(df, df["image_path"].map(is_missing).to_numpy(), what, "empty image_path")
@@ -507,9 +540,11 @@ def load_table(path: str | os.PathLike,            # .csv, .csv.gz or .parquet
     if "dataset" not in df.columns and dataset is None:
         raise InputError(f"{what}: no 'dataset' column; pass dataset='name' (or map a column to it)")
     df = require_columns(df, ["study_id"], what)
-    if "image_paths" in df.columns: df["image_paths"] = [[_join_root(image_root, p) for p in l] for l in df["image_paths"]]
+    if "image_paths" in df.columns:
+        df["image_paths"] = [[_join_root(image_root, p) for p in l] for l in df["image_paths"]]
     if "study_time" in df.columns: df["study_time"] = _parse_times(df["study_time"], what, "study_time").to_numpy()
-    flags = _convert(df["restricted"], _as_bool, what, "restricted") if "restricted" in df.columns else [False] * len(df)
+    flags = _convert(df["restricted"], _as_bool, what,
+                     "restricted") if "restricted" in df.columns else [False] * len(df)
     df["restricted"] = [bool(restricted) or f for f in flags]
     if df["study_id"].duplicated().any() and "image_paths" in df.columns:
         df = _group_images(df, what, agree=[c for c in ("text", "findings", "impression") if c in df.columns])
@@ -518,7 +553,8 @@ def load_table(path: str | os.PathLike,            # .csv, .csv.gz or .parquet
 # %% ../nbs/02_corpus.ipynb #d054876a
 MIMIC_METADATA_FILES = ("mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-metadata.csv")
 MIMIC_SPLIT_FILES = ("mimic-cxr-2.0.0-split.csv.gz", "mimic-cxr-2.0.0-split.csv")
-MIMIC_SECTIONED_COLUMNS = {"study_id": "study", "findings": "findings", "impression": "impression", "comparison": "comparison"}
+MIMIC_SECTIONED_COLUMNS = {"study_id": "study", "findings": "findings", "impression": "impression",
+                           "comparison": "comparison"}
 
 def _mimic_id(v, prefix: str) -> str:
     "`p10000032` / `s50414267` from a MIMIC-CXR number, with or without its prefix."
@@ -536,11 +572,14 @@ def _mimic_times(dates: Iterable, times: Iterable, where: str) -> pd.Series:
     t = pd.to_numeric(t_txt.where(t_txt.ne(""), None), errors="coerce")
     h, m, s = t // 10000, t // 100 % 100, t % 100
     ok_t = t_txt.eq("") | (t.notna() & (t >= 0) & (h < 24) & (m < 60) & (s < 60))
-    for bad, col, vals in (((d_txt.ne("") & day.isna()).to_numpy(), "StudyDate", d_txt), ((~ok_t).to_numpy(), "StudyTime", t_txt)):
+    for bad, col, vals in (((d_txt.ne("") & day.isna()).to_numpy(), "StudyDate", d_txt),
+                           ((~ok_t).to_numpy(), "StudyTime", t_txt)):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{where}: row {i}: column {col!r}: not a {'YYYYMMDD date' if col == 'StudyDate' else 'HHMMSS time'}: {vals[i]!r}")
-    offset = pd.to_timedelta((h * 3600 + m * 60).fillna(0), unit="s") + pd.to_timedelta((s.fillna(0) * 1e6).round(), unit="us")
+            raise InputError(f"{where}: row {i}: column {col!r}: not a "
+                             f"{'YYYYMMDD date' if col == 'StudyDate' else 'HHMMSS time'}: {vals[i]!r}")
+    offset = pd.to_timedelta((h * 3600 + m * 60).fillna(0), unit="s") + pd.to_timedelta((s.fillna(0) * 1e6).round(),
+                                                                                        unit="us")
     return day + offset
 
 # %% ../nbs/02_corpus.ipynb #64d8bcd2
@@ -573,7 +612,8 @@ def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.Dat
         by_dicom = dict(zip(sp["dicom_id"], sp["split"]))
         split = [by_dicom.get(d) for d in dicom]
     return pd.DataFrame({"study_id": sid, "patient_id": pid, "split": split, "study_time": times,
-                         "image_paths": [[_join_root(image_root, f"files/{p[:3]}/{p}/{s}/{d}.jpg")] for p, s, d in zip(pid, sid, dicom)],
+                         "image_paths": [[_join_root(image_root, f"files/{p[:3]}/{p}/{s}/{d}.jpg")] for p, s,
+                                         d in zip(pid, sid, dicom)],
                          "image_views": [[normalize_view(v)] for v in meta["ViewPosition"]],
                          "dicom_ids": [[d] for d in dicom], "metadata_rows": [[i] for i in range(len(meta))],
                          "load_flags": meta["load_flags"].tolist()})
@@ -581,19 +621,21 @@ def _mimic_images(meta_p: Path, split_p: Path | None, image_root=None) -> pd.Dat
 # %% ../nbs/02_corpus.ipynb #2aabb6ff
 def _mimic_report_dir(root, reports) -> Path:
     "The `files/` folder of the MIMIC-CXR report tree."
-    if reports is None and root is None: raise InputError("load_mimic_cxr: pass reports= (the folder holding files/pXX/...) or reports_csv=")
+    if reports is None and root is None:
+        raise InputError("load_mimic_cxr: pass reports= (the folder holding files/pXX/...) or reports_csv=")
     folder = _path(reports if reports is not None else root, "reports folder")
     if (folder / "files").is_dir(): return folder / "files"
     if folder.name == "files": return folder
-    raise InputError(f"{folder}: no files/ folder of MIMIC-CXR reports (files/pXX/pSUBJECT/sSTUDY.txt); pass reports= or reports_csv=")
+    raise InputError(f"{folder}: no files/ folder of MIMIC-CXR reports (files/pXX/pSUBJECT/sSTUDY.txt); pass reports= "
+                     "or reports_csv=")
 
 def _mimic_report(text: str) -> dict:
     "Sections and full text of one MIMIC-CXR report."
     from cxr_audit.reports import parse_sections
     s = {k: _text(v) for k, v in parse_sections(text).items()}
     return {"indication": s.get("indication") or s.get("history", ""), "comparison": s.get("comparison", ""),
-            "technique": s.get("technique", ""), "findings": s.get("findings", ""), "impression": s.get("impression", ""),
-            "text": text.strip()}
+            "technique": s.get("technique", ""), "findings": s.get("findings", ""),
+            "impression": s.get("impression", ""), "text": text.strip()}
 
 def _mimic_reports_csv(path, columns: Mapping[str, str] | None) -> dict[str, dict]:
     "Study ID -> sections, from a per-study report CSV such as `mimic_cxr_sectioned.csv`."
@@ -602,7 +644,9 @@ def _mimic_reports_csv(path, columns: Mapping[str, str] | None) -> dict[str, dic
     mapping = {**MIMIC_SECTIONED_COLUMNS, **columns}
     df = _rename(df, {k: v for k, v in mapping.items() if k == "study_id" or k in columns or v in df.columns}, where)
     cols = [c for c in SECTION_COLUMNS + ("text",) if c in df.columns]
-    if not cols: raise InputError(f"{where}: no report text columns (looked for findings, impression, comparison); map them with report_columns=")
+    if not cols:
+        raise InputError(f"{where}: no report text columns (looked for findings, impression, comparison); map them "
+                         "with report_columns=")
     df["study_id"] = _convert(df["study_id"], lambda v: _mimic_id(v, "s"), where, mapping["study_id"])
     _bad_row(df, df["study_id"].duplicated().to_numpy(), where, "the study has a second report")
     return {r["study_id"]: {c: _text(r[c]) for c in cols} for r in df.to_dict("records")}
@@ -626,8 +670,10 @@ def load_mimic_cxr(root: str | os.PathLike | None = None,      # MIMIC-CXR-JPG f
                    restricted: bool = True                     # credentialed data: keep it local
                   ) -> pd.DataFrame:
     "The `studies` table from MIMIC-CXR(-JPG): metadata and split tables plus report files or a report CSV."
-    if reports is not None and reports_csv is not None: raise InputError("load_mimic_cxr: pass reports= or reports_csv=, not both")
-    if missing_reports not in ("error", "empty", "drop"): raise InputError(f"load_mimic_cxr: unknown missing_reports={missing_reports!r}")
+    if reports is not None and reports_csv is not None:
+        raise InputError("load_mimic_cxr: pass reports= or reports_csv=, not both")
+    if missing_reports not in ("error", "empty", "drop"):
+        raise InputError(f"load_mimic_cxr: unknown missing_reports={missing_reports!r}")
     meta_p = _mimic_file(root, metadata, MIMIC_METADATA_FILES, "metadata")
     split_p = _mimic_file(root, split, MIMIC_SPLIT_FILES, "split")
     images = _mimic_images(meta_p, split_p, image_root)
@@ -639,7 +685,8 @@ def load_mimic_cxr(root: str | os.PathLike | None = None,      # MIMIC-CXR-JPG f
         table = _mimic_reports_csv(reports_csv, report_columns)
         def get(p, s):
             if s not in table and missing_reports == "error":
-                raise InputError(f"{reports_csv}: no report for study {s}; pass missing_reports='empty' or 'drop' to go on without it")
+                raise InputError(f"{reports_csv}: no report for study {s}; pass missing_reports='empty' or 'drop' to "
+                                 "go on without it")
             return table.get(s)
     else:
         files = _mimic_report_dir(root, reports)
@@ -647,9 +694,11 @@ def load_mimic_cxr(root: str | os.PathLike | None = None,      # MIMIC-CXR-JPG f
             f = files / p[:3] / p / f"{s}.txt"
             if f.exists(): return _mimic_report(read_text(f))
             if missing_reports == "error":
-                raise InputError(f"{f}: report file not found (study {s}); pass missing_reports='empty' or 'drop' to go on without it")
+                raise InputError(f"{f}: report file not found (study {s}); pass missing_reports='empty' or 'drop' to "
+                                 "go on without it")
             return None
-    return _finish(_attach_reports(studies, get, missing_reports), str(meta_p), dataset="mimic-cxr", restricted=restricted)
+    return _finish(_attach_reports(studies, get, missing_reports), str(meta_p), dataset="mimic-cxr",
+                   restricted=restricted)
 
 # %% ../nbs/02_corpus.ipynb #e54d1d5b
 IU_FORMATS = ("csv", "openi", "r2gen", "rexrank")
@@ -708,7 +757,8 @@ def _iu_csv(src: Path, image_root=None) -> pd.DataFrame:
     proj["study_id"] = _convert(proj["uid"], _iu_uid, str(proj_p), "uid")
     proj["image_paths"] = [[_join_root(image_root, f)] for f in proj["filename"]]
     proj["image_views"] = [[normalize_view(v)] for v in proj["projection"]]
-    imgs = _group_images(proj[["study_id", "image_paths", "image_views", "load_flags"]], str(proj_p)).set_index("study_id")
+    imgs = _group_images(proj[["study_id", "image_paths", "image_views", "load_flags"]],
+                         str(proj_p)).set_index("study_id")
     out = rep.rename(columns={"MeSH": "mesh", "Problems": "problems"}).drop(columns=["uid", "image"], errors="ignore")
     out["image_paths"] = [imgs["image_paths"].get(s, []) for s in out["study_id"]]
     out["image_views"] = [imgs["image_views"].get(s, []) for s in out["study_id"]]
@@ -741,7 +791,8 @@ def _iu_r2gen(src: Path, image_root=None) -> pd.DataFrame:
     "Studies from an R2Gen `annotation.json` (its `report` is the findings section)."
     path = src / "annotation.json" if src.is_dir() else src
     obj = _read_entries(path)
-    if _json_kind(obj) != "r2gen": raise InputError(f"{path}: not an R2Gen annotation file (expected {{'train': [...], ...}})")
+    if _json_kind(obj) != "r2gen":
+        raise InputError(f"{path}: not an R2Gen annotation file (expected {{'train': [...], ...}})")
     rows = []
     for part, entries in obj.items():
         for i, e in enumerate(entries):
@@ -784,7 +835,8 @@ def _rexrank_ids(key: str, e: Mapping, dataset: str) -> tuple[str, str | None]:
     if dataset == "mimic-cxr":
         subj = _text(e.get("subject_id", pid)).removesuffix(".0")
         return (f"s{key}" if str(key).isdigit() else str(key)), (f"p{subj}" if subj.isdigit() else subj or None)
-    if dataset == "chexpert-plus" and re.match(r"^patient\d+_study\d+$", str(key)): return str(key), str(key).split("_")[0]
+    if dataset == "chexpert-plus" and re.match(r"^patient\d+_study\d+$", str(key)):
+        return str(key), str(key).split("_")[0]
     return str(key), None if is_missing(pid) else str(pid)
 
 # %% ../nbs/02_corpus.ipynb #3dbb6f86
@@ -824,10 +876,12 @@ def load_rexrank(path: str | os.PathLike,           # a ReXrank JSON file, or a 
     p = _path(path)
     if p.is_dir():
         jsons = sorted(p.glob("*.json"))
-        if len(jsons) != 1: raise InputError(f"{path}: expected one ReXrank .json file in the folder, found {len(jsons)}")
+        if len(jsons) != 1:
+            raise InputError(f"{path}: expected one ReXrank .json file in the folder, found {len(jsons)}")
         p = jsons[0]
     obj = _read_entries(p)
-    if _json_kind(obj) != "rexrank": raise InputError(f"{p}: not a ReXrank file (expected {{study: {{'image_path': [...], ...}}}})")
+    if _json_kind(obj) != "rexrank":
+        raise InputError(f"{p}: not a ReXrank file (expected {{study: {{'image_path': [...], ...}}}})")
     rows = pd.DataFrame([_rexrank_row(k, e, dataset, str(p), image_root) for k, e in obj.items()])
     rows = _add_flag(rows, [k in set(obj.repeated) for k in obj], "duplicate_id")
     restricted = restricted_dataset(dataset) is not None if restricted is None else restricted
@@ -846,14 +900,17 @@ def load_iu_xray(path: str | os.PathLike,           # folder or file in one of t
     fmt = _iu_format(p) if format == "auto" else format
     if fmt is None: raise InputError(f"{path}: cannot tell which IU X-ray layout this is; looked for {_IU_LOOKED_FOR}. "
                                      f"Pass format= one of {', '.join(map(repr, IU_FORMATS))}.")
-    if fmt not in IU_FORMATS: raise InputError(f"load_iu_xray: unknown format {fmt!r}; use 'auto' or one of {', '.join(map(repr, IU_FORMATS))}")
+    if fmt not in IU_FORMATS:
+        raise InputError(f"load_iu_xray: unknown format {fmt!r}; use 'auto' or one of "
+                         f"{', '.join(map(repr, IU_FORMATS))}")
     if fmt == "rexrank": return load_rexrank(p, "iu-xray", image_root=image_root, restricted=restricted)
     df = _IU_READERS[fmt](p, image_root)
     return _finish(df, str(p), dataset="iu-xray", restricted=restricted, patient_id=None)
 
 # %% ../nbs/02_corpus.ipynb #46a04dc8
-CHEXPERT_PLUS_SECTIONS = {"indication": ("section_clinical_history", "section_history"), "comparison": ("section_comparison",),
-                          "technique": ("section_technique",), "findings": ("section_findings",),
+CHEXPERT_PLUS_SECTIONS = {"indication": ("section_clinical_history", "section_history"),
+                          "comparison": ("section_comparison",), "technique": ("section_technique",),
+                          "findings": ("section_findings",),
                           "impression": ("section_impression",), "text": ("report",)}
 _CHEXPERT_PATH = re.compile(r"(?:^|/)(?P<patient>patient\d+)/(?P<study>study\d+)/[^/]+$")
 
@@ -887,8 +944,9 @@ def load_chexpert_plus(csv_path: str | os.PathLike,   # df_chexpert_plus_240401.
                           "load_flags": df["load_flags"].tolist()})
     if "split" in df.columns: frame["split"] = df["split"].map(lambda v: None if is_missing(v) else str(v)).tolist()
     if "patient_report_date_order" in df.columns:
-        frame["visit_order"] = _convert(df["patient_report_date_order"], lambda v: None if is_missing(v) else int(float(v)),
-                                        where, "patient_report_date_order")
+        frame["visit_order"] = _convert(df["patient_report_date_order"],
+                                        lambda v: None if is_missing(v) else int(float(v)), where,
+                                        "patient_report_date_order")
     out = _group_images(frame, where, agree=[c for c in ("text", "split", "visit_order") if c in frame.columns])
     if "visit_order" in out.columns: out["visit_order"] = pd.array(out["visit_order"].tolist(), dtype="Int64")
     return _finish(out, where, dataset="chexpert-plus", restricted=restricted)
@@ -909,7 +967,8 @@ def _rexgradient_files(p: Path) -> list[Path]:
              for s in ("train", "valid", "test")]
     if not any(found):
         raise InputError(f"{p}: no ReXGradient metadata found; looked for "
-                         f"{', '.join(n.format('<split>') for n in _REXGRADIENT_FILES)} (split train/valid/test), also under metadata/")
+                         f"{', '.join(n.format('<split>') for n in _REXGRADIENT_FILES)} (split train/valid/test), also "
+                         "under metadata/")
     return [f for f in found if f]
 
 def _rexgradient_frame(f: Path) -> pd.DataFrame:
@@ -918,7 +977,8 @@ def _rexgradient_frame(f: Path) -> pd.DataFrame:
         obj = _read_entries(f)
         if isinstance(obj, list) and all(isinstance(v, dict) for v in obj): df = pd.DataFrame(obj)
         elif isinstance(obj, dict) and all(isinstance(v, dict) for v in obj.values()):
-            df = pd.DataFrame([{"id": k, **v, "load_flags": ["duplicate_id"] if k in obj.repeated else []} for k, v in obj.items()])
+            df = pd.DataFrame([{"id": k, **v, "load_flags": ["duplicate_id"] if k in obj.repeated else []} for k,
+                               v in obj.items()])
         else: raise InputError(f"{f}: expected a JSON object of studies keyed by id, or a list of study objects")
     else: df = _read_rows(f)
     m = re.match(r"^(train|valid|test)_", f.name)
@@ -934,8 +994,10 @@ def _rexgradient_studies(f: Path, columns: Mapping[str, str], image_root=None) -
         mapping["study_id"] = "StudyInstanceUid"
     use = {k: v for k, v in mapping.items() if k in _REXGRADIENT_REQUIRED or k in columns or v in df.columns}
     df = _per_image_lists(_rename(df, use, where), where)
-    if "image_paths" in df.columns: df["image_paths"] = [[_join_root(image_root, p) for p in l] for l in df["image_paths"]]
-    if "study_time" in df.columns: df["study_time"] = _parse_times(df["study_time"], where, mapping["study_time"]).to_numpy()
+    if "image_paths" in df.columns:
+        df["image_paths"] = [[_join_root(image_root, p) for p in l] for l in df["image_paths"]]
+    if "study_time" in df.columns:
+        df["study_time"] = _parse_times(df["study_time"], where, mapping["study_time"]).to_numpy()
     if df["study_id"].duplicated().any() and "image_paths" in df.columns:
         df = _group_images(df, where, agree=["findings", "impression"])
     return df
@@ -964,9 +1026,11 @@ def load_generations(path: str | os.PathLike,            # .csv, .csv.gz or .par
     return to_generations(df, what, **defaults)
 
 # %% ../nbs/02_corpus.ipynb #a1ae1875
-_FLAG_WORDS = {"no_images": "without images", "empty_report": "with no report text", "empty_findings": "with an empty findings section",
-               "empty_impression": "with an empty impression", "masked_findings": "with findings that are only XXXX",
-               "masked_impression": "with an impression that is only XXXX", "duplicate_id": "given twice in the source (kept once)",
+_FLAG_WORDS = {"no_images": "without images", "empty_report": "with no report text",
+               "empty_findings": "with an empty findings section", "empty_impression": "with an empty impression",
+               "masked_findings": "with findings that are only XXXX",
+               "masked_impression": "with an impression that is only XXXX",
+               "duplicate_id": "given twice in the source (kept once)",
                "bad_list": "with a list that could not be read", "encoding_repaired": "with bytes read as cp1252"}
 _STATUS_WORDS = {"fewer_views": "with fewer views than images", "more_views": "with more views than images"}
 
@@ -990,12 +1054,15 @@ class LoadReport:
         "One line: studies loaded, how many flagged, and why."
         n = dict(zip(self.flags["flag"], self.flags["n_studies"]))
         v = dict(zip(self.view_status["view_status"], self.view_status["n_studies"]))
-        why = [f"{v[s]} {w}" for s, w in _STATUS_WORDS.items() if s in v] + [f"{n[f]} {w}" for f, w in _FLAG_WORDS.items() if f in n]
+        why = [f"{v[s]} {w}" for s, w in _STATUS_WORDS.items() if s in v] + [f"{n[f]} {w}" for f,
+                                                                             w in _FLAG_WORDS.items() if f in n]
         why += [f"{n[f]} flagged {f}" for f in n if f not in _FLAG_WORDS and f != "view_mismatch"]
-        return f"{self.n_studies} studies loaded; " + (f"{self.n_flagged} flagged: {', '.join(why)}" if self.n_flagged else "none flagged")
+        return f"{self.n_studies} studies loaded; " + (f"{self.n_flagged} flagged: {', '.join(why)}" if self.n_flagged
+                                                       else "none flagged")
 
     def __repr__(self): return f"LoadReport({self.headline()})"
-    def _repr_markdown_(self): return f"**{self.headline()}**\n\n" + (md_table(self.to_frame()) if len(self.flags) else "")
+    def _repr_markdown_(self):
+        return f"**{self.headline()}**\n\n" + (md_table(self.to_frame()) if len(self.flags) else "")
 
 # %% ../nbs/02_corpus.ipynb #022fd281
 def _tally(ids: list, keys: list, col: str, meanings: Mapping, n: int, examples: int) -> pd.DataFrame:
@@ -1016,4 +1083,5 @@ def load_report(studies,          # a table returned by one of the loaders (pand
     pairs = [(i, f) for i, fs in zip(ids, flags) for f in fs]
     return LoadReport(n_studies=len(df), n_flagged=sum(bool(f) for f in flags),
                       flags=_tally([i for i, _ in pairs], [f for _, f in pairs], "flag", LOAD_FLAGS, len(df), examples),
-                      view_status=_tally(ids, df["view_status"].astype(str).tolist(), "view_status", VIEW_STATUS, len(df), examples))
+                      view_status=_tally(ids, df["view_status"].astype(str).tolist(), "view_status", VIEW_STATUS,
+                                         len(df), examples))

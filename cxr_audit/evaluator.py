@@ -20,8 +20,8 @@ from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_the
                             require_columns, save_chart, write_manifest, write_table)
 from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
 from .corpus import SECTION_COLUMNS, text_flag
-from .stats import (CIMethod, PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family, p_value_note,
-                             plot_forest, plot_win_probability, resolve_clusters)
+from .stats import (CIMethod, PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family,
+                             p_value_note, plot_forest, plot_win_probability, resolve_clusters)
 from .generate import GENERATOR_RECIPES, accepts_indications, call_report_generator, image_file, load_generator
 from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
 
@@ -40,7 +40,8 @@ def generator_function(report_generator # a callable, or an object with a `gener
     gen = getattr(report_generator, "generate", None)
     if callable(gen): return gen
     if callable(report_generator): return report_generator
-    raise TypeError(f"report_generator must be callable or have a generate method, got {type(report_generator).__name__}")
+    raise TypeError("report_generator must be callable or have a generate method, got "
+                    f"{type(report_generator).__name__}")
 
 # %% ../nbs/12_evaluator.ipynb #13c4e005
 def generator_arity(report_generator # a callable, or an object with a `generate` method
@@ -64,7 +65,8 @@ def read_report(report,              # sample["report"]: a file path, the report
     if isinstance(report, Mapping): return report
     if report is None or is_missing(report): return ""
     if isinstance(report, bytes): report = report.decode("utf-8", errors="replace")
-    if isinstance(report, os.PathLike) or (isinstance(report, str) and (_names_file(report) or _looks_like_path(report))):
+    if isinstance(report, os.PathLike) or (isinstance(report, str)
+                                           and (_names_file(report) or _looks_like_path(report))):
         p = Path(report)
         if not _names_file(str(p)): raise InputError(f"{where}: report file not found: {p}")
         return p.read_text(encoding="utf-8", errors="replace")
@@ -107,15 +109,18 @@ def _fetch(dataset, num_workers: int, chunk: int = 64) -> Iterator[tuple[int, An
 def _dict_record(i: int, sample, ref_section: str, indication_section: str, use_indication: bool, clusters) -> dict:
     "The record of one sample dict."
     where = f"dataset sample {i}"
-    if not isinstance(sample, Mapping): raise InputError(f"{where}: expected a dict with 'img' and 'report', got {type(sample).__name__}")
+    if not isinstance(sample, Mapping):
+        raise InputError(f"{where}: expected a dict with 'img' and 'report', got {type(sample).__name__}")
     ik, idk = _first_key(sample, IMAGE_KEYS), _first_key(sample, ID_KEYS)
     if ik is None: raise InputError(f"{where}: no image key (looked for {', '.join(IMAGE_KEYS)})")
     if "report" not in sample: raise InputError(f"{where}: no 'report' key (build the dataset with output_report=True)")
-    if clusters is not None and clusters not in sample: raise InputError(f"{where}: no {clusters!r} key for the clustered bootstrap")
+    if clusters is not None and clusters not in sample:
+        raise InputError(f"{where}: no {clusters!r} key for the clustered bootstrap")
     report = read_report(sample["report"], where)
     ind = sample["indication"] if "indication" in sample else extract_section(report, indication_section)
     return {"sample_id": str(sample[idk]) if idk else str(i), "img": sample[ik],
-            "reference": extract_section(report, ref_section), "indication": (_squash(ind) or None) if use_indication else None,
+            "reference": extract_section(report, ref_section),
+            "indication": (_squash(ind) or None) if use_indication else None,
             "cluster": None if clusters is None else sample[clusters]}
 
 def _first_image(paths) -> str | None:
@@ -125,7 +130,8 @@ def _first_image(paths) -> str | None:
     return str(paths[0]) if len(paths) else None
 
 def _study_record(i: int, row: Mapping, ref_section: str, indication_section: str, use_indication: bool, clusters) -> dict:
-    "The record of one `studies` (or cohort) row: keyed by `entry_id` when the row has one, the cohort's chosen `image_path` first."
+    """The record of one `studies` (or cohort) row: keyed by `entry_id` when the row has one, the cohort's chosen
+    `image_path` first."""
     cl = None if clusters is None else row[clusters]
     entry, chosen = row.get("entry_id"), row.get("image_path")
     return {"sample_id": str(row["study_id"] if entry is None or is_missing(entry) else entry),
@@ -148,7 +154,8 @@ def iter_samples(dataset,                          # an indexable of sample dict
         df = as_pandas(dataset, "dataset")
         if "report" in df.columns:
             yield from (_dict_record(i, r, *args) for i, r in enumerate(df.to_dict("records"))); return
-        df = require_columns(df, ["study_id", "image_paths"] + ([clusters] if clusters else []), "dataset (studies table)")
+        df = require_columns(df, ["study_id", "image_paths"] + ([clusters] if clusters else []),
+                             "dataset (studies table)")
         yield from (_study_record(i, r, *args) for i, r in enumerate(df.to_dict("records"))); return
     yield from (_dict_record(i, s, *args) for i, s in _fetch(dataset, num_workers))
 
@@ -166,32 +173,38 @@ def _radeval_outputs(name: str) -> list:
     return ms
 
 def _named_metrics(metrics) -> list[tuple[str, list]]:
-    "`(name asked for, its Metric objects)` per entry (a RadEval metric name first, then a registry name); an unknown name raises at once."
+    """`(name asked for, its Metric objects)` per entry (a RadEval metric name first, then a registry name); an unknown
+    name raises at once."""
     out = []
     for m in _names(metrics):
         if not isinstance(m, str): out.append((getattr(m, "name", repr(m)), [m]))
-        elif m in RADEVAL_METRICS: out.append((m, _radeval_outputs(m)))     # "radeval_bertscore" is RadEval's metric, not `radeval_<key>`
+        # "radeval_bertscore" is RadEval's metric, not `radeval_<key>`
+        elif m in RADEVAL_METRICS: out.append((m, _radeval_outputs(m)))
         else: out.append((m, [get_metric(m)]))
     return out
 
 # %% ../nbs/12_evaluator.ipynb #52616941
-OFFLINE_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_5")   # computed here, no weights: the alternative offered when metrics cannot load
+# computed here, no weights: the alternative offered when metrics cannot load
+OFFLINE_METRICS = ("bleu_4", "rouge_l", "chexpert_f1_5")
 
 def _unavailable_error(bad: list, ok: list, n: int, what: str, default: bool) -> InputError:
     "One error: each metric that cannot load here and why, then the offline alternative."
     head = f"{what}: {len(bad)} of the {n} metrics asked for cannot load here" + \
-           (" (metrics defaults to FULL_METRICS, the 16 RadEval metrics paper 001 documents)" if default else "") + ":\n"
+           (" (metrics defaults to FULL_METRICS, the 16 RadEval metrics paper 001 documents)" if default
+            else "") + ":\n"
     keep = f"; or keep the ones that load here: metrics={tuple(ok)!r}" if ok else ""
     return InputError(head + "\n".join(f"- {name}: {why}" for name, why in bad) +
-                      f"\nOffline alternative: metrics={OFFLINE_METRICS!r} (computed here, no weights; chexpert_f1_5 labels with this "
-                      f"package's rules, not CheXbert){keep}. The others run unchanged where their packages, weights and API keys are present.")
+                      f"\nOffline alternative: metrics={OFFLINE_METRICS!r} (computed here, no weights; chexpert_f1_5 "
+                      f"labels with this package's rules, not CheXbert){keep}. The others run unchanged where their "
+                      "packages, weights and API keys are present.")
 
 def resolve_metrics(metrics,              # registry names, RadEval names, Metric objects, or "bleu_4,rouge_l"
                     check: bool = True,   # raise one InputError listing every metric that cannot load here
                     load: bool = True,    # the check builds bridged metrics (their models load once, reused when they run)
                     what: str = "metrics" # named in the error
                    ) -> list:
-    "Metric objects for `metrics`; an unknown name, a duplicate, or metrics that cannot load here raise one `InputError`."
+    """Metric objects for `metrics`; an unknown name, a duplicate, or metrics that cannot load here raise one
+    `InputError`."""
     named = _named_metrics(metrics)
     ms = [m for _, group in named for m in group]
     if not ms: raise InputError("no metrics given")
@@ -199,7 +212,8 @@ def resolve_metrics(metrics,              # registry names, RadEval names, Metri
     dup = next((n for n in seen if seen.count(n) > 1), None)
     if dup: raise InputError(f"metric {dup!r} is given twice")
     if check:
-        av = [(name, metric_availability(group[:1], load=load).iloc[0]) for name, group in named]   # one check per entry: its outputs share a model
+        # one check per entry: its outputs share a model
+        av = [(name, metric_availability(group[:1], load=load).iloc[0]) for name, group in named]
         bad = [(name, r.reason) for name, r in av if not r.available]
         if bad: raise _unavailable_error(bad, [name for name, r in av if r.available], len(named), what,
                                          isinstance(metrics, tuple) and metrics == FULL_METRICS)
@@ -222,19 +236,21 @@ def _leaf(value: Callable, j: int) -> Callable:
 def _int_arg(v, name: str, low: int, none_ok: bool = False):
     if v is None and none_ok: return None
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-        raise InputError(f"ReportGenerationEvaluator: {name} must be an integer >= {low}{' or None' if none_ok else ''}, got {v!r}")
+        raise InputError(f"ReportGenerationEvaluator: {name} must be an integer >= "
+                         f"{low}{' or None' if none_ok else ''}, got {v!r}")
     return int(v)
 
 def _section_arg(v, name: str, allowed: Sequence[str]) -> str:
-    if v not in allowed: raise InputError(f"ReportGenerationEvaluator: {name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
+    if v not in allowed:
+        raise InputError(f"ReportGenerationEvaluator: {name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
     return v
 
 # %% ../nbs/12_evaluator.ipynb #92c6faaa
 class ReportGenerationEvaluator:
     "Generate one report per sample, score the (reference, hypothesis) pairs, and bootstrap the scores by weights."
-    def __init__(self, report_generator,           # generator(imgs[, indications]) -> list[str], or an object with `generate`
-                 dataset=None,                     # indexable of sample dicts, or a table (report column, or a studies table)
-                 metrics=FULL_METRICS,             # metric names or Metric objects (paper 001's default: all 16 RadEval metrics)
+    def __init__(self, report_generator,     # generator(imgs[, indications]) -> list[str], or an object with `generate`
+                 dataset=None,               # indexable of sample dicts, or a table (report column, or a studies table)
+                 metrics=FULL_METRICS,    # metric names or Metric objects (paper 001's default: all 16 RadEval metrics)
                  ref_section: str = "findings",    # "findings", "impression", "both" or "full"
                  use_indication: bool = False,     # pass each sample's indication to the generator
                  indication_section: str = "indication", # section read as the indication
@@ -251,19 +267,23 @@ class ReportGenerationEvaluator:
         self.report_generator, self.dataset, self.device, self.output_dir = report_generator, dataset, device, output_dir
         self.ref_section = _section_arg(ref_section, "ref_section", REFERENCE_SECTIONS + SECTIONS)
         self.indication_section = _section_arg(indication_section, "indication_section", SECTIONS)
-        self.batch_size, self.num_workers = _int_arg(batch_size, "batch_size", 1), _int_arg(num_workers, "num_workers", 0)
+        self.batch_size, self.num_workers = _int_arg(batch_size, "batch_size",
+                                                     1), _int_arg(num_workers, "num_workers", 0)
         self.max_samples = _int_arg(max_samples, "max_samples", 1, none_ok=True)
-        self.n_bootstrap, self.bootstrap_seed = _int_arg(n_bootstrap, "n_bootstrap", 0), _int_arg(bootstrap_seed, "bootstrap_seed", 0)
+        self.n_bootstrap, self.bootstrap_seed = _int_arg(n_bootstrap, "n_bootstrap",
+                                                         0), _int_arg(bootstrap_seed, "bootstrap_seed", 0)
         self.use_indication, self.clusters, self.keep_flagged = bool(use_indication), clusters, bool(keep_flagged)
         self.metrics = tuple(resolve_metrics(metrics, what="ReportGenerationEvaluator"))
         self.arity = generator_arity(report_generator)
         if self.use_indication and self.arity == 1:
-            raise InputError(f"ReportGenerationEvaluator: use_indication=True, but {_name(report_generator)} takes only images "
-                             "(one argument); give it a second `indications` argument or set use_indication=False")
+            raise InputError(f"ReportGenerationEvaluator: use_indication=True, but {_name(report_generator)} takes "
+                             "only images (one argument); give it a second `indications` argument or set "
+                             "use_indication=False")
 
     def __repr__(self):
-        return (f"ReportGenerationEvaluator({_name(self.report_generator)}, arity={self.arity}, metrics={[m.name for m in self.metrics]}, "
-                f"ref_section={self.ref_section!r}, n_bootstrap={self.n_bootstrap})")
+        return (f"ReportGenerationEvaluator({_name(self.report_generator)}, arity={self.arity}, "
+                f"metrics={[m.name for m in self.metrics]}, ref_section={self.ref_section!r}, "
+                f"n_bootstrap={self.n_bootstrap})")
 
 def _name(obj) -> str: return getattr(obj, "__name__", None) or type(obj).__name__
 
@@ -272,7 +292,8 @@ def _call_batch(fn, batch: list[dict], arity: int, what: str) -> list[tuple[str,
     "`(hypothesis, error)` per record: the batch in one call, or one by one after a failure."
     def run(part):
         if any(r["img"] is None for r in part): raise InputError("sample has no image")
-        return call_report_generator(fn, [r["img"] for r in part], [r["indication"] for r in part] if arity == 2 else None, what)
+        return call_report_generator(fn, [r["img"] for r in part],
+                                     [r["indication"] for r in part] if arity == 2 else None, what)
     try: return [(h, None) for h in run(batch)]
     except Exception:
         out = []
@@ -294,7 +315,8 @@ def _keep(self: ReportGenerationEvaluator, rows: list[dict]) -> pd.DataFrame:
     self.pairs_ = g[g.status == "scored"].drop(columns=["status", "error"]).reset_index(drop=True)
     failed = g[g.status == "failed"]
     if len(failed) and not counts["scored"]:
-        raise InputError(f"{_name(self.report_generator)} failed on every sample; first: sample {failed.sample_id.iloc[0]!r}: {failed.error.iloc[0]}")
+        raise InputError(f"{_name(self.report_generator)} failed on every sample; first: sample "
+                         f"{failed.sample_id.iloc[0]!r}: {failed.error.iloc[0]}")
     if len(failed):
         warnings.warn(f"{_name(self.report_generator)} failed on {len(failed)} sample(s), dropped from scoring; "
                       f"first: sample {failed.sample_id.iloc[0]!r}: {failed.error.iloc[0]}", stacklevel=3)
@@ -310,17 +332,20 @@ def _pairs(self: ReportGenerationEvaluator) -> pd.DataFrame:
 # %% ../nbs/12_evaluator.ipynb #ed3d1d91
 @patch
 def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
-    "Run the generator over the dataset once (up to `max_samples` scored pairs): one row per sample read, with `status` (see `STATUSES`)."
+    """Run the generator over the dataset once (up to `max_samples` scored pairs): one row per sample read, with
+    `status` (see `STATUSES`)."""
     if self.dataset is None: raise InputError("ReportGenerationEvaluator: no dataset given")
     fn, what = generator_function(self.report_generator), _name(self.report_generator)
     rows, todo, n_scored, cap = [], [], 0, self.max_samples
-    for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters, self.num_workers):
+    for rec in iter_samples(self.dataset, self.ref_section, self.use_indication, self.indication_section, self.clusters,
+                            self.num_workers):
         rows.append(rec)
         masked = not self.keep_flagged and text_flag(rec["reference"]) == "masked"
         if skip := "empty_reference" if not rec["reference"] else "masked_reference" if masked else "":
             rec.pop("img"); rec.update(hypothesis=None, error=None, status=skip); continue
         todo.append(rec)
-        if len(todo) == self.batch_size or (cap is not None and len(todo) == cap - n_scored):   # never more than the cap still needs
+        # never more than the cap still needs
+        if len(todo) == self.batch_size or (cap is not None and len(todo) == cap - n_scored):
             n_scored += self._finish(fn, todo, what); todo = []
             if cap is not None and n_scored >= cap: break
     if todo: self._finish(fn, todo, what)
@@ -331,11 +356,13 @@ def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str) -
     "Generate for a batch of records, in place; the number of pairs it made scorable."
     for rec, (hyp, err) in zip(batch, _call_batch(fn, batch, self.arity, what)):
         rec.pop("img")
-        rec.update(hypothesis=hyp, error=err, status="failed" if err else "empty_hypothesis" if not hyp.strip() else "scored")
+        rec.update(hypothesis=hyp, error=err,
+                   status="failed" if err else "empty_hypothesis" if not hyp.strip() else "scored")
     return sum(r["status"] == "scored" for r in batch)
 
 # %% ../nbs/12_evaluator.ipynb #bbfec795
-def _leaf_stats(metrics, references: Sequence[str], hypotheses: Sequence[str]) -> dict[str, tuple[np.ndarray, Callable]]:
+def _leaf_stats(metrics, references: Sequence[str], hypotheses: Sequence[str]) -> dict[str,
+                                                                                       tuple[np.ndarray, Callable]]:
     "leaf -> (per-pair statistics, value function), each metric's statistics computed once."
     out = {}
     for m in metrics:
@@ -356,8 +383,10 @@ def results_frame(estimates: Mapping[str, float],         # leaf -> point estima
 def _score(leaves: Mapping, reps: int, seed, clusters=None) -> tuple[pd.DataFrame, dict]:
     "Results table and the `stats` results (empty without bootstrap) for precomputed leaf statistics."
     if not reps:
-        return results_frame({k: np.asarray(f(S.sum(0)[None]))[0] for k, (S, f) in leaves.items()}), {}   # 2-D, as the bootstrap does
-    res = bootstrap_metrics({k: ({"report": S}, f) for k, (S, f) in leaves.items()}, reps=reps, seed=seed, clusters=clusters)
+        # 2-D, as the bootstrap does
+        return results_frame({k: np.asarray(f(S.sum(0)[None]))[0] for k, (S, f) in leaves.items()}), {}
+    res = bootstrap_metrics({k: ({"report": S}, f) for k, (S, f) in leaves.items()}, reps=reps, seed=seed,
+                            clusters=clusters)
     return results_frame({k: r.estimates[0] for k, r in res.items()}, {k: r.replicates[0] for k, r in res.items()}), res
 
 def score_pairs(references: Sequence[str],   # reference texts
@@ -416,7 +445,8 @@ def results_summary(df,                 # a results table (see `evaluate`)
         est, x = (float(point[c].iloc[0]) if len(point) else np.nan), reps[c].to_numpy(dtype=float)
         lo, hi = np.nanquantile(x, [a, 1 - a]) if np.isfinite(x).any() else (np.nan, np.nan)
         rows.append({"metric": c, "estimate": est, "mean": np.nanmean(x) if np.isfinite(x).any() else est,
-                     "std": np.nanstd(x, ddof=1) if np.isfinite(x).sum() > 1 else np.nan, "ci_low": lo, "ci_high": hi, "n_bootstrap": len(x)})
+                     "std": np.nanstd(x, ddof=1) if np.isfinite(x).sum() > 1 else np.nan, "ci_low": lo, "ci_high": hi,
+                     "n_bootstrap": len(x)})
     out = pd.DataFrame(rows)
     return out if notes is None else out.assign(note=[notes.get(c, "") for c in out.metric])
 
@@ -430,14 +460,17 @@ def metric_notes(metrics # Metric objects (e.g. an evaluator's `metrics`)
 @patch
 def _params(self: ReportGenerationEvaluator) -> dict:
     return {"generator": _name(self.report_generator), "arity": self.arity, "metrics": [m.name for m in self.metrics],
-            "ref_section": self.ref_section, "use_indication": self.use_indication, "indication_section": self.indication_section,
-            "batch_size": self.batch_size, "num_workers": self.num_workers, "device": self.device, "max_samples": self.max_samples, "n_bootstrap": self.n_bootstrap,
-            "bootstrap_seed": self.bootstrap_seed, "clusters": self.clusters, "keep_flagged": self.keep_flagged, "counts": getattr(self, "counts_", None)}
+            "ref_section": self.ref_section, "use_indication": self.use_indication,
+            "indication_section": self.indication_section, "batch_size": self.batch_size,
+            "num_workers": self.num_workers, "device": self.device, "max_samples": self.max_samples,
+            "n_bootstrap": self.n_bootstrap, "bootstrap_seed": self.bootstrap_seed, "clusters": self.clusters,
+            "keep_flagged": self.keep_flagged, "counts": getattr(self, "counts_", None)}
 
 @patch
 def _out(self: ReportGenerationEvaluator, output_dir) -> Path:
     d = output_dir or self.output_dir
-    if d is None: raise InputError("ReportGenerationEvaluator: no output_dir; pass output_dir= to the constructor or here")
+    if d is None:
+        raise InputError("ReportGenerationEvaluator: no output_dir; pass output_dir= to the constructor or here")
     Path(d).mkdir(parents=True, exist_ok=True)
     return Path(d)
 
@@ -458,7 +491,8 @@ def save_results(self: ReportGenerationEvaluator, df: pd.DataFrame | None = None
     summary = results_summary(df, notes=_notes(self.metrics))
     paths = {"results": write_table(df, out / "results.csv"),
              "results_summary": write_table(summary, out / "results_summary.csv"),
-             "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]], out / "generations.csv")}
+             "generations": write_table(self._pairs()[["sample_id", "reference", "hypothesis"]],
+                                        out / "generations.csv")}
     write_manifest(out / "manifest.json", outputs=paths, params=self._params())
     return {**paths, "manifest": out / "manifest.json"}
 
@@ -527,48 +561,59 @@ def make_medgemma_generator(device: str | None = None, # see `make_chexagent_gen
 
 # %% ../nbs/12_evaluator.ipynb #e4b18948
 def _labels(g: pd.DataFrame, by: Sequence[str]) -> pd.Series:
-    "Configuration label per row: `core.config_label(system, policy)`, then ` name=value` for any other `by` column that varies."
+    """Configuration label per row: `core.config_label(system, policy)`, then ` name=value` for any other `by` column
+    that varies."""
     if not by: return pd.Series(["report"] * len(g), index=g.index, dtype=object)
     if "system" in by: lab = config_label(g["system"], g["policy"] if "policy" in by else None)
     else: lab = pd.Series([""] * len(g), dtype=object)
     lab.index = g.index
-    for c in (c for c in by if c != "system" and (c != "policy" or "system" not in by) and g[c].astype(str).nunique() > 1):
+    for c in (c for c in by if c != "system" and (c != "policy" or "system" not in by)
+              and g[c].astype(str).nunique() > 1):
         lab = lab + np.where(lab == "", "", " ") + f"{c}=" + g[c].astype(str)
     return lab.where(lab != "", "report")
 
 def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> pd.Series:
     "The reference of each generations row: its `reference` column, or its study's section."
     if studies is None:
-        if "reference" not in g.columns: raise InputError(f"{what[0]}: needs a 'reference' column, or a studies table to take references from")
+        if "reference" not in g.columns:
+            raise InputError(f"{what[0]}: needs a 'reference' column, or a studies table to take references from")
         return g["reference"].map(_squash)
     s = require_columns(studies, ["study_id"], what[1])
     g = require_columns(g, ["study_id"], what[0])
     refs, first = {}, {}
-    for i, r in enumerate(s.to_dict("records")):   # a study twice with different references: which one is scored is ambiguous
+    # a study twice with different references: which one is scored is ambiguous
+    for i, r in enumerate(s.to_dict("records")):
         k, text = str(r["study_id"]), study_section(r, ref_section)
         if k in refs and refs[k] != text:
-            raise InputError(f"{what[1]}: rows {first[k]} and {i}: duplicate study_id {k!r} with different {ref_section} references")
+            raise InputError(f"{what[1]}: rows {first[k]} and {i}: duplicate study_id {k!r} with different "
+                             f"{ref_section} references")
         refs.setdefault(k, text); first.setdefault(k, i)
     sid = g["study_id"].astype(str)
     unknown = ~sid.isin(refs.keys())
     if unknown.any():
         i = int(np.flatnonzero(unknown.to_numpy())[0])
-        raise InputError(f"{what[0]}: row {i}: study_id {sid.iloc[i]!r} is not in {what[1]} ({int(unknown.sum())} row(s) affected)")
+        raise InputError(f"{what[0]}: row {i}: study_id {sid.iloc[i]!r} is not in {what[1]} ({int(unknown.sum())} "
+                         "row(s) affected)")
     return sid.map(refs)
 
 # %% ../nbs/12_evaluator.ipynb #79ac4576
 DEFAULT_CLUSTERS = "patient_id"   # resample whole patients when a table has this column
 
 def _units(g: pd.DataFrame, unit: str | None, single: bool, what: str) -> pd.Series:
-    "The pairing unit of each row: `entry_id` (one cohort entry), else `study_id`, else `sample_id` for a single configuration."
-    if unit is None: unit = next((c for c in ("entry_id", "study_id") if c in g.columns), "sample_id" if "sample_id" in g.columns and single else None)
+    """The pairing unit of each row: `entry_id` (one cohort entry), else `study_id`, else `sample_id` for a single
+    configuration."""
     if unit is None:
-        if not single: raise InputError(f"{what}: several configurations need a 'study_id' column to pair their reports")
+        unit = next((c for c in ("entry_id", "study_id") if c in g.columns),
+                    "sample_id" if "sample_id" in g.columns and single else None)
+    if unit is None:
+        if not single:
+            raise InputError(f"{what}: several configurations need a 'study_id' column to pair their reports")
         return pd.Series([str(i) for i in range(len(g))], index=g.index)
     return require_columns(g, [unit], what)[unit].astype(str)
 
 def _row_clusters(g: pd.DataFrame, studies, clusters, what: tuple[str, str]) -> np.ndarray | None:
-    "One cluster label per generations row, by `stats.resolve_clusters`; a column the generations lack is read from the studies."
+    """One cluster label per generations row, by `stats.resolve_clusters`; a column the generations lack is read from
+    the studies."""
     if clusters is None: return None
     if isinstance(clusters, str) and clusters not in g.columns:
         s = None if studies is None else as_pandas(studies, what[1])
@@ -576,7 +621,8 @@ def _row_clusters(g: pd.DataFrame, studies, clusters, what: tuple[str, str]) -> 
             by_study = {str(k): v for k, v in zip(s["study_id"], s[clusters]) if not is_missing(v)}
             return resolve_clusters(by_study, g.assign(_sid=g["study_id"].astype(str)), key="_sid", what="clusters")
         if clusters == DEFAULT_CLUSTERS: return None
-        raise InputError(f"clusters: {clusters!r} is not a column of {what[0]}" + (f" or {what[1]}" if studies is not None else ""))
+        raise InputError(f"clusters: {clusters!r} is not a column of {what[0]}" + (f" or {what[1]}"
+                                                                                   if studies is not None else ""))
     return resolve_clusters(clusters, g, key="_unit", what="clusters")
 
 # %% ../nbs/12_evaluator.ipynb #f8a8d6a4
@@ -588,14 +634,17 @@ def _plot_estimates(df: pd.DataFrame, title: str):
     alt = enable_theme(svg=False)
     base = alt.Chart().encode(y=alt.Y("config:N", sort=None, title=None))
     tip = [alt.Tooltip(c) for c in ("config", "estimate", "ci_low", "ci_high")]
-    layers = alt.layer(base.mark_rule(strokeWidth=2, color="#333333").encode(x=alt.X("ci_low:Q", title="value", scale=alt.Scale(zero=False)), x2="ci_high:Q"),
+    layers = alt.layer(base.mark_rule(strokeWidth=2,
+                                      color="#333333").encode(x=alt.X("ci_low:Q", title="value",
+                                                                      scale=alt.Scale(zero=False)), x2="ci_high:Q"),
                        base.mark_point(filled=True, size=60, color="#333333").encode(x="estimate:Q", tooltip=tip))
-    return (layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row("metric:N", title=None), data=df, title=title)
+    return (layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row("metric:N", title=None), data=df,
+                                                                    title=title)
             .resolve_scale(x="independent"))
 
-CIDER_NOTE = ("CIDEr-D weighs n-grams by an IDF computed once from the references of the scored studies; the resamples hold it "
-              "fixed (the usual choice). Re-running CIDEr-D on each resample would recompute the IDF from the resampled references, "
-              "which shifts the replicates slightly.")
+CIDER_NOTE = ("CIDEr-D weighs n-grams by an IDF computed once from the references of the scored studies; the resamples "
+              "hold it fixed (the usual choice). Re-running CIDEr-D on each resample would recompute the IDF from the "
+              "resampled references, which shifts the replicates slightly.")
 
 # %% ../nbs/12_evaluator.ipynb #1edd414d
 @dataclass(frozen=True, eq=False)
@@ -619,14 +668,17 @@ class SystemScores:
     def metrics(self) -> list: return list(dict.fromkeys(self.estimates["metric"]))
 
     def to_frame(self) -> pd.DataFrame:
-        "One row per metric and configuration: `metric, config, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
+        """One row per metric and configuration: `metric, config, estimate, ci_low, ci_high, se, n, n_clusters, reps,
+        method, size`."""
         return self.estimates.copy()
 
     def summary(self, digits: int = 3 # decimals shown
                ) -> pd.DataFrame:
         "One row per configuration, one column per metric: `estimate [ci_low, ci_high]`."
         e = self.estimates
-        wide = e.assign(text=[_fmt_ci(*v, digits) for v in zip(e.estimate, e.ci_low, e.ci_high)]).pivot(index="config", columns="metric", values="text")
+        wide = e.assign(text=[_fmt_ci(*v, digits)
+                              for v in zip(e.estimate, e.ci_low, e.ci_high)]).pivot(index="config", columns="metric",
+                                                                                    values="text")
         return wide.reindex(index=self.configs, columns=self.metrics).rename_axis(columns=None).reset_index()
 
     def note(self) -> str:
@@ -642,9 +694,11 @@ class SystemScores:
 def _repr_markdown_(self: SystemScores) -> str:
     c = self.counts
     cl = f" in {c['clusters']} clusters" if c["clusters"] else ""
-    out = f"**{len(self.configs)} configuration(s)** on {c['units']} units{cl}; {self.reps:,} resamples (seed {self.seed})\n\n" + md_table(self.summary())
+    out = (f"**{len(self.configs)} configuration(s)** on {c['units']} units{cl}; {self.reps:,} resamples (seed "
+           f"{self.seed})\n\n") + md_table(self.summary())
     if self.comparisons is not None:
-        out += f"\n\n{self.n_significant()} of {len(self.comparisons)} comparisons significant after Holm. {self.note()}"
+        out += (f"\n\n{self.n_significant()} of {len(self.comparisons)} comparisons significant after Holm. "
+                f"{self.note()}")
     return out
 
 # %% ../nbs/12_evaluator.ipynb #15bce1eb
@@ -654,7 +708,8 @@ def pairwise(metric # a Metric object
     return bool(getattr(metric, "pairwise", False))
 
 def _stats_per_system(m, refs: dict, hyps: dict) -> dict:
-    "{config: stats}: one call over all configurations' pairs for a pairwise metric (one METEOR JVM), else one call per configuration."
+    """{config: stats}: one call over all configurations' pairs for a pairwise metric (one METEOR JVM), else one call
+    per configuration."""
     if not pairwise(m): return {s: np.asarray(m.stats(refs[s], hyps[s]), dtype=float) for s in hyps}
     S = np.asarray(m.stats([r for s in hyps for r in refs[s]], [h for s in hyps for h in hyps[s]]), dtype=float)
     edges = np.cumsum([0] + [len(hyps[s]) for s in hyps])
@@ -678,14 +733,16 @@ def _scores_table(stats: dict, meta: list, units: list) -> pd.DataFrame:
     for leaf, f, _ in meta:
         for s, S in stats[leaf].items():
             parts.append(pd.DataFrame({"sample_id": units, "config": s, "metric": leaf,
-                                       **{f"stat_{j}": S[:, j] for j in range(S.shape[1])}, "value": np.asarray(f(S), dtype=float)}))
+                                       **{f"stat_{j}": S[:, j] for j in range(S.shape[1])},
+                                       "value": np.asarray(f(S), dtype=float)}))
     df = pd.concat(parts, ignore_index=True)
     stat = sorted((c for c in df.columns if c.startswith("stat_")), key=lambda c: int(c[5:]))
     return df[["sample_id", "config", "metric", *stat, "value"]]
 
 # %% ../nbs/12_evaluator.ipynb #6cd71caa
 def _flagged(by_cfg: dict, cfgs: list, order: list, keep: bool) -> pd.DataFrame:
-    "Empty or mask-only references (per unit) and generations (per configuration), `corpus.text_flag`; `excluded`: the unit is left out."
+    """Empty or mask-only references (per unit) and generations (per configuration), `corpus.text_flag`; `excluded`:
+    the unit is left out."""
     first = by_cfg[cfgs[0]]
     rows = [(u, None, "reference", text_flag(first.at[u, "_ref"])) for u in order]
     rows += [(u, c, "hypothesis", text_flag(by_cfg[c].at[u, "_hyp"])) for c in cfgs for u in order]
@@ -703,46 +760,57 @@ def _score_configs(g, metrics, reps, seed, baseline, skip, size, method, keep_fl
     left_out = set(flagged.loc[flagged["excluded"], "sample_id"])
     units = [u for u in order if u not in left_out]
     if not units: raise InputError("no unit with a reference is covered by every configuration" + (
-        f" ({len(left_out)} left out: reference empty or only de-identification masks; keep_flagged=True scores masks as written)" if left_out else ""))
+        f" ({len(left_out)} left out: reference empty or only de-identification masks; keep_flagged=True scores masks "
+        "as written)" if left_out else ""))
     refs = {c: by_cfg[c].loc[units, "_ref"].tolist() for c in cfgs}
     hyps = {c: by_cfg[c].loc[units, "_hyp"].tolist() for c in cfgs}
     stats, meta, notes = _system_stats(metrics, refs, hyps, skip)
     if not meta: raise InputError("no metric could be computed: " + "; ".join(notes))
-    cl = None if "_cluster" not in g else [u if is_missing(c) else c for u, c in zip(units, by_cfg[cfgs[0]].loc[units, "_cluster"])]
-    counts = {"units": len(units), "clusters": len(set(cl)) if cl else None, "not_common": len(set(g["_unit"])) - len(common),
-              **_flag_counts(flagged, cfgs)}
+    cl = None if "_cluster" not in g else [u if is_missing(c) else c for u,
+                                           c in zip(units, by_cfg[cfgs[0]].loc[units, "_cluster"])]
+    counts = {"units": len(units), "clusters": len(set(cl)) if cl else None,
+              "not_common": len(set(g["_unit"])) - len(common), **_flag_counts(flagged, cfgs)}
     if isinstance(baseline, (int, np.integer)) and not isinstance(baseline, bool):
-        if not -len(cfgs) <= baseline < len(cfgs): raise InputError(f"baseline: position {baseline} but {len(cfgs)} configuration(s)")
+        if not -len(cfgs) <= baseline < len(cfgs):
+            raise InputError(f"baseline: position {baseline} but {len(cfgs)} configuration(s)")
         baseline = cfgs[baseline]
     run = dict(reps=reps, seed=seed, size=size)
     conv = tuple(dict.fromkeys(f"{m.name}: {m.note}" for m in metrics if getattr(m, "note", "")))
     res = _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, tuple(notes), run)
     said = metric_notes(metrics)      # each row says what produced its number (e.g. CheXpert-F1's labeler and profile)
     noted = lambda t: None if t is None else t.assign(note=[said.get(m, "") for m in t["metric"]])
-    return replace(res, estimates=noted(res.estimates), comparisons=noted(res.comparisons), conventions=conv, flagged=flagged)
+    return replace(res, estimates=noted(res.estimates), comparisons=noted(res.comparisons), conventions=conv,
+                   flagged=flagged)
 
 def _flag_counts(flagged: pd.DataFrame, cfgs: list) -> dict:
-    "Units left out for an empty or a mask-only reference; empty and mask-only generations per configuration among the units scored."
+    """Units left out for an empty or a mask-only reference; empty and mask-only generations per configuration among
+    the units scored."""
     ref, hyp = flagged[flagged["text"] == "reference"], flagged[(flagged["text"] == "hypothesis") & ~flagged["excluded"]]
     per = lambda r: {c: int(((hyp["config"] == c) & (hyp["reason"] == r)).sum()) for c in cfgs}
-    return {"empty_reference": int((ref["reason"] == "empty").sum()), "masked_reference": int((ref["excluded"] & (ref["reason"] == "masked")).sum()),
+    return {"empty_reference": int((ref["reason"] == "empty").sum()),
+            "masked_reference": int((ref["excluded"] & (ref["reason"] == "masked")).sum()),
             "empty_hypothesis": per("empty"), "masked_hypothesis": per("masked")}
 
 def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, run: dict) -> SystemScores:
     "Estimates (and with `reps > 0` intervals and the Holm family of comparisons) of every leaf and configuration."
     scores = _scores_table(stats, meta, units)
     if not run["reps"]:
-        rows = [{"metric": leaf, "config": s, "estimate": float(np.asarray(f(S.sum(0)[None]))[0]), "ci_low": np.nan, "ci_high": np.nan,
-                 "se": np.nan, "n": len(units), "n_clusters": counts["clusters"], "reps": 0} for leaf, f, _ in meta for s, S in stats[leaf].items()]
+        rows = [{"metric": leaf, "config": s, "estimate": float(np.asarray(f(S.sum(0)[None]))[0]), "ci_low": np.nan,
+                 "ci_high": np.nan, "se": np.nan, "n": len(units), "n_clusters": counts["clusters"],
+                 "reps": 0} for leaf, f, _ in meta for s, S in stats[leaf].items()]
         return SystemScores(pd.DataFrame(rows), None, {}, scores, counts, notes, **run)
-    res = bootstrap_metrics({leaf: (stats[leaf], f) for leaf, f, _ in meta}, reps=run["reps"], seed=run["seed"], clusters=cl,
-                            baseline=baseline, size=run["size"], method=method, higher_is_better={leaf: hib for leaf, _, hib in meta})
-    est = pd.concat([r.systems_frame().rename(columns={"system": "config"}).assign(metric=k) for k, r in res.items()], ignore_index=True)
+    res = bootstrap_metrics({leaf: (stats[leaf], f) for leaf, f, _ in meta}, reps=run["reps"], seed=run["seed"],
+                            clusters=cl, baseline=baseline, size=run["size"], method=method,
+                            higher_is_better={leaf: hib for leaf, _, hib in meta})
+    est = pd.concat([r.systems_frame().rename(columns={"system": "config"}).assign(metric=k) for k, r in res.items()],
+                    ignore_index=True)
     est = est[["metric"] + [c for c in est.columns if c != "metric"]]
-    return SystemScores(est, _family(res, run["size"]) if len(next(iter(stats.values()))) > 1 else None, res, scores, counts, notes, **run)
+    return SystemScores(est, _family(res, run["size"]) if len(next(iter(stats.values()))) > 1 else None, res, scores,
+                        counts, notes, **run)
 
 def _family(res: dict, size: float) -> pd.DataFrame:
-    "The Holm family of all comparisons; warns (`UnderpoweredWarning`) when `reps` is too small for any to be significant."
+    """The Holm family of all comparisons; warns (`UnderpoweredWarning`) when `reps` is too small for any to be
+    significant."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnderpoweredWarning)
         fam = holm_family(res)
@@ -752,7 +820,7 @@ def _family(res: dict, size: float) -> pd.DataFrame:
 # %% ../nbs/12_evaluator.ipynb #f247752c
 DEFAULT_SCORE_METRICS = ("bleu_4", "rouge_l", "meteor", "chexpert_f1_5")
 
-def score_systems(generations,                    # generations table: hypothesis (+ system, policy, seed, study_id / reference)
+def score_systems(generations,            # generations table: hypothesis (+ system, policy, seed, study_id / reference)
                   studies=None,                   # studies table to take references (and patient clusters) from
                   metrics=DEFAULT_SCORE_METRICS,  # metric names or Metric objects
                   reps: int = 1000,               # paired resamples (0: estimates only)
@@ -770,16 +838,19 @@ def score_systems(generations,                    # generations table: hypothesi
                   keep_flagged: bool = False      # score units whose reference is only de-identification masks (left out by default)
                  ) -> SystemScores:
     "Each configuration's metrics with intervals, and paired, Holm-adjusted comparisons, on shared resamples."
-    if method not in get_args(CIMethod): raise InputError(f"score_systems: method must be one of {get_args(CIMethod)}, got {method!r}")
+    if method not in get_args(CIMethod):
+        raise InputError(f"score_systems: method must be one of {get_args(CIMethod)}, got {method!r}")
     g = _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what)
     fell_back = _fallback_note(g, studies, ref_section, what)
-    res = _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed, baseline,
-                         skip_unavailable, size, method, keep_flagged)
+    res = _score_configs(g, resolve_metrics(metrics, check=not skip_unavailable, what="score_systems"), int(reps), seed,
+                         baseline, skip_unavailable, size, method, keep_flagged)
     if fell_back is None: return res
-    return replace(res, counts={**res.counts, "reference_fallback": fell_back}, conventions=(fell_back, *res.conventions))
+    return replace(res, counts={**res.counts, "reference_fallback": fell_back},
+                   conventions=(fell_back, *res.conventions))
 
 def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> str | None:
-    """A sentence when some scored studies have no `ref_section` and are scored against the other section (the evaluator's
+    """A sentence when some scored studies have no `ref_section` and are scored against the other section (the
+    evaluator's
     fallback, `study_section`); an `InputError` when every one of them would be: the section asked for is not there."""
     if studies is None or ref_section not in ("findings", "impression") or "study_id" not in g.columns: return None
     other = "impression" if ref_section == "findings" else "findings"
@@ -789,8 +860,8 @@ def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, 
     fell = (col(ref_section) == "") & (col(other) != "")
     if not len(s) or not fell.any(): return None
     if fell.all():
-        raise InputError(f"ref_section {ref_section!r}: none of the {len(s)} studies scored has {'an' if ref_section == 'impression' else 'a'} "
-                         f"{ref_section} section; scoring "
+        raise InputError(f"ref_section {ref_section!r}: none of the {len(s)} studies scored has "
+                         f"{'an' if ref_section == 'impression' else 'a'} {ref_section} section; scoring "
                          f"them would use their {other} instead. Choose ref_section {other!r} or 'both'.")
     return (f"{int(fell.sum())} of {len(s)} studies have no {ref_section}: their {other} is the reference "
             f"(the evaluator's fallback; ref_section 'both' scores against both).")
@@ -798,7 +869,8 @@ def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, 
 def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
     "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."
     g = require_columns(generations, ["hypothesis"], what[0]).reset_index(drop=True)
-    by = [c.strip() for c in by.split(",")] if isinstance(by, str) else list(by) if by is not None else [c for c in ("system", "policy", "seed") if c in g.columns]
+    by = [c.strip() for c in by.split(",")] if isinstance(by,
+                                                          str) else list(by) if by is not None else [c for c in ("system", "policy", "seed") if c in g.columns]
     require_columns(g, by, what[0])
     g = g.assign(_ref=_references(g, studies, ref_section, what).to_numpy(), _cfg=_labels(g, by).to_numpy(),
                  _hyp=[h if isinstance(h, str) else "" for h in g["hypothesis"]])
@@ -807,19 +879,22 @@ def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed,
     if cl is None and unit is None and "entry_id" in g.columns and "study_id" in g.columns:
         cl = g["study_id"].astype(str).to_numpy()     # entries of one study are not independent: resample whole studies
     if cl is not None: g["_cluster"] = cl
-    if first_seed and "seed" in g.columns: g = g.sort_values("seed", kind="stable").drop_duplicates(["_cfg", "_unit"]).sort_index()
+    if first_seed and "seed" in g.columns:
+        g = g.sort_values("seed", kind="stable").drop_duplicates(["_cfg", "_unit"]).sort_index()
     dup = g.duplicated(["_cfg", "_unit"])
     if dup.any():
         i = int(np.flatnonzero(dup.to_numpy())[0])
-        raise InputError(f"{what[0]}: row {g.index[i]}: configuration {g['_cfg'].iloc[i]!r} has unit {g['_unit'].iloc[i]!r} twice; "
-                         f"group by more columns (by=...), or keep one run per configuration (first_seed=True)")
+        raise InputError(f"{what[0]}: row {g.index[i]}: configuration {g['_cfg'].iloc[i]!r} has unit "
+                         f"{g['_unit'].iloc[i]!r} twice; group by more columns (by=...), or keep one run per "
+                         "configuration (first_seed=True)")
     return g
 
 # %% ../nbs/12_evaluator.ipynb #3dcedec2
 @patch
 def compare(self: SystemScores, metric: str | None = None # one metric's comparisons (default: the whole family)
            ) -> pd.DataFrame:
-    "The paired differences (first − second), Holm-adjusted over the whole family: `significant` is `p_holm < 1 − size`."
+    """The paired differences (first − second), Holm-adjusted over the whole family: `significant` is `p_holm < 1 −
+    size`."""
     if self.comparisons is None: raise InputError("no comparisons: they need two or more configurations and reps > 0")
     if metric is None: return self.comparisons.copy()
     if metric not in self.results: raise InputError(f"unknown metric {metric!r}; scored: {self.metrics}")
@@ -829,7 +904,8 @@ def compare(self: SystemScores, metric: str | None = None # one metric's compari
 @patch
 def paired(self: SystemScores, metric: str # a scored metric leaf
           ) -> PairedResult:
-    "The `stats.PairedResult` of one metric (ranks, win probabilities; its own `p_holm` adjusts within the metric only)."
+    """The `stats.PairedResult` of one metric (ranks, win probabilities; its own `p_holm` adjusts within the metric
+    only)."""
     if metric not in self.results: raise InputError(f"no paired result for {metric!r}; have: {list(self.results)}")
     return self.results[metric]
 
@@ -844,13 +920,17 @@ def headline(self: SystemScores) -> str:
         b = d.loc[d.estimate.idxmax() if hib else d.estimate.idxmin()]
         parts.append(f"{m}: best {b.config} {_fmt_ci(b.estimate, b.ci_low, b.ci_high, 3)}")
     c = self.comparisons
-    return "; ".join(parts) + ("" if c is None else f"; {self.n_significant()} of {len(c)} comparisons significant after Holm")
+    return "; ".join(parts) + ("" if c is None else f"; {self.n_significant()} of {len(c)} comparisons significant "
+                                                    "after Holm")
 
 # %% ../nbs/12_evaluator.ipynb #31ced5b2
 @patch
 def caveats(self: SystemScores) -> list[str]:
-    "Sentences a reader needs beside the numbers: metrics not computed, the metrics' conventions, how CIDEr-D is resampled."
-    return list(self.notes) + list(self.conventions) + ([CIDER_NOTE] if any(str(m).startswith("cider") for m in self.metrics) else [])
+    """Sentences a reader needs beside the numbers: metrics not computed, the metrics' conventions, how CIDEr-D is
+    resampled."""
+    return list(self.notes) + list(self.conventions) + ([CIDER_NOTE]
+                                                        if any(str(m).startswith("cider") for m in self.metrics)
+                                                        else [])
 
 # %% ../nbs/12_evaluator.ipynb #790082a8
 @patch
@@ -872,15 +952,18 @@ def save(self: SystemScores, out_dir: str | os.PathLike, # folder to write into
          params: Mapping | None = None,                  # run parameters for the manifest
          inputs: Mapping | None = None                   # name -> input file, hashed into the manifest
         ) -> dict[str, Path]:
-    "Write `systems.csv`, `comparisons.csv` and `.svg` (with comparisons), `scores.parquet`, `flagged.csv` (any flagged text) and `manifest.json`."
+    """Write `systems.csv`, `comparisons.csv` and `.svg` (with comparisons), `scores.parquet`, `flagged.csv` (any
+    flagged text) and `manifest.json`."""
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    paths = {"systems": write_table(self.estimates, out / "systems.csv"), "scores": write_table(self.scores, out / "scores.parquet")}
+    paths = {"systems": write_table(self.estimates, out / "systems.csv"),
+             "scores": write_table(self.scores, out / "scores.parquet")}
     if self.comparisons is not None:
         paths["comparisons"] = write_table(self.comparisons, out / "comparisons.csv")
         paths["comparisons.svg"] = save_chart(self.plot("forest"), out / "comparisons.svg")
     if self.flagged is not None and len(self.flagged): paths["flagged"] = write_table(self.flagged, out / "flagged.csv")
     meta = {"reps": self.reps, "seed": self.seed, "size": self.size, "counts": self.counts, "notes": list(self.notes),
             "p_values": self.note() if self.comparisons is not None else None}
-    write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
+    write_manifest(out / "manifest.json", inputs=dict(inputs or {}),
+                   outputs={k: v for k, v in paths.items() if not k.endswith(".svg")},
                    params={**dict(params or {}), **meta})
     return {**paths, "manifest": out / "manifest.json"}

@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, InputError, cache_dir, config_label, enable_theme, is_missing, optional_import, read_json,
-                            require_columns, resource_text, rng, sha256_text, show_progress, system_color)
+from .core import (DEFAULT_SEED, InputError, cache_dir, config_label, enable_theme, is_missing,
+                            optional_import, read_json, require_columns, resource_text, rng, sha256_text, show_progress,
+                            system_color)
 from .corpus import to_generations
 from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, load_phrases, mentions_of
 
@@ -42,7 +43,8 @@ __all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'SEC
 
 # %% ../nbs/11_generate.ipynb #3ca8fa93
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-def _is_num(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and not math.isnan(v)
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and not math.isnan(v)
 
 def _check_policy(p) -> None:
     "Raise an `InputError` naming the policy and its first bad field."
@@ -51,18 +53,25 @@ def _check_policy(p) -> None:
         raise InputError(f"policy name must be a non-empty string without '/', got {n!r}")
     def bad(problem): raise InputError(f"policy {n!r}: {problem}")
     for f, lo in (("num_beams", 1), ("no_repeat_ngram_size", 0), ("max_new_tokens", 1), ("min_new_tokens", 0)):
-        if not _is_int(getattr(p, f)) or getattr(p, f) < lo: bad(f"{f} must be an integer >= {lo}, got {getattr(p, f)!r}")
+        if not _is_int(getattr(p, f)) or getattr(p, f) < lo:
+            bad(f"{f} must be an integer >= {lo}, got {getattr(p, f)!r}")
     if not isinstance(p.do_sample, (bool, np.bool_)): bad(f"do_sample must be true or false, got {p.do_sample!r}")
-    if not _is_num(p.repetition_penalty) or p.repetition_penalty <= 0: bad(f"repetition_penalty must be > 0, got {p.repetition_penalty!r}")
+    if not _is_num(p.repetition_penalty) or p.repetition_penalty <= 0:
+        bad(f"repetition_penalty must be > 0, got {p.repetition_penalty!r}")
     if not _is_num(p.length_penalty): bad(f"length_penalty must be a number, got {p.length_penalty!r}")
-    if p.top_k is not None and (not _is_int(p.top_k) or p.top_k < 0): bad(f"top_k must be an integer >= 0, got {p.top_k!r}")
-    if p.top_p is not None and (not _is_num(p.top_p) or not 0 < p.top_p <= 1): bad(f"top_p must be in (0, 1], got {p.top_p!r}")
-    if p.temperature is not None and (not _is_num(p.temperature) or p.temperature <= 0): bad(f"temperature must be > 0, got {p.temperature!r}")
-    if p.seed is not None and (not _is_int(p.seed) or p.seed < 0): bad(f"seed must be a non-negative integer, got {p.seed!r}")
+    if p.top_k is not None and (not _is_int(p.top_k) or p.top_k < 0):
+        bad(f"top_k must be an integer >= 0, got {p.top_k!r}")
+    if p.top_p is not None and (not _is_num(p.top_p) or not 0 < p.top_p <= 1):
+        bad(f"top_p must be in (0, 1], got {p.top_p!r}")
+    if p.temperature is not None and (not _is_num(p.temperature) or p.temperature <= 0):
+        bad(f"temperature must be > 0, got {p.temperature!r}")
+    if p.seed is not None and (not _is_int(p.seed) or p.seed < 0):
+        bad(f"seed must be a non-negative integer, got {p.seed!r}")
     if p.min_new_tokens > p.max_new_tokens: bad("min_new_tokens is larger than max_new_tokens")
     if not p.do_sample and any(v is not None for v in (p.top_k, p.top_p, p.temperature)):
         bad("top_k, top_p and temperature apply only with do_sample=True")
-    if p.do_sample and p.num_beams > 1: bad("sampling with several beams is not supported; use num_beams=1 with do_sample=True")
+    if p.do_sample and p.num_beams > 1:
+        bad("sampling with several beams is not supported; use num_beams=1 with do_sample=True")
 
 # %% ../nbs/11_generate.ipynb #ccd84b1a
 def _hf_kwargs(p: DecodingPolicy) -> dict:
@@ -118,17 +127,21 @@ class DecodingPolicy:
                                  prompt_length: int = 0, # tokens before the generated part (decoder-only models: the prompt)
                                  eos_token_id=None       # end token id(s), when the tokenizer has none
                           ) -> dict:
-        "Keyword arguments for Hugging Face `model.generate` (with a `logits_processor` list when the policy has processors)."
+        """Keyword arguments for Hugging Face `model.generate` (with a `logits_processor` list when the policy has
+        processors)."""
         kw = _hf_kwargs(self)
         if self.processors:
             tf = optional_import("transformers", "generate", "DecodingPolicy.to_generate_kwargs")
-            kw["logits_processor"] = tf.LogitsProcessorList(build_logits_processors(self, tokenizer, prompt_length, eos_token_id))
+            kw["logits_processor"] = tf.LogitsProcessorList(build_logits_processors(self, tokenizer, prompt_length,
+                                                                                    eos_token_id))
         return kw
 
     def describe(self) -> str:
         "One line in words."
-        alg = f"beam search, {self.num_beams} beams" if self.num_beams > 1 else "sampling" if self.do_sample else "greedy"
-        parts = [alg] + [f"{k} {v:g}" for k, v in (("top-k", self.top_k), ("top-p", self.top_p), ("temperature", self.temperature)) if v is not None]
+        alg = (f"beam search, {self.num_beams} beams" if self.num_beams > 1 else "sampling" if self.do_sample
+               else "greedy")
+        parts = [alg] + [f"{k} {v:g}" for k, v in (("top-k", self.top_k), ("top-p", self.top_p),
+                                                   ("temperature", self.temperature)) if v is not None]
         parts.append(f"repetition penalty {self.repetition_penalty:.2f}")
         if self.no_repeat_ngram_size: parts.append(f"no repeated {self.no_repeat_ngram_size}-grams")
         if self.min_new_tokens: parts.append(f"at least {self.min_new_tokens} new tokens")
@@ -163,10 +176,13 @@ def policy_from_dict(d: Mapping,              # settings; `base` names a preset 
                      known: Mapping | None = None # further named policies `base` may refer to
                     ) -> DecodingPolicy:
     "A `DecodingPolicy` from plain data."
-    if not isinstance(d, Mapping): raise InputError(f"{what}: a policy must be a mapping of settings, got {type(d).__name__}")
+    if not isinstance(d, Mapping):
+        raise InputError(f"{what}: a policy must be a mapping of settings, got {type(d).__name__}")
     d = dict(d); base = d.pop("base", None)
     unknown = [k for k in d if k not in _POLICY_FIELDS]
-    if unknown: raise InputError(f"{what}: unknown setting(s) {', '.join(map(repr, unknown))}; allowed: base, {', '.join(_POLICY_FIELDS)}")
+    if unknown:
+        raise InputError(f"{what}: unknown setting(s) {', '.join(map(repr, unknown))}; allowed: base, "
+                         f"{', '.join(_POLICY_FIELDS)}")
     if base is not None:
         if "name" not in d: raise InputError(f"{what}: a policy built on base {base!r} needs its own name")
         d = {**get_policy(base, known).to_dict(), **d}
@@ -184,7 +200,8 @@ def get_policy(p,                         # a DecodingPolicy, a name, or a dict 
     if isinstance(p, str):
         pool = {**POLICIES, **(known or {})}
         hit = pool.get(p) or next((v for k, v in pool.items() if k.lower() == p.strip().lower()), None)
-        if hit is None: raise InputError(f"unknown decoding policy {p!r}; known: {', '.join(pool)} (or give a policy file)")
+        if hit is None:
+            raise InputError(f"unknown decoding policy {p!r}; known: {', '.join(pool)} (or give a policy file)")
         return hit
     raise InputError(f"not a decoding policy: {p!r}")
 
@@ -220,7 +237,9 @@ def load_policies(source # a .yaml/.yml/.json file, a mapping name -> settings, 
     what = str(source) if isinstance(source, (str, os.PathLike)) else "policies"
     data = _read_policy_file(Path(source)) if isinstance(source, (str, os.PathLike)) else source
     if isinstance(data, Mapping) and set(data) == {"policies"}: data = data["policies"]
-    if isinstance(data, Mapping): items = [(str(k), {"name": str(k), **(v or {})}) if isinstance(v, Mapping) or v is None else (str(k), v) for k, v in data.items()]
+    if isinstance(data, Mapping):
+        items = [(str(k), {"name": str(k), **(v or {})}) if isinstance(v, Mapping) or v is None else (str(k), v) for k,
+                 v in data.items()]
     elif isinstance(data, list): items = [(f"entry {i}", v) for i, v in enumerate(data)]
     else: raise InputError(f"{what}: expected a mapping of policies or a list of policies")
     out = {}
@@ -262,7 +281,8 @@ class _Processor:
                    prompt_length: int = 0, # tokens before the generated part
                    eos_token_id=None       # end token id(s), when the tokenizer has none
             ) -> _Processor:
-        "A copy with text phrases as token ids, the end token and the prompt length set (those of them the processor has)."
+        """A copy with text phrases as token ids, the end token and the prompt length set (those of them the processor
+        has)."""
         names = {f.name for f in dataclasses.fields(self)}
         bound = self._bound(tokenizer)
         if "eos_token_id" in names: bound["eos_token_id"] = _bind_eos(self, tokenizer, eos_token_id)
@@ -276,7 +296,8 @@ class _Processor:
 def template_phrases(path: str | os.PathLike | None = None # a JSON list, or an object with a "phrases" list; None: packaged
                     ) -> tuple[str, ...]:
     "The template phrases (lowercase, single-spaced): the packaged list or your own file."
-    data = json.loads(resource_text("template_phrases.json")) if path is None else read_json(Path(path), "template phrase")
+    data = (json.loads(resource_text("template_phrases.json")) if path is None
+            else read_json(Path(path), "template phrase"))
     phrases = data.get("phrases") if isinstance(data, Mapping) else data
     if not isinstance(phrases, list) or not phrases or not all(isinstance(x, str) and x.strip() for x in phrases):
         raise InputError(f"{path or 'template_phrases.json'}: expected a non-empty list of phrases")
@@ -287,7 +308,8 @@ def _phrase_token_ids(phrase: str, tokenizer) -> list[tuple]:
     if tokenizer is None: raise InputError("TemplatePhrasePenalty: text phrases need a tokenizer (bind(tokenizer))")
     unk = getattr(tokenizer, "unk_token_id", None)
     seqs = [tuple(tokenizer(v, add_special_tokens=False)["input_ids"]) for v in
-            dict.fromkeys((phrase, phrase[:1].upper() + phrase[1:], " " + phrase, " " + phrase[:1].upper() + phrase[1:]))]
+            dict.fromkeys((phrase, phrase[:1].upper() + phrase[1:], " " + phrase,
+                           " " + phrase[:1].upper() + phrase[1:]))]
     return [s for s in seqs if s and (unk is None or unk not in s)]
 
 # %% ../nbs/11_generate.ipynb #38e38b21
@@ -296,7 +318,7 @@ class TemplatePhrasePenalty(_Processor):
     "Logits processor: down-weight the token that would continue a listed template phrase."
     phrases: tuple = ()     # phrases as text (bound to token ids by `bind`) or token-id tuples; (): the packaged list
     penalty: float = 4.0    # subtracted from the score of each continuing token (inf bans it)
-    min_match: int = 1      # phrase tokens already written before the penalty applies (0: also penalise starting a phrase)
+    min_match: int = 1   # phrase tokens already written before the penalty applies (0: also penalise starting a phrase)
     prompt_length: int = 0  # tokens before the generated part (set by `bind`)
     kind: ClassVar[str] = "template_phrase"
 
@@ -307,7 +329,8 @@ class TemplatePhrasePenalty(_Processor):
 
     def _bound(self, tokenizer) -> dict:
         "Text phrases as token ids (the packaged list when there are none)."
-        ids = [s for p in (self.phrases or template_phrases()) for s in ([p] if not isinstance(p, str) else _phrase_token_ids(p, tokenizer))]
+        ids = [s for p in (self.phrases or template_phrases())
+               for s in ([p] if not isinstance(p, str) else _phrase_token_ids(p, tokenizer))]
         return {"phrases": tuple(dict.fromkeys(ids))}
 
     def continuations(self, generated: Sequence[int] # token ids generated so far (after the prompt)
@@ -377,7 +400,8 @@ class EOSReweight(_Processor):
 
     def __post_init__(self):
         object.__setattr__(self, "eos_token_id", _eos_ids(self.eos_token_id))
-        if not _is_num(self.weight) or self.weight <= 0: raise InputError(f"EOSReweight: weight must be > 0, got {self.weight!r}")
+        if not _is_num(self.weight) or self.weight <= 0:
+            raise InputError(f"EOSReweight: weight must be > 0, got {self.weight!r}")
 
     def __call__(self, input_ids, scores):
         out = _copy(scores)
@@ -390,12 +414,15 @@ PROCESSORS = {c.kind: c for c in (TemplatePhrasePenalty, RecurrencePenalty, Earl
 def _as_processor(x):
     "A processor object from an object or a dict with a `type`."
     if isinstance(x, tuple(PROCESSORS.values())): return x
-    if not isinstance(x, Mapping): raise InputError(f"not a logits processor: {x!r}; use a dict with a 'type' in {sorted(PROCESSORS)}")
+    if not isinstance(x, Mapping):
+        raise InputError(f"not a logits processor: {x!r}; use a dict with a 'type' in {sorted(PROCESSORS)}")
     d = dict(x); kind = d.pop("type", None)
     if kind not in PROCESSORS: raise InputError(f"processor type must be one of {sorted(PROCESSORS)}, got {kind!r}")
     allowed = [f.name for f in dataclasses.fields(PROCESSORS[kind]) if f.name != "prompt_length"]
     extra = [k for k in d if k not in allowed]
-    if extra: raise InputError(f"processor {kind!r}: unknown setting(s) {', '.join(map(repr, extra))}; allowed: {', '.join(allowed)}")
+    if extra:
+        raise InputError(f"processor {kind!r}: unknown setting(s) {', '.join(map(repr, extra))}; allowed: "
+                         f"{', '.join(allowed)}")
     if isinstance(d.get("phrases"), (str, os.PathLike)): d["phrases"] = template_phrases(d["phrases"])
     return PROCESSORS[kind](**d)
 
@@ -444,7 +471,8 @@ def _positional(fn) -> tuple[int, bool, bool]:
     ps = list(sig.parameters.values())
     npos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in ps)
     star = any(p.kind == p.VAR_POSITIONAL for p in ps)
-    kw = any(p.kind == p.VAR_KEYWORD for p in ps) or any(p.name == "indications" and p.kind != p.POSITIONAL_ONLY for p in ps)
+    kw = any(p.kind == p.VAR_KEYWORD for p in ps) or any(p.name == "indications" and p.kind != p.POSITIONAL_ONLY
+                                                         for p in ps)
     return npos, star, kw
 
 def accepts_indications(fn # a report generator (callable)
@@ -461,7 +489,8 @@ def _blank(v) -> bool:
 
 def _check_reports(out, n: int, what: str) -> list[str]:
     "The generator's output as a list of `n` strings, or an `InputError` saying what is wrong."
-    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"): raise InputError(f"{what}: must return a list of strings, got {type(out).__name__}")
+    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+        raise InputError(f"{what}: must return a list of strings, got {type(out).__name__}")
     out = list(out)
     if len(out) != n: raise InputError(f"{what}: returned {len(out)} report(s) for {n} image(s)")
     bad = next((i for i, t in enumerate(out) if not isinstance(t, str)), None)
@@ -475,10 +504,13 @@ def call_report_generator(fn,                                  # a report genera
                          ) -> list[str]:
     "Call a report generator with or without indications (legacy one-argument form) and check its output."
     imgs, what = list(imgs), what or getattr(fn, "__name__", type(fn).__name__)
-    inds = None if indications is None else [None if _blank(i) else i if isinstance(i, Mapping) else str(i) for i in indications]
-    if inds is not None and len(inds) != len(imgs): raise InputError(f"{what}: {len(inds)} indications for {len(imgs)} images")
+    inds = None if indications is None else [None if _blank(i) else i if isinstance(i, Mapping) else str(i)
+                                             for i in indications]
+    if inds is not None and len(inds) != len(imgs):
+        raise InputError(f"{what}: {len(inds)} indications for {len(imgs)} images")
     if inds is not None and not accepts_indications(fn):
-        if any(i is not None for i in inds): raise InputError(f"{what}: takes only images (one argument), so it cannot be given indications")
+        if any(i is not None for i in inds):
+            raise InputError(f"{what}: takes only images (one argument), so it cannot be given indications")
         inds = None
     if inds is None: return _check_reports(fn(imgs), len(imgs), what)
     npos, star, _ = _positional(fn)
@@ -497,7 +529,9 @@ def report_context(context,              # None, an indication, or a mapping of 
     if _blank(context): return {}
     d = context if isinstance(context, Mapping) else {"indication": context}
     bad = [k for k in d if k not in SECTION_NAMES]
-    if bad: raise InputError(f"{what}: unknown report section(s) {', '.join(map(repr, bad))}; use {', '.join(SECTION_NAMES)}")
+    if bad:
+        raise InputError(f"{what}: unknown report section(s) {', '.join(map(repr, bad))}; use "
+                         f"{', '.join(SECTION_NAMES)}")
     return {k: " ".join(str(d[k]).split()) for k in SECTION_NAMES if k in d and not _blank(d[k])}
 
 def _sections_block(s: Mapping) -> str:
@@ -509,7 +543,8 @@ def with_indication(prompt: str,                 # the model's instruction ("" f
                     fmt: str = INDICATION_FORMAT, # how a prefix is written
                     missing: str = "N/A"         # what fills a section slot when the sample has no such section
                    ) -> str:
-    "The prompt with the sample's context in its slots (`{indication}`, `{technique}`, `{comparison}`, `{sections}`), else the indication in front."
+    """The prompt with the sample's context in its slots (`{indication}`, `{technique}`, `{comparison}`, `{sections}`),
+    else the indication in front."""
     s = report_context(indication)
     if not any("{" + k + "}" in prompt for k in SECTION_NAMES + ("sections",)):
         ind = s.get("indication", "").rstrip(" .")
@@ -556,9 +591,11 @@ def load_image(src,                                      # a path, a Pillow imag
     if _is_dicom(p): return Image.fromarray(_dicom_array(p)).convert("RGB")
     try:
         with Image.open(p) as im:
-            if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"): return Image.fromarray(_to_uint8(np.asarray(im))).convert("RGB")
+            if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+                return Image.fromarray(_to_uint8(np.asarray(im))).convert("RGB")
             return im.convert("RGB")
-    except (OSError, ValueError) as e: raise InputError(f"{p}: cannot be read as an image ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: cannot be read as an image ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/11_generate.ipynb #06349c3b
 _PLAIN_FILES, _PLAIN_MODES = (".png", ".jpg", ".jpeg"), ("L", "RGB")
@@ -574,8 +611,10 @@ def _plain_image_file(p: Path) -> bool:
 def image_file(src,                                   # a path, a Pillow image or a numpy array
                folder: str | os.PathLike | None = None # where converted images are written (None: `core.cache_dir()`/images)
               ) -> str:
-    "The path of an image file for `src`: a plain PNG/JPEG file as it is, anything else written once as an RGB PNG named by its pixels."
-    if isinstance(src, (str, os.PathLike)) and Path(src).is_file() and _plain_image_file(Path(src)): return str(Path(src).resolve())
+    """The path of an image file for `src`: a plain PNG/JPEG file as it is, anything else written once as an RGB PNG
+    named by its pixels."""
+    if isinstance(src, (str, os.PathLike)) and Path(src).is_file() and _plain_image_file(Path(src)):
+        return str(Path(src).resolve())
     im = load_image(src)
     out = Path(folder) if folder is not None else cache_dir() / "images"
     out.mkdir(parents=True, exist_ok=True)
@@ -596,7 +635,8 @@ class SeededSampler:
     def __call__(self, input_ids, scores):
         torch = _torch("SeededSampler")
         if self._gens is None: self._gens = [torch.Generator().manual_seed(s) for s in self.seeds]
-        if scores.shape[0] != len(self._gens): raise InputError(f"SeededSampler: {scores.shape[0]} rows for {len(self._gens)} seeds")
+        if scores.shape[0] != len(self._gens):
+            raise InputError(f"SeededSampler: {scores.shape[0]} rows for {len(self._gens)} seeds")
         probs = torch.softmax(scores.float(), dim=-1).cpu()
         picks = torch.tensor([int(torch.multinomial(probs[i], 1, generator=g)) for i, g in enumerate(self._gens)])
         out = torch.full_like(scores, -math.inf)
@@ -615,33 +655,38 @@ def sampling_processors(policy,              # a sampling policy (name, dict or 
     return w + [SeededSampler(seeds)]
 
 # %% ../nbs/11_generate.ipynb #283c53b0
-TINY_VOCAB = ("[PAD] [UNK] [BOS] [EOS] <image> . , : no acute cardiopulmonary process abnormality the heart size is within normal "
-              "limits lungs are clear there pleural effusion or pneumothorax cardiomediastinal silhouette focal airspace disease "
-              "consolidation left right bilateral small moderate large mild severe opacity edema atelectasis stable unchanged "
-              "increased decreased new tube line in place indication cough fever shortness of breath chest pain write findings "
-              "section radiology report for this radiograph user assistant and with at base lobe upper lower mediastinal contours "
-              "osseous structures intact seen").split()
+TINY_VOCAB = ("[PAD] [UNK] [BOS] [EOS] <image> . , : no acute cardiopulmonary process abnormality the heart size is "
+              "within normal limits lungs are clear there pleural effusion or pneumothorax cardiomediastinal "
+              "silhouette focal airspace disease consolidation left right bilateral small moderate large mild severe "
+              "opacity edema atelectasis stable unchanged increased decreased new tube line in place indication cough "
+              "fever shortness of breath chest pain write findings section radiology report for this radiograph user "
+              "assistant and with at base lobe upper lower mediastinal contours osseous structures intact seen").split()
 
 def tiny_tokenizer():
     "A word-level tokenizer over `TINY_VOCAB` (lowercasing, whitespace and punctuation split), built offline."
-    tokenizers, tf = optional_import("tokenizers", "generate", "tiny_tokenizer"), optional_import("transformers", "generate", "tiny_tokenizer")
+    tokenizers, tf = optional_import("tokenizers", "generate",
+                                     "tiny_tokenizer"), optional_import("transformers", "generate", "tiny_tokenizer")
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(TINY_VOCAB)}, unk_token="[UNK]"))
     tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
     return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
                                       eos_token="[EOS]", extra_special_tokens={"image_token": "<image>"})
 
-_TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                       "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
-                       "{% endfor %}{% endif %} . {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
+_TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] "
+                       "}}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ "
+                       "c['text'] }} {% endif %}{% endfor %}{% endif %} . {% endfor %}{% if add_generation_prompt "
+                       "%}assistant : {% endif %}")
 
 # %% ../nbs/11_generate.ipynb #c85ece8d
 def _tiny_configs(tf, n_vocab: int, init: float) -> dict:
     ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0)
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, initializer_range=init)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 initializer_range=init)
     return {"vit": tf.ViTConfig(image_size=32, patch_size=8, num_channels=3, **small),
-            "gpt2": tf.GPT2Config(vocab_size=n_vocab, n_layer=2, n_embd=32, n_head=2, n_positions=256, initializer_range=init, **ids),
+            "gpt2": tf.GPT2Config(vocab_size=n_vocab, n_layer=2, n_embd=32, n_head=2, n_positions=256,
+                                  initializer_range=init, **ids),
             "clip": tf.CLIPVisionConfig(image_size=32, patch_size=8, projection_dim=32, **small),
-            "llama": tf.LlamaConfig(vocab_size=n_vocab, num_key_value_heads=2, max_position_embeddings=256, **small, **ids)}
+            "llama": tf.LlamaConfig(vocab_size=n_vocab, num_key_value_heads=2, max_position_embeddings=256, **small,
+                                    **ids)}
 
 def _tiny_build(tf, kind: str, c: dict, init: float):
     "The randomly initialised model of one kind (call under a seeded torch state)."
@@ -680,23 +725,29 @@ def tiny_model(kind: str = "encoder-decoder", # "encoder-decoder" (ViT + GPT-2),
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = _tiny_build(tf, kind, _tiny_configs(tf, len(TINY_VOCAB), init), init).eval()
-    for k, v in dict(decoder_start_token_id=2 if kind == "encoder-decoder" else None, bos_token_id=2, eos_token_id=3, pad_token_id=0,
+    for k, v in dict(decoder_start_token_id=2 if kind == "encoder-decoder" else None, bos_token_id=2, eos_token_id=3,
+                     pad_token_id=0,
                      suppress_tokens=[0, 1, 2, 4]).items():      # never write padding, unknown, start or image tokens
         if v is not None: setattr(model.generation_config, k, v)
     pil = lambda name: getattr(tf, name + "Pil", None) or getattr(tf, name)
     if kind == "text": return TinyModel(model, tok, kind)
     if kind == "chat":
         ip = pil("CLIPImageProcessor")(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-        return TinyModel(model, tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
-                                                  num_additional_image_tokens=1, chat_template=_TINY_CHAT_TEMPLATE), kind)
-    return TinyModel(model, tf.TrOCRProcessor(image_processor=pil("ViTImageProcessor")(size={"height": 32, "width": 32}), tokenizer=tok), kind)
+        return TinyModel(model, tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=8,
+                                                  vision_feature_select_strategy="default",
+                                                  num_additional_image_tokens=1, chat_template=_TINY_CHAT_TEMPLATE),
+                         kind)
+    return TinyModel(model,
+                     tf.TrOCRProcessor(image_processor=pil("ViTImageProcessor")(size={"height": 32, "width": 32}),
+                                       tokenizer=tok), kind)
 
 # %% ../nbs/11_generate.ipynb #4aec7a12
 def infer_kind(model # a transformers model
               ) -> str:
     "The wrapper kind of a model from its configuration: encoder-decoder, chat (has a vision tower) or text."
     cfg = model.config
-    if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "model_type", "") == "vision-encoder-decoder": return "encoder-decoder"
+    if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "model_type", "") == "vision-encoder-decoder":
+        return "encoder-decoder"
     return "chat" if hasattr(cfg, "vision_config") else "text"
 
 def _processor_parts(processor) -> tuple:
@@ -726,8 +777,10 @@ class HFReportGenerator:
                  system_prompt: str | None = None, # chat models: a system message before the user turn
                  input_builder=None          # builds a batch's model inputs itself: (gen, imgs, contexts) -> (inputs, prompt length)
                 ):
-        if kind is not None and kind not in KINDS: raise InputError(f"HFReportGenerator: kind must be one of {KINDS}, got {kind!r}")
-        if not _is_int(batch_size) or batch_size < 1: raise InputError(f"HFReportGenerator: batch_size must be a positive integer, got {batch_size!r}")
+        if kind is not None and kind not in KINDS:
+            raise InputError(f"HFReportGenerator: kind must be one of {KINDS}, got {kind!r}")
+        if not _is_int(batch_size) or batch_size < 1:
+            raise InputError(f"HFReportGenerator: batch_size must be a positive integer, got {batch_size!r}")
         self.model, self.processor, self.device = model.to(device).eval(), processor, device
         self.kind = kind or infer_kind(model)
         self.image_processor, self.tokenizer = _processor_parts(processor)
@@ -741,7 +794,8 @@ class HFReportGenerator:
         return [g.text for g in self.generate_batch(imgs, indications)]
 
     def __repr__(self) -> str:
-        return f"HFReportGenerator({self.system!r}, kind={self.kind!r}, policy={self.policy.name!r}, device={self.device!r})"
+        return (f"HFReportGenerator({self.system!r}, kind={self.kind!r}, policy={self.policy.name!r}, "
+                f"device={self.device!r})")
 
 # %% ../nbs/11_generate.ipynb #6a314381
 def _refs(x, system: str) -> list:
@@ -763,13 +817,16 @@ def _special_ids(self: HFReportGenerator) -> tuple[tuple, int]:
     gc, tok = getattr(self.model, "generation_config", None), self.tokenizer
     eos = _eos_ids(getattr(gc, "eos_token_id", None)) or _eos_ids(getattr(tok, "eos_token_id", None))
     if not eos: raise InputError(f"{self.system}: the model and tokenizer define no end-of-sequence token")
-    pad = next((v for v in (getattr(tok, "pad_token_id", None), getattr(gc, "pad_token_id", None)) if v is not None), eos[0])
+    pad = next((v for v in (getattr(tok, "pad_token_id", None), getattr(gc, "pad_token_id", None)) if v is not None),
+               eos[0])
     return eos, int(pad)
 
 @patch
 def _batch(self: HFReportGenerator, imgs, inds, policy, seeds) -> list[Generation]:
-    "Generate one batch: encode (through the `input_builder` when there is one), run in groups that need no decoder padding, decode."
-    if self.input_builder is not None: return self._run(*self.input_builder(self, list(imgs), list(inds)), policy, seeds)
+    """Generate one batch: encode (through the `input_builder` when there is one), run in groups that need no decoder
+    padding, decode."""
+    if self.input_builder is not None:
+        return self._run(*self.input_builder(self, list(imgs), list(inds)), policy, seeds)
     images = [self._images(x) for x in imgs]
     prompts = [with_indication(self.prompt, i, self.indication_format) for i in inds]
     if self.kind == "chat": return self._run(*self._encode_chat(images, prompts), policy, seeds)
@@ -811,10 +868,14 @@ def _encode_text(self: HFReportGenerator, prompts) -> tuple[dict, int]:
 
 @patch
 def _encode_chat(self: HFReportGenerator, images, prompts) -> tuple[dict, int]:
-    "Chat-template text (after the system message, if any) with one image slot per image, through the model's processor (left padding)."
-    if not hasattr(self.processor, "apply_chat_template"): raise InputError(f"{self.system}: a chat model needs a processor with a chat template")
-    sys_msg = [{"role": "system", "content": [{"type": "text", "text": self.system_prompt}]}] if self.system_prompt else []
-    msgs = [sys_msg + [{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": p}]}] for ims, p in zip(images, prompts)]
+    """Chat-template text (after the system message, if any) with one image slot per image, through the model's
+    processor (left padding)."""
+    if not hasattr(self.processor, "apply_chat_template"):
+        raise InputError(f"{self.system}: a chat model needs a processor with a chat template")
+    sys_msg = [{"role": "system", "content": [{"type": "text",
+                                               "text": self.system_prompt}]}] if self.system_prompt else []
+    msgs = [sys_msg + [{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": p}]}]
+            for ims, p in zip(images, prompts)]
     texts = [self.processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in msgs]
     with _padding_side(self.tokenizer, "left"):   # images nested per sample: what Gemma 3 needs, and LLaVA takes too
         enc = self.processor(text=texts, images=[list(ims) for ims in images], return_tensors="pt", padding=True)
@@ -824,14 +885,17 @@ def _encode_chat(self: HFReportGenerator, images, prompts) -> tuple[dict, int]:
 def _decoder_prefixes(self: HFReportGenerator, prompts) -> list[list[int]]:
     "Decoder start token plus the tokenized prompt, per sample (encoder-decoder models)."
     gc, cfg = getattr(self.model, "generation_config", None), self.model.config
-    start = next((v for v in (getattr(gc, "decoder_start_token_id", None), getattr(cfg, "decoder_start_token_id", None)) if v is not None), None)
+    start = next((v for v in (getattr(gc, "decoder_start_token_id", None), getattr(cfg, "decoder_start_token_id", None))
+                  if v is not None), None)
     if start is None: raise InputError(f"{self.system}: the model defines no decoder_start_token_id")
-    return [[int(start)] + (self.tokenizer(p.rstrip(), add_special_tokens=False)["input_ids"] if p.strip() else []) for p in prompts]
+    return [[int(start)] + (self.tokenizer(p.rstrip(), add_special_tokens=False)["input_ids"] if p.strip() else [])
+            for p in prompts]
 
 @patch
 def _encode_ved(self: HFReportGenerator, images, prefixes) -> tuple[dict, int]:
     "Pixel values of the first image per sample and the (equal-length) decoder prefixes."
-    if self.image_processor is None: raise InputError(f"{self.system}: an encoder-decoder model needs an image processor")
+    if self.image_processor is None:
+        raise InputError(f"{self.system}: an encoder-decoder model needs an image processor")
     torch = _torch("HFReportGenerator")
     pv = self.image_processor([ims[0] for ims in images], return_tensors="pt")["pixel_values"]
     return {"pixel_values": pv, "decoder_input_ids": torch.tensor(prefixes, dtype=torch.long)}, len(prefixes[0])
@@ -846,11 +910,13 @@ def _run(self: HFReportGenerator, inputs: dict, prompt_length: int, policy: Deco
     if policy.do_sample:
         for k in ("top_k", "top_p", "temperature"): kw.pop(k)
         kw["do_sample"], procs = False, procs + sampling_processors(policy, seeds)
-    dt = getattr(self.model, "dtype", None)      # pixel values follow the weights (e.g. bfloat16); token ids stay integers
-    inputs = {k: (v.to(self.device, dtype=dt) if dt is not None and v.is_floating_point() else v.to(self.device)) if hasattr(v, "to") else v
+    dt = getattr(self.model, "dtype", None)  # pixel values follow the weights (e.g. bfloat16); token ids stay integers
+    inputs = {k: (v.to(self.device, dtype=dt) if dt is not None and v.is_floating_point() else v.to(self.device))
+              if hasattr(v, "to") else v
               for k, v in inputs.items()}
     with torch.inference_mode():
-        seq = self.model.generate(**inputs, **kw, logits_processor=tf.LogitsProcessorList(procs), pad_token_id=pad, eos_token_id=list(eos))
+        seq = self.model.generate(**inputs, **kw, logits_processor=tf.LogitsProcessorList(procs), pad_token_id=pad,
+                                  eos_token_id=list(eos))
     return [self._decode(row[prompt_length:], eos, policy.max_new_tokens) for row in seq.cpu().tolist()]
 
 @patch
@@ -858,14 +924,15 @@ def _decode(self: HFReportGenerator, ids: list[int], eos: tuple, max_new_tokens:
     "Text up to the first end token, its token count, and whether the cap was hit without an end token."
     cut = next((k for k, t in enumerate(ids) if t in eos), None)
     n = len(ids) if cut is None else cut
-    return Generation(self.tokenizer.decode(ids[:n], skip_special_tokens=True).strip(), n, cut is None and n >= max_new_tokens)
+    return Generation(self.tokenizer.decode(ids[:n], skip_special_tokens=True).strip(), n,
+                      cut is None and n >= max_new_tokens)
 
 # %% ../nbs/11_generate.ipynb #da267946
 def _default_seeds(imgs: Sequence, seed: int) -> list[int]:
     return [sample_seed(seed, str(x) if isinstance(x, (str, os.PathLike)) else f"#{i}") for i, x in enumerate(imgs)]
 
 @patch
-def generate_batch(self: HFReportGenerator, imgs: Sequence,                      # images: paths, Pillow images or arrays
+def generate_batch(self: HFReportGenerator, imgs: Sequence,                     # images: paths, Pillow images or arrays
                                             indications: Sequence | None = None, # per-sample indications (None entries: none)
                                             *,
                                             policy=None,                         # a policy (default: the generator's)
@@ -875,7 +942,8 @@ def generate_batch(self: HFReportGenerator, imgs: Sequence,                     
     imgs, policy = list(imgs), get_policy(policy or self.policy)
     inds = [None] * len(imgs) if indications is None else list(indications)
     seeds = _default_seeds(imgs, self.seed) if seeds is None else [int(s) for s in seeds]
-    if not len(inds) == len(seeds) == len(imgs): raise InputError(f"{self.system}: imgs, indications and seeds differ in length")
+    if not len(inds) == len(seeds) == len(imgs):
+        raise InputError(f"{self.system}: imgs, indications and seeds differ in length")
     out = []
     for k in range(0, len(imgs), self.batch_size):
         sl = slice(k, k + self.batch_size)
@@ -886,22 +954,25 @@ def generate_batch(self: HFReportGenerator, imgs: Sequence,                     
 def _check_model_dir(path) -> Path:
     "The model folder, or an `InputError` explaining that models load only from a local folder."
     p = Path(path).expanduser()
-    hint = "cxr_audit loads models only from a local folder and never downloads; save one with model.save_pretrained(folder) and processor.save_pretrained(folder)"
+    hint = ("cxr_audit loads models only from a local folder and never downloads; save one with "
+            "model.save_pretrained(folder) and processor.save_pretrained(folder)")
     if not p.is_dir(): raise InputError(f"{path}: model folder not found ({hint})")
-    if not (p / "config.json").is_file(): raise InputError(f"{path}: no config.json, so not a saved Hugging Face model folder ({hint})")
+    if not (p / "config.json").is_file():
+        raise InputError(f"{path}: no config.json, so not a saved Hugging Face model folder ({hint})")
     return p
 
 @patch(cls_method=True)
 def from_pretrained(cls: HFReportGenerator, path: str | os.PathLike, # a local folder written by save_pretrained
                     *, kind: str | None = None,       # None: from the saved configuration
                     model_kwargs: Mapping | None = None, # passed to the model loader
-                    **kwargs                          # HFReportGenerator settings (prompt, policy, batch_size, device, ...)
+                    **kwargs  # HFReportGenerator settings (prompt, policy, batch_size, device, ...)
                    ) -> HFReportGenerator:
     "An `HFReportGenerator` for a model saved in a local folder (never downloads)."
     p = _check_model_dir(path)
     tf = optional_import("transformers", "generate", "HFReportGenerator.from_pretrained")
     cfg = tf.AutoConfig.from_pretrained(p, local_files_only=True)
-    kind = kind or ("encoder-decoder" if getattr(cfg, "is_encoder_decoder", False) or cfg.model_type == "vision-encoder-decoder"
+    kind = kind or ("encoder-decoder" if getattr(cfg, "is_encoder_decoder", False)
+                    or cfg.model_type == "vision-encoder-decoder"
                     else "chat" if hasattr(cfg, "vision_config") else "text")
     loader = tf.AutoModelForCausalLM if kind == "text" else tf.AutoModelForImageTextToText
     model = loader.from_pretrained(p, local_files_only=True, **dict(model_kwargs or {}))
@@ -919,7 +990,8 @@ def simulated_response(policy # a decoding policy (name, dict or DecodingPolicy)
     kinds = {type(x) for x in p.processors}
     collapse = (1.0 if p.num_beams > 1 else 0.3 if p.do_sample else 0.75) / (1 + 4 * max(0.0, p.repetition_penalty - 1))
     collapse *= (0.8 if p.no_repeat_ngram_size else 1.0) * (0.2 if TemplatePhrasePenalty in kinds else 1.0)
-    heat = 0.0 if not p.do_sample else (p.temperature or 1.0) * (p.top_p or 1.0) * (0.5 if p.top_k and p.top_k < 50 else 1.0)
+    heat = 0.0 if not p.do_sample else (p.temperature or 1.0) * (p.top_p or 1.0) * (0.5 if p.top_k and p.top_k < 50
+                                                                                    else 1.0)
     no_empty = p.min_new_tokens > 0 or EarlyEOSSuppression in kinds
     loop = 0.0 if p.no_repeat_ngram_size else 0.2 if RecurrencePenalty in kinds else 1.0
     return {"collapse": min(1.0, collapse), "empty": 0.0 if no_empty else r["k50_empty"] * heat,
@@ -934,7 +1006,8 @@ def _path_list(v, image_root=None) -> list[str]:
 
 def _sim_studies(corpus) -> pd.DataFrame:
     "The studies table of a DemoCorpus, a Cohort, or a plain studies table."
-    return require_columns(getattr(corpus, "studies", corpus), ["study_id", "image_paths"], "SimulatedGenerator: corpus studies")
+    return require_columns(getattr(corpus, "studies", corpus), ["study_id", "image_paths"],
+                           "SimulatedGenerator: corpus studies")
 
 def _finding(r, patient: str) -> Finding:
     "A ground-truth `Finding` from one row of the corpus's findings table."
@@ -942,12 +1015,15 @@ def _finding(r, patient: str) -> Finding:
     sev = None if is_missing(r.severity) else r.severity
     return Finding(r.observation, status=r.status, laterality=None if is_missing(r.laterality) else r.laterality,
                    level=SCALES[scale].index(sev) if scale in SCALES and sev else None,
-                   size_cm=None if is_missing(r.size_cm) else float(r.size_cm), device=None if is_missing(r.device) else r.device,
+                   size_cm=None if is_missing(r.size_cm) else float(r.size_cm),
+                   device=None if is_missing(r.device) else r.device,
                    anchor=int(sha256_text(f"{patient}/{r.observation}")[:8], 16) % 1_000_000)
 
 def _corpus_mentions(corpus) -> dict:
-    "study_id -> the mentions (findings and changes) a report of that study should describe (none without a findings table)."
-    if not isinstance(getattr(corpus, "findings", None), pd.DataFrame): return {str(sid): [] for sid in _sim_studies(corpus).study_id}
+    """study_id -> the mentions (findings and changes) a report of that study should describe (none without a findings
+    table)."""
+    if not isinstance(getattr(corpus, "findings", None), pd.DataFrame):
+        return {str(sid): [] for sid in _sim_studies(corpus).study_id}
     s, f, pr = corpus.studies, corpus.findings, corpus.progression
     patient = dict(zip(s.study_id, s.patient_id))
     states = {sid: {} for sid in s.study_id}
@@ -956,12 +1032,14 @@ def _corpus_mentions(corpus) -> dict:
     changes = {sid: dict(zip(g.observation, g.change)) for sid, g in pr.groupby("study_id")}
     order = s.sort_values(["patient_id", "study_time"], kind="stable")
     prior = {b: a for _, g in order.groupby("patient_id", sort=False) for a, b in zip(g.study_id, g.study_id.iloc[1:])}
-    return {sid: mentions_of(states[sid], states[prior[sid]] if sid in prior else None, changes.get(sid, {}) if sid in prior else None)
+    return {sid: mentions_of(states[sid], states[prior[sid]] if sid in prior else None,
+                             changes.get(sid, {}) if sid in prior else None)
             for sid in s.study_id}
 
 # %% ../nbs/11_generate.ipynb #6f18f6e9
 class SimulatedGenerator:
-    "A SYNTHETIC report generator (`sim-*`) of the demo corpus, or of any studies table, behind the report-generator contract."
+    """A SYNTHETIC report generator (`sim-*`) of the demo corpus, or of any studies table, behind the report-generator
+    contract."""
     def __init__(self, system: str,          # one of SIM_SYSTEMS
                  corpus,                     # a DemoCorpus (studies, findings, progression); or a studies table or Cohort (no findings known)
                  policy=POLICIES["B4"],      # decoding policy of direct calls
@@ -969,12 +1047,14 @@ class SimulatedGenerator:
                  phrases=None,               # phrase bank override (see `synth.load_phrases`)
                  batch_size: int = 64        # samples per call in `generate_table`
                 ):
-        if system not in SIM_SYSTEMS: raise InputError(f"SimulatedGenerator: system must be one of {SIM_SYSTEMS}, got {system!r}")
+        if system not in SIM_SYSTEMS:
+            raise InputError(f"SimulatedGenerator: system must be one of {SIM_SYSTEMS}, got {system!r}")
         self.system, self.corpus, self.policy, self.seed, self.batch_size = system, corpus, get_policy(policy), int(seed), batch_size
         self.phrases, self._mentions = load_phrases(phrases), _corpus_mentions(corpus)
         studies = _sim_studies(corpus)
         self._study = {str(sid): str(sid) for sid in studies.study_id}
-        self._study.update({p: str(sid) for sid, ps in zip(studies.study_id, studies.image_paths) for p in _path_list(ps)})
+        self._study.update({p: str(sid) for sid,
+                            ps in zip(studies.study_id, studies.image_paths) for p in _path_list(ps)})
 
     def __call__(self, imgs: Sequence, indications: Sequence | None = None) -> list[str]:
         "One synthetic report per image path (or study ID), under the generator's own policy."
@@ -1016,13 +1096,16 @@ def _one(self: SimulatedGenerator, key, policy: DecodingPolicy, seed: int) -> Ge
     truth = [m.observation for m in ms if m.kind != "resolved"]
     u, invalid = g.random(), {"omitted": truth, "hallucinated": [], "altered": []}
     if self.system == "sim-template" and u < resp["empty"]: return Generation("", 0, False, invalid)
-    if self.system == "sim-template" and u < resp["empty"] + resp["unk"]: return Generation(P["unknown_token"], 1, False, invalid)
+    if self.system == "sim-template" and u < resp["empty"] + resp["unk"]:
+        return Generation(P["unknown_token"], 1, False, invalid)
     if self.system == "sim-template" and u < resp["empty"] + resp["unk"] + resp["loop"]:
         loop = " ".join([str(P["loop_sentences"][int(g.integers(len(P["loop_sentences"])))])] * policy.max_new_tokens)
         return Generation(*_cap_words(loop, policy.max_new_tokens), invalid)
-    run = (self.system, "B4") if self.system != "sim-template" else ("sim-template", "B4" if g.random() < resp["collapse"] else "K50")
+    run = (self.system, "B4") if self.system != "sim-template" else ("sim-template",
+                                                                     "B4" if g.random() < resp["collapse"] else "K50")
     text, omitted, halluc, altered = GENERATORS[run](ms, g, P)
-    return Generation(*_cap_words(text, policy.max_new_tokens), {"omitted": omitted, "hallucinated": halluc, "altered": altered})
+    return Generation(*_cap_words(text, policy.max_new_tokens),
+                      {"omitted": omitted, "hallucinated": halluc, "altered": altered})
 
 # %% ../nbs/11_generate.ipynb #56a55c53
 class _Progress:
@@ -1053,11 +1136,13 @@ class _Checkpoint:
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try: rec = json.loads(line)
                 except json.JSONDecodeError: continue          # a line cut short by a crash
-                if isinstance(rec, dict) and rec.get("row", {}).get("error") is None: self.rows[rec.get("key")] = rec["row"]
+                if isinstance(rec, dict) and rec.get("row", {}).get("error") is None:
+                    self.rows[rec.get("key")] = rec["row"]
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def put(self, key: str, row: dict):
-        with open(self.path, "a", encoding="utf-8") as f: f.write(json.dumps({"key": key, "row": row}, default=str) + "\n")
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"key": key, "row": row}, default=str) + "\n")
 
 # %% ../nbs/11_generate.ipynb #2bad9059
 ENTRY_ID, CHOSEN_IMAGE = "entry_id", "image_path"   # the cohort's entry key and chosen-image column (see `cohort`)
@@ -1073,12 +1158,13 @@ def _entry_images(r: dict, max_images, image_root, image_column) -> list[str]:
 def _entry_ids(s: pd.DataFrame, what: str) -> list[str]:
     "Each row's `entry_id` (its `study_id` where the table has none), or an `InputError` naming the first repeated one."
     has = ENTRY_ID in s.columns
-    ids = [str(e) if has and not _blank(e) else str(sid) for e, sid in zip(s[ENTRY_ID] if has else s["study_id"], s["study_id"])]
+    ids = [str(e) if has and not _blank(e) else str(sid) for e,
+           sid in zip(s[ENTRY_ID] if has else s["study_id"], s["study_id"])]
     dup = pd.Series(ids).duplicated()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        raise InputError(f"{what}: row {i}: {'entry_id' if has else 'study_id'} {ids[i]!r} repeats an earlier row; give each row its own "
-                         f"`entry_id` (one row per image: `Cohort.explode_images`)")
+        raise InputError(f"{what}: row {i}: {'entry_id' if has else 'study_id'} {ids[i]!r} repeats an earlier row; "
+                         f"give each row its own `entry_id` (one row per image: `Cohort.explode_images`)")
     return ids
 
 def generation_inputs(studies,                      # a studies table or a cohort's table: study_id, image_paths (and entry_id, image_path, indication)
@@ -1094,7 +1180,8 @@ def generation_inputs(studies,                      # a studies table or a cohor
     imgs = [_entry_images(r, max_images, image_root, image_column if image_column in s.columns else None) for r in recs]
     return pd.DataFrame({"entry_id": ids, "study_id": s["study_id"].astype(str).tolist(),
                          "images": [(ps[0] if ps else None) if max_images == 1 else ps for ps in imgs],
-                         "indication": [None if not use_indication or _blank(r.get("indication")) else str(r["indication"]) for r in recs]},
+                         "indication": [None if not use_indication or _blank(r.get("indication"))
+                                        else str(r["indication"]) for r in recs]},
                         columns=["entry_id", "study_id", "images", "indication"])
 
 # %% ../nbs/11_generate.ipynb #62a4975d
@@ -1110,7 +1197,8 @@ def _plan(generator, policies, seeds, repeat_deterministic: bool) -> list[tuple]
         if not seeds or not all(_is_int(s) and s >= 0 for s in seeds) or len(set(seeds)) < len(seeds):
             raise InputError(f"generate_table: seeds must be distinct non-negative integers, got {seeds!r}")
     run = lambda p: seeds if seeds is not None else [DEFAULT_SEED if p is None or p.seed is None else p.seed]
-    return [(p, int(s)) for p in pols for k, s in enumerate(run(p)) if k == 0 or repeat_deterministic or p is None or not p.deterministic]
+    return [(p, int(s)) for p in pols for k, s in enumerate(run(p)) if k == 0 or repeat_deterministic or p is None
+            or not p.deterministic]
 
 # %% ../nbs/11_generate.ipynb #f5096b88
 def _call(generator, items, policy, seeds, system) -> list[Generation]:
@@ -1120,29 +1208,35 @@ def _call(generator, items, policy, seeds, system) -> list[Generation]:
     inds = inds if any(i is not None for i in inds) else None
     if hasattr(generator, "generate_batch"):
         out = list(generator.generate_batch(imgs, inds, policy=policy, seeds=seeds))
-        if len(out) != len(items): raise InputError(f"{system}: returned {len(out)} generation(s) for {len(items)} sample(s)")
+        if len(out) != len(items):
+            raise InputError(f"{system}: returned {len(out)} generation(s) for {len(items)} sample(s)")
         return out
     return [Generation(t, len(t.split()), False) for t in call_report_generator(generator, imgs, inds, system)]
 
 def _row(item, policy, seed, system, g: Generation | None, error: str | None) -> dict:
     "One generations row; `sample_id` is `system/policy/seed/entry_id`."
     name = policy.name if policy is not None else "default"
-    row = {"sample_id": f"{system}/{name}/{seed}/{item[0]}", "study_id": item[3], "system": system, "policy": name, "seed": seed,
-           "hypothesis": g.text if g else "", "n_tokens": g.n_tokens if g else None, "truncated": bool(g.truncated) if g else False,
+    row = {"sample_id": f"{system}/{name}/{seed}/{item[0]}", "study_id": item[3], "system": system, "policy": name,
+           "seed": seed, "hypothesis": g.text if g else "", "n_tokens": g.n_tokens if g else None,
+           "truncated": bool(g.truncated) if g else False,
            "error": error, "entry_id": item[0]}
     return {**row, **((g.extra or {}) if g else {})}
 
 # %% ../nbs/11_generate.ipynb #3138ffc3
 def _key(system, policy, seed, item) -> str:
     "Checkpoint key of one sample (an entry whose `entry_id` is its `study_id` keeps the key it had before entries)."
-    return sha256_text(json.dumps([system, policy.fingerprint if policy is not None else "default", seed, list(item[:3])], default=str))
+    return sha256_text(json.dumps([system, policy.fingerprint if policy is not None else "default", seed,
+                                   list(item[:3])], default=str))
 def _run_chunk(generator, chunk, policy, seed, system, ckpt) -> list[dict]:
     "Rows of one batch: reused from the checkpoint, generated together, or (after a failure) one by one."
     keys = [_key(system, policy, seed, it) for it in chunk]
     rows = {k: ckpt.rows[k] for k in keys if ckpt is not None and k in ckpt.rows}
     todo = [(k, it) for k, it in zip(keys, chunk) if k not in rows]
     seeds = lambda part: [sample_seed(seed, _row(it, policy, seed, system, None, None)["sample_id"]) for _, it in part]
-    try: results = [(k, it, g, None) for (k, it), g in zip(todo, _call(generator, [it for _, it in todo], policy, seeds(todo), system))] if todo else []
+    try:
+        results = [(k, it, g, None) for (k, it),
+                   g in zip(todo, _call(generator, [it for _, it in todo], policy, seeds(todo),
+                                        system))] if todo else []
     except Exception:
         results = []
         for k, it in todo:
@@ -1154,10 +1248,10 @@ def _run_chunk(generator, chunk, policy, seed, system, ckpt) -> list[dict]:
     return [rows[k] for k in keys]
 
 # %% ../nbs/11_generate.ipynb #4357bc97
-def generate_table(generator,                 # HFReportGenerator, SimulatedGenerator, or any callable(imgs, indications=None)
-                   studies,                   # a studies table or a cohort's table: study_id, image_paths (entry_id, image_path, indication)
-                   policies=None,             # names, policies, dicts, "B4,G1" or a policy file; None: the generator's own
-                   seeds=(DEFAULT_SEED,),     # run seeds (None: each policy's own seed, else DEFAULT_SEED)
+def generate_table(generator,           # HFReportGenerator, SimulatedGenerator, or any callable(imgs, indications=None)
+                   studies,                # a studies table or a cohort's table: study_id, image_paths (entry_id, image_path, indication)
+                   policies=None,          # names, policies, dicts, "B4,G1" or a policy file; None: the generator's own
+                   seeds=(DEFAULT_SEED,),  # run seeds (None: each policy's own seed, else DEFAULT_SEED)
                    *, system: str | None = None, # `system` column; default: the generator's `system` or name
                    use_indication: bool = False, # pass each study's indication to the generator
                    batch_size: int | None = None, # samples per call; default: the generator's batch_size, else 8
@@ -1168,12 +1262,16 @@ def generate_table(generator,                 # HFReportGenerator, SimulatedGene
                    checkpoint: str | os.PathLike | None = None, # JSON-lines file: rows saved as they finish, reused on a rerun
                    progress: bool | None = None  # progress bar on stderr (None: only on a terminal, see `core.show_progress`)
                   ) -> pd.DataFrame:
-    "Run a report generator over a table's entries under each policy and seed: the canonical `generations` table plus `error` and `entry_id`."
+    """Run a report generator over a table's entries under each policy and seed: the canonical `generations` table plus
+    `error` and `entry_id`."""
     inp = generation_inputs(studies, max_images, image_root, use_indication, image_column)
-    system = system or getattr(generator, "system", None) or getattr(generator, "__name__", None) or type(generator).__name__
-    plan, items = _plan(generator, policies, seeds, repeat_deterministic), list(zip(inp.entry_id, inp.images, inp.indication, inp.study_id))
+    system = system or getattr(generator, "system", None) or getattr(generator, "__name__",
+                                                                     None) or type(generator).__name__
+    plan, items = _plan(generator, policies, seeds,
+                        repeat_deterministic), list(zip(inp.entry_id, inp.images, inp.indication, inp.study_id))
     bs = int(batch_size or getattr(generator, "batch_size", None) or 8)
-    ckpt, bar = _Checkpoint(checkpoint) if checkpoint else None, _Progress(len(plan) * len(items), f"generate {system}", progress)
+    ckpt, bar = _Checkpoint(checkpoint) if checkpoint else None, _Progress(len(plan) * len(items), f"generate {system}",
+                                                                           progress)
     rows = []
     try:
         for policy, seed in plan:
@@ -1184,26 +1282,31 @@ def generate_table(generator,                 # HFReportGenerator, SimulatedGene
     return _generations_frame(rows)
 
 def _generations_frame(rows: list[dict]) -> pd.DataFrame:
-    cols = ["sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated", "error", "entry_id"]
-    df = to_generations(pd.DataFrame(rows, columns=cols + [c for c in dict.fromkeys(k for r in rows for k in r) if c not in cols]))
+    cols = ["sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated", "error",
+            "entry_id"]
+    df = to_generations(pd.DataFrame(rows, columns=cols + [c for c in dict.fromkeys(k for r in rows for k in r)
+                                                           if c not in cols]))
     df["error"] = df["error"].astype(object).where(df["error"].notna(), None)
     return df
 
 # %% ../nbs/11_generate.ipynb #576806c6
 def policy_summary(generations # a generations table (with `error` when generate_table wrote it)
                   ) -> pd.DataFrame:
-    "Per system and policy: outputs, failures, empty and truncated shares, mean tokens, distinct-report and top-report shares."
+    """Per system and policy: outputs, failures, empty and truncated shares, mean tokens, distinct-report and
+    top-report shares."""
     g = to_generations(generations)
     failed = g["error"].notna() if "error" in g.columns else pd.Series(False, index=g.index)
     rows = []
     for (sy, po), d in g.groupby(["system", "policy"], sort=False):
         ok = d[~failed[d.index]]
         top = ok.hypothesis.value_counts().iloc[0] / len(ok) if len(ok) else np.nan
-        rows.append({"system": sy, "policy": po, "seeds": d.seed.nunique(), "n": len(d), "failed": int(failed[d.index].sum()),
-                     "empty": ok.hypothesis.str.strip().eq("").mean(), "truncated": ok.truncated.mean(),
-                     "mean_tokens": ok.n_tokens.astype("float64").mean(), "distinct": ok.hypothesis.nunique() / len(ok) if len(ok) else np.nan,
-                     "top_share": top})
-    return pd.DataFrame(rows, columns=["system", "policy", "seeds", "n", "failed", "empty", "truncated", "mean_tokens", "distinct", "top_share"])
+        rows.append({"system": sy, "policy": po, "seeds": d.seed.nunique(), "n": len(d),
+                     "failed": int(failed[d.index].sum()), "empty": ok.hypothesis.str.strip().eq("").mean(),
+                     "truncated": ok.truncated.mean(),
+                     "mean_tokens": ok.n_tokens.astype("float64").mean(),
+                     "distinct": ok.hypothesis.nunique() / len(ok) if len(ok) else np.nan, "top_share": top})
+    return pd.DataFrame(rows, columns=["system", "policy", "seeds", "n", "failed", "empty", "truncated", "mean_tokens",
+                                       "distinct", "top_share"])
 
 # %% ../nbs/11_generate.ipynb #1b317a06
 def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
@@ -1222,7 +1325,8 @@ def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
 # %% ../nbs/11_generate.ipynb #04393ffd
 @dataclass(frozen=True)
 class Maira2Inputs:
-    "Model inputs the MAIRA-2 way: its own processor writes the findings prompt around the frontal and lateral images and the report sections."
+    """Model inputs the MAIRA-2 way: its own processor writes the findings prompt around the frontal and lateral images
+    and the report sections."""
     get_grounding: bool = False   # True: ask for findings with boxes (paper 000 used the ungrounded form)
 
     def call_args(self, refs: Sequence, # the sample's images: frontal, then lateral (optional)
@@ -1230,8 +1334,9 @@ class Maira2Inputs:
                  ) -> dict:
         "The keyword arguments of the processor's `format_reporting_input` for one sample."
         s = report_context(context)
-        return {"current_frontal": load_image(refs[0]), "current_lateral": load_image(refs[1]) if len(refs) > 1 else None,
-                "prior_frontal": None, "indication": s.get("indication"), "technique": s.get("technique"),
+        return {"current_frontal": load_image(refs[0]),
+                "current_lateral": load_image(refs[1]) if len(refs) > 1 else None, "prior_frontal": None,
+                "indication": s.get("indication"), "technique": s.get("technique"),
                 "comparison": s.get("comparison"), "prior_report": None, "get_grounding": self.get_grounding}
 
     def __call__(self, gen,              # the HFReportGenerator (its processor and tokenizer)
@@ -1241,8 +1346,9 @@ class Maira2Inputs:
         "A batch's prompts and images through the processor, left-padded: `(inputs, prompt length)`."
         proc = gen.processor
         if not hasattr(proc, "format_reporting_input"):
-            raise InputError(f"{gen.system}: the processor ({type(proc).__name__}) has no format_reporting_input; MAIRA-2's processor is code "
-                             "that ships with the checkpoint: load it with load_generator('maira2', ..., trust_remote_code=True)")
+            raise InputError(f"{gen.system}: the processor ({type(proc).__name__}) has no format_reporting_input; "
+                             "MAIRA-2's processor is code that ships with the checkpoint: load it with "
+                             "load_generator('maira2', ..., trust_remote_code=True)")
         texts, images = [], []
         for x, ctx in zip(imgs, contexts):
             text, ims = proc.format_reporting_input(**self.call_args(_refs(x, gen.system)[:2], ctx))
@@ -1254,10 +1360,11 @@ class Maira2Inputs:
 # %% ../nbs/11_generate.ipynb #acdedf12
 @dataclass(frozen=True)
 class CheXagentInputs:
-    "Model inputs the CheXagent-2 way: image files named in the prompt by its tokenizer's `from_list_format`, in a system/human conversation."
-    image_dir: str | None = None                         # where images that are not plain files yet are written (None: the cache folder)
+    """Model inputs the CheXagent-2 way: image files named in the prompt by its tokenizer's `from_list_format`, in a
+    system/human conversation."""
+    image_dir: str | None = None        # where images that are not plain files yet are written (None: the cache folder)
     system_message: str = "You are a helpful assistant." # the model card's system turn
-    missing: str = ""                                    # what fills the prompt's `{indication}` slot when a sample has none
+    missing: str = ""                               # what fills the prompt's `{indication}` slot when a sample has none
 
     def conversation(self, tokenizer,            # CheXagent-2's tokenizer (it has `from_list_format`)
                      paths: Sequence[str],       # the sample's image files
@@ -1265,8 +1372,9 @@ class CheXagentInputs:
                     ) -> list[dict]:
         "The system and human turns of one sample; the human turn lists the image files, then the prompt."
         if not hasattr(tokenizer, "from_list_format"):
-            raise InputError(f"the tokenizer ({type(tokenizer).__name__}) has no from_list_format; CheXagent-2's tokenizer is code that ships "
-                             "with the checkpoint: load it with load_generator('chexagent', ..., trust_remote_code=True)")
+            raise InputError(f"the tokenizer ({type(tokenizer).__name__}) has no from_list_format; CheXagent-2's "
+                             "tokenizer is code that ships with the checkpoint: load it with "
+                             "load_generator('chexagent', ..., trust_remote_code=True)")
         query = tokenizer.from_list_format([*({"image": p} for p in paths), {"text": prompt}])
         return [{"from": "system", "value": self.system_message}, {"from": "human", "value": query}]
 
@@ -1278,7 +1386,8 @@ class CheXagentInputs:
         seqs = []
         for x, ctx in zip(imgs, contexts):
             paths = [image_file(r, self.image_dir) for r in _refs(x, gen.system)[:gen.max_images or None]]
-            conv = self.conversation(gen.tokenizer, paths, with_indication(gen.prompt, ctx, gen.indication_format, self.missing))
+            conv = self.conversation(gen.tokenizer, paths,
+                                     with_indication(gen.prompt, ctx, gen.indication_format, self.missing))
             ids = gen.tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
             seqs.append([int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)])
         enc = _left_pad(seqs, gen._special_ids()[1])
@@ -1293,11 +1402,11 @@ class GeneratorRecipe:
     model_ids: tuple           # Hugging Face checkpoint IDs (you download one once; it is loaded from a local folder)
     architecture: str          # the model class the checkpoint's configuration names
     model_class: str           # the transformers class that loads it
-    processor_class: str       # the transformers class that loads its processor ("A+B": an image processor and a tokenizer)
+    processor_class: str   # the transformers class that loads its processor ("A+B": an image processor and a tokenizer)
     kind: str                  # the `HFReportGenerator` kind
     policy: Any                # decoding defaults (a DecodingPolicy, a preset name or a dict)
     remote_code: bool = False  # loading runs Python code that ships with the checkpoint (trust_remote_code)
-    prompt: str | None = ""    # instruction with context slots ("": none); None: the model's processor writes the prompt
+    prompt: str | None = ""   # instruction with context slots ("": none); None: the model's processor writes the prompt
     system_prompt: str | None = None # a system message (chat models)
     indication_format: str = INDICATION_FORMAT # how an indication goes in front of a prompt without slots ("": not given to the model)
     input_builder: Any = None  # builds the model inputs itself (`Maira2Inputs`, `CheXagentInputs`); None: the kind's own way
@@ -1314,83 +1423,108 @@ class GeneratorRecipe:
     def __post_init__(self):
         object.__setattr__(self, "policy", get_policy(self.policy))
         object.__setattr__(self, "model_ids", tuple(self.model_ids))
-        if self.kind not in KINDS: raise InputError(f"recipe {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise InputError(f"recipe {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         for f in ("max_images", "batch_size"):
-            if not _is_int(getattr(self, f)) or getattr(self, f) < 1: raise InputError(f"recipe {self.name!r}: {f} must be a positive integer")
+            if not _is_int(getattr(self, f)) or getattr(self, f) < 1:
+                raise InputError(f"recipe {self.name!r}: {f} must be a positive integer")
 
     def settings(self) -> dict:
-        "The `HFReportGenerator` keyword arguments this recipe implies (`prompt`, `policy`, `kind`, `input_builder`, ...)."
-        return {"prompt": "" if self.prompt is None else self.prompt, "policy": self.policy, "batch_size": self.batch_size, "kind": self.kind,
-                "system": self.name, "indication_format": self.indication_format, "max_images": self.max_images,
+        """The `HFReportGenerator` keyword arguments this recipe implies (`prompt`, `policy`, `kind`, `input_builder`,
+        ...)."""
+        return {"prompt": "" if self.prompt is None else self.prompt, "policy": self.policy,
+                "batch_size": self.batch_size, "kind": self.kind, "system": self.name,
+                "indication_format": self.indication_format, "max_images": self.max_images,
                 "system_prompt": self.system_prompt, "input_builder": self.input_builder}
 
     def describe(self) -> str:
         "The recipe in a few sentences."
         code = "; loading runs code that ships with the checkpoint" if self.remote_code else ""
-        return (f"{self.title} ({', '.join(self.model_ids)}): {self.architecture}, loaded with {self.model_class} and {self.processor_class}{code}. "
-                f"Images: {self.images}. Context: {self.context}. Decoding: {self.policy.describe()}. Needs transformers {self.transformers}.")
+        return (f"{self.title} ({', '.join(self.model_ids)}): {self.architecture}, loaded with {self.model_class} and "
+                f"{self.processor_class}{code}. Images: {self.images}. Context: {self.context}. Decoding: "
+                f"{self.policy.describe()}. Needs transformers {self.transformers}.")
 
     def _repr_markdown_(self) -> str:
-        prompt = "written by the model's processor" if self.prompt is None else f"`{self.prompt!r}`" if self.prompt else "none"
+        prompt = ("written by the model's processor" if self.prompt is None else f"`{self.prompt!r}`" if self.prompt
+                  else "none")
         rows = [("checkpoint", ", ".join(f"`{m}`" for m in self.model_ids)), ("architecture", self.architecture),
-                ("loaded with", f"`{self.model_class}` + `{self.processor_class}`" + (" (its own code: `trust_remote_code=True`)" if self.remote_code else "")),
-                ("prompt", prompt), ("images", self.images), ("preprocessing", self.preprocessing), ("context", self.context),
-                ("decoding", f"`{self.policy.name}`: {self.policy.describe()}"), ("environment", f"`{self.install}`; transformers {self.transformers}"),
+                ("loaded with", f"`{self.model_class}` + `{self.processor_class}`" + (" (its own code: "
+                                                                                      "`trust_remote_code=True`)"
+                                                                                      if self.remote_code else "")),
+                ("prompt", prompt), ("images", self.images), ("preprocessing", self.preprocessing),
+                ("context", self.context), ("decoding", f"`{self.policy.name}`: {self.policy.describe()}"),
+                ("environment", f"`{self.install}`; transformers {self.transformers}"),
                 ("sources", self.sources)]
         return f"**Generator recipe `{self.name}`**: {self.title}\n\n" + "\n".join(f"- {k}: {v}" for k, v in rows)
 
 # %% ../nbs/11_generate.ipynb #a1114b54
 MEDGEMMA_PROMPT = ("Write the FINDINGS section of the radiology report for this chest X-ray image.{sections}\n\n"
                    "Answer with the FINDINGS section alone, without restating any other section.")
-CHEXAGENT_PROMPT = 'Given the indication: "{indication}", write a structured findings section for the CXR.'   # CheXagent-2's demo prompt
+# CheXagent-2's demo prompt
+CHEXAGENT_PROMPT = 'Given the indication: "{indication}", write a structured findings section for the CXR.'
 
 GENERATOR_RECIPES = MappingProxyType({r.name: r for r in (
     GeneratorRecipe(
-        name="medgemma", title="MedGemma 4B, instruction-tuned", model_ids=("google/medgemma-4b-it", "google/medgemma-1.5-4b-it"),
-        architecture="Gemma3ForConditionalGeneration", model_class="AutoModelForImageTextToText", processor_class="AutoProcessor",
-        kind="chat", prompt=MEDGEMMA_PROMPT, max_images=1, policy=DecodingPolicy("greedy-512", max_new_tokens=512), batch_size=4,
-        images="the frontal view only (the model was built for one image)",
-        preprocessing="Gemma 3's image processor: resized to 896 x 896 and scaled to [-1, 1], 256 image tokens per image",
+        name="medgemma", title="MedGemma 4B, instruction-tuned",
+        model_ids=("google/medgemma-4b-it", "google/medgemma-1.5-4b-it"), architecture="Gemma3ForConditionalGeneration",
+        model_class="AutoModelForImageTextToText", processor_class="AutoProcessor",
+        kind="chat", prompt=MEDGEMMA_PROMPT, max_images=1, policy=DecodingPolicy("greedy-512", max_new_tokens=512),
+        batch_size=4, images="the frontal view only (the model was built for one image)",
+        preprocessing="Gemma 3's image processor: resized to 896 x 896 and scaled to [-1, 1], 256 image tokens "
+                      "per image",
         context="the indication, technique and comparison that a study has, listed after the instruction",
         transformers=">=4.50 (Gemma 3); the generate extra has 5",
-        sources="paper 000 App. D.2 (checkpoint, frontal view only, its own prompt with the three sections); paper 004 (MedGemma 1.5 4B at "
-                "revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b, one fixed prompt, greedy decoding, a 512-token cap, float32 because "
-                "float16 gave unstable first-token logits on its GPUs); paper 001 (the indication as context); model card (classes)"),
+        sources="paper 000 App. D.2 (checkpoint, frontal view only, its own prompt with the three sections); paper 004 "
+                "(MedGemma 1.5 4B at revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b, one fixed prompt, greedy "
+                "decoding, a 512-token cap, float32 because float16 gave unstable first-token logits on its GPUs); "
+                "paper 001 (the indication as context); model card (classes)"),
     GeneratorRecipe(
         name="maira2", title="MAIRA-2", model_ids=("microsoft/maira-2",),
         architecture="Maira2ForConditionalGeneration (LLaVA-style: RAD-DINO image encoder, Vicuna-7B language model)",
         model_class="AutoModelForCausalLM", processor_class="AutoProcessor", kind="chat", remote_code=True, prompt=None,
         input_builder=Maira2Inputs(), max_images=2, policy=DecodingPolicy("greedy-300", max_new_tokens=300),
-        images="the frontal view, then the lateral view when the study has one (a sample's second image is taken as the lateral)",
-        preprocessing="its processor makes each image grey and stretches it to 0-255, then RAD-DINO's image processor resizes and crops it to 518 px",
-        context="indication, technique and comparison in the processor's own slots (N/A when missing); ungrounded findings",
-        install='pip install -e . "torch>=2.3" "transformers>=4.46,<4.47" accelerate pillow pyyaml   # an environment of its own',
+        images="the frontal view, then the lateral view when the study has one (a sample's second image is taken as "
+               "the lateral)",
+        preprocessing="its processor makes each image grey and stretches it to 0-255, then RAD-DINO's image processor "
+                      "resizes and crops it to 518 px",
+        context="indication, technique and comparison in the processor's own slots (N/A when missing); ungrounded "
+                "findings",
+        install='pip install -e . "torch>=2.3" "transformers>=4.46,<4.47" accelerate pillow pyyaml   # an environment '
+                'of its own',
         transformers="4.46 (the release its code was written for; later ones may break it)",
-        sources="paper 000 App. D.1 (official checkpoint, ungrounded findings with the prompts of the MAIRA-2 paper, the three sections with "
-                "N/A when missing, frontal and lateral views); paper 001 (the indication slot); model card (classes, trust_remote_code, "
-                "format_and_preprocess_reporting_input, 300 new tokens)"),
+        sources="paper 000 App. D.1 (official checkpoint, ungrounded findings with the prompts of the MAIRA-2 paper, "
+                "the three sections with N/A when missing, frontal and lateral views); paper 001 (the indication "
+                "slot); model card (classes, trust_remote_code, format_and_preprocess_reporting_input, 300 new tokens)"),
     GeneratorRecipe(
         name="chexagent", title="CheXagent-2-3b", model_ids=("StanfordAIMI/CheXagent-2-3b",),
-        architecture="CheXagent-2 (a causal language model with an image encoder, both defined by the checkpoint's code)",
-        model_class="AutoModelForCausalLM", processor_class="AutoTokenizer", kind="chat", remote_code=True, prompt=CHEXAGENT_PROMPT,
-        input_builder=CheXagentInputs(), max_images=2, policy=DecodingPolicy("greedy-512", max_new_tokens=512),
-        images="up to two images per study, as files whose paths go into the prompt (other images are saved as PNG first)",
+        architecture="CheXagent-2 (a causal language model with an image encoder, both defined by the "
+                     "checkpoint's code)",
+        model_class="AutoModelForCausalLM", processor_class="AutoTokenizer", kind="chat", remote_code=True,
+        prompt=CHEXAGENT_PROMPT, input_builder=CheXagentInputs(), max_images=2,
+        policy=DecodingPolicy("greedy-512", max_new_tokens=512),
+        images="up to two images per study, as files whose paths go into the prompt (other images are saved as "
+               "PNG first)",
         preprocessing="the model's own code reads each image from its path and prepares it",
         context="the indication in the prompt's slot (empty when missing)",
-        install='pip install -e . "torch>=2.3" "transformers==4.40.0" accelerate pillow pyyaml   # an environment of its own',
+        install='pip install -e . "torch>=2.3" "transformers==4.40.0" accelerate pillow pyyaml   # an environment '
+                'of its own',
         transformers="==4.40.0 (model card)",
-        sources="paper 000 App. D.5 (checkpoint, the demo's findings prompt with the indication, at most two images); paper 001 (the recipe, "
-                "the indication as context); model card (classes, trust_remote_code, from_list_format, system turn, greedy decoding, 512 "
-                "new tokens, transformers 4.40.0)"),
+        sources="paper 000 App. D.5 (checkpoint, the demo's findings prompt with the indication, at most two images); "
+                "paper 001 (the recipe, the indication as context); model card (classes, trust_remote_code, "
+                "from_list_format, system turn, greedy decoding, 512 new tokens, transformers 4.40.0)"),
     GeneratorRecipe(
-        name="chex-mimic", title="CheX-MIMIC: the CheXpert Plus findings baseline trained on CheXpert Plus and MIMIC-CXR",
-        model_ids=("IAMJB/chexpert-mimic-cxr-findings-baseline",), architecture="VisionEncoderDecoderModel (ViT encoder, BERT decoder)",
-        model_class="VisionEncoderDecoderModel", processor_class="AutoImageProcessor+AutoTokenizer", kind="encoder-decoder", prompt="",
-        indication_format="", max_images=1, policy=DecodingPolicy("B2-128", num_beams=2, max_new_tokens=128), dtype="float32", batch_size=8,
-        images="the frontal (key) view only", preprocessing="the checkpoint's ViT image processor (resize and normalise)",
+        name="chex-mimic", title="CheX-MIMIC: the CheXpert Plus findings baseline trained on CheXpert Plus and "
+                                 "MIMIC-CXR",
+        model_ids=("IAMJB/chexpert-mimic-cxr-findings-baseline",), architecture="VisionEncoderDecoderModel (ViT "
+                                                                                "encoder, BERT decoder)",
+        model_class="VisionEncoderDecoderModel", processor_class="AutoImageProcessor+AutoTokenizer",
+        kind="encoder-decoder", prompt="", indication_format="", max_images=1,
+        policy=DecodingPolicy("B2-128", num_beams=2, max_new_tokens=128), dtype="float32", batch_size=8,
+        images="the frontal (key) view only", preprocessing="the checkpoint's ViT image processor (resize and "
+                                                            "normalise)",
         context="none: the model takes no text", transformers=">=4.40; the generate extra has 5",
-        sources="paper 000 App. D.9 (checkpoint, no prompt, frontal view only); decoding is not given by the papers: 2-beam search "
-                "with a 128-token cap, a setting in common use with these baselines"),
+        sources="paper 000 App. D.9 (checkpoint, no prompt, frontal view only); decoding is not given by the papers: "
+                "2-beam search with a 128-token cap, a setting in common use with these baselines"),
 )})
 
 def generator_recipe(name # a key of GENERATOR_RECIPES (any case), or a GeneratorRecipe
@@ -1398,7 +1532,9 @@ def generator_recipe(name # a key of GENERATOR_RECIPES (any case), or a Generato
     "One generator recipe by name."
     if isinstance(name, GeneratorRecipe): return name
     hit = next((r for k, r in GENERATOR_RECIPES.items() if k == str(name).strip().lower()), None)
-    if hit is None: raise InputError(f"unknown generator recipe {name!r}; known: {', '.join(GENERATOR_RECIPES)} (or give a GeneratorRecipe)")
+    if hit is None:
+        raise InputError(f"unknown generator recipe {name!r}; known: {', '.join(GENERATOR_RECIPES)} (or give a "
+                         "GeneratorRecipe)")
     return hit
 
 # %% ../nbs/11_generate.ipynb #30212c04
@@ -1406,22 +1542,28 @@ def recipes_frame(names=None # recipe names (default: all of GENERATOR_RECIPES)
                  ) -> pd.DataFrame:
     "One row per generator recipe: checkpoint, classes, own code, images, context, decoding and environment."
     rs = [generator_recipe(n) for n in (names or GENERATOR_RECIPES)]
-    return pd.DataFrame([{"name": r.name, "title": r.title, "model_ids": ", ".join(r.model_ids), "architecture": r.architecture,
-                          "model_class": r.model_class, "processor_class": r.processor_class, "remote_code": r.remote_code,
+    return pd.DataFrame([{"name": r.name, "title": r.title, "model_ids": ", ".join(r.model_ids),
+                          "architecture": r.architecture, "model_class": r.model_class,
+                          "processor_class": r.processor_class, "remote_code": r.remote_code,
                           "max_images": r.max_images, "images": r.images, "context": r.context, "policy": r.policy.name,
-                          "decoding": r.policy.describe(), "dtype": r.dtype, "transformers": r.transformers, "install": r.install} for r in rs])
+                          "decoding": r.policy.describe(), "dtype": r.dtype, "transformers": r.transformers,
+                          "install": r.install} for r in rs])
 
 # %% ../nbs/11_generate.ipynb #e62c2946
 def _recipe_dir(r: GeneratorRecipe, path) -> Path:
     "The checkpoint folder, or an `InputError` that says how to get it."
     try: return _check_model_dir(path)
     except InputError as e:
-        raise InputError(f"load_generator({r.name!r}): {e}. {r.title} is {' or '.join(r.model_ids)} on the Hugging Face Hub: download it once "
-                         f"where there is internet (huggingface-cli download {r.model_ids[0]} --local-dir <folder>) and pass that folder") from None
+        raise InputError(f"load_generator({r.name!r}): {e}. {r.title} is {' or '.join(r.model_ids)} on the Hugging "
+                         "Face Hub: download it once where there is internet (huggingface-cli download "
+                         f"{r.model_ids[0]} --local-dir <folder>) and pass that folder") from None
 
 def _recipe_imports(r: GeneratorRecipe) -> tuple:
     "torch and transformers, or an `ImportError` with the recipe's install line."
-    try: return optional_import("torch", "generate", f"load_generator({r.name!r})"), optional_import("transformers", "generate", f"load_generator({r.name!r})")
+    try:
+        return optional_import("torch", "generate",
+                               f"load_generator({r.name!r})"), optional_import("transformers", "generate",
+                                                                               f"load_generator({r.name!r})")
     except ImportError as e: raise ImportError(f"{e}; from the cxr_audit source folder: {r.install}") from e
 
 def _torch_dtype(torch, dtype, r: GeneratorRecipe, device: str):
@@ -1429,15 +1571,20 @@ def _torch_dtype(torch, dtype, r: GeneratorRecipe, device: str):
     if dtype is None: dtype = r.dtype if str(device).startswith("cuda") else "float32"
     if isinstance(dtype, str):
         dt = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dt, torch.dtype): raise InputError(f"load_generator({r.name!r}): unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16' or 'float32'")
+        if not isinstance(dt, torch.dtype):
+            raise InputError(f"load_generator({r.name!r}): unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16' or "
+                             "'float32'")
         return dt
     return dtype
 
 def _fill_special_ids(model, tok) -> None:
     "Set an encoder-decoder's missing decoder start and end tokens from its tokenizer."
     gc, cfg = model.generation_config, model.config
-    start = next((v for v in (gc.decoder_start_token_id, getattr(cfg, "decoder_start_token_id", None), getattr(tok, "bos_token_id", None), getattr(tok, "cls_token_id", None)) if v is not None), None)
-    end = next((v for v in (gc.eos_token_id, getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None)) if v is not None), None)
+    start = next((v for v in (gc.decoder_start_token_id, getattr(cfg, "decoder_start_token_id", None),
+                              getattr(tok, "bos_token_id", None), getattr(tok, "cls_token_id", None)) if v is not None),
+                 None)
+    end = next((v for v in (gc.eos_token_id, getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
+                if v is not None), None)
     gc.decoder_start_token_id, gc.eos_token_id = start, end
     if gc.pad_token_id is None: gc.pad_token_id = getattr(tok, "pad_token_id", None)
 
@@ -1445,17 +1592,20 @@ def _load_parts(tf, r: GeneratorRecipe, p: Path, dtype, trust: bool) -> tuple:
     "The model and its processor (or image processor and tokenizer) from a local folder."
     kw = {"local_files_only": True, **({"trust_remote_code": True} if trust else {})}
     missing = [c for c in [r.model_class, *r.processor_class.split("+")] if getattr(tf, c, None) is None]
-    if missing: raise ImportError(f"load_generator({r.name!r}) needs transformers {r.transformers}, but {tf.__version__} has no {', '.join(missing)}; "
-                                  f"from the cxr_audit source folder: {r.install}")
-    model = getattr(tf, r.model_class).from_pretrained(p, **kw, **{"dtype" if int(tf.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype})
+    if missing:
+        raise ImportError(f"load_generator({r.name!r}) needs transformers {r.transformers}, but {tf.__version__} has "
+                                  f"no {', '.join(missing)}; from the cxr_audit source folder: {r.install}")
+    model = getattr(tf, r.model_class).from_pretrained(p, **kw,
+                                                       **{"dtype" if int(tf.__version__.split(".")[0]) >= 5
+                                                          else "torch_dtype": dtype})
     procs = [getattr(tf, c).from_pretrained(p, **kw) for c in r.processor_class.split("+")]
     if r.kind == "encoder-decoder": _fill_special_ids(model, procs[-1])
     return model, procs[0] if len(procs) == 1 else tuple(procs)
 
 def load_generator(name,                               # a key of GENERATOR_RECIPES, or a GeneratorRecipe
                    model_path: str | os.PathLike,      # local folder holding the checkpoint (nothing is downloaded)
-                   device: str | None = None,          # "cuda", "cuda:1", "cpu"; None: "cuda" when torch sees a GPU, else "cpu"
-                   dtype=None,                         # "bfloat16", "float32" or a torch dtype; None: the recipe's on a GPU, float32 on a CPU
+                   device: str | None = None,  # "cuda", "cuda:1", "cpu"; None: "cuda" when torch sees a GPU, else "cpu"
+                   dtype=None,   # "bfloat16", "float32" or a torch dtype; None: the recipe's on a GPU, float32 on a CPU
                    *, trust_remote_code: bool = False, # run the code that ships with the checkpoint (MAIRA-2 and CheXagent-2 need it)
                    **kwargs                            # HFReportGenerator settings that replace the recipe's (prompt, policy, batch_size, system, ...)
                   ) -> HFReportGenerator:
@@ -1463,9 +1613,11 @@ def load_generator(name,                               # a key of GENERATOR_RECI
     r = generator_recipe(name)
     p = _recipe_dir(r, model_path)
     if r.remote_code and not trust_remote_code:
-        raise InputError(f"load_generator({r.name!r}): {r.title} runs Python code that ships with its checkpoint ({r.architecture}); "
-                         f"read the .py files in {p}, then pass trust_remote_code=True to run them")
-    if r.prompt is None and kwargs.get("prompt"): raise InputError(f"load_generator({r.name!r}): the model's processor writes the prompt, so prompt= cannot be used")
+        raise InputError(f"load_generator({r.name!r}): {r.title} runs Python code that ships with its checkpoint "
+                         f"({r.architecture}); read the .py files in {p}, then pass trust_remote_code=True to run them")
+    if r.prompt is None and kwargs.get("prompt"):
+        raise InputError(f"load_generator({r.name!r}): the model's processor writes the prompt, so prompt= "
+                         "cannot be used")
     torch, tf = _recipe_imports(r)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, proc = _load_parts(tf, r, p, _torch_dtype(torch, dtype, r, device), r.remote_code)
@@ -1473,19 +1625,24 @@ def load_generator(name,                               # a key of GENERATOR_RECI
 
 # %% ../nbs/11_generate.ipynb #d6e4eddf
 _GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>")
-_TINY_GEMMA3_TEMPLATE = ("{{ bos_token }}{% set sys = messages[0]['content'][0]['text'] if messages[0]['role'] == 'system' else '' %}"
-                         "{% for m in messages if m['role'] != 'system' %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }} "
-                         "{% if loop.first and sys %}{{ sys }} {% endif %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image> "
-                         "{% else %}{{ c['text'] }} {% endif %}{% endfor %}<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn>model {% endif %}")
+_TINY_GEMMA3_TEMPLATE = ("{{ bos_token }}{% set sys = messages[0]['content'][0]['text'] if messages[0]['role'] == "
+                         "'system' else '' %}{% for m in messages if m['role'] != 'system' %}<start_of_turn>{{ 'model' "
+                         "if m['role'] == 'assistant' else m['role'] }} {% if loop.first and sys %}{{ sys }} {% endif "
+                         "%}{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image> {% else %}{{ "
+                         "c['text'] }} {% endif %}{% endfor %}<end_of_turn> {% endfor %}{% if add_generation_prompt "
+                         "%}<start_of_turn>model {% endif %}")
 
 def _tiny_gemma3_tokenizer():
     "The tiny word-level tokenizer plus Gemma 3's image and turn markers as special tokens."
-    tokenizers, tf = optional_import("tokenizers", "generate", "tiny_gemma3"), optional_import("transformers", "generate", "tiny_gemma3")
+    tokenizers, tf = optional_import("tokenizers", "generate",
+                                     "tiny_gemma3"), optional_import("transformers", "generate", "tiny_gemma3")
     vocab = list(TINY_VOCAB) + list(_GEMMA3_TOKENS) + ["model", "system"]
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]",
-                                     extra_special_tokens=dict(zip(("boi_token", "image_token", "eoi_token"), _GEMMA3_TOKENS[:3])))
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+                                     eos_token="[EOS]",
+                                     extra_special_tokens=dict(zip(("boi_token", "image_token", "eoi_token"),
+                                                                   _GEMMA3_TOKENS[:3])))
     tok.add_tokens(list(_GEMMA3_TOKENS[3:]), special_tokens=True)
     return tok
 
@@ -1497,18 +1654,25 @@ def tiny_gemma3(seed: int = DEFAULT_SEED, # initialisation seed
     tok = _tiny_gemma3_tokenizer()
     ids = [tok.convert_tokens_to_ids(t) for t in _GEMMA3_TOKENS]
     small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    text = tf.Gemma3TextConfig(vocab_size=len(tok), num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=512,
-                               max_position_embeddings=512, bos_token_id=2, eos_token_id=3, pad_token_id=0, initializer_range=init,
+    text = tf.Gemma3TextConfig(vocab_size=len(tok), num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                               sliding_window=512, max_position_embeddings=512, bos_token_id=2, eos_token_id=3,
+                               pad_token_id=0, initializer_range=init,
                                tie_word_embeddings=False, **small)
-    cfg = tf.Gemma3Config(vision_config=tf.SiglipVisionConfig(image_size=32, patch_size=8, **small), text_config=text, mm_tokens_per_image=4,
-                          boi_token_index=ids[0], image_token_index=ids[1], eoi_token_index=ids[2], initializer_range=init,
+    cfg = tf.Gemma3Config(vision_config=tf.SiglipVisionConfig(image_size=32, patch_size=8, **small), text_config=text,
+                          mm_tokens_per_image=4, boi_token_index=ids[0], image_token_index=ids[1],
+                          eoi_token_index=ids[2], initializer_range=init,
                           tie_word_embeddings=False)   # untied: a tiny tied model mostly repeats its last token
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = tf.Gemma3ForConditionalGeneration(cfg).eval()
-        with torch.no_grad():   # Gemma 3 starts its image projection at zero, which would hide the image from the tiny model
-            for _, w in (x for x in model.named_parameters() if x[0].endswith("mm_input_projection_weight")): w.normal_(0.0, init)
+        # Gemma 3 starts its image projection at zero, which would hide the image from the tiny model
+        with torch.no_grad():
+            for _, w in (x for x in model.named_parameters() if x[0].endswith("mm_input_projection_weight")):
+                w.normal_(0.0, init)
     gc = model.generation_config
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id, gc.suppress_tokens = 2, 3, 0, [0, 1, 2, 4, *ids, *tok.convert_tokens_to_ids(["model", "system"])]   # no markers
+    # no markers
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id, gc.suppress_tokens = 2, 3, 0, [0, 1, 2, 4, *ids,
+                                                                                      *tok.convert_tokens_to_ids(["model", "system"])]
     ip = (getattr(tf, "Gemma3ImageProcessorPil", None) or tf.Gemma3ImageProcessor)(size={"height": 32, "width": 32})
-    return TinyModel(model, tf.Gemma3Processor(image_processor=ip, tokenizer=tok, chat_template=_TINY_GEMMA3_TEMPLATE, image_seq_length=4), "chat")
+    return TinyModel(model, tf.Gemma3Processor(image_processor=ip, tokenizer=tok, chat_template=_TINY_GEMMA3_TEMPLATE,
+                                               image_seq_length=4), "chat")

@@ -21,8 +21,9 @@ import pandas as pd
 from fastcore.basics import patch
 from fastcore.meta import delegates
 
-from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
-                            read_table, require_columns, resource_text, save_chart, sha256_text, write_manifest, write_table)
+from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
+                            read_json, read_table, require_columns, resource_text, save_chart, sha256_text,
+                            write_manifest, write_table)
 from .reports import SPECIAL_TOKENS, regex_splitter, split_sentences
 from .corpus import to_generations
 from .stats import (PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, macro_stats, micro_stats,
@@ -59,7 +60,8 @@ def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool)
     if replace: return user
     for k, v in user.items():
         if k in nested and isinstance(v, Mapping) and isinstance(base.get(k), Mapping):
-            base[k] = {**base[k], **{kk: ({**base[k][kk], **vv} if isinstance(vv, Mapping) and isinstance(base[k].get(kk), Mapping) else vv)
+            base[k] = {**base[k], **{kk: ({**base[k][kk], **vv} if isinstance(vv, Mapping)
+                                          and isinstance(base[k].get(kk), Mapping) else vv)
                                      for kk, vv in v.items()}}
         else: base[k] = v
     return base
@@ -76,11 +78,13 @@ def _expand(pattern: str, macros: Mapping, depth: int = 4) -> str:
 
 @lru_cache(maxsize=None)
 def _compiled(pattern: str) -> re.Pattern:
-    "A phrase pattern compiled once per process (a phrase bank has more patterns than `re`'s own cache keeps, so they were compiled again and again)."
+    """A phrase pattern compiled once per process (a phrase bank has more patterns than `re`'s own cache keeps, so they
+    were compiled again and again)."""
     return re.compile(pattern)
 
 def _check_pattern(p, where: str, macros: Mapping) -> str:
-    if not isinstance(p, str) or not p.strip(): raise InputError(f"{where}: a pattern must be a non-empty string, got {p!r}")
+    if not isinstance(p, str) or not p.strip():
+        raise InputError(f"{where}: a pattern must be a non-empty string, got {p!r}")
     if "(?P<" in p: raise InputError(f"{where}: named groups are not allowed in patterns ({p!r})")
     try: _compiled(_expand(p, macros))
     except re.error as e: raise InputError(f"{where}: pattern {p!r} is not a valid regular expression ({e})") from e
@@ -188,7 +192,8 @@ def _check_triggers(T: dict, what: str) -> dict:
     for cat in ("negation", "uncertainty"):
         if not isinstance(T.get(cat), Mapping): raise InputError(f"{what}: needs a '{cat}' mapping of directions")
         for d in T[cat]:
-            if d not in TRIGGER_DIRECTIONS: raise InputError(f"{what}: {cat} direction {d!r} is not one of {TRIGGER_DIRECTIONS}")
+            if d not in TRIGGER_DIRECTIONS:
+                raise InputError(f"{what}: {cat} direction {d!r} is not one of {TRIGGER_DIRECTIONS}")
             for i, p in enumerate(T[cat][d] or []): _check_pattern(p, f"{what}: {cat} {d}[{i}]", {})
     for key in ("pseudo", "terminators", "terminator_marks"):
         for i, p in enumerate(T.setdefault(key, []) or []): _check_pattern(p, f"{what}: {key}[{i}]", {})
@@ -196,8 +201,8 @@ def _check_triggers(T: dict, what: str) -> dict:
     return T
 
 def load_context_triggers(triggers: str | os.PathLike | Mapping | None = None, # None, a JSON file or a dict
-                          replace: bool = False,       # use `triggers` alone instead of updating the packaged table
-                          profile: str = "chexpert",   # the profile whose trigger layers apply (as `load_label_phrases`)
+                          replace: bool = False,      # use `triggers` alone instead of updating the packaged table
+                          profile: str = "chexpert",  # the profile whose trigger layers apply (as `load_label_phrases`)
                           official_quirks: bool = False # with the official tool's documented responses
                          ) -> dict:
     "The ConText trigger table of `profile`: the packaged one, updated by (or replaced with) `triggers`."
@@ -236,7 +241,8 @@ class _Matcher:
         "Index of the first context-free pattern matching all of `text` (memoized)."
         i = self._memo.get(text)
         if i is None:
-            i = next((k for k, (rx, _, ctx) in enumerate(self._items) if not ctx and rx.fullmatch(text)), len(self._items))
+            i = next((k for k, (rx, _, ctx) in enumerate(self._items) if not ctx and rx.fullmatch(text)),
+                     len(self._items))
             if len(self._memo) > 100_000: self._memo.clear()
             self._memo[text] = i
         return i
@@ -298,7 +304,8 @@ class Labeler:
         self.source = self.name if source is None else source
         macros = self.phrases["macros"]
         specs = list(self.phrases["observations"].items()) + [(OTHER_FINDING, self.phrases["other_findings"])]
-        self._obs = [(o, mt, _cue_regex(s.get("cues") or ())) for o, s in specs if (mt := _phrase_matcher(s, macros)) is not None]
+        self._obs = [(o, mt, _cue_regex(s.get("cues") or ())) for o,
+                     s in specs if (mt := _phrase_matcher(s, macros)) is not None]
         self._trig = _trigger_matcher(self.triggers)
         self._nf_ignores = frozenset(self.phrases.get("no_finding_ignores", ["Support Devices"]))
         self._implied = [(r["from"], _compiled(rf"(?:{r['phrase']})"), r["label"], float(r["state"]))
@@ -307,14 +314,16 @@ class Labeler:
         self._back_words, self._fwd_words = sc.get("backward_max_words"), sc.get("forward_max_words")
         self._bi_words = sc.get("bidirectional_max_words")
         self._cache: dict[str, tuple] = {}
-        self._text_cache: dict[str, dict] = {}    # report text -> its evidence (`label_text`), same bound as the sentence cache
+        # report text -> its evidence (`label_text`), same bound as the sentence cache
+        self._text_cache: dict[str, dict] = {}
 
     @property
     def name(self) -> str:
         "What produced the labels: `cxr_audit:<profile>`, with `+quirks` when the official responses are on."
         return f"cxr_audit:{self.profile}" + ("+quirks" if self.official_quirks else "")
 
-    def __repr__(self): return f"Labeler(source={self.source!r}, observations={len(self._obs) - 1}, cache={len(self._cache)})"
+    def __repr__(self):
+        return f"Labeler(source={self.source!r}, observations={len(self._obs) - 1}, cache={len(self._cache)})"
 
 # %% ../nbs/06_labels.ipynb #aaec0fed
 @patch
@@ -328,7 +337,8 @@ def _find_triggers(self: Labeler, low: str) -> tuple[list[_Trigger], list[int], 
 
 @patch
 def _find_phrases(self: Labeler, low: str) -> list[tuple[str, str, int, int]]:
-    "(observation, kind, start, end) of every phrase in a lower-cased sentence that gives a state (not `exclude` or `stable`)."
+    """(observation, kind, start, end) of every phrase in a lower-cased sentence that gives a state (not `exclude` or
+    `stable`)."""
     out = []
     for o, mt, cues in self._obs:
         if cues is None or cues.search(low): out += [(o, k, s, e) for s, e, k in mt.find(low) if k not in _SILENT_KINDS]
@@ -367,14 +377,16 @@ def _decide(self: Labeler, s: int, e: int, trig, scopes) -> _Trigger | None:
     return best
 
 # %% ../nbs/06_labels.ipynb #bdd36d2e
-_STATE = {("positive", None): 1.0, ("mention", None): 1.0, ("mention", "negation"): 0.0, ("mention", "uncertainty"): -1.0,
-          ("uncertain", None): -1.0, ("uncertain", "negation"): 0.0, ("uncertain", "uncertainty"): -1.0}
+_STATE = {("positive", None): 1.0, ("mention", None): 1.0, ("mention", "negation"): 0.0,
+          ("mention", "uncertainty"): -1.0, ("uncertain", None): -1.0, ("uncertain", "negation"): 0.0,
+          ("uncertain", "uncertainty"): -1.0}
 
 _FIXED = ("normal", "positive")   # kinds whose state the context does not change
 
 @patch
 def _implied_mentions(self: Labeler, found: Sequence[Mention]) -> tuple[Mention, ...]:
-    "The mentions that `implied` rules add: a positive or uncertain mention of `from` whose phrase matches gives `label`."
+    """The mentions that `implied` rules add: a positive or uncertain mention of `from` whose phrase matches gives
+    `label`."""
     return tuple(m._replace(label=lab, state=st, kind="implied") for src, rx, lab, st in self._implied
                  for m in found if m.label == src and m.state != 0.0 and rx.fullmatch(_lower(m.phrase)))
 
@@ -397,7 +409,8 @@ def sentence_mentions(self: Labeler, sentence: str # one sentence (no headers)
         for o, k, s, e in sorted(found, key=lambda x: (x[2], x[3])):
             t = None if k in _FIXED else self._decide(s, e, trig, scopes)
             state = 0.0 if k == "normal" else _STATE[(k, t.kind if t else None)]
-            res.append(Mention(o, state, k, s, e, sentence[s:e], sentence[t.start:t.end] if t else None, t.kind if t else None))
+            res.append(Mention(o, state, k, s, e, sentence[s:e], sentence[t.start:t.end] if t else None,
+                               t.kind if t else None))
         out = tuple(res) + self._implied_mentions(res)
     if self.cache_size:
         if len(self._cache) >= self.cache_size: self._cache.clear()
@@ -438,8 +451,10 @@ class _Evidence(NamedTuple):
 def _split_cached(text: str, splitter) -> tuple[str, ...]: return tuple(split_sentences(text, splitter=splitter))
 
 def _split(text: str, splitter) -> Sequence[str]:
-    "The sentences of `text` (`reports.split_sentences`), split once per text and splitter: a text is read by several labelers and traces."
-    if isinstance(splitter, str) and splitter == "default": return split_sentences(text, splitter=splitter)  # resolved at each call
+    """The sentences of `text` (`reports.split_sentences`), split once per text and splitter: a text is read by several
+    labelers and traces."""
+    # resolved at each call
+    if isinstance(splitter, str) and splitter == "default": return split_sentences(text, splitter=splitter)
     try: return _split_cached(text, splitter)
     except TypeError: return split_sentences(text, splitter=splitter)   # an unhashable splitter: no cache
 
@@ -452,7 +467,8 @@ def _report_mentions(self: Labeler, text: str) -> list[tuple[Mention, int, str]]
 @patch
 def label_text(self: Labeler, text # one report (headers allowed)
               ) -> tuple[dict[str, _Evidence], str | None]:
-    "`({label: evidence}, flag)` for one report: the aggregated state of each observation and No Finding (cached per text)."
+    """`({label: evidence}, flag)` for one report: the aggregated state of each observation and No Finding (cached per
+    text)."""
     hit = self._text_cache.get(text) if isinstance(text, str) else None
     if hit is not None: return dict(hit), None
     flag = input_flag(text)
@@ -465,12 +481,14 @@ def label_text(self: Labeler, text # one report (headers allowed)
 
 @patch
 def _aggregate(self: Labeler, text: str) -> dict[str, _Evidence]:
-    "The evidence of one labelable report: the strongest mention per observation, and No Finding when nothing abnormal is found."
+    """The evidence of one labelable report: the strongest mention per observation, and No Finding when nothing
+    abnormal is found."""
     best: dict[str, tuple[Mention, int, str]] = {}
     for m, off, s in self._report_mentions(text):
         b = best.get(m.label)
         if b is None or _RANK[m.state] > _RANK[b[0].state]: best[m.label] = (m, off, s)
-    out = {o: _Evidence(m.state, m.phrase, off + m.start if off >= 0 else None, off + m.end if off >= 0 else None, m.trigger, s)
+    out = {o: _Evidence(m.state, m.phrase, off + m.start if off >= 0 else None, off + m.end if off >= 0 else None,
+                        m.trigger, s)
            for o, (m, off, s) in best.items()}
     blocked = any(e.state != 0.0 for o, e in out.items() if o not in self._nf_ignores)
     out.pop(OTHER_FINDING, None)
@@ -481,7 +499,8 @@ def _aggregate(self: Labeler, text: str) -> dict[str, _Evidence]:
 def _texts_and_ids(texts, ids) -> tuple[list, list]:
     if isinstance(texts, Mapping) and ids is None: return list(texts.values()), list(texts.keys())
     if isinstance(texts, pd.Series) and ids is None: return texts.tolist(), texts.index.tolist()
-    if isinstance(texts, (str, bytes)) or texts is None: raise TypeError("texts: expected a sequence of report texts, not a single string")
+    if isinstance(texts, (str, bytes)) or texts is None:
+        raise TypeError("texts: expected a sequence of report texts, not a single string")
     texts = list(texts)
     ids = list(range(len(texts))) if ids is None else list(ids)
     if len(ids) != len(texts): raise InputError(f"label_reports: {len(ids)} ids for {len(texts)} texts")
@@ -502,7 +521,8 @@ def __call__(self: Labeler, texts,            # report texts: a sequence, a pand
         ev, flag = self.label_text(text); h = _text_hash(text)
         for lab in CHEXPERT_14:
             e = ev.get(lab)
-            for c, v in zip(("text_id", "label", "state", "evidence", "start", "end", "trigger", "sentence", "flag", "text_sha256"),
+            for c, v in zip(("text_id", "label", "state", "evidence", "start", "end", "trigger", "sentence", "flag",
+                             "text_sha256"),
                             (tid, lab, nan if e is None else e.state, e and e.phrase, e and e.start, e and e.end,
                              e and e.trigger, e and e.sentence, flag, h)):
                 cols[c].append(v)
@@ -552,7 +572,8 @@ STATE_NAMES = {1.0: "1 positive", 0.0: "0 negative", -1.0: "-1 uncertain"}   # t
 def readable_states(wide: pd.DataFrame # wide states from `to_wide` (1, 0, -1, NaN)
                    ) -> pd.DataFrame:
     "The same table with each raw state as words: positive, negative, uncertain, or 'not mentioned' for a blank."
-    return as_pandas(wide).apply(lambda col: col.map(lambda v: "not mentioned" if is_missing(v) else STATE_NAMES.get(float(v), str(v))))
+    return as_pandas(wide).apply(lambda col: col.map(lambda v: "not mentioned" if is_missing(v)
+                                                     else STATE_NAMES.get(float(v), str(v))))
 
 # %% ../nbs/06_labels.ipynb #e2a4f83e
 def from_wide(wide,                        # one row per text, one column per observation
@@ -563,12 +584,14 @@ def from_wide(wide,                        # one row per text, one column per ob
     w = as_pandas(wide, "labels")
     ids = w[id_column].tolist() if id_column else w.index.tolist()
     cols = [c for c in CHEXPERT_14 if c in w.columns]
-    if not cols: raise InputError(f"labels: no CheXpert label columns; found {', '.join(map(repr, map(str, w.columns)))}")
+    if not cols:
+        raise InputError(f"labels: no CheXpert label columns; found {', '.join(map(repr, map(str, w.columns)))}")
     st = {c: _states(w[c], c) for c in cols}
     n = len(w)
     return pd.DataFrame({"text_id": np.repeat(np.array(ids, dtype=object), len(cols)), "source": source,
-                         "label": np.tile(cols, n), "state": np.column_stack([st[c] for c in cols]).ravel() if n else [],
-                         "evidence": None, "start": pd.array([None] * (n * len(cols)), dtype="Int64"),
+                         "label": np.tile(cols, n),
+                         "state": np.column_stack([st[c] for c in cols]).ravel() if n else [], "evidence": None,
+                         "start": pd.array([None] * (n * len(cols)), dtype="Int64"),
                          "end": pd.array([None] * (n * len(cols)), dtype="Int64")})
 
 def _states(values, label: str) -> np.ndarray:
@@ -576,7 +599,8 @@ def _states(values, label: str) -> np.ndarray:
     v = pd.to_numeric(pd.Series(values).replace({"": np.nan}), errors="coerce").to_numpy(dtype=float)
     bad = ~(np.isnan(v) | np.isin(v, STATES))
     raw = pd.Series(values).to_numpy(dtype=object)
-    bad |= np.isnan(v) & np.array([not (is_missing(x) or (isinstance(x, str) and not x.strip())) for x in raw], dtype=bool)
+    bad |= np.isnan(v) & np.array([not (is_missing(x) or (isinstance(x, str) and not x.strip())) for x in raw],
+                                  dtype=bool)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError(f"labels: row {i}, column {label!r}: state {raw[i]!r} is not 1, 0, -1 or blank")
@@ -617,8 +641,9 @@ def state_accuracy(predicted,                   # wide predicted states (or a lo
         pv, ev = p[lab].to_numpy(float), e[lab].to_numpy(float)
         ps, es = ~np.isnan(pv), ~np.isnan(ev)
         judged = ps | es
-        rows.append({"label": lab, "n": int(judged.sum()), "expected_1": int((ev == 1).sum()), "expected_0": int((ev == 0).sum()),
-                     "expected_-1": int((ev == -1).sum()), "correct": int((ps & es & (pv == ev)).sum()),
+        rows.append({"label": lab, "n": int(judged.sum()), "expected_1": int((ev == 1).sum()),
+                     "expected_0": int((ev == 0).sum()), "expected_-1": int((ev == -1).sum()),
+                     "correct": int((ps & es & (pv == ev)).sum()),
                      "missed": int((es & ~ps).sum()), "false_alarm": int((ps & ~es).sum()),
                      "wrong_state": int((ps & es & (pv != ev)).sum())})
     df = pd.DataFrame(rows)
@@ -655,9 +680,10 @@ def read_chexpert_csv(path: str | os.PathLike, # the official labeler's output C
 # %% ../nbs/06_labels.ipynb #5f8c3f95
 def write_chexpert_input(texts,                        # report texts: a sequence, a pandas Series or {id: text}
                          path: str | os.PathLike,      # the CSV to write (the official `label.py --reports_path`)
-                         ids=None                      # one id per text (default: the Series index, the dict keys or positions)
+                         ids=None              # one id per text (default: the Series index, the dict keys or positions)
                         ) -> list[str]:
-    "Write `texts` in the official CheXpert labeler's input layout (no header, one report per row); return the ids in row order."
+    """Write `texts` in the official CheXpert labeler's input layout (no header, one report per row); return the ids in
+    row order."""
     if isinstance(texts, Mapping): ids, texts = list(texts) if ids is None else ids, list(texts.values())
     elif isinstance(texts, pd.Series): ids, texts = list(texts.index) if ids is None else ids, texts.tolist()
     texts = list(texts)
@@ -665,7 +691,8 @@ def write_chexpert_input(texts,                        # report texts: a sequenc
     if len(ids) != len(texts): raise InputError(f"write_chexpert_input: {len(ids)} ids for {len(texts)} texts")
     rows = [" " if is_missing(t) or not str(t).strip() else " ".join(str(t).split()) for t in texts]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"Reports": rows}).to_csv(path, header=False, index=False, quoting=csv.QUOTE_ALL)  # quoted: a blank row is kept
+    # quoted: a blank row is kept
+    pd.DataFrame({"Reports": rows}).to_csv(path, header=False, index=False, quoting=csv.QUOTE_ALL)
     return ids
 
 # %% ../nbs/06_labels.ipynb #3b3d9994
@@ -680,7 +707,9 @@ def _chexbert_recode(df: pd.DataFrame, encoding: str) -> pd.DataFrame:
     out = df.copy()
     for c in cols:
         bad = ~vals[c].isin(list(CHEXBERT_CLASSES))
-        if bad.any(): raise InputError(f"CheXbert classes: row {int(np.flatnonzero(bad)[0])}, column {c!r}: {df[c].iloc[int(np.flatnonzero(bad)[0])]!r} is not 0, 1, 2 or 3")
+        if bad.any():
+            raise InputError(f"CheXbert classes: row {int(np.flatnonzero(bad)[0])}, column {c!r}: "
+                             f"{df[c].iloc[int(np.flatnonzero(bad)[0])]!r} is not 0, 1, 2 or 3")
         out[c] = vals[c].map(CHEXBERT_CLASSES)
     return out
 
@@ -698,9 +727,10 @@ def read_chexbert_csv(path: str | os.PathLike, # CheXbert output CSV
 def _norm_text(t) -> str: return " ".join(str(t).split())
 
 class FileLabeler:
-    "Labels another labeler wrote (the official CheXpert labeler's CSV), looked up by report text; usable wherever a `Labeler` is."
-    def __init__(self, labels,                       # the official output CSV, or a long labels table with a `text` column
-                 source: str | None = None):         # the `source` column of the output (default: `official:<file name>`)
+    """Labels another labeler wrote (the official CheXpert labeler's CSV), looked up by report text; usable wherever a
+    `Labeler` is."""
+    def __init__(self, labels,                # the official output CSV, or a long labels table with a `text` column
+                 source: str | None = None):  # the `source` column of the output (default: `official:<file name>`)
         self.path = None if isinstance(labels, pd.DataFrame) else Path(labels)
         what = str(self.path) if self.path is not None else "labels table"
         tab = (read_chexpert_csv(self.path) if self.path is not None
@@ -731,9 +761,9 @@ class FileLabeler:
         "Raise a one-line `InputError` naming the missing texts when the file does not hold every labelable text."
         miss = self.missing(texts)
         if not miss: return
-        raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in {self.what} "
-                         f"(first: {miss[0][:60]!r}); label them with the official tool (write_chexpert_input) "
-                         "and pass its output")
+        raise InputError(f"labeler {self.source}: {len(miss)} of {len(set(map(str, texts)))} {what} are not in "
+                         f"{self.what} (first: {miss[0][:60]!r}); label them with the official tool "
+                         "(write_chexpert_input) and pass its output")
 
     def __call__(self, texts,                 # report texts: a sequence, a pandas Series or {id: text}
                  ids=None):                   # one id per text (default: the Series index or positions)
@@ -748,18 +778,21 @@ class FileLabeler:
         if flag: return {}, flag
         row = self._states.get(_norm_text(text))
         if row is None: self.require([text])
-        evidence = {l: _Evidence(float(s), None, None, None, None, None) for l, s in zip(CHEXPERT_14, row) if not np.isnan(s)}
+        evidence = {l: _Evidence(float(s), None, None, None, None, None) for l,
+                    s in zip(CHEXPERT_14, row) if not np.isnan(s)}
         return evidence, None
 
 
 # %% ../nbs/06_labels.ipynb #5f2030a7
-LABELER_NAMES = ("chexpert", "clinical", "chexpert+quirks")   # the names `get_labeler` (and `--labeler`) take besides a path
+# the names `get_labeler` (and `--labeler`) take besides a path
+LABELER_NAMES = ("chexpert", "clinical", "chexpert+quirks")
 
 def get_labeler(spec=None # None, a name of `LABELER_NAMES` (or a source like `cxr_audit:clinical`), an official CSV path, or a labeler
                ):
     "The labeler `spec` names: a packaged profile, the official labels of a CSV (`FileLabeler`), or `spec` itself."
     if spec is None: return default_labeler()
-    if not isinstance(spec, (str, os.PathLike)): return spec     # a labeler object (or any callable like one) is used as given
+    # a labeler object (or any callable like one) is used as given
+    if not isinstance(spec, (str, os.PathLike)): return spec
     s = str(spec).removeprefix("cxr_audit:")          # a labels table's `source` names its labeler too
     if s in LABELER_NAMES: return default_labeler(s.split("+")[0], s.endswith("+quirks"))
     if Path(s).suffix.lower() in (".csv", ".tsv", ".parquet") or Path(s).exists():
@@ -812,7 +845,8 @@ def _systems_of(prediction) -> dict:
 def _case_map(case_map) -> dict | None:
     if case_map is None: return None
     if isinstance(case_map, pd.DataFrame):
-        if case_map.shape[1] != 2: raise InputError(f"case_map: expected two columns (prediction id, reference id), got {case_map.shape[1]}")
+        if case_map.shape[1] != 2:
+            raise InputError(f"case_map: expected two columns (prediction id, reference id), got {case_map.shape[1]}")
         return {str(a): str(b) for a, b in case_map.itertuples(index=False)}
     items = case_map.items() if isinstance(case_map, (Mapping, pd.Series)) else None
     if items is None: raise TypeError("case_map: expected a mapping, a Series or a two-column DataFrame")
@@ -820,7 +854,8 @@ def _case_map(case_map) -> dict | None:
 
 def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | None,
            entries: dict | None = None) -> list[tuple[str, str | None, str]]:
-    "(prediction id, reference id, status) for each predicted case; with `entries` (prediction id -> entry id) one case per entry."
+    """(prediction id, reference id, status) for each predicted case; with `entries` (prediction id -> entry id) one
+    case per entry."""
     out, seen = [], set()
     for p in pred_ids:
         r = p if cmap is None else cmap.get(p)
@@ -834,12 +869,14 @@ def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | Non
     return out
 
 def _entry_keys(table, what: str) -> tuple[dict | None, dict | None]:
-    "text id -> entry id, and text id -> study id, from a prediction table's `entry_id` (and `study_id`) columns; (None, None) without `entry_id`."
+    """text id -> entry id, and text id -> study id, from a prediction table's `entry_id` (and `study_id`) columns;
+    (None, None) without `entry_id`."""
     df = table if isinstance(table, pd.DataFrame) else None
     if df is None or "entry_id" not in df.columns: return None, None
     ids = (df["text_id"] if "text_id" in df.columns else df.index.to_series()).map(str).to_numpy()
     e = df["entry_id"]
-    if e.map(is_missing).any(): raise InputError(f"{what}: row {int(np.flatnonzero(e.map(is_missing))[0])}: entry_id is missing")
+    if e.map(is_missing).any():
+        raise InputError(f"{what}: row {int(np.flatnonzero(e.map(is_missing))[0])}: entry_id is missing")
     pairs = pd.DataFrame({"text_id": ids, "entry_id": e.map(str).to_numpy()}).drop_duplicates()
     dup = pairs.text_id.duplicated()
     if dup.any(): raise InputError(f"{what}: text id {pairs.text_id[dup].iloc[0]!r} has more than one entry_id")
@@ -911,7 +948,8 @@ class LabelAlignment:
         pos = {r: i for i, r in enumerate(self.reference_ids)}
         first = ok.drop_duplicates(key)
         return ({s: set(g[key]) for s, g in ok.groupby("system", sort=False)},
-                [(k, pos.get(r, len(pos))) for k, r in zip(first[key].tolist(), first.reference_id.tolist())])   # unknown reference: last
+                # unknown reference: last
+                [(k, pos.get(r, len(pos))) for k, r in zip(first[key].tolist(), first.reference_id.tolist())])
 
 # %% ../nbs/06_labels.ipynb #3b0b580f
 @patch
@@ -919,10 +957,12 @@ def _cases(self: LabelAlignment, systems: Sequence) -> list:
     "Case ids (entry ids, or reference ids) matched by every one of `systems`, in reference order."
     by_system, first = self._matched
     common = set.intersection(*[by_system.get(s, set()) for s in systems]) if len(systems) else set()
-    return [k for k, _ in sorted((row for row in first if row[0] in common), key=lambda row: row[1])]   # stable: reference order
+    # stable: reference order
+    return [k for k, _ in sorted((row for row in first if row[0] in common), key=lambda row: row[1])]
 
 def _case_label_sums(c: pd.DataFrame, key: str, cases: list, labs: list, values: Sequence[str]) -> dict[str, np.ndarray]:
-    "Per value column, the `(cases × labs)` sums of `c`'s rows (NaN where a case has no row for a label); one pass, no pivot."
+    """Per value column, the `(cases × labs)` sums of `c`'s rows (NaN where a case has no row for a label); one pass,
+    no pivot."""
     rows, cols = pd.Index(cases), pd.Index(labs)
     ur, uc = rows.unique(), cols.unique()                       # repeated cases or labels are repeated in the output
     r, k = ur.get_indexer(c[key]), uc.get_indexer(c["label"])
@@ -946,7 +986,8 @@ def case_stats(self: LabelAlignment,
     labs = list(self.labels if labels is None else labels)
     cases = list(cases) if cases is not None else self._cases([system])
     M = _case_label_sums(c, self._key, cases, labs, ("tp", "fp", "fn"))
-    if any(np.isnan(v).any() for v in M.values()): raise InputError(f"alignment: system {system!r} lacks some of the requested cases")
+    if any(np.isnan(v).any() for v in M.values()):
+        raise InputError(f"alignment: system {system!r} lacks some of the requested cases")
     if kind == "micro": return micro_stats(M["tp"].sum(1), M["fp"].sum(1), M["fn"].sum(1))
     if kind == "macro": return macro_stats(M["tp"], M["fp"], M["fn"])
     raise InputError(f"kind must be 'micro' or 'macro', got {kind!r}")
@@ -955,13 +996,15 @@ def case_stats(self: LabelAlignment,
 MATCH_STATUSES = ("matched", "no reference", "not mapped", "duplicate reference", "duplicate prediction")
 
 def _counts_rows(system: str, matched: list, ref: pd.DataFrame, pred: pd.DataFrame, labels, unc: bool, entries: dict) -> pd.DataFrame:
-    pids = [p for p, _, _ in matched]; rids = [r for _, r, _ in matched]; eids = [entries.get(p, r) for p, r, _ in matched]
+    pids = [p for p, _, _ in matched]; rids = [r for _, r, _ in matched]; eids = [entries.get(p, r) for p, r,
+                                                                                  _ in matched]
     R = ref.loc[rids, list(labels)].to_numpy(float) if rids else np.empty((0, len(labels)))
     Pm = pred.loc[pids, list(labels)].to_numpy(float) if pids else np.empty((0, len(labels)))
     rb, pb = to_binary(R, unc).astype(bool), to_binary(Pm, unc).astype(bool)
     n, k = R.shape
     return pd.DataFrame({"system": system, "text_id": np.repeat(np.array(pids, dtype=object), k),
-                         "entry_id": np.repeat(np.array(eids, dtype=object), k), "reference_id": np.repeat(np.array(rids, dtype=object), k), "label": np.tile(list(labels), n),
+                         "entry_id": np.repeat(np.array(eids, dtype=object), k),
+                         "reference_id": np.repeat(np.array(rids, dtype=object), k), "label": np.tile(list(labels), n),
                          "ref_state": R.ravel(), "pred_state": Pm.ravel(), "tp": (rb & pb).ravel().astype(np.int64),
                          "fp": (~rb & pb).ravel().astype(np.int64), "fn": (rb & ~pb).ravel().astype(np.int64),
                          "tn": (~rb & ~pb).ravel().astype(np.int64)})
@@ -973,7 +1016,8 @@ def align_labels(reference,                        # reference labels (long or w
                  case_map=None,                    # prediction id -> reference id (mapping, Series or 2-column table)
                  strict: bool = False              # raise on the first matching problem instead of reporting it
                 ) -> LabelAlignment:
-    "Per system, case (entry, when the predictions carry `entry_id`) and label: raw states and TP/FP/FN/TN, with the case-matching report."
+    """Per system, case (entry, when the predictions carry `entry_id`) and label: raw states and TP/FP/FN/TN, with the
+    case-matching report."""
     labels = _check_labels(labels)
     ref, ref_dup = _wide_of(reference, "reference")
     cmap, counts, matching, by_entry = _case_map(case_map), [], [], False
@@ -981,19 +1025,25 @@ def align_labels(reference,                        # reference labels (long or w
         pred, pred_dup = _wide_of(table, f"prediction {system!r}")
         entries, studies = _entry_keys(table, f"prediction {system!r}")
         by_entry |= entries is not None
-        res = _match(list(pred.index), set(ref.index), ref_dup, pred_dup, cmap if cmap is not None or entries is None else studies, entries)
+        res = _match(list(pred.index), set(ref.index), ref_dup, pred_dup,
+                     cmap if cmap is not None or entries is None else studies, entries)
         entries = entries or {}
         bad = next((r for r in res if r[2] != "matched"), None)
-        if strict and bad: raise InputError(f"prediction {system!r}: case {bad[0]!r}: {bad[2]} (reference id {bad[1]!r})")
-        matching += [{"system": system, "text_id": p, "entry_id": entries.get(p, r), "reference_id": r, "status": st} for p, r, st in res]
-        counts.append(_counts_rows(str(system), [m for m in res if m[2] == "matched"], ref, pred, labels, uncertain_positive, entries))
-    return LabelAlignment(pd.concat(counts, ignore_index=True), pd.DataFrame(matching, columns=["system", "text_id", "entry_id", "reference_id", "status"]),
+        if strict and bad:
+            raise InputError(f"prediction {system!r}: case {bad[0]!r}: {bad[2]} (reference id {bad[1]!r})")
+        matching += [{"system": system, "text_id": p, "entry_id": entries.get(p, r), "reference_id": r, "status": st}
+                     for p, r, st in res]
+        counts.append(_counts_rows(str(system), [m for m in res if m[2] == "matched"], ref, pred, labels,
+                                   uncertain_positive, entries))
+    return LabelAlignment(pd.concat(counts, ignore_index=True),
+                          pd.DataFrame(matching, columns=["system", "text_id", "entry_id", "reference_id", "status"]),
                           labels, uncertain_positive, tuple(ref.index), by_entry)
 
 def _check_labels(labels) -> tuple:
     labels = tuple(labels)
     bad = [l for l in labels if l not in CHEXPERT_14]
-    if bad or not labels: raise InputError(f"labels: {', '.join(map(repr, bad)) or 'none given'}; use names of CHEXPERT_14")
+    if bad or not labels:
+        raise InputError(f"labels: {', '.join(map(repr, bad)) or 'none given'}; use names of CHEXPERT_14")
     return labels
 
 # %% ../nbs/06_labels.ipynb #98e8ad66
@@ -1001,7 +1051,8 @@ SCORES = ("micro_precision", "micro_recall", "micro_f1", "macro_precision", "mac
 
 @patch
 def _case_clusters(self: LabelAlignment, cases: Sequence, clusters) -> list | None:
-    "One cluster label per case (an entry takes its reference's), from a mapping reference id -> cluster or labels aligned with `reference_ids`."
+    """One cluster label per case (an entry takes its reference's), from a mapping reference id -> cluster or labels
+    aligned with `reference_ids`."""
     if clusters is None: return None
     if isinstance(clusters, Mapping): clusters = {str(k): v for k, v in clusters.items()}
     elif isinstance(clusters, pd.Series): clusters = pd.Series(clusters.to_numpy(), index=clusters.index.map(str))
@@ -1021,7 +1072,8 @@ def summary(self: LabelAlignment,
             clusters=None,                        # reference id -> cluster (mapping), or one label per `reference_ids`
             size: float = 0.95                    # interval coverage
            ) -> pd.DataFrame:
-    "Per system: micro and macro precision, recall and F1 (`SCORES`) with bootstrap percentile intervals, and the `convention`."
+    """Per system: micro and macro precision, recall and F1 (`SCORES`) with bootstrap percentile intervals, and the
+    `convention`."""
     rows = []
     for s in self.systems:
         cases = self._cases([s])
@@ -1031,8 +1083,9 @@ def summary(self: LabelAlignment,
         res = bootstrap_metrics(spec, reps, seed, self._case_clusters(cases, clusters), size=size)
         for m in SCORES:
             f = res[m].systems_frame()
-            rows.append({"system": s, "metric": m, "estimate": f.estimate[0], "ci_low": f.ci_low[0], "ci_high": f.ci_high[0],
-                         "n_cases": len(cases), "n_labels": len(labels or self.labels), "reps": reps, "convention": self.convention})
+            rows.append({"system": s, "metric": m, "estimate": f.estimate[0], "ci_low": f.ci_low[0],
+                         "ci_high": f.ci_high[0], "n_cases": len(cases), "n_labels": len(labels or self.labels),
+                         "reps": reps, "convention": self.convention})
     return pd.DataFrame(rows)
 
 # %% ../nbs/06_labels.ipynb #da0c9677
@@ -1048,7 +1101,8 @@ def compare(self: LabelAlignment,
             systems: Sequence | None = None,      # the systems compared (default: all)
             size: float = 0.95                    # interval coverage (and 1 - alpha of `significant`)
            ) -> PairedResult:
-    "Paired bootstrap of one score between systems, on the cases all of them have (effects are first − second; Holm within the result)."
+    """Paired bootstrap of one score between systems, on the cases all of them have (effects are first − second; Holm
+    within the result)."""
     if metric not in SCORES: raise InputError(f"metric must be one of {SCORES}, got {metric!r}")
     systems = list(systems or self.systems)
     cases = self._cases(systems)
@@ -1056,7 +1110,7 @@ def compare(self: LabelAlignment,
     kind = "micro" if metric.startswith("micro") else "macro"
     S = {s: self.case_stats(s, labels, cases, kind) for s in systems}
     res = paired_bootstrap(S, metric, reps, seed, self._case_clusters(cases, clusters), baseline, pairs, size=size)
-    check_reps(reps, len(res.pairs), 1 - size, f"compare ({metric})")   # warns when no comparison can reach significance
+    check_reps(reps, len(res.pairs), 1 - size, f"compare ({metric})")  # warns when no comparison can reach significance
     return res
 
 # %% ../nbs/06_labels.ipynb #23afac00
@@ -1064,19 +1118,20 @@ def compare(self: LabelAlignment,
 def matching_summary(self: LabelAlignment) -> pd.DataFrame:
     "Per system: predicted cases by matching status."
     t = self.matching.groupby(["system", "status"], sort=False).size().unstack(fill_value=0)
-    return t.reindex(columns=[s for s in MATCH_STATUSES if s in t.columns or s == "matched"], fill_value=0).reset_index()
+    return t.reindex(columns=[s for s in MATCH_STATUSES if s in t.columns or s == "matched"],
+                     fill_value=0).reset_index()
 
 @patch
 def _repr_markdown_(self: LabelAlignment) -> str:
     return (f"**LabelAlignment**: {len(self.systems)} system(s), {len(self.labels)} labels, "
-            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted {'entries' if self.by_entry else 'cases'} matched; "
-            f"{self.convention}")
+            f"{int((self.matching.status == 'matched').sum())} of {len(self.matching)} predicted "
+            f"{'entries' if self.by_entry else 'cases'} matched; {self.convention}")
 
 # %% ../nbs/06_labels.ipynb #68552d71
 @patch
 def entry_counts(self: LabelAlignment,
                  labels: Sequence[str] | None = None, # only these aligned labels (default: all)
-                 by_label: bool = True                # one row per entry and label; False: summed over labels, one row per entry
+                 by_label: bool = True       # one row per entry and label; False: summed over labels, one row per entry
                 ) -> pd.DataFrame:
     "Per system and scored entry (or reference): `tp, fp, fn, tn`, per label or summed over labels."
     c = self._counts(labels)
@@ -1108,7 +1163,9 @@ def _texts_map(texts, labels: pd.DataFrame) -> dict:
     df = as_pandas(texts, "texts")
     id_col = next((c for c in ("text_id", "sample_id", "study_id") if c in df.columns), None)
     txt_col = next((c for c in ("text", "hypothesis", "report", "Reports") if c in df.columns), None)
-    if id_col is None or txt_col is None: raise InputError("texts: need an id column (text_id, sample_id or study_id) and a text column (text, hypothesis, report)")
+    if id_col is None or txt_col is None:
+        raise InputError("texts: need an id column (text_id, sample_id or study_id) and a text column (text, "
+                         "hypothesis, report)")
     return dict(zip(df[id_col].map(str), df[txt_col]))
 
 def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str | None]:
@@ -1125,10 +1182,12 @@ def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str |
     return None, None
 
 # %% ../nbs/06_labels.ipynb #f5b7a0ba
-_HASHED = ("text_id", "source", "label", "state", "evidence", "start", "end", "text_sha256")   # the fields of `_row_hash`
+# the fields of `_row_hash`
+_HASHED = ("text_id", "source", "label", "state", "evidence", "start", "end", "text_sha256")
 
 def _values(col: pd.Series) -> list:
-    "A column as a list of the values that iterating it yields (text columns through `tolist`, many times faster per value)."
+    """A column as a list of the values that iterating it yields (text columns through `tolist`, many times faster per
+    value)."""
     return col.tolist() if isinstance(col.dtype, pd.StringDtype) else list(col)
 
 def _row_hash(r) -> str:
@@ -1163,7 +1222,8 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
         df["text_sha256"] = [_text_hash(texts.get(str(t))) for t in df["text_id"]]
     has_ev = "evidence" in df.columns and "sentence" in df.columns
     ids, labs, states = _values(df["text_id"]), _values(df["label"]), _values(df["state"])
-    evs, ev_sents = (_values(df["evidence"]), _values(df["sentence"])) if has_ev else ([None] * len(df), [None] * len(df))
+    evs, ev_sents = (_values(df["evidence"]), _values(df["sentence"])) if has_ev else ([None] * len(df),
+                                                                                       [None] * len(df))
     sents, phrases = [], []
     for t, l, e, s0 in zip(ids, labs, evs, ev_sents):
         if isinstance(e, str): sents.append(s0); phrases.append(e)
@@ -1178,7 +1238,8 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
         if k not in seen: seen[k] = _from_normal_wording(ref, s, p, l)
         return seen[k]
     df["normal_wording"] = [st != 0.0 and normal(s, p, l) for s, p, l, st in zip(sents, phrases, labs, states)]
-    found = {k: _term_labels(ref, texts[k]) for k in {str(t) for t, st in zip(ids, states) if st == 1.0 and str(t) in texts}}
+    found = {k: _term_labels(ref, texts[k]) for k in {str(t) for t,
+                                                      st in zip(ids, states) if st == 1.0 and str(t) in texts}}
     df["with_term"] = [l in found[str(t)] if st == 1.0 and str(t) in texts else None           # each text read once
                        for t, l, st in zip(ids, labs, states)]
     hashed = [c for c in _HASHED if c in df.columns]
@@ -1191,7 +1252,8 @@ def _phrase_counts(rows: pd.DataFrame, group: list, key: str) -> pd.DataFrame:
     t = g.agg(count=("text_id", "size"), n_texts=("text_id", "nunique"), normal_wording=("normal_wording", "any"),
               example_text_id=("text_id", "first")).reset_index().rename(columns={key: "evidence"})
     t["share"] = t["count"] / t.groupby(group + ["label", "state"])["count"].transform("sum")
-    return t.sort_values(group + ["label", "state", "count"], ascending=[True] * (len(group) + 2) + [False], kind="stable").reset_index(drop=True)
+    return t.sort_values(group + ["label", "state", "count"], ascending=[True] * (len(group) + 2) + [False],
+                         kind="stable").reset_index(drop=True)
 
 _FLAG_COLUMNS = ["positives", "uncertain", "top_evidence", "top_count", "top_share", "normal_wording_positives",
                  "normal_wording_uncertain", "with_term"]
@@ -1202,8 +1264,10 @@ def _flag_row(g: pd.DataFrame, top) -> dict:
     n = len(pos)
     return {"positives": n, "uncertain": len(unc), "top_evidence": None if top is None else top["evidence"],
             "top_count": 0 if top is None else int(top["count"]), "top_share": float(top["count"]) / n if n else np.nan,
-            "normal_wording_positives": int(pos["normal_wording"].sum()), "normal_wording_uncertain": int(unc["normal_wording"].sum()),
-            "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any() else None}
+            "normal_wording_positives": int(pos["normal_wording"].sum()),
+            "normal_wording_uncertain": int(unc["normal_wording"].sum()),
+            "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any()
+            else None}
 
 def _share_flag(words: str, k: int, n: int, share: float) -> str | None:
     "`words (k of n)` when k is at least `share` of n (and not 0), else None."
@@ -1212,7 +1276,7 @@ def _share_flag(words: str, k: int, n: int, share: float) -> str | None:
 def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int,
                 normal_share: float = 0.1) -> pd.DataFrame:
     out, keys = [], group + ["label"]
-    pos = phrases[phrases["state"] == 1.0].drop_duplicates(keys)            # the first (most frequent) positive evidence per key
+    pos = phrases[phrases["state"] == 1.0].drop_duplicates(keys)  # the first (most frequent) positive evidence per key
     tops = {tuple(k): r for k, (_, r) in zip(pos[keys].itertuples(index=False), pos.iterrows())}
     for key, g in rows[rows["state"] != 0.0].groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -1220,10 +1284,12 @@ def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominanc
     f = pd.DataFrame(out, columns=group + ["label"] + _FLAG_COLUMNS)
     f["dominated"] = (f["top_share"] >= dominance) & (f["positives"] >= min_positives)
     f["normal_flag"] = [bool(_share_flag("", nw, n, normal_share)) or bool(_share_flag("", nu, u, normal_share))
-                        for nw, n, nu, u in zip(f["normal_wording_positives"], f["positives"], f["normal_wording_uncertain"], f["uncertain"])]
+                        for nw, n, nu, u in zip(f["normal_wording_positives"], f["positives"],
+                                                f["normal_wording_uncertain"], f["uncertain"])]
     f["verdict"] = [", ".join(v for v in (("dominated by one sentence" if d else None),
                                           _share_flag("positives from normal wording", nw, n, normal_share),
-                                          _share_flag("uncertain from normal or stability wording", nu, u, normal_share)) if v) or "-"
+                                          _share_flag("uncertain from normal or stability wording", nu, u,
+                                                      normal_share)) if v) or "-"
                     for d, nw, n, nu, u in zip(f["dominated"], f["normal_wording_positives"], f["positives"],
                                                f["normal_wording_uncertain"], f["uncertain"])]
     return f
@@ -1244,12 +1310,15 @@ class LabelTrace:
     def flagged(self) -> pd.DataFrame:
         "Only the labels with a flag."
         f = self.flags
-        normal = f["normal_flag"] if "normal_flag" in f else (f["normal_wording_positives"] > 0) | (f.get("normal_wording_uncertain", 0) > 0)
+        normal = (f["normal_flag"] if "normal_flag" in f
+                  else (f["normal_wording_positives"] > 0) | (f.get("normal_wording_uncertain", 0) > 0))
         return f[f["dominated"] | normal]
 
     def summary(self) -> pd.DataFrame:
-        "The flagged labels: group, label, positives, top evidence and share, positives and uncertains from normal wording, `with_term`, verdict."
-        cols = self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives", "normal_wording_uncertain", "with_term", "verdict"]
+        """The flagged labels: group, label, positives, top evidence and share, positives and uncertains from normal
+        wording, `with_term`, verdict."""
+        cols = self._group + ["label", "positives", "top_evidence", "top_share", "normal_wording_positives",
+                              "normal_wording_uncertain", "with_term", "verdict"]
         f = self.flagged()
         return f[[c for c in cols if c in f.columns]].reset_index(drop=True)
 
@@ -1271,7 +1340,7 @@ class LabelTrace:
     def _group(self) -> list: return [c for c in ("source", "system") if c in self.rows.columns]
 
 # %% ../nbs/06_labels.ipynb #3d3b3ca9
-def trace_label_triggers(labels,                    # a long labels table (any labeler; a `system` column is kept as a group)
+def trace_label_triggers(labels,               # a long labels table (any labeler; a `system` column is kept as a group)
                          texts=None,                # text_id -> text (mapping, Series, or a table); default: the labels' `text` column
                          dominance: float = 0.5,    # share of one evidence that makes a label "dominated"...
                          min_positives: int = 10,   # ...when it has at least this many positives
@@ -1287,20 +1356,24 @@ def trace_label_triggers(labels,                    # a long labels table (any l
     rows = _trace_rows(df, _texts_map(texts, df), ref)
     group = [c for c in ("source", "system") if c in rows.columns]
     phrases = _phrase_counts(rows, group, f"{by}_norm")
-    return LabelTrace(rows.reset_index(drop=True), phrases, _flag_table(rows, phrases, group, dominance, min_positives, normal_share),
-                      by, dominance, min_positives, normal_share)
+    return LabelTrace(rows.reset_index(drop=True), phrases,
+                      _flag_table(rows, phrases, group, dominance, min_positives, normal_share), by, dominance,
+                      min_positives, normal_share)
 
 # %% ../nbs/06_labels.ipynb #21578df3
 def check_text_provenance(seen,        # text_id -> text the labeler saw (mapping, Series, table, or a labels table with `text`)
                           given        # text_id -> text as written by the system (same forms)
                          ) -> pd.DataFrame:
     "Per text id: sha256 of both texts and whether they are `identical`, `whitespace only`, `different` or `missing`."
-    a = _texts_map(None, seen) if isinstance(seen, pd.DataFrame) and "label" in seen.columns else _texts_map(seen, pd.DataFrame())
+    a = _texts_map(None, seen) if isinstance(seen,
+                                             pd.DataFrame) and "label" in seen.columns else _texts_map(seen, pd.DataFrame())
     b = _texts_map(given, pd.DataFrame())
     rows = []
     for k in list(dict.fromkeys(list(a) + list(b))):
         x, y = a.get(k), b.get(k)
-        hx, hy = _text_hash(x if isinstance(x, str) else ("" if k in a else None)), _text_hash(y if isinstance(y, str) else ("" if k in b else None))
+        hx, hy = _text_hash(x if isinstance(x, str)
+                            else ("" if k in a else None)), _text_hash(y if isinstance(y, str)
+                                                                       else ("" if k in b else None))
         if k not in a or k not in b: st = "missing"
         elif hx == hy: st = "identical"
         elif " ".join(str(x or "").split()) == " ".join(str(y or "").split()): st = "whitespace only"
@@ -1322,14 +1395,16 @@ def _probe_frame(items, what: str) -> pd.DataFrame:
     df = require_columns(df, ["text", "label", "expected"], what)
     if "kind" not in df.columns: df["kind"] = "user"
     bad = ~df["label"].isin(CHEXPERT_14)
-    if bad.any(): raise InputError(f"{what}: row {int(np.flatnonzero(bad)[0])}: unknown label {df['label'][bad].iloc[0]!r}")
+    if bad.any():
+        raise InputError(f"{what}: row {int(np.flatnonzero(bad)[0])}: unknown label {df['label'][bad].iloc[0]!r}")
     df["expected"] = _states(df["expected"], "expected")
     return df[list(PROBE_COLUMNS)].reset_index(drop=True)
 
 def _wide_result(out, n: int) -> pd.DataFrame:
     "A labeler's answer for `n` texts as wide states in input order."
     df = as_pandas(out, "labeler output")
-    w = to_wide(df) if {"text_id", "label", "state"} <= set(df.columns) else df.reindex(columns=list(CHEXPERT_14)).astype("float64")
+    w = to_wide(df) if {"text_id", "label",
+                        "state"} <= set(df.columns) else df.reindex(columns=list(CHEXPERT_14)).astype("float64")
     if len(w) != n: raise InputError(f"probe_labeler: the labeler returned {len(w)} rows for {n} sentences")
     return w.reset_index(drop=True)
 
@@ -1339,7 +1414,8 @@ def probe_labeler(labeler: Callable,          # texts -> labels (long or wide), 
                   builtin: bool = True        # include the packaged probe set
                  ) -> pd.DataFrame:
     "Run `labeler` on controlled sentences: `text, label, kind, expected, got, ok, trigger` per probe."
-    parts = ([load_probes()] if builtin else []) + ([_probe_frame(sentences, "sentences")] if sentences is not None else [])
+    parts = ([load_probes()] if builtin else []) + ([_probe_frame(sentences, "sentences")] if sentences is not None
+                                                    else [])
     if not parts: raise InputError("probe_labeler: no probes (builtin=False and no sentences)")
     pr = pd.concat(parts, ignore_index=True)
     w = _wide_result(labeler(pr["text"].tolist()), len(pr))
@@ -1354,7 +1430,8 @@ def probe_summary(probes: pd.DataFrame # from `probe_labeler`
                  ) -> pd.DataFrame:
     "Per label: probes, correct, and normal wordings read as positive (`triggers`)."
     g = probes.groupby("label", sort=False)
-    return pd.DataFrame({"probes": g.size(), "correct": g["ok"].sum().astype(int), "triggers": g["trigger"].sum().astype(int)}).reset_index()
+    return pd.DataFrame({"probes": g.size(), "correct": g["ok"].sum().astype(int),
+                         "triggers": g["trigger"].sum().astype(int)}).reset_index()
 
 # %% ../nbs/06_labels.ipynb #196966eb
 CARDIAC_PHRASES = ("cardiomegaly", "cardiac enlargement", "enlarged heart", "heart size", "heart", "cardiac silhouette",
@@ -1362,29 +1439,35 @@ CARDIAC_PHRASES = ("cardiomegaly", "cardiac enlargement", "enlarged heart", "hea
 
 def naive_cardiac_labeler(source: str = "naive-mention" # the `source` column of its labels
                          ) -> Labeler:
-    "The clinical profile with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as positive."
-    return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [], "normal": [], "stable": []}}},
+    """The clinical profile with cardiomegaly reduced to plain cardiac mentions: normal heart-size wording reads as
+    positive."""
+    return Labeler(phrases={"observations": {"Cardiomegaly": {"mention": list(CARDIAC_PHRASES), "uncertain": [],
+                                                              "normal": [], "stable": []}}},
                    source=source, profile="clinical")
 
 # %% ../nbs/06_labels.ipynb #3b03122e
 def exclusion_sensitivity(alignment: LabelAlignment,                   # from `align_labels`
                           exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped in the second row
-                          compare: Sequence | None = None,            # (system_a, system_b); default: the first two systems
+                          compare: Sequence | None = None,        # (system_a, system_b); default: the first two systems
                           metric: str = "micro_f1",                   # one of `SCORES`
                           reps: int = 1000,                           # bootstrap resamples (0: no intervals)
                           seed: int = DEFAULT_SEED,                   # random seed of the resamples
                           clusters=None,                              # as for `LabelAlignment.summary`
                           size: float = 0.95                          # interval coverage
                          ) -> pd.DataFrame:
-    "The score of two systems and their difference, with all labels and without `exclude`; `sign_flip` on the second row."
+    """The score of two systems and their difference, with all labels and without `exclude`; `sign_flip` on the second
+    row."""
     a, b = compare or alignment.systems[:2]
     kept = [l for l in alignment.labels if l not in set(exclude)]
-    if len(kept) == len(alignment.labels): raise InputError(f"exclusion_sensitivity: none of {list(exclude)} is among the aligned labels")
+    if len(kept) == len(alignment.labels):
+        raise InputError(f"exclusion_sensitivity: none of {list(exclude)} is among the aligned labels")
     rows = []
-    for scope, labs in ((f"all {len(alignment.labels)} labels", list(alignment.labels)), ("without " + ", ".join(exclude), kept)):
-        with warnings.catch_warnings():      # a descriptive check outside any Holm family: no warning about significance
+    for scope, labs in ((f"all {len(alignment.labels)} labels", list(alignment.labels)),
+                        ("without " + ", ".join(exclude), kept)):
+        with warnings.catch_warnings():  # a descriptive check outside any Holm family: no warning about significance
             warnings.simplefilter("ignore", UnderpoweredWarning)
-            r = alignment.compare(metric, pairs=[(a, b)], reps=max(int(reps), 1), seed=seed, labels=labs, clusters=clusters, systems=[a, b])
+            r = alignment.compare(metric, pairs=[(a, b)], reps=max(int(reps), 1), seed=seed, labels=labs,
+                                  clusters=clusters, systems=[a, b])
         f = r.to_frame(size=size).iloc[0]
         rows.append({"scope": scope, "n_labels": len(labs), "system_a": a, "system_b": b, "value_a": r.estimates[0],
                      "value_b": r.estimates[1], "difference": f.estimate, "ci_low": f.ci_low if reps else np.nan,
@@ -1407,8 +1490,10 @@ def plot_label_counts(per_label,                 # `LabelAlignment` or its `per_
     d["count"] = d["count"].str.upper()
     order = [l for l in CHEXPERT_14 if l in set(d["label"])]
     return alt.Chart(d).mark_bar().encode(
-        y=alt.Y("label:N", sort=order, title=None), x=alt.X("n:Q", title="reports"), yOffset=alt.YOffset("count:N", sort=list(_COUNT_COLORS)),
-        color=alt.Color("count:N", scale=alt.Scale(domain=list(_COUNT_COLORS), range=list(_COUNT_COLORS.values())), title=None),
+        y=alt.Y("label:N", sort=order, title=None), x=alt.X("n:Q", title="reports"),
+        yOffset=alt.YOffset("count:N", sort=list(_COUNT_COLORS)),
+        color=alt.Color("count:N", scale=alt.Scale(domain=list(_COUNT_COLORS), range=list(_COUNT_COLORS.values())),
+                        title=None),
         tooltip=["system", "label", "count", "n"]).properties(width=200, height=alt.Step(5)).facet(
         facet=alt.Facet("system:N", title=None, sort=list(pd.unique(d["system"]))), columns=columns, title=title
         ).resolve_axis(x="independent")   # each panel its own axis: no axis under an empty grid slot
@@ -1431,10 +1516,13 @@ def plot_trigger_phrases(trace: LabelTrace,      # from `trace_label_triggers`
     p["wording"] = np.where(p["normal_wording"], "normal wording", "other")
     p["evidence"] = p["evidence"].astype(object).fillna("(none)").astype(str).str.slice(0, 60)  # str even when empty
     return alt.Chart(p).mark_bar().encode(
-        y=alt.Y("evidence:N", sort="-x", title=None, axis=alt.Axis(labelLimit=360)), x=alt.X("count:Q", title=f"{label} = {state:g}: reports"),
-        color=alt.Color("wording:N", scale=alt.Scale(domain=["normal wording", "other"], range=["#D55E00", "#0072B2"]), title=None),
+        y=alt.Y("evidence:N", sort="-x", title=None, axis=alt.Axis(labelLimit=360)),
+        x=alt.X("count:Q", title=f"{label} = {state:g}: reports"),
+        color=alt.Color("wording:N", scale=alt.Scale(domain=["normal wording", "other"], range=["#D55E00", "#0072B2"]),
+                        title=None),
         tooltip=["group", "evidence", "count", "share"]).properties(width=260, height=alt.Step(16)).facet(
-        row=alt.Row("group:N", title=None, header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start", labelFontWeight="bold")),
+        row=alt.Row("group:N", title=None, header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
+                                                             labelFontWeight="bold")),
         title=title or f"Evidence behind {label} = {state:g}").resolve_scale(y="independent")
 
 # %% ../nbs/06_labels.ipynb #ff77fc44
@@ -1467,15 +1555,18 @@ class TraceAudit:
         "One sentence: texts, provenance counts and the flagged labels."
         counts = self.provenance.status.value_counts()
         flags = "; ".join(f"{r.label}: {r.verdict} ({r.normal_wording_positives} of {r.positives} positives and "
-                          f"{getattr(r, 'normal_wording_uncertain', 0)} of {getattr(r, 'uncertain', 0)} uncertain from normal wording; "
-                          f"top: '{r.top_evidence}')" for r in self.trace.flagged().itertuples()) or "none"
-        return (f"{self.labels.text_id.nunique()} texts; provenance: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                          f"{getattr(r, 'normal_wording_uncertain', 0)} of {getattr(r, 'uncertain', 0)} uncertain from "
+                          f"normal wording; top: '{r.top_evidence}')"
+                          for r in self.trace.flagged().itertuples()) or "none"
+        return (f"{self.labels.text_id.nunique()} texts; provenance: " + ", ".join(f"{v} {k}" for k,
+                                                                                   v in counts.items())
                 + f"; flagged: {flags}")
 
     def save(self, out_dir: str | os.PathLike,  # folder for the tables, the chart and manifest.json
              inputs: Mapping | None = None      # name -> input file or table, recorded (hashed) in the manifest
             ) -> dict[str, Path]:
-        "Write provenance, trace rows, flags and evidence counts, the evidence chart (when a label is flagged) and a manifest."
+        """Write provenance, trace rows, flags and evidence counts, the evidence chart (when a label is flagged) and a
+        manifest."""
         out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
         paths = {"provenance": write_table(self.provenance, out / "provenance.csv"),
                  "trace_rows": write_table(self.trace.rows, out / "trace_rows.parquet"),
@@ -1483,11 +1574,12 @@ class TraceAudit:
                  "trace_phrases": write_table(self.trace.phrases, out / "trace_phrases.csv")}
         if self._top_label(): paths["chart"] = save_chart(self.plot(), out / "trigger_phrases.svg")
         write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="trace_audit",
-                       params={"dominance": self.trace.dominance, "min_positives": self.trace.min_positives, "by": self.trace.by,
-                               "normal_share": self.trace.normal_share})
+                       params={"dominance": self.trace.dominance, "min_positives": self.trace.min_positives,
+                               "by": self.trace.by, "normal_share": self.trace.normal_share})
         return {**paths, "manifest": out / "manifest.json"}
 
-    def _repr_markdown_(self): return self.headline() + ("\n\n" + md_table(self.summary()) if len(self.summary()) else "")
+    def _repr_markdown_(self):
+        return self.headline() + ("\n\n" + md_table(self.summary()) if len(self.summary()) else "")
 
 # %% ../nbs/06_labels.ipynb #50c597a8
 def _labels_from_csv(path, texts: dict, id_column: str | None) -> pd.DataFrame:
@@ -1498,12 +1590,13 @@ def _labels_from_csv(path, texts: dict, id_column: str | None) -> pd.DataFrame:
     return read_chexpert_csv(path, ids=list(texts))
 
 @delegates(trace_label_triggers)
-def trace_audit(labels,                         # a long labels table with `text` (e.g. `read_chexpert_csv`), or the official labeler's CSV
+def trace_audit(labels,      # a long labels table with `text` (e.g. `read_chexpert_csv`), or the official labeler's CSV
                 texts,                          # the texts as the system wrote them: {id: text}, a Series, or a table with an id and a text column
                 id_column: str | None = None,   # with a CSV: its id column (default: its rows are the texts, in order)
                 **kwargs
                ) -> TraceAudit:
-    "Check that a labeler saw the texts the system wrote, and trace which evidence drives each of its labels (`trace_label_triggers`, with its options)."
+    """Check that a labeler saw the texts the system wrote, and trace which evidence drives each of its labels
+    (`trace_label_triggers`, with its options)."""
     tmap = _texts_map(texts, pd.DataFrame())
     if isinstance(labels, (str, os.PathLike)): lab = _labels_from_csv(labels, tmap, id_column)
     else: lab = require_columns(labels, ["text_id", "label", "state"], "labels")
@@ -1514,7 +1607,8 @@ def reference_texts(studies # a `studies` table: study_id and findings/impressio
                    ) -> pd.Series:
     "Per `study_id`: findings and impression joined, or the de-headered text when both are empty."
     s = require_columns(studies, ["study_id"], "studies")
-    parts = [s[c].fillna("").astype(str) if c in s.columns else pd.Series("", index=s.index) for c in ("findings", "impression")]
+    parts = [s[c].fillna("").astype(str) if c in s.columns else pd.Series("", index=s.index)
+             for c in ("findings", "impression")]
     joined = (parts[0].str.strip() + " " + parts[1].str.strip()).str.strip()
     if "text" in s.columns:
         from cxr_audit.reports import extract_section
@@ -1549,7 +1643,8 @@ def reference_profile(studies,                       # a `studies` table (findin
 # %% ../nbs/06_labels.ipynb #8875f876
 def run_names(generations # a `generations` table (system, and policy when there is one)
              ) -> pd.Series:
-    "Per row: the configuration label `system+policy` (`core.config_label`); the bare system when the table has no policy."
+    """Per row: the configuration label `system+policy` (`core.config_label`); the bare system when the table has no
+    policy."""
     g = require_columns(generations, ["system"], "generations")
     names = config_label(g["system"], g["policy"] if "policy" in g.columns else None)
     return pd.Series(names.to_numpy(), index=g.index)
@@ -1558,7 +1653,8 @@ def run_names(generations # a `generations` table (system, and policy when there
 def label_generations(generations,                  # a `generations` table
                       labeler: Labeler | None = None # default: the packaged `Labeler`
                      ) -> pd.DataFrame:
-    "The long labels table of the generated reports, with `system` (see `run_names`), `study_id` (and `entry_id` when `generations` has it)."
+    """The long labels table of the generated reports, with `system` (see `run_names`), `study_id` (and `entry_id` when
+    `generations` has it)."""
     g = to_generations(generations)
     lab = label_reports(pd.Series(g["hypothesis"].values, index=g["sample_id"].values), labeler=labeler)
     lab["system"] = np.repeat(run_names(g).values, len(CHEXPERT_14))
@@ -1569,8 +1665,8 @@ def label_generations(generations,                  # a `generations` table
 # %% ../nbs/06_labels.ipynb #c9494ff7
 _STATUS_STATE = {"present": 1.0, "uncertain": -1.0, "absent": 0.0}
 
-def findings_to_labels(findings,                 # study_id, observation (CheXpert names), status present/uncertain/absent
-                       study_ids=None,           # studies to include (default: those in `findings`)
+def findings_to_labels(findings,        # study_id, observation (CheXpert names), status present/uncertain/absent
+                       study_ids=None,  # studies to include (default: those in `findings`)
                        source: str = "ground truth" # the `source` column of the result
                       ) -> pd.DataFrame:
     "Ground-truth findings as a long labels table (unlisted observations blank)."
@@ -1578,7 +1674,8 @@ def findings_to_labels(findings,                 # study_id, observation (CheXpe
     bad = ~f["status"].isin(list(_STATUS_STATE)) | ~f["observation"].isin(CHEXPERT_14)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"findings: row {i}: observation {f['observation'].iloc[i]!r} / status {f['status'].iloc[i]!r} not understood")
+        raise InputError(f"findings: row {i}: observation {f['observation'].iloc[i]!r} / status "
+                         f"{f['status'].iloc[i]!r} not understood")
     ids = [str(s) for s in (study_ids if study_ids is not None else pd.unique(f["study_id"]))]
     w = pd.DataFrame(np.nan, index=ids, columns=list(CHEXPERT_14))
     for sid, obs, st in zip(f["study_id"].map(str), f["observation"], f["status"]):
@@ -1588,13 +1685,13 @@ def findings_to_labels(findings,                 # study_id, observation (CheXpe
 # %% ../nbs/06_labels.ipynb #158cb253
 _AGAINST = {"reference": "reference-report labels", "truth": "ground truth"}
 _PLOTS = ("counts", "triggers")
-_EXCLUSION_COLUMNS = ["scope", "n_labels", "system_a", "system_b", "value_a", "value_b", "difference", "ci_low", "ci_high", "p",
-                      "sign_flip", "metric", "convention", "labeler"]
+_EXCLUSION_COLUMNS = ["scope", "n_labels", "system_a", "system_b", "value_a", "value_b", "difference", "ci_low",
+                      "ci_high", "p", "sign_flip", "metric", "convention", "labeler"]
 
 @dataclass(frozen=True, eq=False)
 class LabelAudit:
     reference_labels: pd.DataFrame      # labels of the reference texts (long, with evidence)
-    generated_labels: pd.DataFrame      # labels of the generated reports (long; `system` is the run, `study_id` the case)
+    generated_labels: pd.DataFrame    # labels of the generated reports (long; `system` is the run, `study_id` the case)
     alignment: LabelAlignment           # generated labels against the reference-report labels
     truth: LabelAlignment | None        # generated labels against the ground truth (None without `findings`)
     trace: LabelTrace                   # which evidence drives each label of the generated reports
@@ -1610,7 +1707,8 @@ class LabelAudit:
 
     def _against(self, against: str) -> LabelAlignment:
         if against not in _AGAINST: raise InputError(f"against must be one of {list(_AGAINST)}, got {against!r}")
-        if against == "truth" and self.truth is None: raise InputError("label audit: no ground truth (pass findings to label_audit)")
+        if against == "truth" and self.truth is None:
+            raise InputError("label audit: no ground truth (pass findings to label_audit)")
         return self.alignment if against == "reference" else self.truth
 
     @property
@@ -1626,10 +1724,11 @@ class LabelAudit:
         for against in [a for a in _AGAINST if a == "reference" or self.truth is not None]:
             al = self._against(against)
             for name, labs in self.label_sets.items():
-                sm = al.summary(self.reps, self.seed, None if len(labs) == len(al.labels) else labs, self.clusters, self.size)
+                sm = al.summary(self.reps, self.seed, None if len(labs) == len(al.labels) else labs, self.clusters,
+                                self.size)
                 parts.append(sm.assign(reference=_AGAINST[against], labels=name))
-        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels", "reps", "convention",
-                "labeler"]
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "n_labels",
+                "reps", "convention", "labeler"]
         return pd.concat(parts, ignore_index=True).assign(labeler=self.labeler)[cols]
 
     @cached_property
@@ -1638,18 +1737,21 @@ class LabelAudit:
         if self.pair is None: return pd.DataFrame(columns=_EXCLUSION_COLUMNS)
         runs = ([self.contrast] if self.contrast is not None else []) + [self]
         return pd.concat([exclusion_sensitivity(a.alignment, self.exclude, self.pair, reps=self.reps, seed=self.seed,
-                                                clusters=self.clusters, size=self.size).assign(labeler=a.labeler) for a in runs],
+                                                clusters=self.clusters, size=self.size).assign(labeler=a.labeler)
+                          for a in runs],
                          ignore_index=True)
 
     def to_frame(self) -> pd.DataFrame:
-        "The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps, convention, labeler`."
+        """The tidy long table: `reference, labels, system, metric, estimate, ci_low, ci_high, n_cases, n_labels, reps,
+        convention, labeler`."""
         return self.scores
 
     def summary(self, metric: str = "micro_f1" # the score shown (one of `SCORES`)
                ) -> pd.DataFrame:
         "The short table: one score per reference, label set and system, with its interval."
         s = self.scores[self.scores.metric == metric]
-        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "convention", "labeler"]
+        cols = ["reference", "labels", "system", "metric", "estimate", "ci_low", "ci_high", "n_cases", "convention",
+                "labeler"]
         return s[cols].reset_index(drop=True)
 
     def compare(self,
@@ -1660,11 +1762,13 @@ class LabelAudit:
                 labels: Sequence[str] | None = None,  # only these labels (default: all aligned)
                 systems: Sequence | None = None       # the runs compared (default: all)
                ) -> PairedResult:
-        "Paired bootstrap of one score between runs, with the audit's `reps`, `seed`, `clusters` and `size` (Holm within the result)."
-        return self._against(against).compare(metric, baseline, pairs, self.reps, self.seed, labels, self.clusters, systems, self.size)
+        """Paired bootstrap of one score between runs, with the audit's `reps`, `seed`, `clusters` and `size` (Holm
+        within the result)."""
+        return self._against(against).compare(metric, baseline, pairs, self.reps, self.seed, labels, self.clusters,
+                                              systems, self.size)
 
     def plot(self,
-             kind: str = "counts",                 # "counts": per-label TP/FP/FN; "triggers": the evidence behind one label
+             kind: str = "counts",             # "counts": per-label TP/FP/FN; "triggers": the evidence behind one label
              against: str = "reference",           # counts: against the "reference" labels or the "truth"
              label: str = "Cardiomegaly",          # triggers: the label whose positives are traced
              top: int = 6,                         # triggers: evidence rows per run
@@ -1673,9 +1777,11 @@ class LabelAudit:
             ):
         "A figure of the audit: per-label counts, or the evidence behind one label's positives."
         if kind == "counts":
-            return plot_label_counts(self._against(against), title or f"Per-label TP, FP and FN against {_AGAINST[against]} ({self.labeler} labels)")
+            return plot_label_counts(self._against(against), title or "Per-label TP, FP and FN against "
+                                                                      f"{_AGAINST[against]} ({self.labeler} labels)")
         if kind == "triggers":
-            return plot_trigger_phrases(self.trace, label, 1.0, top, title or f"{self.labeler} labeler: evidence behind {label} = 1", systems)
+            return plot_trigger_phrases(self.trace, label, 1.0, top, title or f"{self.labeler} labeler: evidence "
+                                                                              f"behind {label} = 1", systems)
         raise InputError(f"kind must be one of {_PLOTS}, got {kind!r}")
 
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
@@ -1714,10 +1820,10 @@ def label_audit(studies,                                # `studies`: study_id an
                 findings=None,                          # ground truth (study_id, observation, status), e.g. the demo's
                 reps: int = 1000,                       # bootstrap resamples of every interval
                 seed: int = DEFAULT_SEED,               # random seed of the resamples
-                clusters=None,                          # column of `studies`, labels aligned with its rows, or study_id -> cluster
+                clusters=None,               # column of `studies`, labels aligned with its rows, or study_id -> cluster
                 labels: Sequence[str] = CHEXPERT_14,    # the observations aligned and scored
                 uncertain_positive: bool = UNCERTAIN_POSITIVE, # count uncertain (-1) as positive
-                labeler=None,                           # a `Labeler`, `FileLabeler` or a name/path `get_labeler` reads (default: chexpert)
+                labeler=None,        # a `Labeler`, `FileLabeler` or a name/path `get_labeler` reads (default: chexpert)
                 contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": `naive_cardiac_labeler`)
                 pair: Sequence[str] | None = None,      # the two runs (`system+policy`) of the exclusion sensitivity (default: two policies of one system)
                 exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped by the exclusion sensitivity
@@ -1726,25 +1832,29 @@ def label_audit(studies,                                # `studies`: study_id an
     "Label references and generated reports, align them (and with the ground truth), trace and probe the labeler."
     lab, g, refs = get_labeler(labeler), to_generations(generations), reference_texts(studies)
     if len(refs) and refs.fillna("").astype(str).str.strip().eq("").all():
-        raise InputError("label_audit: every reference report is empty; there is nothing to label (every label would be "
-                         "absent, and micro-F1 0 by construction)")
+        raise InputError("label_audit: every reference report is empty; there is nothing to label (every label "
+                         "would be absent, and micro-F1 0 by construction)")
     ref_lab, gen_lab, cmap = label_reports(refs, labeler=lab), label_generations(g, lab), g[["sample_id", "study_id"]]
     al = align_labels(ref_lab, gen_lab, labels, uncertain_positive, case_map=cmap)
-    truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab, labels,
-                                                       uncertain_positive, case_map=cmap)
-    if pair is not None and not set(pair) <= set(al.systems): raise InputError(f"pair: {list(pair)} are not both runs of {list(al.systems)}")
+    truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab,
+                                                       labels, uncertain_positive, case_map=cmap)
+    if pair is not None and not set(pair) <= set(al.systems):
+        raise InputError(f"pair: {list(pair)} are not both runs of {list(al.systems)}")
     pair = tuple(pair) if pair is not None else _run_pair(g, run_names(g))
     other = _contrast_labeler(contrast)
-    kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair, exclude=exclude, size=size)
-    return LabelAudit(ref_lab, gen_lab, al, truth, trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))),
-                      _audit_probes(lab), pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
+    kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair,
+              exclude=exclude, size=size)
+    return LabelAudit(ref_lab, gen_lab, al, truth,
+                      trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))), _audit_probes(lab),
+                      pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
                       None if other is None else label_audit(studies, g, labeler=other, **kw))
 
 # %% ../nbs/06_labels.ipynb #60cb87d9
 @patch
 def _exclusion_text(self: LabelAudit) -> str:
     if self.pair is None or not len(self.exclusion): return ""
-    flips, (a, b), what = [r.labeler for r in self.exclusion.itertuples() if r.sign_flip], self.pair, ", ".join(self.exclude)
+    flips, (a, b), what = [r.labeler for r in self.exclusion.itertuples()
+                           if r.sign_flip], self.pair, ", ".join(self.exclude)
     if not flips: return f"; without {what}, `{a}` − `{b}` keeps its sign under every labeler"
     return f"; without {what}, `{a}` − `{b}` changes sign under the `{'`, `'.join(flips)}` labels"
 
@@ -1754,12 +1864,14 @@ def headline(self: LabelAudit) -> str:
     s = self.summary().query("reference == 'reference-report labels'")
     s = s[s["labels"] == next(iter(self.label_sets))]
     lo, hi, t = s.loc[s.estimate.idxmin()], s.loc[s.estimate.idxmax()], self.trace
-    out = (f"With `{self.labeler}` labels ({self.alignment.convention}), micro-F1 over {lo['labels']} labels against the reference-report labels runs from "
-           f"{lo.estimate:.3f} (`{lo.system}`) to {hi.estimate:.3f} (`{hi.system}`); the trace finds "
-           f"{int(t.flags.normal_wording_positives.sum())} positive label(s) from normal wording and flags {len(t.flagged())} label(s)")
+    out = (f"With `{self.labeler}` labels ({self.alignment.convention}), micro-F1 over {lo['labels']} labels against "
+           f"the reference-report labels runs from {lo.estimate:.3f} (`{lo.system}`) to {hi.estimate:.3f} "
+           f"(`{hi.system}`); the trace finds {int(t.flags.normal_wording_positives.sum())} positive label(s) from "
+           f"normal wording and flags {len(t.flagged())} label(s)")
     if self.contrast is not None:
         c = self.contrast.trace
-        out += f" (`{self.contrast.labeler}` labels: {int(c.flags.normal_wording_positives.sum())} and {len(c.flagged())})"
+        out += (f" (`{self.contrast.labeler}` labels: {int(c.flags.normal_wording_positives.sum())} and "
+                f"{len(c.flagged())})")
     return out + self._exclusion_text() + "."
 
 # %% ../nbs/06_labels.ipynb #a31bec61
@@ -1773,14 +1885,18 @@ def save(self: LabelAudit,
     out.mkdir(parents=True, exist_ok=True)
     tables = {"reference_labels.parquet": self.reference_labels, "prediction_labels.parquet": self.generated_labels,
               "alignment_counts.parquet": al.counts, "matching.csv": al.matching, "per_label.csv": al.per_label(),
-              "summary.csv": self.to_frame(), "trace_flags.csv": self.trace.flags, "trace_phrases.csv": self.trace.phrases,
-              "probes.csv": self.probes, **({"exclusion.csv": self.exclusion} if len(self.exclusion) else {})}
-    named = lambda t: t if {"source", "labeler"} & set(t.columns) else t.assign(labeler=self.labeler)  # each table names its labeler
-    paths = {name.split(".")[0]: write_table(t if name == "matching.csv" else named(t), out / name) for name, t in tables.items()}
+              "summary.csv": self.to_frame(), "trace_flags.csv": self.trace.flags,
+              "trace_phrases.csv": self.trace.phrases, "probes.csv": self.probes,
+              **({"exclusion.csv": self.exclusion} if len(self.exclusion) else {})}
+    # each table names its labeler
+    named = lambda t: t if {"source", "labeler"} & set(t.columns) else t.assign(labeler=self.labeler)
+    paths = {name.split(".")[0]: write_table(t if name == "matching.csv" else named(t), out / name) for name,
+             t in tables.items()}
     paths["chart"] = save_chart(self.plot("counts"), out / "per_label.svg")
     write_manifest(out / "manifest.json", inputs=dict(inputs or {}), outputs=paths, command="label_audit",
-                   params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive, "by_entry": al.by_entry, "reps": self.reps, "seed": self.seed,
-                           "size": self.size, "clustered": self.clusters is not None, "labeler": self.labeler})
+                   params={"labels": len(al.labels), "uncertain_positive": al.uncertain_positive,
+                           "by_entry": al.by_entry, "reps": self.reps, "seed": self.seed, "size": self.size,
+                           "clustered": self.clusters is not None, "labeler": self.labeler})
     return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/06_labels.ipynb #c94b1722
@@ -1792,7 +1908,8 @@ def labeler_swap(studies,                              # `studies`: study_id and
                  labels: Sequence[str] = CHEXPERT_14,  # observations scored
                  uncertain_positive: bool = UNCERTAIN_POSITIVE # count uncertain (-1) as positive
                 ) -> pd.DataFrame:
-    "Micro-F1 of every run under each labeler (point estimates) and its rank there (1: best): `labeler, system, micro_f1, rank, convention`."
+    """Micro-F1 of every run under each labeler (point estimates) and its rank there (1: best): `labeler, system,
+    micro_f1, rank, convention`."""
     g, refs = to_generations(generations), reference_texts(studies)
     if not len(labelers): raise InputError("labeler_swap: no labelers given")
     rows = []
@@ -1810,10 +1927,13 @@ def labeler_swap(studies,                              # `studies`: study_id and
 def swap_note(swap: pd.DataFrame # from `labeler_swap`
              ) -> str:
     "One sentence: whether the best run and the order of the runs are the same under every labeler."
-    order = {lab: tuple(t.sort_values(["micro_f1", "system"], ascending=[False, True]).system) for lab, t in swap.groupby("labeler", sort=False)}
+    order = {lab: tuple(t.sort_values(["micro_f1", "system"], ascending=[False, True]).system) for lab,
+             t in swap.groupby("labeler", sort=False)}
     best = {lab: o[0] for lab, o in order.items()}
     if len(set(order.values())) == 1:
-        return f"The runs keep one order under all {len(order)} labelers ({', '.join(f'`{l}`' for l in order)}); best: `{next(iter(best.values()))}`."
+        return (f"The runs keep one order under all {len(order)} labelers ({', '.join(f'`{l}`' for l in order)}); "
+                f"best: `{next(iter(best.values()))}`.")
     if len(set(best.values())) == 1:
-        return f"The best run (`{next(iter(best.values()))}`) is the same under every labeler, but the order of the others changes."
+        return (f"The best run (`{next(iter(best.values()))}`) is the same under every labeler, but the order of the "
+                "others changes.")
     return "The best run depends on the labeler: " + "; ".join(f"`{b}` under `{l}`" for l, b in best.items()) + "."

@@ -62,11 +62,14 @@ def decoding_params(temperature: float = 0.0,   # 0 means greedy
                    ) -> dict:
     "Decoding parameters in canonical types, so that `0` and `0.0` give the same cache key."
     if not math.isfinite(float(temperature)) or temperature < 0 or max_tokens < 1:
-        raise InputError(f"decoding: temperature must be a finite number >= 0 and max_tokens >= 1 (got {temperature}, {max_tokens})")
-    if top_p is not None and not 0 < float(top_p) <= 1: raise InputError(f"decoding: top_p must be in (0, 1], got {top_p}")
+        raise InputError(f"decoding: temperature must be a finite number >= 0 and max_tokens >= 1 (got {temperature}, "
+                         f"{max_tokens})")
+    if top_p is not None and not 0 < float(top_p) <= 1:
+        raise InputError(f"decoding: top_p must be in (0, 1], got {top_p}")
     if top_k is not None and int(top_k) < 1: raise InputError(f"decoding: top_k must be >= 1, got {top_k}")
-    return {"temperature": float(temperature), "seed": None if seed is None else int(seed), "max_tokens": int(max_tokens),
-            "top_p": None if top_p is None else float(top_p), "top_k": None if top_k is None else int(top_k)}
+    return {"temperature": float(temperature), "seed": None if seed is None else int(seed),
+            "max_tokens": int(max_tokens), "top_p": None if top_p is None else float(top_p),
+            "top_k": None if top_k is None else int(top_k)}
 
 # %% ../nbs/08_llm.ipynb #a3845704
 ROLES = ("system", "developer", "user", "assistant")
@@ -106,7 +109,8 @@ class ChatResult:
 
     def _repr_markdown_(self):
         src = "cache" if self.cached else f"{self.latency_s:.3f} s"
-        return (f"**{self.model}** ({src}; {self.tokens_in} tokens in, {self.tokens_out} out; finish: {self.finish_reason})\n\n"
+        return (f"**{self.model}** ({src}; {self.tokens_in} tokens in, {self.tokens_out} out; finish: "
+                f"{self.finish_reason})\n\n"
                 + "```\n" + self.text + "\n```")
 
 # %% ../nbs/08_llm.ipynb #4b1c6fb1
@@ -149,12 +153,14 @@ class StructuredOutputError(LLMError):
 
 # %% ../nbs/08_llm.ipynb #47519517
 class LLMReplyError(LLMError):
-    "The server answered (HTTP 200) without a usable reply: no content, no choices, or a body that is not a chat completion."
+    """The server answered (HTTP 200) without a usable reply: no content, no choices, or a body that is not a chat
+    completion."""
     retryable = True
 
 # %% ../nbs/08_llm.ipynb #4decea02
 class BatchAbortedError(LLMError, InputError):
-    "A batch stopped early: its first requests all failed the same way (unreachable server, bad key, ...); nothing more was sent."
+    """A batch stopped early: its first requests all failed the same way (unreachable server, bad key, ...); nothing
+    more was sent."""
 
 # %% ../nbs/08_llm.ipynb #01553844
 class RestrictedDataError(InputError, PermissionError):
@@ -214,8 +220,10 @@ def _validation_summary(e: Exception) -> str:
 
 def _check_dict_schema(raw: str, schema: Mapping) -> dict:
     try: obj = json.loads(raw)
-    except json.JSONDecodeError as e: raise StructuredOutputError(f"invalid structured output: not JSON ({e.msg} at char {e.pos})") from None
-    if not isinstance(obj, dict): raise StructuredOutputError(f"invalid structured output: a JSON {type(obj).__name__}, not an object")
+    except json.JSONDecodeError as e:
+        raise StructuredOutputError(f"invalid structured output: not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(obj, dict):
+        raise StructuredOutputError(f"invalid structured output: a JSON {type(obj).__name__}, not an object")
     missing = [k for k in schema.get("required", []) if k not in obj]
     if missing: raise StructuredOutputError(f"invalid structured output: missing field(s) {missing}")
     return obj
@@ -261,7 +269,8 @@ def canonical_json(obj # any JSON-serialisable value
 def backend_identity(backend # any back end
                     ) -> dict:
     "What identifies a back end's answers in the cache (kind, model, ...); never credentials."
-    ident = backend.identity() if hasattr(backend, "identity") else {"kind": type(backend).__name__, "model": getattr(backend, "model", "")}
+    ident = backend.identity() if hasattr(backend, "identity") else {"kind": type(backend).__name__,
+                                                                     "model": getattr(backend, "model", "")}
     return {str(k): v for k, v in ident.items()}
 
 # %% ../nbs/08_llm.ipynb #96fc8772
@@ -301,7 +310,8 @@ def safe_url(url: str | None # a server URL (None: none)
 # %% ../nbs/08_llm.ipynb #802ae8a1
 def _target_url(backend # any back end
                ):
-    "The URL `backend` really sends requests to (its `target_url()`, else its `endpoint`); a sentinel when it declares none."
+    """The URL `backend` really sends requests to (its `target_url()`, else its `endpoint`); a sentinel when it
+    declares none."""
     fn = getattr(backend, "target_url", None)
     return fn() if callable(fn) else getattr(backend, "endpoint", _NO_ENDPOINT)
 
@@ -318,11 +328,11 @@ def check_restricted(backend,                       # any back end (its `endpoin
     raise RestrictedDataError(
         f"refused: {n_restricted} request(s) built from restricted data"
         + (f" (first: request_id={first_id!r})" if first_id is not None else "")
-        + f" would be sent to {where}, which is not a loopback address. Restricted data (e.g. MIMIC-CXR under its data use "
-          "agreement) must stay on this machine: use a local server (127.0.0.1 / localhost) or an in-process model. "
-          "If your agreement covers this endpoint, opt in with allow_remote_restricted=True. A dataset not known to be public "
-          "counts as restricted: if yours is public, name it with public_datasets= / --public-dataset / "
-          "CXR_AUDIT_PUBLIC_DATASETS. Nothing was sent.")
+        + f" would be sent to {where}, which is not a loopback address. Restricted data (e.g. MIMIC-CXR under its "
+          "data use agreement) must stay on this machine: use a local server (127.0.0.1 / localhost) or an "
+          "in-process model. If your agreement covers this endpoint, opt in with allow_remote_restricted=True. A "
+          "dataset not known to be public counts as restricted: if yours is public, name it with public_datasets= / "
+          "--public-dataset / CXR_AUDIT_PUBLIC_DATASETS. Nothing was sent.")
 
 # %% ../nbs/08_llm.ipynb #38bb4441
 def _restricted_cell(v, i) -> bool:
@@ -360,7 +370,7 @@ def _validated(res: ChatResult, schema, max_tokens: int) -> ChatResult:
 class ChatBackend:
     "The chat interface every back end shares: `chat` guards, asks the back end's `_complete`, and validates the reply."
     def chat(self, messages,                     # a text, or a list of {role, content} messages
-                   schema=None,                  # a pydantic model (or JSON schema) the reply must follow; None: free text
+                   schema=None,               # a pydantic model (or JSON schema) the reply must follow; None: free text
                    temperature=0.0,              # 0: greedy
                    seed=None,                    # sampling seed (None: none sent)
                    max_tokens=1024,              # cap on the reply's tokens
@@ -372,12 +382,14 @@ class ChatBackend:
             ) -> ChatResult:
         "One chat completion; with `schema`, the reply validated into it (`parsed`)."
         check_restricted(self, int(bool(restricted)), allow_remote_restricted)
-        dec = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens, "top_p": top_p, "top_k": top_k, "timeout_s": timeout_s}
+        dec = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens, "top_p": top_p, "top_k": top_k,
+               "timeout_s": timeout_s}
         res = self._complete(as_messages(messages), schema, dec)
         return res if schema is None else _validated(res, schema, max_tokens)
 
     def _complete(self, msgs: list, schema, dec: dict) -> ChatResult:
-        "The back end's unparsed reply to `msgs`, asking for `schema` its own way; `dec`: the decoding settings and `timeout_s`."
+        """The back end's unparsed reply to `msgs`, asking for `schema` its own way; `dec`: the decoding settings and
+        `timeout_s`."""
         raise NotImplementedError(f"{type(self).__name__}: a back end defines _complete(msgs, schema, dec)")
 
 # %% ../nbs/08_llm.ipynb #33bfff1d
@@ -402,7 +414,8 @@ def _n_words(text: str) -> int: return len(text.split())
 class RuleChat(ChatBackend):
     "A deterministic, offline back end: `fn(messages, schema, **decoding) -> str | dict | pydantic object`."
     kind, endpoint = "rule", None
-    inline = True  # no I/O to wait for: `run_batch` with max_concurrency=1 answers it in the calling thread, without a pool
+    # no I/O to wait for: `run_batch` with max_concurrency=1 answers it in the calling thread, without a pool
+    inline = True
     def __init__(self, fn: Callable,       # the rules
                  name: str | None = None,  # model name (default: the function's name)
                  version: str = "1"        # bump when the rules change (part of the cache key)
@@ -425,7 +438,8 @@ class RuleChat(ChatBackend):
 _CACHE_DDL = """CREATE TABLE IF NOT EXISTS chat_cache (
   key TEXT PRIMARY KEY, backend TEXT NOT NULL, model TEXT, text TEXT NOT NULL, parsed_json TEXT,
   prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, finish_reason TEXT, created_utc TEXT NOT NULL)"""
-_CACHE_COLS = ("key", "backend", "model", "text", "parsed_json", "prompt_tokens", "completion_tokens", "latency_s", "finish_reason", "created_utc")
+_CACHE_COLS = ("key", "backend", "model", "text", "parsed_json", "prompt_tokens", "completion_tokens", "latency_s",
+               "finish_reason", "created_utc")
 
 def _parsed_json(parsed) -> str | None:
     if parsed is None: return None
@@ -437,7 +451,9 @@ class ChatCache:
     "A SQLite (WAL) store of chat answers keyed by `request_key`; safe across threads and processes."
     def __init__(self, path: str | os.PathLike | None = None): # the SQLite file (default: cache_dir()/llm_cache.sqlite)
         self.path = Path(path) if path is not None else cache_dir() / "llm_cache.sqlite"
-        if self.path.is_dir(): raise InputError(f"cache: {self.path} is a folder; give a file in it (e.g. {self.path / 'llm_cache.sqlite'})")
+        if self.path.is_dir():
+            raise InputError(f"cache: {self.path} is a folder; give a file in it (e.g. "
+                             f"{self.path / 'llm_cache.sqlite'})")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local, self._lock, self._conns = threading.local(), threading.Lock(), []
         self.hits = self.misses = self.writes = 0
@@ -451,7 +467,8 @@ class ChatCache:
                 if "locked" not in str(e) or k == tries - 1:
                     raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
                 time.sleep(0.05 * 2 ** k)
-            except sqlite3.DatabaseError as e: raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
+            except sqlite3.DatabaseError as e:
+                raise InputError(f"cache: {self.path} cannot be used as an SQLite cache ({e})") from None
 
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection (a new one in a new thread, or after a fork)."
@@ -459,7 +476,8 @@ class ChatCache:
         if c is not None and self._local.pid == os.getpid(): return c
         c = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
         try:
-            for pragma in ("busy_timeout=60000", "journal_mode=WAL", "synchronous=NORMAL", f"journal_size_limit={16 << 20}"):
+            for pragma in ("busy_timeout=60000", "journal_mode=WAL", "synchronous=NORMAL",
+                           f"journal_size_limit={16 << 20}"):
                 c.execute(f"PRAGMA {pragma}")
         except sqlite3.Error:
             c.close(); raise
@@ -480,24 +498,29 @@ class ChatCache:
 
     def __repr__(self): return f"ChatCache({str(self.path)!r})"
     def __len__(self): return self._conn().execute("SELECT COUNT(*) FROM chat_cache").fetchone()[0]
-    def __contains__(self, key): return self._conn().execute("SELECT 1 FROM chat_cache WHERE key=?", (key,)).fetchone() is not None
+    def __contains__(self, key):
+        return self._conn().execute("SELECT 1 FROM chat_cache WHERE key=?", (key,)).fetchone() is not None
 
 # %% ../nbs/08_llm.ipynb #136bf4da
 def _url_secrets(url) -> list[str]:
-    "The credentials in a URL's user info: `user:password`, the password, both URL-decoded, and the Basic header's base64."
+    """The credentials in a URL's user info: `user:password`, the password, both URL-decoded, and the Basic header's
+    base64."""
     parts = urlsplit(str(url or ""))
     if parts.username is None: return []
     user, pw = unquote(parts.username), unquote(parts.password or "")
     pair = f"{user}:{pw}"
-    return [pair, pw, f"{parts.username}:{parts.password or ''}", parts.password or "", base64.b64encode(pair.encode()).decode()]
+    return [pair, pw, f"{parts.username}:{parts.password or ''}", parts.password or "",
+            base64.b64encode(pair.encode()).decode()]
 
 def _secrets(backend) -> tuple:
-    "The key values a back end holds and the credentials in its URL (to redact them from errors, logs, replies and the cache)."
+    """The key values a back end holds and the credentials in its URL (to redact them from errors, logs, replies and
+    the cache)."""
     found = [getattr(backend, "_api_key", None), *_url_secrets(getattr(backend, "_endpoint", None))]
     return tuple(dict.fromkeys(s for s in found if isinstance(s, str) and len(s) >= 4))
 
 def _masked(res: ChatResult, secrets: tuple) -> ChatResult:
-    "The answer with any secret value it echoes replaced by `<redacted>` (text and parsed strings; patterns are left alone)."
+    """The answer with any secret value it echoes replaced by `<redacted>` (text and parsed strings; patterns are left
+    alone)."""
     keys = sorted({*secrets, *(os.environ.get(v) or "" for v in ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY"))} - {""},
                   key=len, reverse=True)
     keys = [k for k in keys if len(k) >= 4 and k in (res.text or "")]
@@ -520,13 +543,15 @@ def put(self: ChatCache, key: str,          # the request key (`request_key`)
     row = (key, ident.get("kind", ""), str(ident.get("model", "")), result.text, _parsed_json(result.parsed),
            result.tokens_in, result.tokens_out, float(result.latency_s), result.finish_reason,
            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    self._conn().execute(f"INSERT OR IGNORE INTO chat_cache ({','.join(_CACHE_COLS)}) VALUES ({','.join('?' * len(row))})", row)
+    self._conn().execute(f"INSERT OR IGNORE INTO chat_cache ({','.join(_CACHE_COLS)}) VALUES "
+                         f"({','.join('?' * len(row))})", row)
     with self._lock: self.writes += 1
 
 @patch
 @contextlib.contextmanager
 def transaction(self: ChatCache):
-    "One write transaction on this thread's connection (yielded): what is written inside is stored together or not at all."
+    """One write transaction on this thread's connection (yielded): what is written inside is stored together or not at
+    all."""
     c = self._conn()
     c.execute("BEGIN IMMEDIATE")
     try: yield c
@@ -543,7 +568,8 @@ def _row_result(row: tuple, schema=None) -> ChatResult | None:
         try: parsed = parse_structured(d["parsed_json"], schema)
         except StructuredOutputError: return None
     usage = {"prompt_tokens": d["prompt_tokens"] or 0, "completion_tokens": d["completion_tokens"] or 0}
-    return ChatResult(d["text"], parsed, usage, d["latency_s"] or 0.0, d["model"] or "", d["finish_reason"], cached=True)
+    return ChatResult(d["text"], parsed, usage, d["latency_s"] or 0.0, d["model"] or "", d["finish_reason"],
+                      cached=True)
 
 @patch
 def get_many(self: ChatCache, keys: Iterable[str],           # request keys
@@ -573,8 +599,10 @@ def get(self: ChatCache, key: str,   # a request key
 def stats(self: ChatCache) -> dict:
     "Entries, bytes on disk, this session's hits/misses/writes, stored tokens, entries per back end and model."
     c = self._conn()
-    n, tin, tout = c.execute("SELECT COUNT(*), COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0) FROM chat_cache").fetchone()
-    by = {f"{b}:{m}": k for b, m, k in c.execute("SELECT backend, model, COUNT(*) FROM chat_cache GROUP BY backend, model ORDER BY backend, model")}
+    n, tin, tout = c.execute("SELECT COUNT(*), COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0) FROM "
+                             "chat_cache").fetchone()
+    by = {f"{b}:{m}": k for b, m, k in c.execute("SELECT backend, model, COUNT(*) FROM chat_cache GROUP BY backend, "
+                                                 "model ORDER BY backend, model")}
     size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
     return {"path": str(self.path), "entries": n, "size_bytes": size, "hits": self.hits, "misses": self.misses,
             "writes": self.writes, "tokens_in": tin, "tokens_out": tout, "by_model": by}
@@ -608,7 +636,8 @@ def checkpoint(self: ChatCache) -> None:
 # %% ../nbs/08_llm.ipynb #82756c5d
 @patch
 def close(self: ChatCache) -> None:
-    "Checkpoint, then close this thread's connection and those of ended threads (a running thread's closes when it ends)."
+    """Checkpoint, then close this thread's connection and those of ended threads (a running thread's closes when it
+    ends)."""
     with contextlib.suppress(sqlite3.Error): self.checkpoint()
     me = threading.current_thread()
     with self._lock:
@@ -623,7 +652,8 @@ def close(self: ChatCache) -> None:
 @contextlib.contextmanager
 def _open_cache(cache):
     "The cache to use (None for no cache); one opened here from a path, or the default one, is closed afterwards."
-    c = None if cache is False else ChatCache(cache) if cache is None or isinstance(cache, (str, os.PathLike)) else cache
+    c = None if cache is False else ChatCache(cache) if cache is None or isinstance(cache,
+                                                                                    (str, os.PathLike)) else cache
     try: yield c
     finally:
         if c is not None and c is not cache: c.close()
@@ -668,13 +698,15 @@ def _batch_rows(requests, backend, defaults: Mapping, restricted_datasets=(), pu
     for i, r in enumerate(rows):
         if not isinstance(r, Mapping): raise InputError(f"requests: row {i} is a {type(r).__name__}, not a dict")
         rid = r.get("request_id")
-        if rid is None or is_missing(rid) or str(rid).strip() == "": raise InputError(f"requests: row {i}: missing request_id")
+        if rid is None or is_missing(rid) or str(rid).strip() == "":
+            raise InputError(f"requests: row {i}: missing request_id")
         if rid in seen: raise InputError(f"requests: row {i}: duplicate request_id {rid!r}")
         seen.add(rid)
         try:
             msgs = as_messages(r.get("messages"))
             params = decoding_params(**{k: _value(r, k, defaults[k]) for k in _DECODING_NAMES})
-        except (InputError, TypeError, ValueError) as e: raise InputError(f"requests: row {i} (request_id={rid!r}): {e}") from None
+        except (InputError, TypeError, ValueError) as e:
+            raise InputError(f"requests: row {i} (request_id={rid!r}): {e}") from None
         schema, sample = _value(r, "schema", None), int(_value(r, "sample", 0))
         out.append({"request_id": rid, "messages": msgs, "schema": schema, "params": params, "sample": sample,
                     "restricted": flags[i], "key": request_key(backend, msgs, schema, params, sample)})
@@ -692,13 +724,15 @@ def backoff_delay(attempt: int,                   # the attempt that just failed
     return max(d, min(float(retry_after), cap_s)) if retry_after else d
 
 # %% ../nbs/08_llm.ipynb #ad60b9a2
-_OWN_WORDS = (StructuredOutputError, LLMTimeoutError, LLMConnectionError)  # messages written here, never quoting a request
+# messages written here, never quoting a request
+_OWN_WORDS = (StructuredOutputError, LLMTimeoutError, LLMConnectionError)
 
 def describe_error(exc: BaseException,      # the failure
                    restricted: bool = False, # leave out any text a server could have copied from the request
                    secrets=()               # key values to redact besides the configured ones (see `core.redact`)
                   ) -> str:
-    "A one-line description of a failure; for restricted requests, no text that a server or library could have copied from the request."
+    """A one-line description of a failure; for restricted requests, no text that a server or library could have copied
+    from the request."""
     if restricted and not isinstance(exc, _OWN_WORDS):
         status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
         return type(exc).__name__ + (f" (HTTP {status})" if status else "")
@@ -722,8 +756,10 @@ def _left(deadline: float | None) -> float | None:
 
 def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
              jitter_seed: int, allow: bool, deadline: float | None, watch) -> dict:
-    """Call the back end for one request with retries; store a success in the cache; never raise. No attempt starts after
-    `deadline`; a first attempt that times out while no request of the batch has succeeded (`watch.open`) is not tried again."""
+    """Call the back end for one request with retries; store a success in the cache; never raise. No attempt starts
+    after
+    `deadline`; a first attempt that times out while no request of the batch has succeeded (`watch.open`) is not tried
+    again."""
     g, attempts, tin, tout, t0 = None, 0, 0, 0, time.perf_counter()  # the jitter generator is made at the first retry
     while True:
         attempts += 1
@@ -737,11 +773,13 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
         except Exception as e:
             usage = getattr(e, "usage", None) or {}
             tin, tout = tin + int(usage.get("prompt_tokens") or 0), tout + int(usage.get("completion_tokens") or 0)
-            unanswered = isinstance(e, LLMTimeoutError) and attempts == 1 and watch.open   # the server may not answer at all
+            # the server may not answer at all
+            unanswered = isinstance(e, LLMTimeoutError) and attempts == 1 and watch.open
             spent = deadline is not None and _left(deadline) <= 0
             again = is_retryable(e) and attempts <= retries and not watch.stop.is_set() and not unanswered and not spent
             why = describe_error(e, job["restricted"], _secrets(backend))
-            _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200], "; retrying" if again else "")
+            _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200],
+                      "; retrying" if again else "")
             if again:
                 if g is None: g = rng(int(job["key"][:15], 16) ^ int(jitter_seed))
                 wait_s = backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))
@@ -753,7 +791,8 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
         res = _masked(res, _secrets(backend))   # an echoed key is never stored nor returned
         if cache is not None:
             try: cache.put(job["key"], backend, res)
-            except Exception as e: _log.warning("request %r: answer could not be cached (%s)", job["request_id"], type(e).__name__)
+            except Exception as e:
+                _log.warning("request %r: answer could not be cached (%s)", job["request_id"], type(e).__name__)
         return _ok_row(res, attempts, tin, tout)
 
 def _ok_row(res: ChatResult, attempts: int = 0, tin: int = 0, tout: int = 0) -> dict:
@@ -773,7 +812,9 @@ def price_per_1m(model: str, # the model's name
         df = as_pandas(prices, "prices")
         prices = {r["model"]: (r["input_per_1m"], r["output_per_1m"]) for r in df.to_dict("records")}
     p = prices.get(model, prices.get("*"))
-    if p is None: raise InputError(f"prices: no entry for model {model!r} (have: {sorted(map(str, prices))}); give {{model: (input_per_1m, output_per_1m)}}")
+    if p is None:
+        raise InputError(f"prices: no entry for model {model!r} (have: {sorted(map(str, prices))}); give "
+                         f"{{model: (input_per_1m, output_per_1m)}}")
     if isinstance(p, Mapping): p = (p.get("input_per_1m", p.get("input")), p.get("output_per_1m", p.get("output")))
     return float(p[0]), float(p[1])
 
@@ -792,12 +833,13 @@ def batch_summary(df: pd.DataFrame # the per-request table of a batch (`BatchRun
     cached = df["cached"].astype(bool)
     called = ~cached & (df["status"] != "pending")  # a pending row (a batch-file collector) was not sent
     cost = pd.to_numeric(df["cost"], errors="coerce")
-    return {"requests": len(df), "ok": int((df["status"] == "ok").sum()), "failed": int((df["status"] == "failed").sum()),
-            "pending": int((df["status"] == "pending").sum()),
+    return {"requests": len(df), "ok": int((df["status"] == "ok").sum()),
+            "failed": int((df["status"] == "failed").sum()), "pending": int((df["status"] == "pending").sum()),
             "cached": int(cached.sum()), "called": int(called.sum()), "attempts": int(df["attempts"].sum()),
             "tokens_in": int(df["tokens_in"].sum()), "tokens_out": int(df["tokens_out"].sum()),
-            "tokens_in_called": int(df.loc[called, "tokens_in"].sum()), "tokens_out_called": int(df.loc[called, "tokens_out"].sum()),
-            "cost_usd": float(cost.sum(min_count=1)), "cost_called_usd": float(cost[called].sum(min_count=1)) if called.any() else 0.0}
+            "tokens_in_called": int(df.loc[called, "tokens_in"].sum()),
+            "tokens_out_called": int(df.loc[called, "tokens_out"].sum()), "cost_usd": float(cost.sum(min_count=1)),
+            "cost_called_usd": float(cost[called].sum(min_count=1)) if called.any() else 0.0}
 
 # %% ../nbs/08_llm.ipynb #e24a98c9
 def format_summary(s: Mapping # a batch summary (`batch_summary`, optionally with `wall_s`)
@@ -807,7 +849,8 @@ def format_summary(s: Mapping # a batch summary (`batch_summary`, optionally wit
     wall = f" in {s['wall_s']:.1f} s" if pd.notna(s.get("wall_s", float("nan"))) else ""
     return (f"{s['requests']} requests{wall}: {s['ok']} ok, {s['failed']} failed, "
             + (f"{s['pending']} pending, " if s.get('pending') else "") + f"{s['cached']} from cache; "
-            f"tokens {s['tokens_in']} in / {s['tokens_out']} out (this run {s['tokens_in_called']} / {s['tokens_out_called']}){cost}")
+            f"tokens {s['tokens_in']} in / {s['tokens_out']} out (this run {s['tokens_in_called']} / "
+            f"{s['tokens_out_called']}){cost}")
 
 # %% ../nbs/08_llm.ipynb #c0ac14ad
 @dataclass(frozen=True, eq=False)
@@ -823,7 +866,8 @@ class BatchRun:
     def n_failed(self) -> int: return int((self.rows["status"] == "failed").sum())
     @property
     def n_pending(self) -> int:
-        "Requests waiting for a batch file's results (recorded by a collector such as `llm_batch.BatchCollector`, not sent)."
+        """Requests waiting for a batch file's results (recorded by a collector such as `llm_batch.BatchCollector`, not
+        sent)."""
         return int((self.rows["status"] == "pending").sum())
     @property
     def nothing_succeeded(self) -> bool:
@@ -855,21 +899,25 @@ class BatchRun:
 
 # %% ../nbs/08_llm.ipynb #67567fe5
 class _Progress:
-    "A tqdm bar over a batch's requests on a terminal (`True`), or a progress line on stderr with rate and ETA (`\"line\"`)."
+    """A tqdm bar over a batch's requests on a terminal (`True`), or a progress line on stderr with rate and ETA
+    (`\"line\"`)."""
     def __init__(self, total: int, mode=True, label: str = "llm batch", stream=None):
         self.total, self.label, self.stream = total, label, stream or sys.stderr
         self.on, self.done, self.ok, self.failed, self.cached, self.called = bool(mode) and total > 0, 0, 0, 0, 0, 0
         self.t0, self.last = time.perf_counter(), 0.0
-        self.live = getattr(self.stream, "isatty", lambda: False)() or type(self.stream).__module__.startswith("ipykernel")
+        self.live = getattr(self.stream, "isatty",
+                            lambda: False)() or type(self.stream).__module__.startswith("ipykernel")
         self.bar = None
         if self.on and mode in (True, "tqdm") and importlib.util.find_spec("tqdm"):
-            from tqdm import tqdm  # disable=None: drawn only when the stream is a terminal (silent in tests, logs and docs)
+            # disable=None: drawn only when the stream is a terminal (silent in tests, logs and docs)
+            from tqdm import tqdm
             self.bar, self.on = tqdm(total=total, desc=label, unit="req", file=self.stream, disable=None), False
 
     def update(self, row: Mapping):
         self.done += 1; self.ok += row["status"] == "ok"; self.failed += row["status"] == "failed"
         self.cached += bool(row["cached"]); self.called += not row["cached"] and row["status"] != "pending"
-        if self.bar is not None: self.bar.update(1); self.bar.set_postfix(failed=self.failed, cached=self.cached, refresh=False)
+        if self.bar is not None:
+            self.bar.update(1); self.bar.set_postfix(failed=self.failed, cached=self.cached, refresh=False)
         self.show()
 
     def line(self) -> str:
@@ -885,12 +933,14 @@ class _Progress:
         now = time.perf_counter()
         if not final and now - self.last < (0.2 if self.live else 10.0): return
         self.last = now
-        print(("\r" if self.live else "") + self.line(), end="\n" if final or not self.live else "", file=self.stream, flush=True)
+        print(("\r" if self.live else "") + self.line(), end="\n" if final or not self.live else "", file=self.stream,
+              flush=True)
 
     def close(self, summary: str | None = None):
         if self.bar is not None: self.bar.close()
         self.show(final=True)
-        if summary and (self.on or (self.bar is not None and not self.bar.disable)): print(f"{self.label}: {summary}", file=self.stream, flush=True)
+        if summary and (self.on or (self.bar is not None and not self.bar.disable)):
+            print(f"{self.label}: {summary}", file=self.stream, flush=True)
 
 # %% ../nbs/08_llm.ipynb #7b9710c6
 def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, fail_fast: int, *args) -> tuple[dict, _Progress]:
@@ -923,8 +973,8 @@ class _StartWatch:
             self.open = False
             if same:
                 self.error = BatchAbortedError(
-                    f"llm batch stopped: its first {self.n} requests all failed ({self.errors[0][:300]}); nothing more was sent. "
-                    "Check the server, its URL, key and model, then run again (answers so far are cached).")
+                    f"llm batch stopped: its first {self.n} requests all failed ({self.errors[0][:300]}); nothing more "
+                    "was sent. Check the server, its URL, key and model, then run again (answers so far are cached).")
                 self.stop.set()
 
 def _watched(watch: _StartWatch, job: dict, *args) -> dict | None:
@@ -940,7 +990,8 @@ def _stopped_note(results: dict, bar: _Progress) -> None:
           "run the same batch again to finish the rest.", file=sys.stderr, flush=True)
 
 def _run_inline(todo: list, backend, cache, results: dict, bar: _Progress, watch: _StartWatch, *args) -> None:
-    "Answer `todo` one by one in this thread (a back end with no I/O, one request at a time): the pool's rows, without its thread hand-offs."
+    """Answer `todo` one by one in this thread (a back end with no I/O, one request at a time): the pool's rows,
+    without its thread hand-offs."""
     try:
         for j in todo:
             row = _watched(watch, j, backend, cache, *args)
@@ -950,7 +1001,8 @@ def _run_inline(todo: list, backend, cache, results: dict, bar: _Progress, watch
         _stopped_note(results, bar); raise
 
 def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_concurrency: int, fail_fast: int, *args) -> None:
-    "Run `todo` on a thread pool, filling `results` as answers arrive; on Ctrl-C, or a start that fails throughout, cancel what has not started."
+    """Run `todo` on a thread pool, filling `results` as answers arrive; on Ctrl-C, or a start that fails throughout,
+    cancel what has not started."""
     if not todo: return
     prepare = getattr(backend, "prepare", None)
     if callable(prepare): prepare()  # e.g. a missing `llm` extra: raise before any call
@@ -1010,7 +1062,7 @@ def run_batch(requests,                              # list of dicts or a table:
               top_k: int | None = None,              # default top-k (None: not set)
               prices=None,                           # price table for the cost column (see `price_per_1m`)
               allow_remote_restricted: bool = False, # opt in to sending restricted requests off this machine
-              restricted_datasets=(),                # datasets whose rows are restricted besides `corpus.RESTRICTED_DATASETS`
+              restricted_datasets=(),          # datasets whose rows are restricted besides `corpus.RESTRICTED_DATASETS`
               public_datasets=(),                    # datasets declared public (other unknown names are held back)
               fail_fast: int = 5,                    # stop when the first this many requests all fail alike (0: never)
               backoff_s: float = 1.0,                # wait after the first failure, before jitter
@@ -1021,19 +1073,23 @@ def run_batch(requests,                              # list of dicts or a table:
     "Run chat requests with a durable cache, bounded concurrency and retries; one result row per request."
     t0 = time.perf_counter()
     defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
-    if fail_fast is None or int(fail_fast) < 0: raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
+    if fail_fast is None or int(fail_fast) < 0:
+        raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
     deadline = run_deadline(budget_s)
     rows = _batch_rows(requests, backend, defaults, restricted_datasets, public_datasets)
     restricted = [r for r in rows if r["restricted"]]
-    check_restricted(backend, len(restricted), allow_remote_restricted, restricted[0]["request_id"] if restricted else None)
+    check_restricted(backend, len(restricted), allow_remote_restricted,
+                     restricted[0]["request_id"] if restricted else None)
     price = price_per_1m(getattr(backend, "model", ""), prices)
     with _open_cache(cache) as c:
-        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s, backoff_s,
-                                    max_backoff_s, jitter_seed, allow_remote_restricted, deadline)
+        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s,
+                                    backoff_s, max_backoff_s, jitter_seed, allow_remote_restricted, deadline)
         run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
         if accept is not None and c is not None: _forget_refused(run.rows, c, accept)
     bar.close(run.headline())
-    if run.n_failed: _log.warning("llm batch: %d of %d requests failed%s", run.n_failed, len(run), " (none succeeded)" if run.nothing_succeeded else "")
+    if run.n_failed:
+        _log.warning("llm batch: %d of %d requests failed%s", run.n_failed, len(run),
+                     " (none succeeded)" if run.nothing_succeeded else "")
     return run
 
 # %% ../nbs/08_llm.ipynb #63dcab23
@@ -1068,14 +1124,16 @@ class OpenAIChat(ChatBackend):
                  client_kwargs: Mapping | None = None, # passed to the openai client (e.g. azure_ad_token_provider)
                  sends_top_k: bool | None = None       # send top-k (`extra_body`); None: to every server but OpenAI and Azure, which reject it
                 ):
-        if structured not in STRUCTURED_MODES: raise InputError(f"OpenAIChat: structured must be one of {STRUCTURED_MODES}, not {structured!r}")
+        if structured not in STRUCTURED_MODES:
+            raise InputError(f"OpenAIChat: structured must be one of {STRUCTURED_MODES}, not {structured!r}")
         self.model, self.structured, self.strict, self.client_kwargs = model, structured, strict, dict(client_kwargs or {})
         self.is_azure = bool(azure or azure_endpoint)
         if self.is_azure:
             self._endpoint = azure_endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
             self.api_version = api_version or os.environ.get("OPENAI_API_VERSION")
             if not self.endpoint or not self.api_version:
-                raise InputError("OpenAIChat (Azure): give azure_endpoint= and api_version= or set AZURE_OPENAI_ENDPOINT and OPENAI_API_VERSION")
+                raise InputError("OpenAIChat (Azure): give azure_endpoint= and api_version= or set "
+                                 "AZURE_OPENAI_ENDPOINT and OPENAI_API_VERSION")
             key = api_key or os.environ.get("AZURE_OPENAI_API_KEY")
         else:
             self._endpoint = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
@@ -1087,21 +1145,28 @@ class OpenAIChat(ChatBackend):
         self._api_key, self._client, self._lock, self._probe_lock = key, None, threading.Lock(), threading.Lock()
         self.max_tokens_param = max_tokens_param if max_tokens_param != "auto" else (
             "max_completion_tokens" if self.is_azure or _is_openai_host(self.endpoint) else "max_tokens")
-        self.structured_mode_ = structured if structured != "auto" else ("json_schema" if self.is_azure or _is_openai_host(self.endpoint) else None)
+        self.structured_mode_ = structured if structured != "auto" else ("json_schema" if self.is_azure
+                                                                         or _is_openai_host(self.endpoint) else None)
         # vLLM, llama.cpp, SGLang and Ollama's OpenAI layer read top_k from the body; OpenAI and Azure answer 400 to it
-        self.sends_top_k = (not (self.is_azure or _is_openai_host(self.endpoint))) if sends_top_k is None else bool(sends_top_k)
+        self.sends_top_k = (not (self.is_azure
+                                 or _is_openai_host(self.endpoint))) if sends_top_k is None else bool(sends_top_k)
         self.top_k_dropped_ = 0   # requests whose top-k was not sent (a server that would reject it)
 
     kind = property(lambda self: "azure-openai" if self.is_azure else "openai")
-    endpoint = property(lambda self: self._endpoint, doc="The server URL given (read-only: the client is made from it).")
-    def identity(self) -> dict: return {"kind": self.kind, "model": self.model, "structured": self.structured, "endpoint": safe_url(self._endpoint)}
+    endpoint = property(lambda self: self._endpoint,
+                        doc="The server URL given (read-only: the client is made from it).")
+    def identity(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "structured": self.structured,
+                "endpoint": safe_url(self._endpoint)}
     def target_url(self) -> str:
-        "The URL requests really go to: the client's own base URL once the client exists, else the one it will be made with."
+        """The URL requests really go to: the client's own base URL once the client exists, else the one it will be
+        made with."""
         return str(self._client.base_url) if self._client is not None else self._endpoint
     def prepare(self) -> "OpenAIChat":
         "Make the client now (a missing `llm` extra raises here, before any request)."
         self.client(); return self
-    def __repr__(self): return f"OpenAIChat({self.model!r}, endpoint={safe_url(self.endpoint)!r}, structured={self.structured!r})"
+    def __repr__(self):
+        return f"OpenAIChat({self.model!r}, endpoint={safe_url(self.endpoint)!r}, structured={self.structured!r})"
 
     @classmethod
     def azure(cls, deployment: str,                # the Azure deployment name
@@ -1129,7 +1194,8 @@ def client(self: OpenAIChat):
             if is_loopback_url(self.endpoint) and "http_client" not in kw:
                 hc = _no_proxy_http_client(openai)
                 if hc is not None: kw["http_client"] = hc
-            self._client = (openai.AzureOpenAI(azure_endpoint=self.endpoint, api_version=self.api_version, **kw) if self.is_azure
+            self._client = (openai.AzureOpenAI(azure_endpoint=self.endpoint, api_version=self.api_version, **kw)
+                            if self.is_azure
                             else openai.OpenAI(base_url=self.endpoint, **kw))
         return self._client
 
@@ -1142,8 +1208,10 @@ def _request(self: OpenAIChat, msgs: list, schema, mode: str | None, temperature
     if top_p is not None: kw["top_p"] = top_p
     if top_k is not None and self.sends_top_k: kw["extra_body"] = {"top_k": top_k}
     elif top_k is not None:
-        if not self.top_k_dropped_: warnings.warn(f"OpenAIChat: top_k={top_k} is not sent to {safe_url(self.endpoint)} (OpenAI and Azure "
-                                                  "reject it); the paper's top-k sampling is not reproduced there", UserWarning, stacklevel=3)
+        if not self.top_k_dropped_:
+            warnings.warn(f"OpenAIChat: top_k={top_k} is not sent to {safe_url(self.endpoint)} (OpenAI and Azure "
+                                                  "reject it); the paper's top-k sampling is not reproduced there",
+                          UserWarning, stacklevel=3)
         self.top_k_dropped_ += 1
     if timeout_s is not None: kw["timeout"] = timeout_s
     if schema is None: return kw
@@ -1171,24 +1239,31 @@ def _send(self: OpenAIChat, kw: dict) -> ChatResult:
     openai = optional_import("openai", "llm", "OpenAIChat")
     t0 = time.perf_counter()
     try: resp = self.client().chat.completions.create(**kw)
-    except openai.APITimeoutError: raise LLMTimeoutError(f"no answer from {safe_url(self.endpoint)} within {kw.get('timeout')} s") from None
-    except openai.APIConnectionError: raise LLMConnectionError(f"could not connect to {safe_url(self.endpoint)}") from None
+    except openai.APITimeoutError:
+        raise LLMTimeoutError(f"no answer from {safe_url(self.endpoint)} within {kw.get('timeout')} s") from None
+    except openai.APIConnectionError:
+        raise LLMConnectionError(f"could not connect to {safe_url(self.endpoint)}") from None
     except openai.APIStatusError as e:
         raise LLMHTTPError(e.status_code, redact(_server_message(e), _secrets(self)), _retry_after(e)) from None
     except (openai.APIResponseValidationError, ValueError) as e:  # HTTP 200 with a body that is not JSON
-        raise LLMReplyError(f"{safe_url(self.endpoint)} answered with a body that is not a chat completion ({type(e).__name__})") from None
+        raise LLMReplyError(f"{safe_url(self.endpoint)} answered with a body that is not a chat completion "
+                            f"({type(e).__name__})") from None
     return _reply_result(resp, self, time.perf_counter() - t0)
 
 def _reply_result(resp, backend, latency_s: float) -> ChatResult:
     "A chat-completion response as a `ChatResult`; an `LLMReplyError` (retried) when it has no choices or no content."
     where, choices = safe_url(backend.endpoint), getattr(resp, "choices", None)
-    if not isinstance(choices, list) or not choices: raise LLMReplyError(f"{where} answered without choices (not a chat completion)")
+    if not isinstance(choices, list) or not choices:
+        raise LLMReplyError(f"{where} answered without choices (not a chat completion)")
     choice, u = choices[0], getattr(resp, "usage", None)
     content = getattr(getattr(choice, "message", None), "content", None)
     if not isinstance(content, str) or not content.strip():
-        raise LLMReplyError(f"{where} answered with no content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
-    usage = {"prompt_tokens": int(getattr(u, "prompt_tokens", 0) or 0), "completion_tokens": int(getattr(u, "completion_tokens", 0) or 0)}
-    return ChatResult(content, None, usage, latency_s, getattr(resp, "model", None) or backend.model, choice.finish_reason)
+        raise LLMReplyError(f"{where} answered with no content "
+                            f"(finish_reason={getattr(choice, 'finish_reason', None)!r})")
+    usage = {"prompt_tokens": int(getattr(u, "prompt_tokens", 0) or 0),
+             "completion_tokens": int(getattr(u, "completion_tokens", 0) or 0)}
+    return ChatResult(content, None, usage, latency_s, getattr(resp, "model", None) or backend.model,
+                      choice.finish_reason)
 
 # %% ../nbs/08_llm.ipynb #e2ee9323
 @patch
@@ -1215,7 +1290,8 @@ def _probe(self: OpenAIChat, msgs, schema, dec) -> ChatResult:
         try: res = self._send(self._request(msgs, schema, mode, **dec))
         except LLMHTTPError as e:
             if mode == "prompt" or not _mode_refused(e): raise
-            _log.info("OpenAIChat(%r): structured mode %s refused (HTTP %s); trying the next", self.model, mode, e.status)
+            _log.info("OpenAIChat(%r): structured mode %s refused (HTTP %s); trying the next", self.model, mode,
+                      e.status)
             continue
         self.structured_mode_ = mode
         _log.info("OpenAIChat(%r): structured mode %s", self.model, mode)
@@ -1230,7 +1306,8 @@ def batch_body(self: OpenAIChat, messages,           # a text, or a list of {rol
               ) -> dict:
     "The JSON body this back end would send to `/chat/completions` for one request (no client is made)."
     dec = decoding_params(**(params or {}))
-    kw = self._request(as_messages(messages), schema, mode or self.structured_mode_ or "json_schema", **dec, timeout_s=None)
+    kw = self._request(as_messages(messages), schema, mode or self.structured_mode_ or "json_schema", **dec,
+                       timeout_s=None)
     return {**{k: v for k, v in kw.items() if k != "extra_body"}, **kw.get("extra_body", {})}
 
 # %% ../nbs/08_llm.ipynb #f3323fdb
@@ -1240,9 +1317,12 @@ def _free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0)); return s.getsockname()[1]
 
 def _completion_json(res: ChatResult, model: str) -> dict:
-    return {"id": "chatcmpl-local", "object": "chat.completion", "created": int(time.time()), "model": res.model or model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text}, "finish_reason": res.finish_reason or "stop"}],
-            "usage": {"prompt_tokens": res.tokens_in, "completion_tokens": res.tokens_out, "total_tokens": res.tokens_in + res.tokens_out}}
+    return {"id": "chatcmpl-local", "object": "chat.completion", "created": int(time.time()),
+            "model": res.model or model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
+                         "finish_reason": res.finish_reason or "stop"}],
+            "usage": {"prompt_tokens": res.tokens_in, "completion_tokens": res.tokens_out,
+                      "total_tokens": res.tokens_in + res.tokens_out}}
 
 def _request_schema(body: Mapping) -> dict | None:
     rf = body.get("response_format") or {}
@@ -1262,18 +1342,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         ep = self.server.endpoint
-        if self.path.rstrip("/").endswith("/models"): return self._reply(200, {"object": "list", "data": [{"id": ep.backend.model, "object": "model"}]})
+        if self.path.rstrip("/").endswith("/models"):
+            return self._reply(200, {"object": "list", "data": [{"id": ep.backend.model, "object": "model"}]})
         self._reply(404, {"error": {"message": "not found"}})
 
     def do_POST(self):
         ep = self.server.endpoint
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         with ep._lock: ep.n_requests += 1
-        if not self.path.rstrip("/").endswith("/chat/completions"): return self._reply(404, {"error": {"message": "not found"}})
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._reply(404, {"error": {"message": "not found"}})
         if body.get("stream"): return self._reply(400, {"error": {"message": "streaming is not supported"}})
         try:
-            res = ep.backend.chat(body["messages"], schema=_request_schema(body), temperature=body.get("temperature") or 0.0,
-                                  seed=body.get("seed"), max_tokens=body.get("max_tokens") or body.get("max_completion_tokens") or 1024,
+            res = ep.backend.chat(body["messages"], schema=_request_schema(body),
+                                  temperature=body.get("temperature") or 0.0, seed=body.get("seed"),
+                                  max_tokens=body.get("max_tokens") or body.get("max_completion_tokens") or 1024,
                                   top_p=body.get("top_p"), top_k=body.get("top_k"))
         except StructuredOutputError as e: res = ChatResult(e.text or "", None, e.usage, 0.0, ep.backend.model, "stop")
         except LLMHTTPError as e: return self._reply(e.status, {"error": {"message": str(e)}})
@@ -1287,7 +1370,8 @@ class LocalEndpoint:
                        host: str = '127.0.0.1', # a loopback address
                        port: int = 0            # 0: a free port
                 ):
-        if not is_loopback_url(f"http://{host}"): raise InputError(f"LocalEndpoint: binds loopback addresses only, not {host!r}")
+        if not is_loopback_url(f"http://{host}"):
+            raise InputError(f"LocalEndpoint: binds loopback addresses only, not {host!r}")
         self.backend, self.n_requests, self._lock = backend, 0, threading.Lock()
         self._server = http.server.ThreadingHTTPServer((host, port), _Handler)
         self._server.daemon_threads, self._server.endpoint = True, self
@@ -1341,7 +1425,8 @@ class TransformersChat(ChatBackend):
 _GGUF_LOAD = threading.Lock()   # one GGUF load at a time changes the gguf module (below)
 
 def _plain_gguf_reader(base):
-    """gguf's `GGUFReader` class `base`, reading the file through a plain array view of its memory map: the same fields and
+    """gguf's `GGUFReader` class `base`, reading the file through a plain array view of its memory map: the same fields
+    and
     tensors, parsed about 3 times faster (the header holds ~100,000 vocabulary strings, and slicing a `np.memmap` costs
     several times a plain array's, as each slice is wrapped in a new memmap object)."""
     import numpy as np
@@ -1354,9 +1439,10 @@ def _plain_gguf_reader(base):
 
 @contextlib.contextmanager
 def _gguf_read_once():
-    """While loading a GGUF file: its header parsed once (`_plain_gguf_reader`), and gguf's tensor-name table built once per architecture.
-    (transformers parses the whole header, vocabulary included, for the config, the tokenizer and the weights, and rebuilds
-    the name table for every submodule of the model; the weights and the tokenizer are the same either way.)"""
+    """While loading a GGUF file: its header parsed once (`_plain_gguf_reader`), and gguf's tensor-name table built once
+    per architecture.
+    (transformers parses the whole header, vocabulary included, for the config, the tokenizer and the weights, and
+    rebuilds the name table for every submodule of the model; the weights and the tokenizer are the same either way.)"""
     import gguf
     with _GGUF_LOAD:
         make_reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -1393,8 +1479,11 @@ def _generate(self: TransformersChat, msgs: list, temperature: float, seed, max_
     tok, model = self.tokenizer_, self.model_
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     enc = {k: v.to(self.device) for k, v in enc.items()}
-    kw = {"max_new_tokens": int(max_tokens), "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id}
-    if temperature > 0: kw.update(do_sample=True, temperature=float(temperature), top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k)
+    kw = {"max_new_tokens": int(max_tokens), "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None
+          else tok.eos_token_id}
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=float(temperature), top_p=1.0 if top_p is None else top_p,
+                  top_k=0 if top_k is None else top_k)
     else: kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     devices = [] if str(self.device) == "cpu" else [torch.device(self.device).index or 0]
     with self._lock, torch.random.fork_rng(devices=devices), torch.inference_mode():
@@ -1419,7 +1508,8 @@ def _wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float, log_path:
     while time.monotonic() < t_end:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-            raise RuntimeError(f"the server exited with code {proc.returncode} before answering; its log ends with:\n{tail}")
+            raise RuntimeError(f"the server exited with code {proc.returncode} before answering; its log ends "
+                               f"with:\n{tail}")
         try:
             with opener.open(url, timeout=2) as r:
                 if r.status == 200: return
@@ -1433,15 +1523,17 @@ def local_llama_server(model_path: str | os.PathLike,            # a .gguf file
                        host: str = '127.0.0.1',                  # loopback only
                        n_ctx: int = 2048,                        # context length
                        logits_all: bool = False,                 # keep logits for every prompt token (only log-probabilities need them)
-                       extra_args: Iterable[str] = (),           # more llama_cpp.server options, e.g. ("--n_threads", "2")
+                       extra_args: Iterable[str] = (),        # more llama_cpp.server options, e.g. ("--n_threads", "2")
                        startup_timeout_s: float = 180,           # seconds to wait for the server to answer
                        log_path: str | os.PathLike | None = None # server output (default: a temporary file)
                       ):
     "Run llama.cpp's OpenAI-compatible server for a GGUF file on loopback; yield a `LocalServer`; stop it afterwards."
-    if not is_loopback_url(f"http://{host}"): raise InputError(f"local_llama_server: binds loopback addresses only, not {host!r}")
+    if not is_loopback_url(f"http://{host}"):
+        raise InputError(f"local_llama_server: binds loopback addresses only, not {host!r}")
     if not Path(model_path).is_file(): raise InputError(f"local_llama_server: model file not found: {model_path}")
     if importlib.util.find_spec("llama_cpp") is None:
-        raise ImportError('local_llama_server needs llama-cpp-python with its server extra: pip install "llama-cpp-python[server]"')
+        raise ImportError('local_llama_server needs llama-cpp-python with its server extra: pip install '
+                          '"llama-cpp-python[server]"')
     port = port or _free_port(host)
     tmp = None if log_path else tempfile.TemporaryDirectory()
     log_path = Path(log_path) if log_path else Path(tmp.name) / "llama_server.log"

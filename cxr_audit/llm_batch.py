@@ -15,7 +15,8 @@ import pandas as pd
 from fastcore.basics import patch
 
 from .core import InputError, sha256_text, write_manifest
-from .llm import (ChatBackend, ChatCache, ChatResult, LLMError, LLMHTTPError, LLMReplyError, RestrictedDataError,
+from .llm import (ChatBackend, ChatCache, ChatResult, LLMError, LLMHTTPError, LLMReplyError,
+                           RestrictedDataError,
                   StructuredOutputError, as_messages, backend_identity, canonical_json, decoding_params, describe_error,
                   parse_structured, schema_json, schema_name)
 
@@ -51,23 +52,27 @@ def request_body(backend,                       # any back end
                  schema=None,                   # a pydantic model (or JSON schema) the reply must follow
                  params: Mapping | None = None  # decoding parameters (see `llm.decoding_params`)
                 ) -> dict:
-    "The chat-completions body for one request: the back end's own (`batch_body`), else a plain one in `json_schema` mode."
+    """The chat-completions body for one request: the back end's own (`batch_body`), else a plain one in `json_schema`
+    mode."""
     own = getattr(backend, "batch_body", None)
     if callable(own): return own(messages, schema, params)
     dec = decoding_params(**(params or {}))
-    body = {"model": str(getattr(backend, "model", "") or ""), "messages": as_messages(messages), "temperature": dec["temperature"],
-            "max_tokens": dec["max_tokens"], **{k: dec[k] for k in ("seed", "top_p", "top_k") if dec[k] is not None}}
+    body = {"model": str(getattr(backend, "model", "") or ""), "messages": as_messages(messages),
+            "temperature": dec["temperature"], "max_tokens": dec["max_tokens"],
+            **{k: dec[k] for k in ("seed", "top_p", "top_k") if dec[k] is not None}}
     if schema is None: return body
-    return {**body, "response_format": {"type": "json_schema", "json_schema": {"name": schema_name(schema), "schema": schema_json(schema)}}}
+    return {**body, "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": schema_name(schema), "schema": schema_json(schema)}}}
 
 # %% ../nbs/08a_llm_batch.ipynb #7cb5c332
-_ROW = {"status": "pending", "attempts": 0, "error": None, "text": None, "parsed": None, "tokens_in": 0, "tokens_out": 0,
-        "cached": False, "latency_s": 0.0, "model": None, "finish_reason": None}
+_ROW = {"status": "pending", "attempts": 0, "error": None, "text": None, "parsed": None, "tokens_in": 0,
+        "tokens_out": 0, "cached": False, "latency_s": 0.0, "model": None, "finish_reason": None}
 
 class BatchCollector(ChatBackend):
-    "Stands in for a back end in a run: cached answers are used, every other request is recorded for a batch file (a `pending` row)."
+    """Stands in for a back end in a run: cached answers are used, every other request is recorded for a batch file (a
+    `pending` row)."""
     def __init__(self, backend,     # the back end whose requests are collected (OpenAIChat, ...)
-                 cache,             # the ChatCache (or its path) the run uses: answers are read from it, requests recorded in it
+                 cache,    # the ChatCache (or its path) the run uses: answers are read from it, requests recorded in it
                  retries: int = 0   # how many times a request whose reply failed is recorded again before it counts as failed
                 ):
         self.backend, self.retries, self.recorded = backend, int(retries), 0
@@ -80,11 +85,13 @@ class BatchCollector(ChatBackend):
     def identity(self) -> dict: return backend_identity(self.backend)
     def __repr__(self): return f"BatchCollector({self.backend!r}, {str(self._cache.path)!r})"
     def _complete(self, msgs: list, schema, dec: dict) -> ChatResult:
-        raise LLMError("BatchCollector: single calls are not collected; run requests through llm.run_batch (or a run that uses it)")
+        raise LLMError("BatchCollector: single calls are not collected; run requests through llm.run_batch (or a run "
+                       "that uses it)")
 
 # %% ../nbs/08a_llm_batch.ipynb #8576f458
 def _failure_errors(con, key: str) -> list[str]:
-    return [r[0] for r in con.execute("SELECT error FROM batch_failures WHERE key=? ORDER BY imported_utc, line_sha", (key,))]
+    return [r[0] for r in con.execute("SELECT error FROM batch_failures WHERE key=? ORDER BY imported_utc, line_sha",
+                                      (key,))]
 
 def _invalid_stored(cache: ChatCache, job: Mapping) -> str | None:
     "The error of a stored reply that does not validate against the request's schema (None when there is none)."
@@ -92,24 +99,29 @@ def _invalid_stored(cache: ChatCache, job: Mapping) -> str | None:
     res = cache.get(job["key"])
     try: parse_structured(res.text, job["schema"])
     except StructuredOutputError as e:
-        if res.finish_reason == "length": e.args = (f"{e.args[0]} (the reply was cut at max_tokens={job['params']['max_tokens']})",)
+        if res.finish_reason == "length":
+            e.args = (f"{e.args[0]} (the reply was cut at max_tokens={job['params']['max_tokens']})",)
         return describe_error(e, job["restricted"])
     return None
 
 def _record(con, backend, job: Mapping, again: bool) -> None:
     ident = backend_identity(backend)
     # the body as the live client sends it: key order kept (a schema's property order steers the reply's field order)
-    body = json.dumps(request_body(backend, job["messages"], job["schema"], job["params"]), ensure_ascii=False, separators=(",", ":"))
-    con.execute("INSERT OR IGNORE INTO batch_requests (key, kind, model, body_json, schema_json, restricted, state, recorded_utc) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)", (job["key"], str(ident.get("kind", "")), str(ident.get("model", "")), body,
-                None if job["schema"] is None else canonical_json(schema_json(job["schema"])), int(bool(job["restricted"])), _now()))
+    body = json.dumps(request_body(backend, job["messages"], job["schema"], job["params"]), ensure_ascii=False,
+                      separators=(",", ":"))
+    con.execute("INSERT OR IGNORE INTO batch_requests (key, kind, model, body_json, schema_json, restricted, state, "
+                "recorded_utc) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+                (job["key"], str(ident.get("kind", "")), str(ident.get("model", "")), body,
+                None if job["schema"] is None else canonical_json(schema_json(job["schema"])),
+                 int(bool(job["restricted"])), _now()))
     if again: con.execute("UPDATE batch_requests SET state='pending' WHERE key=? AND state='exported'", (job["key"],))
 
 # %% ../nbs/08a_llm_batch.ipynb #93f945df
 @patch
 def defer(self: BatchCollector, job: Mapping # one request of `llm.run_batch` (key, messages, schema, params, restricted)
          ) -> dict:
-    "A request that is not in the cache: recorded for the next batch file (`pending`), or `failed` once its retries are used up."
+    """A request that is not in the cache: recorded for the next batch file (`pending`), or `failed` once its retries
+    are used up."""
     bad = _invalid_stored(self._cache, job)
     if bad is not None: return {**_ROW, "status": "failed", "attempts": 1, "error": bad}
     with self._cache.transaction() as con:
@@ -133,7 +145,9 @@ def _split(lines: list[str], max_lines: int, max_bytes: int) -> list[list[str]]:
     groups, cur, size = [], [], 0
     for line in lines:
         n = len(line.encode()) + 1
-        if n > max_bytes: raise InputError(f"export_batch: one request is {n} bytes, over max_bytes={max_bytes} (custom_id {json.loads(line)['custom_id']})")
+        if n > max_bytes:
+            raise InputError(f"export_batch: one request is {n} bytes, over max_bytes={max_bytes} (custom_id "
+                             f"{json.loads(line)['custom_id']})")
         if cur and (len(cur) >= max_lines or size + n > max_bytes): groups.append(cur); cur, size = [], 0
         cur.append(line); size += n
     return groups + ([cur] if cur else [])
@@ -166,8 +180,10 @@ def export_batch(cache,                          # the ChatCache (or its path) t
                  again: bool = False,            # also write requests already exported and still unanswered
                  allow_restricted: bool = False  # write restricted requests too (the file stays here, or your agreement covers the provider)
                 ) -> pd.DataFrame:
-    "Write the recorded, unanswered requests as OpenAI batch JSONL files (one model per file, split under the limits) and a manifest."
-    if int(max_lines) < 1 or int(max_bytes) < 1: raise InputError("export_batch: max_lines and max_bytes must be positive")
+    """Write the recorded, unanswered requests as OpenAI batch JSONL files (one model per file, split under the limits)
+    and a manifest."""
+    if int(max_lines) < 1 or int(max_bytes) < 1:
+        raise InputError("export_batch: max_lines and max_bytes must be positive")
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     with open_ledger(cache) as c, c.transaction() as con:
         rows = _to_export(con, again)
@@ -175,16 +191,17 @@ def export_batch(cache,                          # the ChatCache (or its path) t
         held = [r[0] for r in rows if r[4]]
         if held and not allow_restricted:
             raise RestrictedDataError(
-                f"export_batch: {len(held)} of the {len(rows)} requests waiting are restricted data (first: {held[0]}); a batch "
-                "file goes to a provider off this machine. Run them against a local server instead, or pass "
-                "allow_restricted=True (--allow-restricted) if the file stays here (vllm run-batch) or your data use agreement "
-                "covers the provider. Nothing was written.")
+                f"export_batch: {len(held)} of the {len(rows)} requests waiting are restricted data (first: "
+                f"{held[0]}); a batch file goes to a provider off this machine. Run them against a local server "
+                "instead, or pass allow_restricted=True (--allow-restricted) if the file stays here (vllm run-batch) "
+                "or your data use agreement covers the provider. Nothing was written.")
         stem = "batch-" + sha256_text("\n".join(r[0] for r in rows))[:12]
         by_model = {}
         for key, kind, model, body, _ in rows: by_model.setdefault(model, []).append(_line(key, kind, body))
         groups = [(m, g) for m, lines in by_model.items() for g in _split(lines, int(max_lines), int(max_bytes))]
         files = _write_files(out, stem, groups)
-        con.executemany("UPDATE batch_requests SET state='exported', file=?, exports=exports+1, exported_utc=? WHERE key=?",
+        con.executemany("UPDATE batch_requests SET state='exported', file=?, exports=exports+1, exported_utc=? "
+                        "WHERE key=?",
                         [(f["file"], _now(), k) for f in files for k in f["keys"]])
     table = pd.DataFrame([{k: f[k] for k in ("file", "model", "requests", "bytes")} for f in files])
     write_manifest(out / f"{stem}.manifest.json", outputs={f["file"]: out / f["file"] for f in files},
@@ -199,15 +216,20 @@ def _count(v) -> int:
     except (TypeError, ValueError, OverflowError): return 0
 
 def _reply_error(obj: Mapping) -> LLMError | None:
-    "The error of a result line that carries no usable chat completion (None when it does); a malformed line is a reply error."
+    """The error of a result line that carries no usable chat completion (None when it does); a malformed line is a
+    reply error."""
     resp, err = obj.get("response"), obj.get("error")
-    if err: return LLMReplyError(f"the batch provider reported an error: {(err.get('code') if isinstance(err, Mapping) else '') or ''} "
+    if err:
+        return LLMReplyError("the batch provider reported an error: "
+                                 f"{(err.get('code') if isinstance(err, Mapping) else '') or ''} "
                                  f"{(err.get('message') if isinstance(err, Mapping) else err) or ''}".strip())
-    if not isinstance(resp, Mapping): return LLMReplyError(f"the batch line's response is not an object ({type(resp).__name__})")
+    if not isinstance(resp, Mapping):
+        return LLMReplyError(f"the batch line's response is not an object ({type(resp).__name__})")
     body, status = resp.get("body"), resp.get("status_code")
     body = body if isinstance(body, Mapping) else {}
     try: code = int(status or 0)
-    except (TypeError, ValueError, OverflowError): return LLMReplyError(f"the batch line's status_code {status!r} is not a number")
+    except (TypeError, ValueError, OverflowError):
+        return LLMReplyError(f"the batch line's status_code {status!r} is not a number")
     if code != 200:
         e = body.get("error")
         return LLMHTTPError(code, str((e.get("message") if isinstance(e, Mapping) else e) or ""))
@@ -225,7 +247,8 @@ def reply_result(obj: Mapping,      # one line of a provider's output or error f
                  schema=None,       # the JSON schema the reply must follow (None: free text)
                  model: str = ""    # the model name to use when the reply names none
                 ) -> ChatResult:
-    "A batch result line as a `ChatResult` validated like a live reply, or the `LLMError` a live call would have raised."
+    """A batch result line as a `ChatResult` validated like a live reply, or the `LLMError` a live call would have
+    raised."""
     err = _reply_error(obj)
     if err is not None: raise err
     body = obj["response"]["body"]; choice, u = body["choices"][0], body.get("usage")
@@ -234,7 +257,8 @@ def reply_result(obj: Mapping,      # one line of a provider's output or error f
     name, finish = body.get("model"), choice.get("finish_reason")
     res = ChatResult(choice["message"]["content"], None, usage, 0.0, name if isinstance(name, str) and name else model,
                      finish if isinstance(finish, str) else None)
-    return res if schema is None else ChatResult(res.text, parse_structured(res.text, schema), usage, 0.0, res.model, res.finish_reason)
+    return res if schema is None else ChatResult(res.text, parse_structured(res.text, schema), usage, 0.0, res.model,
+                                                 res.finish_reason)
 
 
 # %% ../nbs/08a_llm_batch.ipynb #0961300e
@@ -246,12 +270,14 @@ class _Answerer:
     def identity(self) -> dict: return self.ident
 
 def _result_lines(path: Path):
-    "(line number, raw text, parsed object) of each non-empty line; an `InputError` names the file and line of a bad one."
+    """(line number, raw text, parsed object) of each non-empty line; an `InputError` names the file and line of a bad
+    one."""
     with open(path, encoding="utf-8") as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip(): continue
             try: obj = json.loads(raw)
-            except json.JSONDecodeError as e: raise InputError(f"import_batch: {path}: line {n}: not JSON ({e.msg})") from None
+            except json.JSONDecodeError as e:
+                raise InputError(f"import_batch: {path}: line {n}: not JSON ({e.msg})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str):
                 raise InputError(f"import_batch: {path}: line {n}: no custom_id (not a batch output or error line)")
             yield n, raw.strip(), obj
@@ -266,7 +292,8 @@ def _import_line(con, cache: ChatCache, path: Path, n: int, raw: str, obj: Mappi
     try: res = reply_result(obj, None if schema is None else json.loads(schema), model)
     except LLMError as e:
         err = describe_error(e, bool(restricted))
-        cur = con.execute("INSERT OR IGNORE INTO batch_failures (key, line_sha, error, source, imported_utc) VALUES (?, ?, ?, ?, ?)",
+        cur = con.execute("INSERT OR IGNORE INTO batch_failures (key, line_sha, error, source, imported_utc) VALUES "
+                          "(?, ?, ?, ?, ?)",
                           (key, sha256_text(raw), err, path.name, _now()))
         return {**row, "status": "failed", "stored": cur.rowcount == 1, "error": err}
     before = con.total_changes
@@ -285,14 +312,16 @@ def import_batch(cache,                   # the ChatCache (or its path) the requ
                  paths,                   # one or more output / error JSONL files of the provider
                  chunk: int = 500         # lines per transaction
                 ) -> pd.DataFrame:
-    "Read batch output and error files into the cache (answers) and the ledger (failures); one row per line, `IMPORT_COLUMNS`."
+    """Read batch output and error files into the cache (answers) and the ledger (failures); one row per line,
+    `IMPORT_COLUMNS`."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     for p in paths:
         if not p.is_file(): raise InputError(f"import_batch: no such file: {p}")
     rows = []
     with open_ledger(cache) as c:
         with c.transaction() as con:
-            known = {r[0]: r[1:] for r in con.execute("SELECT key, kind, model, schema_json, restricted FROM batch_requests")}
+            known = {r[0]: r[1:] for r in con.execute("SELECT key, kind, model, schema_json, restricted FROM "
+                                                      "batch_requests")}
         for p in paths:
             for part in _chunks(_result_lines(p), max(1, int(chunk))):
                 with c.transaction() as con: rows += [_import_line(con, c, p, *line, known) for line in part]
@@ -303,7 +332,8 @@ STATUS_COLUMNS = ("file", "model", "requests", "answered", "failed", "waiting", 
 
 def batch_status(cache # the ChatCache (or its path) the requests were recorded in
                 ) -> pd.DataFrame:
-    "Per batch file: requests, answered, failed (no answer, a failed reply), waiting (exported, no reply yet), to export."
+    """Per batch file: requests, answered, failed (no answer, a failed reply), waiting (exported, no reply yet), to
+    export."""
     with open_ledger(cache) as c, c.transaction() as con:
         rows = con.execute("""SELECT COALESCE(r.file, '(not exported)'), r.model, COUNT(*), SUM(c.key IS NOT NULL),
                SUM(c.key IS NULL AND f.key IS NOT NULL), SUM(c.key IS NULL AND f.key IS NULL AND r.state = 'exported'),
@@ -317,5 +347,5 @@ def status_line(status: pd.DataFrame # a `batch_status` table
                ) -> str:
     "One line for a `batch_status` table."
     t = status[list(STATUS_COLUMNS[2:])].sum()
-    return (f"{t.requests} requests recorded: {t.answered} answered, {t.failed} failed, {t.waiting} waiting for results, "
-            f"{t.to_export} to export")
+    return (f"{t.requests} requests recorded: {t.answered} answered, {t.failed} failed, {t.waiting} waiting for "
+            f"results, {t.to_export} to export")

@@ -20,14 +20,16 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, config_label, enable_theme, is_missing, md_table, read_json,
-                            read_table, require_columns, resource_text, rng, save_chart, sha256_text, system_color, write_manifest,
+from .core import (DEFAULT_SEED, IncompleteRunError, InputError, as_pandas, config_label, enable_theme,
+                            is_missing, md_table, read_json, read_table, require_columns, resource_text, rng,
+                            save_chart, sha256_text, system_color, write_manifest,
                             write_table)
 from .reports import default_splitter_name, split_sentences
 from .corpus import to_generations
 from .cohort import Cohort, recipe_003_lmimic
-from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, holm_family, kendall_tau, kendalls_w,
-                             macro_stats, mean_spearman, micro_stats, p_value_note, plot_win_probability, rank_ci,
+from .stats import (PairedResult, bootstrap_metrics, binomial_cis, check_reps, holm_family, kendall_tau,
+                             kendalls_w, macro_stats, mean_spearman, micro_stats, p_value_note, plot_win_probability,
+                             rank_ci,
                              resolve_clusters, spearman)
 from .labels import default_labeler, label_reports, to_binary, to_wide
 from .metrics import get_metric, sample_stats
@@ -51,13 +53,15 @@ __all__ = ['PROGRESSION_CLASSES', 'PROGRESSION_LABELS', 'SUPPORT_DEVICES', 'SENT
 PROGRESSION_CLASSES = ("no change", "improved", "worsened")
 PROGRESSION_LABELS = PROGRESSION_CLASSES + ("unmentioned",)
 SUPPORT_DEVICES = "support devices"
-SENTENCES_COLUMNS = ("report_id", "sent_idx", "sentence", "is_longitudinal", "keyword", "progression", "masked", "annotator")
+SENTENCES_COLUMNS = ("report_id", "sent_idx", "sentence", "is_longitudinal", "keyword", "progression", "masked",
+                     "annotator")
 
 # %% ../nbs/10_longitudinal.ipynb #20599fb9
 def _resource(name: str) -> dict: return json.loads(resource_text(name))
 
 def _load(override, name: str, required: Sequence[str]) -> dict:
-    "A packaged JSON resource with the top-level keys of `override` (a dict or a JSON file) in place; checked for `required`."
+    """A packaged JSON resource with the top-level keys of `override` (a dict or a JSON file) in place; checked for
+    `required`."""
     data, what = _resource(name), name
     if override is not None:
         if not isinstance(override, Mapping): what = str(override)
@@ -83,8 +87,10 @@ def _terms_of(keywords) -> list: return (_packaged_keywords() if keywords is Non
 
 def load_keywords(keywords: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
                  ) -> dict:
-    "The keyword list with patterns, anatomy patterns, categories, polarity and families; every pattern checked to compile."
-    return copy.deepcopy(_packaged_keywords()) if keywords is None else _checked_keywords(_load(keywords, "longitudinal_keywords.json", ["terms"]))
+    """The keyword list with patterns, anatomy patterns, categories, polarity and families; every pattern checked to
+    compile."""
+    return (copy.deepcopy(_packaged_keywords()) if keywords is None
+            else _checked_keywords(_load(keywords, "longitudinal_keywords.json", ["terms"])))
 
 # %% ../nbs/10_longitudinal.ipynb #9096ed04
 def keyword_terms(keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
@@ -102,7 +108,8 @@ def keyword_families(keywords: str | os.PathLike | Mapping | None = None # the k
 def load_lexicon(lexicon: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
                 ) -> dict:
     "The rule annotator's cue lexicon."
-    return _load(lexicon, "longitudinal_lexicon.json", ["same", "better", "worse", "more", "less", "reference", "negation",
+    return _load(lexicon, "longitudinal_lexicon.json",
+                 ["same", "better", "worse", "more", "less", "reference", "negation",
                                                          "clause_breaks", "inverting_quantities"])
 
 CUE_KINDS = ("same", "better", "worse", "more", "less", "change", "reference")  # the order in which cues are matched
@@ -154,8 +161,9 @@ class RuleAnnotator:
     def _rx(self) -> dict:
         lex, kw = load_lexicon(self.lexicon), load_keywords(self.keywords)
         terms = [(t["term"], _word_regex(t["patterns"]), int(t.get("polarity", 1))) for t in kw["terms"]]
-        return {"terms": terms, "rank": {t: i for i, (t, _, _) in enumerate(terms)}, "polarity": {t: p for t, _, p in terms},
-                "cues": [(k, _word_regex(lex.get(k, []))) for k in CUE_KINDS], "ignore": _word_regex(lex.get("ignore", [])),
+        return {"terms": terms, "rank": {t: i for i, (t, _, _) in enumerate(terms)},
+                "polarity": {t: p for t, _, p in terms}, "cues": [(k, _word_regex(lex.get(k, []))) for k in CUE_KINDS],
+                "ignore": _word_regex(lex.get("ignore", [])),
                 "negation": _word_regex(lex["negation"]), "window": int(lex.get("negation_window", 3)),
                 "breaks": re.compile(lex["clause_breaks"], re.I), "invert": _word_regex(lex["inverting_quantities"]),
                 "anatomy": {t["term"]: _alt(t["anatomy"]) for t in kw["terms"] if t.get("anatomy")},
@@ -177,7 +185,8 @@ def _masked(chars: list, a: int, b: int):
 
 @patch
 def _read(self: RuleAnnotator, sentence: str) -> _Reading:
-    "Findings, cues (on the text with findings masked) and clause breaks of a sentence (each distinct sentence read once)."
+    """Findings, cues (on the text with findings masked) and clause breaks of a sentence (each distinct sentence read
+    once)."""
     hit = self._readings.get(str(sentence))
     if hit is None:
         if len(self._readings) >= 200_000: self._readings.clear()      # bounded, as the labeler's sentence cache
@@ -195,7 +204,8 @@ def _read_now(self: RuleAnnotator, sentence: str) -> _Reading:
     for kind, r in rx["cues"]:
         work = "".join(chars)
         for m in r.finditer(work):
-            cues.append(Cue(m.start(), m.end(), kind, kind in _CHANGE and self._negated(work, m.start(), breaks), m.group()))
+            cues.append(Cue(m.start(), m.end(), kind, kind in _CHANGE and self._negated(work, m.start(), breaks),
+                            m.group()))
             _masked(chars, m.start(), m.end())
     cues = tuple(sorted(cues, key=lambda c: c.start))
     masks = tuple(m.span() for m in rx["masks"].finditer(text))
@@ -221,12 +231,14 @@ def _gap(a: int, b: int, qa: int, qb: int) -> int:
 
 @patch
 def _qualifiers(self: RuleAnnotator, text: str, cues: tuple) -> list[tuple[int, int, bool]]:
-    "`(start, end, abnormal)` of the words that call a structure normal or not (an unnegated change cue counts as abnormal)."
+    """`(start, end, abnormal)` of the words that call a structure normal or not (an unnegated change cue counts as
+    abnormal)."""
     rx = self._rx
     normal = [(m.start(), m.end(), False) for m in rx["normal"].finditer(text)]
     def free(a): return not any(s <= a < e for s, e, _ in normal)
     abnormal = [(m.start(), m.end(), True) for m in rx["abnormal"].finditer(text) if free(m.start())]
-    return normal + abnormal + [(c.start, c.end, True) for c in cues if c.kind in _CHANGE and not c.negated and free(c.start)]
+    return normal + abnormal + [(c.start, c.end, True) for c in cues if c.kind in _CHANGE and not c.negated
+                                and free(c.start)]
 
 @patch
 def _described(self: RuleAnnotator, text: str, terms: tuple, q: tuple) -> list[int]:
@@ -235,7 +247,8 @@ def _described(self: RuleAnnotator, text: str, terms: tuple, q: tuple) -> list[i
     i = min(range(len(terms)), key=lambda j: (gaps[j], terms[j][0] > q[0]))   # nearest; on a tie, the one before
     if terms[i][1] > q[0] or not self._rx["copula"].search(text[terms[i][1]:q[0]]): return [i]
     lo = i
-    while lo > 0 and re.fullmatch(r"[\s,]*(?:(?:and|or)\b\s*)?(?:the\s+)?", text[terms[lo - 1][1]:terms[lo][0]], re.I): lo -= 1
+    while lo > 0 and re.fullmatch(r"[\s,]*(?:(?:and|or)\b\s*)?(?:the\s+)?", text[terms[lo - 1][1]:terms[lo][0]], re.I):
+        lo -= 1
     return list(range(lo, i + 1))
 
 @patch
@@ -250,7 +263,8 @@ def _findings(self: RuleAnnotator, text: str, terms: tuple, cues: tuple) -> tupl
     return tuple(t for t, anat, s in zip(terms, is_anat, said) if not anat or s == {True})
 
 # %% ../nbs/10_longitudinal.ipynb #c23d152a
-_DIRECTION = {"worse": "worsened", "better": "improved", "change": None}   # a change with no stated direction gets no class
+# a change with no stated direction gets no class
+_DIRECTION = {"worse": "worsened", "better": "improved", "change": None}
 
 @patch
 def _inverted(self: RuleAnnotator, r: _Reading, term: str | None, clause: int) -> bool:
@@ -268,15 +282,17 @@ def _direction(self: RuleAnnotator, r: _Reading, term: str | None, pos: int | No
         if not cs: continue
         change = [c for c in cs if c.kind in _CHANGE and not c.negated]
         if not change: return "no change"
-        kind = next((c.kind for c in change if c.kind != "change"), "change")   # a stated direction beats a bare "change"
+        # a stated direction beats a bare "change"
+        kind = next((c.kind for c in change if c.kind != "change"), "change")
         if kind in _DIRECTION: return _DIRECTION[kind]
         return "worsened" if (kind == "more") != self._inverted(r, term, j) else "improved"
-    return None   # only a reference to the prior study ("interval CABG", "compared with the prior"): no direction stated
+    return None  # only a reference to the prior study ("interval CABG", "compared with the prior"): no direction stated
 
 # %% ../nbs/10_longitudinal.ipynb #b1455096
 @patch
 def _mask_dependent(self: RuleAnnotator, r: _Reading) -> bool:
-    "Does the reading hang on a mask: a comparison that says not how, a mask just before a cue, or just after one that names nothing?"
+    """Does the reading hang on a mask: a comparison that says not how, a mask just before a cue, or just after one
+    that names nothing?"""
     if not r.masks or not r.cues: return False
     told = [c for c in r.cues if c.kind != "reference"]
     if not told: return True
@@ -292,16 +308,19 @@ def is_masked(self: RuleAnnotator, sentence: str # one sentence
 # %% ../nbs/10_longitudinal.ipynb #a17f3ann
 @patch
 def _keyword_at(self: RuleAnnotator, r: _Reading) -> tuple:
-    "`(term, position)` of the finding a sentence follows: the first finding, unless only normal anatomy shares a clause with a cue."
+    """`(term, position)` of the finding a sentence follows: the first finding, unless only normal anatomy shares a
+    clause with a cue."""
     told = {r.clause(c.start) for c in r.cues if c.kind != "reference"}
     def compared(ts) -> bool: return any(r.clause(t[0]) in told for t in ts)
-    if not r.findings or (not compared(r.findings) and compared(t for t in r.terms if t not in r.findings)): return None, None
+    if not r.findings or (not compared(r.findings) and compared(t for t in r.terms if t not in r.findings)):
+        return None, None
     return r.findings[0][2], r.findings[0][0]
 
 @patch
 def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
                      ) -> tuple[bool, str | None, str | None]:
-    "`(is_longitudinal, keyword, progression)` of one sentence (keyword and progression None when not longitudinal or masked)."
+    """`(is_longitudinal, keyword, progression)` of one sentence (keyword and progression None when not longitudinal or
+    masked)."""
     r = self._read(sentence)
     if not r.cues: return False, None, None
     if self._mask_dependent(r): return True, None, None
@@ -313,7 +332,8 @@ def annotate_sentence(self: RuleAnnotator, sentence: str # one sentence
 def progression(self: RuleAnnotator, sentence: str, # one sentence
                 keyword: str | None # a term of the keyword list; None: any finding
                ) -> str:
-    "Progression of `keyword` in `sentence`; `unmentioned` when the sentence does not name it, describes no course or hangs on a mask."
+    """Progression of `keyword` in `sentence`; `unmentioned` when the sentence does not name it, describes no course or
+    hangs on a mask."""
     r = self._read(sentence)
     if self._mask_dependent(r): return "unmentioned"
     if keyword is None: return self._direction(r, None, None) or "unmentioned"
@@ -324,11 +344,13 @@ def progression(self: RuleAnnotator, sentence: str, # one sentence
 @patch
 def explain(self: RuleAnnotator, sentence: str # one sentence
             ) -> pd.DataFrame:
-    "Findings (anatomy named with nothing abnormal said of it shows as `anatomy`), cues and masks: `kind, text, start, end, negated, clause`."
+    """Findings (anatomy named with nothing abnormal said of it shows as `anatomy`), cues and masks: `kind, text,
+    start, end, negated, clause`."""
     r = self._read(sentence)
-    rows = [{"kind": ("finding: " if t in r.findings else "anatomy: ") + t[2], "text": sentence[t[0]:t[1]], "start": t[0], "end": t[1],
-             "negated": False} for t in r.terms]
-    rows += [{"kind": "cue: " + c.kind, "text": c.text, "start": c.start, "end": c.end, "negated": c.negated} for c in r.cues]
+    rows = [{"kind": ("finding: " if t in r.findings else "anatomy: ") + t[2], "text": sentence[t[0]:t[1]],
+             "start": t[0], "end": t[1], "negated": False} for t in r.terms]
+    rows += [{"kind": "cue: " + c.kind, "text": c.text, "start": c.start, "end": c.end, "negated": c.negated}
+             for c in r.cues]
     rows += [{"kind": "mask", "text": sentence[a:b], "start": a, "end": b, "negated": False} for a, b in r.masks]
     df = pd.DataFrame(rows, columns=["kind", "text", "start", "end", "negated"]).sort_values("start", kind="stable")
     return df.assign(clause=[r.clause(p) for p in df.start]).reset_index(drop=True)
@@ -347,7 +369,8 @@ def _annotation_frame(sentences: Sequence[str], rows: Sequence[tuple]) -> pd.Dat
 def annotate(self: RuleAnnotator, sentences: Sequence[str], # the sentences to annotate
              restricted: bool | Sequence[bool] = False # ignored: nothing leaves the process
             ) -> pd.DataFrame:
-    "One row per sentence: `sentence, is_longitudinal, keyword, progression` (`restricted` is ignored: nothing leaves the process)."
+    """One row per sentence: `sentence, is_longitudinal, keyword, progression` (`restricted` is ignored: nothing leaves
+    the process)."""
     sentences = [str(s) for s in sentences]
     cache = {s: self.annotate_sentence(s) for s in dict.fromkeys(sentences)}
     return _annotation_frame(sentences, [cache[s] for s in sentences])
@@ -391,7 +414,8 @@ def report_sentences(reports,                             # Series/dict report_i
                     ) -> pd.DataFrame:
     "`report_id, sent_idx, sentence, restricted`: the sentences of every report (each distinct text split once)."
     df = _report_texts(reports, id_col, text_col)
-    split = {t: split_sentences(t, splitter=splitter) for t in dict.fromkeys(x for x in df["text"] if isinstance(x, str))}
+    split = {t: split_sentences(t, splitter=splitter)
+             for t in dict.fromkeys(x for x in df["text"] if isinstance(x, str))}
     rows = [(rid, i, s, r) for rid, t, r in zip(df["report_id"], df["text"], df["restricted"])
             for i, s in enumerate(split.get(t, []) if isinstance(t, str) else [])]
     return pd.DataFrame(rows, columns=["report_id", "sent_idx", "sentence", "restricted"])
@@ -403,9 +427,11 @@ def annotate_reports(reports,                      # Series/dict report_id -> te
                      id_col: str = "report_id",    # column of a table holding the report ID
                      text_col: str = "text",       # column of a table holding the report text
                      mask_rule: bool | None = None # blank the keyword and progression of mask-dependent sentences: None for the
-                                                   # rule annotator only (an LLM's answers are kept, the sentence flagged); True: any annotator
+                                                   # rule annotator only (an LLM's answers are kept, the sentence
+                                                   # flagged); True: any annotator
                     ) -> pd.DataFrame:
-    "The `sentences` table: every sentence of every report with its longitudinal annotation; mask-dependent ones flagged, unkeyed."
+    """The `sentences` table: every sentence of every report with its longitudinal annotation; mask-dependent ones
+    flagged, unkeyed."""
     annotator = annotator if annotator is not None else RuleAnnotator()
     sents = report_sentences(reports, splitter, id_col, text_col)
     if sents.empty:   # no text at all: an empty table of the right shape
@@ -416,14 +442,16 @@ def annotate_reports(reports,                      # Series/dict report_id -> te
     rules = annotator if isinstance(annotator, RuleAnnotator) else RuleAnnotator()
     ann["masked"] = [rules.is_masked(s) for s in ann["sentence"]]
     blank = isinstance(annotator, RuleAnnotator) if mask_rule is None else bool(mask_rule)
-    if blank: ann.loc[ann["masked"], ["keyword", "progression"]] = None   # stated in the annotator's name when it is not the rules'
+    # stated in the annotator's name when it is not the rules'
+    if blank: ann.loc[ann["masked"], ["keyword", "progression"]] = None
     out = sents.drop(columns="restricted").merge(ann, on="sentence", how="left")
     out["is_longitudinal"] = out["is_longitudinal"].astype("boolean")
     name = annotator.name + ("+mask-rule" if blank and not isinstance(annotator, RuleAnnotator) else "")
     return out.assign(annotator=name)[list(SENTENCES_COLUMNS)]
 
 # %% ../nbs/10_longitudinal.ipynb #4af69c9a
-PAPER_SETTINGS = {"n_task_examples": (0, 3, 5), "n_change_indicators": (0, 4, 8, 12), "n_progression_examples": (0, 2, 4)}
+PAPER_SETTINGS = {"n_task_examples": (0, 3, 5), "n_change_indicators": (0, 4, 8, 12),
+                  "n_progression_examples": (0, 2, 4)}
 
 def load_prompts(prompts: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
                 ) -> dict:
@@ -436,14 +464,18 @@ def _first(pool: Sequence, n: int, what: str) -> list:
     return list(pool[:n])
 
 def _examples(p: Mapping, n: int, what: str) -> str:
-    "The step's guidance and first `n` worked examples under their header ('' for none: zero-shot); `what` names `n` in the error."
+    """The step's guidance and first `n` worked examples under their header ('' for none: zero-shot); `what` names `n`
+    in the error."""
     items = _first(p["task_examples"], n, what)
-    return (p.get("guidance", "") + p["examples_header"] + "".join(p["example"].format(**e) for e in items)) if items else ""
+    return (p.get("guidance", "") + p["examples_header"] + "".join(p["example"].format(**e)
+                                                                   for e in items)) if items else ""
 
 def _step_prompt(step: str, prompts, retry: bool, fields: Callable[[Mapping], dict], suffix: bool = False) -> str:
-    "One step's template filled with `fields(its prompt entry)`, its `binary_suffix` when `suffix`, the answer-format line when `retry`."
+    """One step's template filled with `fields(its prompt entry)`, its `binary_suffix` when `suffix`, the answer-format
+    line when `retry`."""
     p = load_prompts(prompts)[step]
-    return p["template"].format(**fields(p)) + (p.get("binary_suffix", "") if suffix else "") + (p.get("retry", "") if retry else "")
+    return p["template"].format(**fields(p)) + (p.get("binary_suffix", "") if suffix
+                                                else "") + (p.get("retry", "") if retry else "")
 
 # %% ../nbs/10_longitudinal.ipynb #83cc08e6
 def longitudinal_prompt(sentence: str,                 # the sentence asked about
@@ -467,7 +499,8 @@ def keyword_prompt(sentence: str,                 # the (longitudinal) sentence 
                    retry: bool = False            # add the line restating the answer format
                   ) -> str:
     "Step 2: which term of the keyword list is the sentence about? (answer `<term>`)."
-    return _step_prompt("keyword", prompts, retry, lambda p: {"sentence": sentence, "terms": ", ".join(keyword_terms(keywords))})
+    return _step_prompt("keyword", prompts, retry,
+                        lambda p: {"sentence": sentence, "terms": ", ".join(keyword_terms(keywords))})
 
 # %% ../nbs/10_longitudinal.ipynb #319e26e0
 def progression_prompt(sentence: str,                  # the sentence asked about
@@ -478,7 +511,8 @@ def progression_prompt(sentence: str,                  # the sentence asked abou
                       ) -> str:
     "Step 3: how has `keyword` progressed according to `sentence`? (answer a bracketed label)."
     return _step_prompt("progression", prompts, retry, lambda p: {"sentence": sentence, "keyword": keyword,
-                                                                  "examples": _examples(p, n_progression_examples, "n_progression_examples")})
+                                                                  "examples": _examples(p, n_progression_examples,
+                                                                                        "n_progression_examples")})
 
 # %% ../nbs/10_longitudinal.ipynb #0972687f
 _BRACKETED = re.compile(r"<\s*([^<>]{1,100}?)\s*>")
@@ -493,18 +527,21 @@ _ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is)?\s*[:=]?\s*(.+?)\s*$", r
 def parse_choice(text: str | None,             # a model's reply (None: no reply)
                  aliases: Mapping[str, str]    # normalized answer -> label
                 ) -> str | None:
-    "The one label in a reply: bracketed answers first, else an `Answer: ...` line, the whole reply or its last line (reasoning in `<think>` left out); None if none or several differ."
+    """The one label in a reply: bracketed answers first, else an `Answer: ...` line, the whole reply or its last line
+    (reasoning in `<think>` left out); None if none or several differ."""
     if text is None: return None
     text = _THINK.sub(" ", text)                     # a reasoning model's thoughts are not its answer
-    for cands in (_BRACKETED.findall(text), _ANSWER.findall(text)[-1:], [text], [l for l in text.splitlines() if l.strip()][-1:]):
+    for cands in (_BRACKETED.findall(text), _ANSWER.findall(text)[-1:], [text],
+                  [l for l in text.splitlines() if l.strip()][-1:]):
         found = {aliases[_norm(c)] for c in cands if _norm(c) in aliases}
         if found: return found.pop() if len(found) == 1 else None
     return None
 
 # %% ../nbs/10_longitudinal.ipynb #9cabf734
 _BINARY = {"1": 1, "0": 0, "yes": 1, "no": 0}
-_PROGRESSION_ALIASES = {**{label: label for label in PROGRESSION_LABELS}, "nochange": "no change", "unchanged": "no change",
-                        "stable": "no change", "improvement": "improved", "improving": "improved", "better": "improved",
+_PROGRESSION_ALIASES = {**{label: label for label in PROGRESSION_LABELS}, "nochange": "no change",
+                        "unchanged": "no change", "stable": "no change", "improvement": "improved",
+                        "improving": "improved", "better": "improved",
                         "worse": "worsened", "worsening": "worsened", "not mentioned": "unmentioned"}
 
 def parse_binary(text: str | None # a model's reply to the longitudinal question
@@ -569,10 +606,12 @@ class LLMAnnotator:
         self.budget_s, self._deadline = budget_s, None
         self.keywords, self.prompts, self.progress = keywords, prompts, progress
         self.name = name or f"llm:{getattr(backend, 'model', 'model')}"
-        self.binary_suffix = "medgemma" in str(getattr(backend, "model", "")).lower() if binary_suffix is None else bool(binary_suffix)
+        self.binary_suffix = "medgemma" in str(getattr(backend, "model",
+                                                       "")).lower() if binary_suffix is None else bool(binary_suffix)
 
     def __repr__(self):
-        return (f"LLMAnnotator({self.backend!r}, n_task_examples={self.n_task_examples}, n_change_indicators={self.n_change_indicators}, "
+        return (f"LLMAnnotator({self.backend!r}, n_task_examples={self.n_task_examples}, "
+                f"n_change_indicators={self.n_change_indicators}, "
                 f"n_progression_examples={self.n_progression_examples}, decoding={self.decoding!r}, seed={self.seed})")
 
 # %% ../nbs/10_longitudinal.ipynb #6f9866b8
@@ -584,15 +623,18 @@ def prompt(self: LLMAnnotator, step: str, # `longitudinal`, `keyword` or `progre
           ) -> str:
     "The prompt of `step` (`longitudinal`, `keyword` or `progression`) for one sentence."
     if step == "longitudinal":
-        return longitudinal_prompt(sentence, self.n_task_examples, self.n_change_indicators, self.prompts, retry, self.binary_suffix)
+        return longitudinal_prompt(sentence, self.n_task_examples, self.n_change_indicators, self.prompts, retry,
+                                   self.binary_suffix)
     if step == "keyword": return keyword_prompt(sentence, self.keywords, self.prompts, retry)
-    if step == "progression": return progression_prompt(sentence, keyword, self.n_progression_examples, self.prompts, retry)
+    if step == "progression":
+        return progression_prompt(sentence, keyword, self.n_progression_examples, self.prompts, retry)
     raise InputError(f"unknown step {step!r}; use longitudinal, keyword or progression")
 
 @patch
 def _decoding_params(self: LLMAnnotator) -> dict:
     d = DECODING.get(self.decoding) if isinstance(self.decoding, str) else dict(self.decoding)
-    if d is None: raise InputError(f"LLMAnnotator: decoding must be one of {sorted(DECODING)} or a dict, got {self.decoding!r}")
+    if d is None:
+        raise InputError(f"LLMAnnotator: decoding must be one of {sorted(DECODING)} or a dict, got {self.decoding!r}")
     return {"temperature": 0.0, "top_p": None, "top_k": None, **d, "seed": self.seed, "max_tokens": self.max_tokens}
 
 @patch
@@ -604,21 +646,27 @@ def _parse(self: LLMAnnotator, step: str, text):
 # %% ../nbs/10_longitudinal.ipynb #070515a8
 @patch
 def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[bool]) -> list:
-    "Parsed answers of `step` for `(sentence, keyword)` items (None where still invalid or waiting for a batch file); calls are appended to `log_`."
+    """Parsed answers of `step` for `(sentence, keyword)` items (None where still invalid or waiting for a batch file);
+    calls are appended to `log_`."""
     answers, pending = [None] * len(items), list(range(len(items)))
     for attempt in range(int(self.invalid_retries) + 1):
         if not pending: break
         reqs = [{"request_id": f"{step}/{i}/{attempt}", "sample": attempt, "restricted": bool(restricted[i]),
-                 "messages": [{"role": "user", "content": self.prompt(step, *items[i], retry=attempt > 0)}]} for i in pending]
+                 "messages": [{"role": "user", "content": self.prompt(step, *items[i], retry=attempt > 0)}]}
+                for i in pending]
         df = run_batch(reqs, self.backend, cache=self.cache, max_concurrency=self.max_concurrency, retries=self.retries,
-                       timeout_s=self.timeout_s, budget_s=budget_left(self._deadline), progress=self.progress, prices=self.prices,
-                       allow_remote_restricted=self.allow_remote_restricted, **self._decoding_params(),
-                       accept=lambda t: self._parse(step, t) is not None).to_frame()   # unreadable replies are not cached
+                       timeout_s=self.timeout_s, budget_s=budget_left(self._deadline), progress=self.progress,
+                       prices=self.prices, allow_remote_restricted=self.allow_remote_restricted,
+                       **self._decoding_params(),
+                       # unreadable replies are not cached
+                       accept=lambda t: self._parse(step, t) is not None).to_frame()
         parsed = [self._parse(step, t) if s == "ok" else None for s, t in zip(df["status"], df["text"])]
         for i, a in zip(pending, parsed): answers[i] = a
-        self.log_.append(df.assign(step=step, item=pending, attempt=attempt, answer=[None if a is None else str(a) for a in parsed],
+        self.log_.append(df.assign(step=step, item=pending, attempt=attempt,
+                                   answer=[None if a is None else str(a) for a in parsed],
                                    valid=[a is not None for a in parsed]))
-        waiting = {i for i, st in zip(pending, df["status"]) if st == "pending"}   # recorded for a batch file (llm_batch)
+        # recorded for a batch file (llm_batch)
+        waiting = {i for i, st in zip(pending, df["status"]) if st == "pending"}
         self.pending_ = getattr(self, "pending_", 0) + len(waiting)
         pending = [i for i in pending if answers[i] is None and i not in waiting]
     return answers
@@ -627,23 +675,25 @@ def _ask(self: LLMAnnotator, step: str, items: list[tuple], restricted: list[boo
 def _flags(sentences: list[str], restricted) -> dict:
     "sentence -> restricted; a sentence shared by a restricted report is restricted."
     flags = dict.fromkeys(sentences, False)
-    for s, r in zip(sentences, [restricted] * len(sentences) if isinstance(restricted, (bool, np.bool_)) else restricted):
+    for s, r in zip(sentences, [restricted] * len(sentences) if isinstance(restricted, (bool, np.bool_))
+                    else restricted):
         flags[s] = flags[s] or bool(r)
     return flags
 
 @patch
 def _finish_log(self: LLMAnnotator):
-    cols = ["step", "item", "attempt", "request_id", "status", "valid", "answer", "text", "error", "attempts", "tokens_in",
-            "tokens_out", "cached", "cost", "latency_s", "model"]
+    cols = ["step", "item", "attempt", "request_id", "status", "valid", "answer", "text", "error", "attempts",
+            "tokens_in", "tokens_out", "cached", "cost", "latency_s", "model"]
     self.log_ = pd.concat(self.log_, ignore_index=True)[cols] if self.log_ else pd.DataFrame(columns=cols)
     self.summary_ = batch_summary(self.log_) if len(self.log_) else {}
 
 @patch
 def annotate(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
              sentences: Sequence[str],      # the sentences to annotate
-             restricted: bool | Sequence[bool] = False     # one flag, or one per sentence (the LLM layer's guard applies)
+             restricted: bool | Sequence[bool] = False  # one flag, or one per sentence (the LLM layer's guard applies)
             ) -> pd.DataFrame:
-    "One row per sentence: `sentence, is_longitudinal, keyword, progression`; the calls are in `log_` and their totals in `summary_`."
+    """One row per sentence: `sentence, is_longitudinal, keyword, progression`; the calls are in `log_` and their
+    totals in `summary_`."""
     sentences = [str(s) for s in sentences]
     uniq = list(dict.fromkeys(sentences))
     flags = _flags(sentences, restricted)
@@ -666,7 +716,8 @@ def progression_of(self: LLMAnnotator,  # noqa: F811 (RuleAnnotator has its own)
     "Step 3 alone for given `(sentence, keyword)` pairs (None where the answer stayed invalid)."
     pairs = [(str(s), str(k)) for s, k in pairs]
     self.log_, self.pending_, self._deadline = [], 0, run_deadline(self.budget_s)
-    out = self._ask("progression", pairs, [bool(restricted)] * len(pairs) if isinstance(restricted, (bool, np.bool_)) else list(restricted))
+    out = self._ask("progression", pairs, [bool(restricted)] * len(pairs) if isinstance(restricted, (bool, np.bool_))
+                    else list(restricted))
     self._finish_log()
     return out
 
@@ -676,7 +727,7 @@ def _prompt_field(text: str, name: str) -> str | None:
     return hits[-1].strip() if hits else None
 
 def rule_chat(annotator: RuleAnnotator | None = None, # the rules that answer (default: RuleAnnotator())
-              noise: float = 0.0,                     # with temperature > 0: chance of replacing an answer (SIMULATED sampling)
+              noise: float = 0.0,             # with temperature > 0: chance of replacing an answer (SIMULATED sampling)
               name: str = "rule-chat"                 # the back end's model name (the annotator is "llm:<name>")
              ) -> RuleChat:
     "An offline back end answering the packaged longitudinal prompts by rules (not a model)."
@@ -704,25 +755,29 @@ def _as_flag(v, where: str) -> bool:
     if s in _FALSE or s == "0.0": return False
     raise InputError(f"{where}: is_longitudinal must be 0/1 or true/false, got {v!r}")
 
-def read_gold(gold,                # a table or a CSV/parquet path: sentence, is_longitudinal [, keyword, progression, report_id]
+def read_gold(gold,  # a table or a CSV/parquet path: sentence, is_longitudinal [, keyword, progression, report_id]
               keywords: str | os.PathLike | Mapping | None = None # the keyword list the gold keywords come from
              ) -> pd.DataFrame:
-    "Gold sentence labels, checked: `report_id, sentence, is_longitudinal, keyword, progression` (+ other columns kept)."
+    """Gold sentence labels, checked: `report_id, sentence, is_longitudinal, keyword, progression` (+ other columns
+    kept)."""
     what = str(gold) if isinstance(gold, (str, os.PathLike)) else "gold"
     df = (read_table(gold) if isinstance(gold, (str, os.PathLike)) else as_pandas(gold, what)).reset_index(drop=True)
     df = require_columns(df, ["sentence", "is_longitudinal"], what).copy()
     if "report_id" not in df: df["report_id"] = [str(i) for i in range(len(df))]
     for c in ("keyword", "progression"):
         if c not in df: df[c] = None
-        df[c] = pd.Series([None if is_missing(v) or str(v).strip() == "" else str(v).strip() for v in df[c]], index=df.index, dtype=object)
+        df[c] = pd.Series([None if is_missing(v) or str(v).strip() == "" else str(v).strip() for v in df[c]],
+                          index=df.index, dtype=object)
     df["report_id"] = df["report_id"].astype(str)
     df["is_longitudinal"] = [_as_flag(v, f"{what} row {i}") for i, v in enumerate(df["is_longitudinal"])]
     terms = set(keyword_terms(keywords))
     for i, r in enumerate(df.itertuples()):
-        if r.keyword is not None and r.keyword not in terms: raise InputError(f"{what} row {i}: keyword {r.keyword!r} is not in the keyword list")
+        if r.keyword is not None and r.keyword not in terms:
+            raise InputError(f"{what} row {i}: keyword {r.keyword!r} is not in the keyword list")
         if r.progression is not None and r.progression not in PROGRESSION_LABELS:
             raise InputError(f"{what} row {i}: progression {r.progression!r} is not one of {PROGRESSION_LABELS}")
-        if not r.is_longitudinal and (r.keyword or r.progression): raise InputError(f"{what} row {i}: a non-longitudinal sentence has a keyword or progression")
+        if not r.is_longitudinal and (r.keyword or r.progression):
+            raise InputError(f"{what} row {i}: a non-longitudinal sentence has a keyword or progression")
     return df
 
 # %% ../nbs/10_longitudinal.ipynb #21583a97
@@ -735,13 +790,16 @@ def annotation_counts(gold,               # gold table (see `read_gold`)
                       predicted,          # predictions aligned to its rows (`is_longitudinal, keyword, progression`)
                       scope: str = "end_to_end" # "end_to_end" or "isolated" (see `SCOPES`)
                      ) -> pd.DataFrame:
-    "Per gold sentence: longitudinal `l_tp, l_fp, l_fn, l_tn`, progression `tp_*, fp_*, fn_*, tn_*` per class, `evaluated` and `valid` (a reply was read)."
+    """Per gold sentence: longitudinal `l_tp, l_fp, l_fn, l_tn`, progression `tp_*, fp_*, fn_*, tn_*` per class,
+    `evaluated` and `valid` (a reply was read)."""
     g, p = read_gold(gold), as_pandas(predicted, "predictions").reset_index(drop=True)
     if len(p) != len(g): raise InputError(f"predictions: {len(p)} rows for {len(g)} gold sentences")
-    raw = p["is_longitudinal"].astype("boolean") if "is_longitudinal" in p else pd.Series(True, index=p.index, dtype="boolean")
-    valid = raw.notna().to_numpy()                 # an unreadable reply is missing: left out of every count, never a negative
+    raw = (p["is_longitudinal"].astype("boolean") if "is_longitudinal" in p
+           else pd.Series(True, index=p.index, dtype="boolean"))
+    valid = raw.notna().to_numpy()  # an unreadable reply is missing: left out of every count, never a negative
     pl, gl = raw.fillna(False).astype(bool).to_numpy(), g["is_longitudinal"].values
-    out = pd.DataFrame({"l_tp": gl & pl, "l_fp": ~gl & pl, "l_fn": gl & ~pl, "l_tn": ~gl & ~pl}).astype(float).mul(valid, axis=0)
+    out = pd.DataFrame({"l_tp": gl & pl, "l_fp": ~gl & pl, "l_fn": gl & ~pl,
+                        "l_tn": ~gl & ~pl}).astype(float).mul(valid, axis=0)
     gc = [_klass(a, b) for a, b in zip(gl, g["progression"])]
     pc = [_klass(a, b) for a, b in zip(pl if scope == "end_to_end" else np.ones(len(g), bool), p["progression"])]
     ev = np.array([k != SUPPORT_DEVICES for k in g["keyword"]])
@@ -752,13 +810,16 @@ def annotation_counts(gold,               # gold table (see `read_gold`)
     ev &= valid
     for c in PROGRESSION_CLASSES:
         t, q = np.array([x == c for x in gc]), np.array([x == c for x in pc])
-        for name, v in (("tp", t & q), ("fp", ~t & q), ("fn", t & ~q), ("tn", ~t & ~q)): out[f"{name}_{c}"] = (v & ev).astype(float)
+        for name, v in (("tp", t & q), ("fp", ~t & q), ("fn", t & ~q), ("tn", ~t & ~q)):
+            out[f"{name}_{c}"] = (v & ev).astype(float)
     return out.assign(evaluated=ev, valid=valid)
 
 # %% ../nbs/10_longitudinal.ipynb #5397d7ef
 _ANNOTATION_METRICS = ("longitudinal_accuracy", "longitudinal_precision", "longitudinal_recall", "longitudinal_f1",
                        "progression_micro_accuracy", "progression_micro_precision", "progression_micro_recall",
-                       "progression_micro_f1", "progression_macro_f1") + tuple(f"progression_f1_{c.replace(' ', '_')}" for c in PROGRESSION_CLASSES)
+                       "progression_micro_f1",
+                       "progression_macro_f1") + tuple(f"progression_f1_{c.replace(' ', '_')}"
+                                                       for c in PROGRESSION_CLASSES)
 
 def _class_counts(C: pd.DataFrame, kind: str) -> np.ndarray:
     return C[[f"{kind}_{c}" for c in PROGRESSION_CLASSES]].to_numpy()
@@ -768,12 +829,15 @@ def _annotation_stats(C: pd.DataFrame, scope: str) -> dict:
     tp, fp, fn, tn = (_class_counts(C, k) for k in ("tp", "fp", "fn", "tn"))
     read = C["valid"].astype(float) if "valid" in C else np.ones(len(C))
     out = {"longitudinal_accuracy": (np.column_stack([C.l_tp + C.l_tn, read]), "ratio"),
-           **{f"longitudinal_{m}": (micro_stats(C.l_tp, C.l_fp, C.l_fn), f"micro_{m}") for m in ("precision", "recall", "f1")}}
+           **{f"longitudinal_{m}": (micro_stats(C.l_tp, C.l_fp, C.l_fn), f"micro_{m}")
+              for m in ("precision", "recall", "f1")}}
     if scope == "isolated": out = {}
     out["progression_micro_accuracy"] = (np.column_stack([(tp + tn).sum(1), 3.0 * C.evaluated]), "ratio")
-    for m in ("precision", "recall", "f1"): out[f"progression_micro_{m}"] = (micro_stats(tp.sum(1), fp.sum(1), fn.sum(1)), f"micro_{m}")
+    for m in ("precision", "recall", "f1"):
+        out[f"progression_micro_{m}"] = (micro_stats(tp.sum(1), fp.sum(1), fn.sum(1)), f"micro_{m}")
     out["progression_macro_f1"] = (macro_stats(tp, fp, fn), "macro_f1")
-    for j, c in enumerate(PROGRESSION_CLASSES): out[f"progression_f1_{c.replace(' ', '_')}"] = (micro_stats(tp[:, j], fp[:, j], fn[:, j]), "micro_f1")
+    for j, c in enumerate(PROGRESSION_CLASSES):
+        out[f"progression_f1_{c.replace(' ', '_')}"] = (micro_stats(tp[:, j], fp[:, j], fn[:, j]), "micro_f1")
     return out
 
 # %% ../nbs/10_longitudinal.ipynb #2fb9af3b
@@ -784,7 +848,8 @@ def _category(is_long, keyword, progression) -> str:
     return progression if progression in PROGRESSION_LABELS else "no label"
 
 class _PairedMeasures:
-    "What `AnnotationQuality` and `ProgressionEvaluation` share: `results`, measure -> `PairedResult` of the same members on one set of resamples."
+    """What `AnnotationQuality` and `ProgressionEvaluation` share: `results`, measure -> `PairedResult` of the same
+    members on one set of resamples."""
     _member = "system"   # what a compared member is: the first column of `to_frame()`, and the word of the messages
 
     @property
@@ -799,26 +864,33 @@ class _PairedMeasures:
         return self.results[metric]
 
     def to_frame(self) -> pd.DataFrame:
-        "Every member (`system` or `annotator`) and measure: `metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, method, size`."
-        return pd.concat([r.systems_frame() for r in self.results.values()], ignore_index=True).rename(columns={"system": self._member})
+        """Every member (`system` or `annotator`) and measure: `metric, estimate, ci_low, ci_high, se, n, n_clusters,
+        reps, method, size`."""
+        return pd.concat([r.systems_frame() for r in self.results.values()],
+                         ignore_index=True).rename(columns={"system": self._member})
 
     def compare(self, metric: str = "progression_micro_f1" # one of `results`
                ) -> PairedResult:
-        "The paired differences (first − second) of one measure, vs the baseline or all pairs; its `to_frame()` is Holm-adjusted over them."
+        """The paired differences (first − second) of one measure, vs the baseline or all pairs; its `to_frame()` is
+        Holm-adjusted over them."""
         if len(self._members) < 2: raise InputError(f"comparisons need at least two {self._member}s")
         return self._result(metric)
 
     def comparisons(self, metrics: Sequence[str] | None = None # default: every measure
                    ) -> pd.DataFrame:
-        "The paired differences of the chosen measures, Holm-adjusted over all of them (`significant = p_holm < 1 − size`)."
+        """The paired differences of the chosen measures, Holm-adjusted over all of them (`significant = p_holm < 1 −
+        size`)."""
         chosen = {m: self.compare(m) for m in (metrics or self.results)}
-        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)  # undefined measures give NaN rows
+        # undefined measures give NaN rows
+        with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)
 
-MAX_INVALID = 0.05   # above this share of unreadable replies an annotation run is incomplete: its scores are not reported
+# above this share of unreadable replies an annotation run is incomplete: its scores are not reported
+MAX_INVALID = 0.05
 
 def _validity_rows(name: str, asked: int, invalid: int, max_invalid: float) -> dict:
     rate = invalid / asked if asked else 0.0
-    return {"annotator": name, "asked": asked, "n_invalid": invalid, "invalid_rate": rate, "complete": rate <= max_invalid}
+    return {"annotator": name, "asked": asked, "n_invalid": invalid, "invalid_rate": rate,
+            "complete": rate <= max_invalid}
 
 def _incomplete_cell(v: pd.Series) -> str: return f"incomplete: {v.invalid_rate:.1%} of replies unreadable"
 
@@ -834,7 +906,8 @@ class AnnotationQuality(_PairedMeasures):
     _member = "annotator"
 
     def validity(self) -> pd.DataFrame:
-        "Per annotator: sentences asked, replies that could not be read (left out of every measure), their share, and `complete`."
+        """Per annotator: sentences asked, replies that could not be read (left out of every measure), their share, and
+        `complete`."""
         rows = []
         for name, C in self.counts.items():
             asked = np.ones(len(C), bool) if self.scope == "end_to_end" else (C.evaluated | ~C.valid).to_numpy()
@@ -848,9 +921,11 @@ class AnnotationQuality(_PairedMeasures):
         return v.annotator[~v.complete].tolist()
 
     def summary(self) -> pd.DataFrame:
-        "`annotator, metric, estimate, ci_low, ci_high, n, n_invalid, invalid_rate, complete` (measures over the replies read)."
+        """`annotator, metric, estimate, ci_low, ci_high, n, n_invalid, invalid_rate, complete` (measures over the
+        replies read)."""
         out = self.to_frame()[["annotator", "metric", "estimate", "ci_low", "ci_high", "n"]]
-        return out.merge(self.validity()[["annotator", "n_invalid", "invalid_rate", "complete"]], on="annotator", how="left")
+        return out.merge(self.validity()[["annotator", "n_invalid", "invalid_rate", "complete"]], on="annotator",
+                         how="left")
 
     def note(self, metrics: Sequence[str] | None = None # the metrics of `comparisons(metrics)`
             ) -> str:
@@ -858,7 +933,8 @@ class AnnotationQuality(_PairedMeasures):
         m = sum(len(self.results[k].pairs) for k in (metrics or self.results))
         return p_value_note(self.reps, m, 1 - self.size)
 
-    def __repr__(self): return f"AnnotationQuality({list(self.predictions)}, scope={self.scope!r}, {len(self.gold)} gold sentences)"
+    def __repr__(self):
+        return f"AnnotationQuality({list(self.predictions)}, scope={self.scope!r}, {len(self.gold)} gold sentences)"
     def _repr_markdown_(self): return md_table(self.table().reset_index())
 
 # %% ../nbs/10_longitudinal.ipynb #2eb48068
@@ -868,16 +944,19 @@ def _predict(annotator, g: pd.DataFrame, scope: str) -> pd.DataFrame:
         return as_pandas(annotator, "predictions").reset_index(drop=True)
     if scope == "end_to_end": return annotator.annotate(list(g["sentence"])).reset_index(drop=True)
     ask = [i for i, (long_, k, p) in enumerate(zip(g.is_longitudinal, g.keyword, g.progression))
-           if long_ and k not in (None, SUPPORT_DEVICES) and p in PROGRESSION_CLASSES]   # only the sentences the scope scores
+           # only the sentences the scope scores
+           if long_ and k not in (None, SUPPORT_DEVICES) and p in PROGRESSION_CLASSES]
     prog = [None] * len(g)
     for i, v in zip(ask, annotator.progression_of([(g.sentence[i], g.keyword[i]) for i in ask])): prog[i] = v
-    return pd.DataFrame({"is_longitudinal": True, "keyword": g["keyword"], "progression": pd.Series(prog, dtype=object)})
+    return pd.DataFrame({"is_longitudinal": True, "keyword": g["keyword"],
+                         "progression": pd.Series(prog, dtype=object)})
 
 def _named(annotators) -> dict:
     "{name: annotator} from a dict or a list of annotators with distinct names."
     if isinstance(annotators, Mapping): return dict(annotators)
     names = [a.name for a in annotators]
-    if len(set(names)) < len(names): raise InputError(f"annotators: names must differ, got {names}; pass a dict or set `name=`")
+    if len(set(names)) < len(names):
+        raise InputError(f"annotators: names must differ, got {names}; pass a dict or set `name=`")
     return dict(zip(names, annotators))
 
 def evaluate_annotators(gold,                        # gold table or path (see `read_gold`)
@@ -886,7 +965,7 @@ def evaluate_annotators(gold,                        # gold table or path (see `
                         scope: str = "end_to_end",   # or "isolated" (progression step alone, on gold keywords)
                         reps: int = 1000,            # bootstrap resamples
                         seed: int = DEFAULT_SEED,    # seed of the resamples
-                        clusters="report_id",        # a gold column, one label per gold row, or None (resample sentences)
+                        clusters="report_id",      # a gold column, one label per gold row, or None (resample sentences)
                         size: float = 0.95,          # interval coverage
                         max_invalid: float = MAX_INVALID # above this share of unreadable replies an annotator is incomplete
                        ) -> AnnotationQuality:
@@ -895,7 +974,8 @@ def evaluate_annotators(gold,                        # gold table or path (see `
     preds = {n: _predict(a, g, scope) for n, a in _named(annotators).items()}
     counts = {n: annotation_counts(g, p, scope) for n, p in preds.items()}
     stats = {n: _annotation_stats(C, scope) for n, C in counts.items()}
-    metrics = {m: ({n: stats[n][m][0] for n in stats}, stats[next(iter(stats))][m][1]) for m in next(iter(stats.values()))}
+    metrics = {m: ({n: stats[n][m][0] for n in stats}, stats[next(iter(stats))][m][1])
+               for m in next(iter(stats.values()))}
     res = bootstrap_metrics(metrics, reps=reps, seed=seed, clusters=resolve_clusters(clusters, g),
                             baseline=baseline if len(preds) > 1 else None, size=size)
     return AnnotationQuality(g, preds, counts, res, scope, baseline, float(max_invalid))
@@ -904,9 +984,11 @@ def evaluate_annotators(gold,                        # gold table or path (see `
 @patch
 def table(self: AnnotationQuality, digits: int = 3 # decimals shown
          ) -> pd.DataFrame:
-    "metric × annotator, `estimate [ci_low, ci_high]` over the replies read, and the unreadable ones; an incomplete annotator shows no measure."
+    """metric × annotator, `estimate [ci_low, ci_high]` over the replies read, and the unreadable ones; an incomplete
+    annotator shows no measure."""
     s = self.summary()
-    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
+    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo,
+                 hi in zip(s.estimate, s.ci_low, s.ci_high)]
     out = s.pivot(index="metric", columns="annotator", values="cell").loc[list(self.results), list(self.predictions)]
     v = self.validity().set_index("annotator")
     for name in self.incomplete: out[name] = _incomplete_cell(v.loc[name])
@@ -931,9 +1013,11 @@ def per_class(self: AnnotationQuality, size: float = 0.95 # coverage of the exac
     parts = []
     for name in self.predictions:
         c = self.categories(name)
-        t = c.assign(correct=c.gold == c.predicted).groupby("gold", sort=False).agg(n=("correct", "size"), correct=("correct", "sum"))
+        t = c.assign(correct=c.gold == c.predicted).groupby("gold", sort=False).agg(n=("correct", "size"),
+                                                                                    correct=("correct", "sum"))
         parts.append(binomial_cis(t.reset_index(), "correct", "n", size).assign(annotator=name))
-    return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low", "ci_high"]].rename(columns={"estimate": "accuracy"})
+    return pd.concat(parts, ignore_index=True)[["annotator", "gold", "n", "correct", "estimate", "ci_low",
+                                                "ci_high"]].rename(columns={"estimate": "accuracy"})
 
 # %% ../nbs/10_longitudinal.ipynb #eb45091f
 ERROR_KINDS = ("unreadable reply", "missed longitudinal", "spurious longitudinal", "no finding term", "other finding",
@@ -988,7 +1072,8 @@ def keyword_accuracy(self: AnnotationQuality) -> pd.DataFrame:
     for name, p in self.predictions.items():
         exact = (p.keyword[m] == g.keyword[m])
         same_fam = [fam.get(a, a) == fam.get(b, b) for a, b in zip(p.keyword[m], g.keyword[m])]
-        rows.append({"annotator": name, "n": int(m.sum()), "exact": float(exact.mean()), "same_family": float(np.mean(same_fam))})
+        rows.append({"annotator": name, "n": int(m.sum()), "exact": float(exact.mean()),
+                     "same_family": float(np.mean(same_fam))})
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #5b19c15b
@@ -1010,11 +1095,12 @@ def _match_label(match, families=None) -> str:
 
 def _eventfulness(label) -> int: return _EVENTFUL.get(label, 9)
 
-def report_progression(sentences,                          # a sentences table (see `annotate_reports`)
-                       match: str | Mapping = "exact",     # "exact" terms, "families" of synonyms, or a map term -> name
+def report_progression(sentences,                       # a sentences table (see `annotate_reports`)
+                       match: str | Mapping = "exact",  # "exact" terms, "families" of synonyms, or a map term -> name
                        families: bool | Mapping | None = None # older spelling of `match` (True: "families")
                       ) -> pd.DataFrame:
-    "`report_id, keyword, progression` per report and finding, from its longitudinal sentences (support devices left out)."
+    """`report_id, keyword, progression` per report and finding, from its longitudinal sentences (support devices left
+    out)."""
     s = require_columns(sentences, ["report_id", "is_longitudinal", "keyword", "progression"], "sentences")
     fam = _matching(match, families)
     m = s["is_longitudinal"].astype("boolean").fillna(False).astype(bool) & s["keyword"].notna() & (s["keyword"] != SUPPORT_DEVICES)
@@ -1026,17 +1112,21 @@ def report_progression(sentences,                          # a sentences table (
     return d
 
 # %% ../nbs/10_longitudinal.ipynb #1826803f
-def progression_instances(reference,              # sentences table of the reference reports (report_id = study_id)
-                          generated,              # sentences table of the generated reports (report_id = sample_id)
-                          pairs,                  # sample_id, study_id, system: which generated report answers which study
+def progression_instances(reference,  # sentences table of the reference reports (report_id = study_id)
+                          generated,  # sentences table of the generated reports (report_id = sample_id)
+                          pairs,      # sample_id, study_id, system: which generated report answers which study
                           match: str | Mapping = "exact", # "exact" terms, "families" of synonyms, or a map term -> name
                           families: bool | Mapping | None = None # older spelling of `match` (True: "families")
                          ) -> pd.DataFrame:
-    "One row per generated report and reference finding with a progression class: `..., reference, generated, predicted`."
-    p = require_columns(pairs, ["sample_id", "study_id", "system"], "pairs")[["sample_id", "study_id", "system"]].astype(str)
+    """One row per generated report and reference finding with a progression class: `..., reference, generated,
+    predicted`."""
+    p = require_columns(pairs, ["sample_id", "study_id", "system"],
+                        "pairs")[["sample_id", "study_id", "system"]].astype(str)
     ref = report_progression(reference, match, families)
-    ref = ref[ref["progression"].isin(PROGRESSION_CLASSES)].rename(columns={"report_id": "study_id", "progression": "reference"})
-    gen = report_progression(generated, match, families).rename(columns={"report_id": "sample_id", "progression": "generated"})
+    ref = ref[ref["progression"].isin(PROGRESSION_CLASSES)].rename(columns={"report_id": "study_id",
+                                                                            "progression": "reference"})
+    gen = report_progression(generated, match,
+                             families).rename(columns={"report_id": "sample_id", "progression": "generated"})
     inst = p.merge(ref, on="study_id").merge(gen, on=["sample_id", "keyword"], how="left")
     inst["generated"] = inst["generated"].astype(object).where(inst["generated"].notna(), None)
     inst["predicted"] = [g if g in PROGRESSION_CLASSES else "absent" for g in inst["generated"]]
@@ -1059,11 +1149,13 @@ def progression_counts(instances,         # see `progression_instances`
 
 # %% ../nbs/10_longitudinal.ipynb #e8a29d0b
 LANGUAGE_METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor")
-PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened",
-                       "progression_micro_precision", "progression_micro_recall", "progression_macro_f1")
+PROGRESSION_METRICS = ("progression_micro_f1", "progression_f1_no_change", "progression_f1_improved",
+                       "progression_f1_worsened", "progression_micro_precision", "progression_micro_recall",
+                       "progression_macro_f1")
 CLASS_METRICS = tuple(f"progression_{m}_{c.replace(' ', '_')}"   # Table 18: precision and recall of each class
                       for c in PROGRESSION_CLASSES for m in ("precision", "recall"))
-TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]  # paper 003's Table 5
+# paper 003's Table 5
+TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]
 _F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
 def _progression_stats(S: np.ndarray) -> dict:
@@ -1074,8 +1166,8 @@ def _progression_stats(S: np.ndarray) -> dict:
     out = {"progression_micro_f1": (micro, "micro_f1")}
     per = {c.replace(" ", "_"): micro_stats(tp[:, j], fp[:, j], fn[:, j]) for j, c in enumerate(PROGRESSION_CLASSES)}
     out.update({f"progression_f1_{c}": (s, "micro_f1") for c, s in per.items()})
-    out.update({"progression_micro_precision": (micro, "micro_precision"), "progression_micro_recall": (micro, "micro_recall"),
-                "progression_macro_f1": (S, "macro_f1")})
+    out.update({"progression_micro_precision": (micro, "micro_precision"),
+                "progression_micro_recall": (micro, "micro_recall"), "progression_macro_f1": (S, "macro_f1")})
     out.update({f"progression_{m}_{c}": (s, f"micro_{m}") for c, s in per.items() for m in ("precision", "recall")})
     return out
 
@@ -1093,11 +1185,13 @@ def _language_stats(metrics: Sequence, refs: Sequence[str], hyps: Sequence[str],
         if name == "meteor" and shutil.which("java") is None:
             notes.append("METEOR was not computed: it needs Java (a JRE 8 or newer) on PATH, and none was found."); continue
         try: parts.append(sample_stats(refs, hyps, [name], sample_ids=list(ids), system=list(systems)))
-        except (ImportError, OSError, RuntimeError) as e: notes.append(f"{name} was not computed: {type(e).__name__}: {e}")
+        except (ImportError, OSError, RuntimeError) as e:
+            notes.append(f"{name} was not computed: {type(e).__name__}: {e}")
     return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), notes
 
 def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
-    "`sample_id, study_id, system, hypothesis, restricted` of the generations of known studies (system: `core.config_label`; restricted: the row's own cell or dataset); one report per system and study."
+    """`sample_id, study_id, system, hypothesis, restricted` of the generations of known studies (system:
+    `core.config_label`; restricted: the row's own cell or dataset); one report per system and study."""
     g = to_generations(generations)
     g = g.assign(system=config_label(g["system"], g["policy"]).to_numpy(), restricted=is_restricted(g))[
         ["sample_id", "study_id", "system", "hypothesis", "restricted"]]
@@ -1107,8 +1201,10 @@ def _pairs_of(generations, study_ids: set) -> pd.DataFrame:
                          f"(first study_id {g['study_id'].iloc[0]!r})")
     g = g[known].reset_index(drop=True)
     dup = g.duplicated(["system", "study_id"])
-    if dup.any(): raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study {g.study_id[dup].iloc[0]!r}; "
-                                   "keep one seed per system and study, or give each seed its own system name")
+    if dup.any():
+        raise InputError(f"generations: system {g.system[dup].iloc[0]!r} has more than one report for study "
+                                   f"{g.study_id[dup].iloc[0]!r}; keep one seed per system and study, or give each "
+                                   "seed its own system name")
     return g
 
 # %% ../nbs/10_longitudinal.ipynb #4bb46b25
@@ -1123,19 +1219,21 @@ class TruthAgreement:
         return self.changes.copy()
 
     def summary(self) -> pd.DataFrame:
-        "Per class and overall: `class, metric, n, correct, estimate, ci_low, ci_high, annotator` (accuracy, exact binomial interval)."
+        """Per class and overall: `class, metric, n, correct, estimate, ci_low, ci_high, annotator` (accuracy, exact
+        binomial interval)."""
         per = self.changes.groupby("truth", sort=False).correct.agg(n="size", correct="sum")
         per = per.reindex(list(PROGRESSION_CLASSES)).dropna().astype(int)
         per.loc["all"] = per.sum()
         out = binomial_cis(per.rename_axis("class").reset_index(), "correct", "n", self.size).assign(metric="accuracy")
-        return out[["class", "metric", "n", "correct", "estimate", "ci_low", "ci_high"]].assign(annotator=self.annotator)
+        return out[["class", "metric", "n", "correct", "estimate", "ci_low",
+                    "ci_high"]].assign(annotator=self.annotator)
 
     def headline(self) -> str:
         "One markdown sentence: the overall accuracy with its interval."
         a = self.summary().set_index("class").loc["all"]
         who = f" by `{self.annotator}`" if self.annotator else ""
-        return (f"The annotated progression{who} is right for **{a.correct}** of the {a.n} true changes: **{a.estimate:.1%}** "
-                f"[{a.ci_low:.1%}, {a.ci_high:.1%}] (exact binomial {self.size:.0%} interval).")
+        return (f"The annotated progression{who} is right for **{a.correct}** of the {a.n} true changes: "
+                f"**{a.estimate:.1%}** [{a.ci_low:.1%}, {a.ci_high:.1%}] (exact binomial {self.size:.0%} interval).")
 
     def __repr__(self): return f"TruthAgreement({len(self.changes)} true changes, annotator={self.annotator!r})"
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
@@ -1152,8 +1250,10 @@ def truth_agreement(sentences,                  # sentences table of the referen
     fam = _matching(match, families)
     t = t[(t["keyword"] != SUPPORT_DEVICES) & t["progression"].isin(PROGRESSION_CLASSES)]
     t = t.assign(study_id=t.study_id.astype(str), keyword=[fam.get(k, k) for k in t.keyword] if fam else t.keyword)
-    t = t.drop_duplicates(["study_id", "keyword"]).rename(columns={"progression": "truth"})[["study_id", "keyword", "truth"]]
-    a = report_progression(sentences, match, families).rename(columns={"report_id": "study_id", "progression": "annotated"})
+    t = t.drop_duplicates(["study_id",
+                           "keyword"]).rename(columns={"progression": "truth"})[["study_id", "keyword", "truth"]]
+    a = report_progression(sentences, match, families).rename(columns={"report_id": "study_id",
+                                                                       "progression": "annotated"})
     m = t.merge(a, on=["study_id", "keyword"], how="left")
     m["annotated"] = m["annotated"].fillna("not found")
     m["correct"] = m["truth"] == m["annotated"]
@@ -1169,11 +1269,13 @@ def _who(data) -> str | None:
 def unreadable_text(validity: pd.DataFrame # from `ProgressionEvaluation.validity` or `IncompleteAnnotation.validity`
                    ) -> str:
     "The unreadable annotation replies in words."
-    return "; ".join(f"{r.n_invalid} of {r.asked} {r.reports} sentences unreadable ({r.invalid_rate:.1%})" for r in validity.itertuples())
+    return "; ".join(f"{r.n_invalid} of {r.asked} {r.reports} sentences unreadable ({r.invalid_rate:.1%})"
+                     for r in validity.itertuples())
 
 def _validity(ref_s, gen_s, annotators: dict, max_invalid: float) -> pd.DataFrame:
     sides = (("references", ref_s), ("generations", gen_s))
-    return pd.DataFrame([{"reports": k, **_validity_rows(annotators[k], len(s), int(s["is_longitudinal"].isna().sum()), max_invalid)}
+    return pd.DataFrame([{"reports": k, **_validity_rows(annotators[k], len(s), int(s["is_longitudinal"].isna().sum()),
+                                                         max_invalid)}
                          for k, s in sides])
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -1186,7 +1288,7 @@ class ProgressionEvaluation(_PairedMeasures):
     scores: pd.DataFrame               # language metrics on longitudinal sentences, `scores` long format
     results: dict                      # metric -> PairedResult (systems on shared resamples)
     notes: tuple = ()                  # what was left out, and why
-    clusters: str | None = None        # what was resampled instead of studies (a column name, "given labels"), None: studies
+    clusters: str | None = None   # what was resampled instead of studies (a column name, "given labels"), None: studies
     seed: int = DEFAULT_SEED           # seed of the resamples
     truth: TruthAgreement | None = None   # the references' annotation against known true changes, when given
     llm_calls: pd.DataFrame | None = None # every LLM call of the annotation (column `reports`), when an LLM annotated
@@ -1200,16 +1302,20 @@ class ProgressionEvaluation(_PairedMeasures):
     @property
     def annotators(self) -> dict:
         "Who annotated the references and the generated reports."
-        return {k: _who(s) for k, s in (("references", self.reference_sentences), ("generations", self.generated_sentences))}
+        return {k: _who(s) for k, s in (("references", self.reference_sentences),
+                                        ("generations", self.generated_sentences))}
 
     def validity(self) -> pd.DataFrame:
-        "Per side (references, generations): sentences annotated, replies that could not be read, their share, and `complete`."
+        """Per side (references, generations): sentences annotated, replies that could not be read, their share, and
+        `complete`."""
         return _validity(self.reference_sentences, self.generated_sentences, self.annotators, self.max_invalid)
 
     def coverage(self) -> dict:
-        "How much was evaluated: reference sentences, the longitudinal ones, unreadable annotations, evaluated studies, systems, instances."
+        """How much was evaluated: reference sentences, the longitudinal ones, unreadable annotations, evaluated
+        studies, systems, instances."""
         v = self.validity().set_index("reports").n_invalid
-        return {"reference_sentences": len(self.reference_sentences), "unreadable_reference_sentences": int(v["references"]),
+        return {"reference_sentences": len(self.reference_sentences),
+                "unreadable_reference_sentences": int(v["references"]),
                 "unreadable_generated_sentences": int(v["generations"]),
                 "longitudinal_reference_sentences": int(self.reference_sentences["is_longitudinal"].fillna(False).sum()),
                 "studies": len(self.units), "systems": len(self.systems), "instances": len(self.instances)}
@@ -1218,7 +1324,8 @@ class ProgressionEvaluation(_PairedMeasures):
     def annotator(self) -> str:
         "Who annotated, in one label: the one annotator, or `references: ...; generations: ...` when they differ."
         a = self.annotators
-        return a["references"] if a["references"] == a["generations"] else f"references: {a['references']}; generations: {a['generations']}"
+        return a["references"] if a["references"] == a["generations"] else (f"references: {a['references']}; "
+                                                                            f"generations: {a['generations']}")
 
     def provenance(self) -> str:
         "One sentence: annotator(s), finding matching, sentence splitter and diagnosis labeler behind the numbers."
@@ -1229,17 +1336,21 @@ class ProgressionEvaluation(_PairedMeasures):
 
     def summary(self) -> pd.DataFrame:
         "`system, metric, estimate, ci_low, ci_high, se, n, annotator` for every system and measure."
-        return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se", "n"]].assign(annotator=self.annotator)
+        return self.to_frame()[["system", "metric", "estimate", "ci_low", "ci_high", "se",
+                                "n"]].assign(annotator=self.annotator)
 
     def win_matrix(self, metric: str = "progression_micro_f1" # one of `results`
                   ) -> pd.DataFrame:
         "P(row system better than column system) over the bootstrap resamples."
         return self.compare(metric).win_matrix()
 
-    def __repr__(self): return f"ProgressionEvaluation({len(self.systems)} systems, {len(self.units)} studies, {len(self.results)} measures)"
+    def __repr__(self):
+        return (f"ProgressionEvaluation({len(self.systems)} systems, {len(self.units)} studies, {len(self.results)} "
+                "measures)")
     def _repr_markdown_(self):
         note = [self.note()] if len(self.systems) > 1 else []
-        return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index()), self.provenance()] + list(self.notes))
+        return "\n\n".join([self.headline()] + note + [md_table(self.table().reset_index()),
+                                                       self.provenance()] + list(self.notes))
 
 # %% ../nbs/10_longitudinal.ipynb #dcaa9467
 def _cluster_labels(clusters, st: pd.DataFrame) -> pd.Series | None:
@@ -1247,7 +1358,9 @@ def _cluster_labels(clusters, st: pd.DataFrame) -> pd.Series | None:
     labels = resolve_clusters(clusters, st, key="study_id")
     if labels is None: return None
     missing = pd.isna(pd.Series(labels, dtype=object)).to_numpy()
-    if missing.any(): raise InputError(f"clusters: study {st['study_id'].iloc[int(np.flatnonzero(missing)[0])]!r} has no cluster label")
+    if missing.any():
+        raise InputError(f"clusters: study {st['study_id'].iloc[int(np.flatnonzero(missing)[0])]!r} has no "
+                         "cluster label")
     return pd.Series(labels, index=st["study_id"].to_numpy(), dtype=object)
 
 def _calls_of(annotator, before, reports: str) -> pd.DataFrame | None:
@@ -1256,7 +1369,8 @@ def _calls_of(annotator, before, reports: str) -> pd.DataFrame | None:
     return log.assign(reports=reports) if isinstance(log, pd.DataFrame) and log is not before and len(log) else None
 
 def _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences):
-    "Sentences tables of the references and of the generated reports (annotated here unless given), and the LLM calls made."
+    """Sentences tables of the references and of the generated reports (annotated here unless given), and the LLM calls
+    made."""
     calls = []
     if reference_sentences is None:
         ann = reference_annotator or annotator; before = getattr(ann, "log_", None)
@@ -1264,9 +1378,11 @@ def _annotated(st, pairs, annotator, reference_annotator, splitter, section, ref
         calls.append(_calls_of(ann, before, "references"))
     if generated_sentences is None:
         before = getattr(annotator, "log_", None)
-        held = dict(zip(st["study_id"], is_restricted(st)))   # a generation is as restricted as its study, or its own row says so
+        # a generation is as restricted as its study, or its own row says so
+        held = dict(zip(st["study_id"], is_restricted(st)))
         restricted = pairs.study_id.map(held).fillna(False).astype(bool) | pairs["restricted"].astype(bool)
-        generated_sentences = annotate_reports(pairs.assign(restricted=restricted), annotator, splitter, id_col="sample_id", text_col="hypothesis")
+        generated_sentences = annotate_reports(pairs.assign(restricted=restricted), annotator, splitter,
+                                               id_col="sample_id", text_col="hypothesis")
         calls.append(_calls_of(annotator, before, "generations"))
     calls = [c for c in calls if c is not None]
     return reference_sentences, generated_sentences, (pd.concat(calls, ignore_index=True) if calls else None)
@@ -1277,12 +1393,14 @@ def _score_blocks(scores: pd.DataFrame, units: list, systems: list, prefix: str 
     blocks = {}
     for m in (scores["metric"].unique() if len(scores) else []):
         d = scores[scores["metric"] == m]; cols = [c for c in d.columns if c.startswith("stat_") and d[c].notna().any()]
-        blocks[prefix + m] = ({s: d[d["system"] == s].set_index("sample_id").loc[units, cols].to_numpy(float) for s in systems}, get_metric(m).value)
+        blocks[prefix + m] = ({s: d[d["system"] == s].set_index("sample_id").loc[units, cols].to_numpy(float)
+                               for s in systems}, get_metric(m).value)
     return blocks
 
 def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: list, labeler) -> dict:
     "`diagnosis_micro_f1`, precision and recall: per-study `[tp, fp, fn]` over the 14 labels (uncertain: negative)."
-    def binary(texts): return to_binary(to_wide(label_reports(list(texts), ids=list(units), labeler=labeler)).to_numpy())
+    def binary(texts):
+        return to_binary(to_wide(label_reports(list(texts), ids=list(units), labeler=labeler)).to_numpy())
     R = binary(refs)
     def stats(H): return micro_stats((R & H).sum(1), ((1 - R) & H).sum(1), (R & (1 - H)).sum(1))
     per = {s: stats(binary(hyps[s])) for s in systems}
@@ -1290,12 +1408,14 @@ def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: 
 
 def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict,
               section: str = "findings", report_metrics: Sequence[str] = (), labeler=None) -> ProgressionEvaluation:
-    "The evaluation on the studies with longitudinal reference content and a report from every system; `fields` go to the result."
+    """The evaluation on the studies with longitudinal reference content and a report from every system; `fields` go to
+    the result."""
     ref_long, gen_long = _joined_longitudinal(ref_s), _joined_longitudinal(gen_s)
     systems = list(dict.fromkeys(pairs["system"]))
     covered = pairs.groupby("study_id")["system"].nunique()
     units = [u for u in st["study_id"] if u in ref_long and covered.get(u, 0) == len(systems)]
-    notes = [f"{len(set(ref_long) - set(units))} stud(ies) with longitudinal reference content were left out: not every system has a report for them."] \
+    notes = [f"{len(set(ref_long) - set(units))} stud(ies) with longitudinal reference content were left out: not "
+             "every system has a report for them."] \
         if len(units) < len(set(ref_long) & set(st["study_id"])) else []
     if not units: raise InputError("no study has longitudinal reference content and a report from every system")
     P = pairs[pairs["study_id"].isin(set(units))]
@@ -1305,29 +1425,36 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
               for m in PROGRESSION_METRICS + CLASS_METRICS}
     key = P.set_index(["system", "study_id"])["sample_id"]
     order = [(s, u) for s in systems for u in units]
-    scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order], [gen_long.get(key[(s, u)], "") for s, u in order],
-                                         [u for _, u in order], [s for s, _ in order])
+    scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order],
+                                         [gen_long.get(key[(s, u)], "") for s, u in order], [u for _, u in order],
+                                         [s for s, _ in order])
     blocks |= _score_blocks(scores, units, systems)
     if report_metrics or labeler is not None:   # whole reports: the reference section against the full generated report
         text, hyp = st.set_index("study_id")[section].fillna("").astype(str), P.set_index(["system", "study_id"])["hypothesis"].fillna("").astype(str)
-        whole, more = _language_stats(report_metrics, [text[u] for _, u in order], [hyp[k] for k in order], [u for _, u in order], [s for s, _ in order])
+        whole, more = _language_stats(report_metrics, [text[u] for _, u in order], [hyp[k] for k in order],
+                                      [u for _, u in order], [s for s, _ in order])
         blocks |= _score_blocks(whole, units, systems, "report_"); lang_notes += more
-        scores = pd.concat([scores, whole.assign(metric="report_" + whole["metric"])] if len(whole) else [scores], ignore_index=True)
-        if labeler is not None: blocks |= _diagnosis_blocks([text[u] for u in units], {s: [hyp[(s, u)] for u in units] for s in systems}, units, systems, labeler)
+        scores = pd.concat([scores, whole.assign(metric="report_" + whole["metric"])] if len(whole) else [scores],
+                           ignore_index=True)
+        if labeler is not None:
+            blocks |= _diagnosis_blocks([text[u] for u in units], {s: [hyp[(s, u)] for u in units] for s in systems},
+                                        units, systems, labeler)
     clusters = cluster_of.loc[units].to_numpy() if cluster_of is not None else None
     res = bootstrap_metrics(blocks, reps=reps, seed=seed, clusters=clusters, size=size)
-    return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res, tuple(notes + lang_notes), **fields)
+    return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res,
+                                 tuple(notes + lang_notes), **fields)
 
 # %% ../nbs/10_longitudinal.ipynb #e4a1f0c2
 class IncompleteAnnotation(IncompleteRunError):
     "The annotator's replies could not be read often enough to score anything; carries what was annotated, for a look."
     def __init__(self, validity: pd.DataFrame, reference_sentences, generated_sentences, llm_calls, max_invalid: float):
-        super().__init__(f"incomplete annotation: {unreadable_text(validity)}, more than the {max_invalid:.0%} allowed; no measure "
-                         "computed (look at the replies in llm_calls, give the model more max_tokens, or use another model)")
+        super().__init__(f"incomplete annotation: {unreadable_text(validity)}, more than the {max_invalid:.0%} "
+                         "allowed; no measure computed (look at the replies in llm_calls, give the model more "
+                         "max_tokens, or use another model)")
         self.validity, self.reference_sentences, self.generated_sentences, self.llm_calls = validity, reference_sentences, generated_sentences, llm_calls
 
-def progression_evaluation(studies,                       # studies table: study_id and the reference text column (`section`)
-                           generations,                   # generations table (sample_id, study_id, system, policy, hypothesis, ...)
+def progression_evaluation(studies,                  # studies table: study_id and the reference text column (`section`)
+                           generations,       # generations table (sample_id, study_id, system, policy, hypothesis, ...)
                            progression=None,              # known true changes (study_id, keyword, progression), e.g. the demo corpus's
                            annotator=None,                # annotates the generated reports (and the references by default); RuleAnnotator()
                            reps: int = 1000,              # bootstrap resamples (paper 003: 1,000)
@@ -1339,32 +1466,39 @@ def progression_evaluation(studies,                       # studies table: study
                            families: bool | Mapping | None = None, # older spelling of `match` (True: "families")
                            section: str = "findings",     # column of `studies` holding the reference text
                            splitter: str | Callable = "default", # sentence splitter (see `cxr_audit.reports.split_sentences`)
-                           size: float = 0.95,            # interval coverage
-                           reference_sentences=None,      # annotations of the references made before (a sentences table)
-                           generated_sentences=None,      # annotations of the generated reports made before
+                           size: float = 0.95,        # interval coverage
+                           reference_sentences=None,  # annotations of the references made before (a sentences table)
+                           generated_sentences=None,  # annotations of the generated reports made before
                            report_metrics: Sequence[str] = (), # language metrics on the whole reports too (`report_*`; Table 5: bleu_4, meteor)
                            diagnosis: bool = False,       # add `diagnosis_micro_f1` (14 CheXpert labels of the whole reports)
                            labeler=None,                  # the diagnosis labeler (default: the packaged rule `Labeler`)
                            max_invalid: float = MAX_INVALID # above this share of unreadable annotation replies the result is incomplete
                           ) -> ProgressionEvaluation:
-    "Paper 003's evaluation of report generators (its Table 5): language, diagnosis and progression measures on one set of resamples."
+    """Paper 003's evaluation of report generators (its Table 5): language, diagnosis and progression measures on one
+    set of resamples."""
     annotator = annotator if annotator is not None else RuleAnnotator()
-    if not 0 <= float(max_invalid) <= 1: raise InputError(f"max_invalid is a share of replies in [0, 1], got {max_invalid!r}")
+    if not 0 <= float(max_invalid) <= 1:
+        raise InputError(f"max_invalid is a share of replies in [0, 1], got {max_invalid!r}")
     st = require_columns(studies, ["study_id", section], "studies").copy()
     st["study_id"] = st["study_id"].astype(str)
-    if st["study_id"].duplicated().any(): raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")
+    if st["study_id"].duplicated().any():
+        raise InputError(f"studies: study_id {st.study_id[st.study_id.duplicated()].iloc[0]!r} occurs more than once")
     cluster_of, pairs = _cluster_labels(clusters, st), _pairs_of(generations, set(st["study_id"]))
-    ref_s, gen_s, calls = _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences, generated_sentences)
+    ref_s, gen_s, calls = _annotated(st, pairs, annotator, reference_annotator, splitter, section, reference_sentences,
+                                     generated_sentences)
     v = _validity(ref_s, gen_s, {"references": _who(ref_s), "generations": _who(gen_s)}, float(max_invalid))
     if not v.complete.all(): raise IncompleteAnnotation(v, ref_s, gen_s, calls, float(max_invalid))
     truth = truth_agreement(ref_s, progression, size=size) if progression is not None else None
     label = clusters if clusters is None or isinstance(clusters, str) else "given labels"
     lab = (labeler or default_labeler()) if diagnosis else None
-    fields = {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls, "match": _match_label(match, families),
-              "splitter": None if reference_sentences is not None and generated_sentences is not None else _splitter_label(splitter),
-              "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}", "max_invalid": float(max_invalid)}
-    return _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, _matching(match, families) or "exact", fields,
-                     section, report_metrics, lab)
+    fields = {"clusters": label, "seed": seed, "truth": truth, "llm_calls": calls,
+              "match": _match_label(match, families),
+              "splitter": None if reference_sentences is not None and generated_sentences is not None
+              else _splitter_label(splitter),
+              "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}",
+              "max_invalid": float(max_invalid)}
+    return _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of,
+                     _matching(match, families) or "exact", fields, section, report_metrics, lab)
 
 # %% ../nbs/10_longitudinal.ipynb #1f150a81
 @patch
@@ -1374,7 +1508,8 @@ def table(self: ProgressionEvaluation,  # noqa: F811 (AnnotationQuality has its 
          ) -> pd.DataFrame:
     "system × measure, `estimate [ci_low, ci_high]` (the layout of the paper's Table 5)."
     s = self.summary()
-    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo, hi in zip(s.estimate, s.ci_low, s.ci_high)]
+    s["cell"] = [f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for e, lo,
+                 hi in zip(s.estimate, s.ci_low, s.ci_high)]
     cols = [m for m in (metrics or self.results) if m in self.results]
     return s.pivot(index="system", columns="metric", values="cell").loc[self.systems, cols]
 
@@ -1385,18 +1520,20 @@ def _oriented(comparisons: pd.DataFrame, first: str, second: str) -> dict:
     flip = (first, second) not in f.index
     r = f.loc[(second, first)] if flip else f.loc[(first, second)]
     lo, hi = (-r.ci_high, -r.ci_low) if flip else (r.ci_low, r.ci_high)
-    return {"difference": -r.estimate if flip else r.estimate, "ci_low": lo, "ci_high": hi, "p": r.p, "p_holm": r.p_holm,
-            "significant": bool(r.significant), "ci_excludes_0": bool(r.ci_excludes_0),
+    return {"difference": -r.estimate if flip else r.estimate, "ci_low": lo, "ci_high": hi, "p": r.p,
+            "p_holm": r.p_holm, "significant": bool(r.significant), "ci_excludes_0": bool(r.ci_excludes_0),
             "win_prob": 1 - r.win_prob if flip else r.win_prob}
 
 @patch
 def best_vs_runner_up(self: ProgressionEvaluation,
                       rule: str = "holm"   # what `lead` follows: "holm" (p_holm < 1 − size) or "ci" (the interval excludes 0: paper 003's)
                      ) -> pd.DataFrame:
-    "Per measure: the best system, the runner-up, their difference with its interval and p-values, Holm's `significant`, `ci_excludes_0`, and `lead` by `rule`."
+    """Per measure: the best system, the runner-up, their difference with its interval and p-values, Holm's
+    `significant`, `ci_excludes_0`, and `lead` by `rule`."""
     if rule not in ("holm", "ci"): raise InputError(f"best_vs_runner_up: rule must be 'holm' or 'ci', got {rule!r}")
     rows, r0 = [], self._result("progression_micro_f1")
-    if len(self.systems) > 1: check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
+    if len(self.systems) > 1:
+        check_reps(self.reps, len(r0.pairs), 1 - r0.size, "best_vs_runner_up (Holm over the pairs of systems)")
     for m, r in self.results.items():
         order = np.argsort(-np.nan_to_num(r.estimates, nan=-np.inf), kind="stable")
         if len(order) < 2: continue
@@ -1412,7 +1549,8 @@ def best_vs_runner_up(self: ProgressionEvaluation,
 @patch
 def ranks(self: ProgressionEvaluation, metrics: Sequence[str] | None = None # default: every measure defined on every resample
          ) -> pd.DataFrame:
-    "Per measure and system: rank (1 = best), its bootstrap interval, the mean rank and P(first): how stable the ranking is."
+    """Per measure and system: rank (1 = best), its bootstrap interval, the mean rank and P(first): how stable the
+    ranking is."""
     chosen = [m for m in (metrics or self.results) if np.isfinite(self._result(m).replicates).all()]
     df = pd.concat([rank_ci(self.results[m]).assign(metric=m) for m in chosen], ignore_index=True)
     return df[["metric", "system", "value", "estimate", "ci_low", "ci_high", "mean_rank", "p_first"]]
@@ -1430,15 +1568,17 @@ def note(self: ProgressionEvaluation, metrics: str | Sequence[str] = "progressio
 @patch
 def headline(self: ProgressionEvaluation, metric: str = "progression_micro_f1" # the measure the sentence is about
             ) -> str:
-    "One markdown sentence: the best system on `metric`, and whether its lead over the runner-up is significant after Holm."
+    """One markdown sentence: the best system on `metric`, and whether its lead over the runner-up is significant after
+    Holm."""
     s = self.summary().set_index(["system", "metric"])
     if len(self.systems) < 2:
         e = s.loc[(self.systems[0], metric)]
-        return f"`{self.systems[0]}`: {metric} {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] on {len(self.units)} studies."
+        return (f"`{self.systems[0]}`: {metric} {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] on "
+                f"{len(self.units)} studies.")
     b = self.best_vs_runner_up().set_index("metric").loc[metric]
     e, pairs = s.loc[(b.best, metric)], len(self.compare(metric).pairs)
-    return (f"Best {metric}: `{b.best}` {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}]; its lead over `{b.runner_up}` is "
-            f"{b.difference:+.3f} [{b.ci_low:+.3f}, {b.ci_high:+.3f}], p_holm = {b.p_holm:.3g}: "
+    return (f"Best {metric}: `{b.best}` {e.estimate:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}]; its lead over "
+            f"`{b.runner_up}` is {b.difference:+.3f} [{b.ci_low:+.3f}, {b.ci_high:+.3f}], p_holm = {b.p_holm:.3g}: "
             f"{'significant' if b.significant else 'not significant'} after Holm over the {pairs} pairs of systems "
             f"({len(self.units)} studies, {self.reps:,} resamples of {self.clusters or 'studies'}).")
 
@@ -1450,15 +1590,21 @@ def plot_progression_f1(evaluation: ProgressionEvaluation,   # the evaluation dr
     "Point estimates and intervals of progression F1 (micro and per class) by system."
     alt = enable_theme(svg=False)
     s = evaluation.summary()
-    s = s[s["metric"].isin(metrics)].assign(panel=lambda d: d["metric"].str.replace("progression_", "").str.replace("_", " "))
+    s = s[s["metric"].isin(metrics)].assign(panel=lambda d: d["metric"].str.replace("progression_",
+                                                                                    "").str.replace("_", " "))
     order = [m.replace("progression_", "").replace("_", " ") for m in metrics]
     colour = system_color("system", s["system"], legend=None)   # each system in its own colour, the same in every chart
     base = alt.Chart(s).encode(y=alt.Y("system:N", sort=evaluation.systems, title=None), color=colour)
-    rule = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="F1", scale=alt.Scale(domain=[0, 1])), x2="ci_high:Q")
+    rule = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="F1", scale=alt.Scale(domain=[0, 1])),
+                                                x2="ci_high:Q")
     pts = base.mark_point(filled=True, size=60).encode(x="estimate:Q",
-                                                      tooltip=["system", "metric", alt.Tooltip("estimate:Q", format=".3f"),
-                                                               alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")])
-    return (rule + pts).properties(width=170, height=alt.Step(20)).facet(column=alt.Column("panel:N", sort=order, title=None)).properties(
+                                                      tooltip=["system", "metric",
+                                                               alt.Tooltip("estimate:Q", format=".3f"),
+                                                               alt.Tooltip("ci_low:Q", format=".3f"),
+                                                               alt.Tooltip("ci_high:Q", format=".3f")])
+    return (rule + pts).properties(width=170,
+                                   height=alt.Step(20)).facet(column=alt.Column("panel:N", sort=order,
+                                                                                title=None)).properties(
         title=title or f"Progression F1 with {int(100 * evaluation.size)}% bootstrap intervals")
 
 # %% ../nbs/10_longitudinal.ipynb #d2e06c5a
@@ -1468,58 +1614,70 @@ def plot_progression_wins(evaluation: ProgressionEvaluation,      # the evaluati
                          ):
     "Heatmaps of P(row system better than column system) for one or more measures."
     metrics = [metric] if isinstance(metric, str) else list(metric)
-    if len(metrics) == 1: return plot_win_probability(evaluation.compare(metrics[0]), title=title or f"{metrics[0]}: P(row better than column)")
+    if len(metrics) == 1:
+        return plot_win_probability(evaluation.compare(metrics[0]), title=title or f"{metrics[0]}: P(row better "
+                                                                                   "than column)")
     alt = enable_theme(svg=False)
     charts = [plot_win_probability(evaluation.compare(m), title=f"{chr(97 + i)}) {m}") for i, m in enumerate(metrics)]
     rows = [alt.hconcat(*charts[i:i + 2]) for i in range(0, len(charts), 2)]
-    return alt.vconcat(*rows).properties(title=title or "P(row system better than column system) over the bootstrap resamples")
+    return alt.vconcat(*rows).properties(title=title or "P(row system better than column system) over the bootstrap "
+                                                        "resamples")
 
 # %% ../nbs/10_longitudinal.ipynb #2c96c8ef
 @patch
 def plot(self: ProgressionEvaluation, kind: str = "f1", # "f1": F1 with intervals by system; "wins": win probabilities (Figure 7)
-         metric: str | Sequence[str] | None = None,       # the measure(s) drawn (default: micro F1 and the three classes)
+         metric: str | Sequence[str] | None = None,  # the measure(s) drawn (default: micro F1 and the three classes)
          title: str | None = None # chart title (default: a description)
         ):
     "A chart of the evaluation: `kind=\"f1\"` or `kind=\"wins\"`."
-    if kind == "f1": return plot_progression_f1(self, [metric] if isinstance(metric, str) else (metric or _F1_METRICS), title)
-    if kind == "wins": return plot_progression_wins(self, metric or [m for m in _F1_METRICS if m in self.results], title)
+    if kind == "f1":
+        return plot_progression_f1(self, [metric] if isinstance(metric, str) else (metric or _F1_METRICS), title)
+    if kind == "wins":
+        return plot_progression_wins(self, metric or [m for m in _F1_METRICS if m in self.results], title)
     raise InputError(f"plot: kind must be 'f1' or 'wins', got {kind!r}")
 
 # %% ../nbs/10_longitudinal.ipynb #88985076
 @patch
 def save(self: ProgressionEvaluation, out_dir: str | os.PathLike, # folder to write into (created when missing)
-         inputs: Mapping | None = None,                           # name -> input file or table, recorded in the manifest
+         inputs: Mapping | None = None,                          # name -> input file or table, recorded in the manifest
          params: Mapping | None = None                            # further run parameters recorded in the manifest
         ) -> dict[str, Path]:
-    "Write the annotations, instances, tables, charts and a manifest (`manifest.json`) into `out_dir`; return name -> path."
+    """Write the annotations, instances, tables, charts and a manifest (`manifest.json`) into `out_dir`; return name ->
+    path."""
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    tables = {"reference_sentences.parquet": self.reference_sentences, "generated_sentences.parquet": self.generated_sentences,
-              "instances.parquet": self.instances, "summary.csv": self.summary(), "table.csv": self.table().reset_index(),
+    tables = {"reference_sentences.parquet": self.reference_sentences,
+              "generated_sentences.parquet": self.generated_sentences, "instances.parquet": self.instances,
+              "summary.csv": self.summary(), "table.csv": self.table().reset_index(),
               "language_scores.parquet": self.scores if len(self.scores) else None, "llm_calls.parquet": self.llm_calls,
               "truth.csv": None if self.truth is None else self.truth.summary(), "validity.csv": self.validity()}
     if len(self.systems) > 1:
-        tables |= {"comparisons.csv": self.comparisons(), "best_vs_runner_up.csv": self.best_vs_runner_up(), "ranks.csv": self.ranks(),
+        tables |= {"comparisons.csv": self.comparisons(), "best_vs_runner_up.csv": self.best_vs_runner_up(),
+                   "ranks.csv": self.ranks(),
                    "win_probability_micro_f1.csv": self.win_matrix().rename_axis("system").reset_index()}
     paths = {name.split(".")[0]: write_table(df, out / name) for name, df in tables.items() if df is not None}
     paths["progression_f1_chart"] = save_chart(self.plot("f1"), out / "progression_f1.svg")
-    if len(self.systems) > 1: paths["win_probability_chart"] = save_chart(self.plot("wins"), out / "win_probability.svg")
+    if len(self.systems) > 1:
+        paths["win_probability_chart"] = save_chart(self.plot("wins"), out / "win_probability.svg")
     params = {"annotators": self.annotators, "reps": self.reps, "seed": self.seed, "clusters": self.clusters,
               "size": self.size, "systems": self.systems, "studies": len(self.units), **(params or {})}
-    write_manifest(out / "manifest.json", inputs=inputs, outputs=paths, params=params, notes=list(self.notes) + [self.note()])
+    write_manifest(out / "manifest.json", inputs=inputs, outputs=paths, params=params,
+                   notes=list(self.notes) + [self.note()])
     return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/10_longitudinal.ipynb #0a854134
 def _estimates(evaluation, metrics=None) -> pd.DataFrame:
-    "metric × member estimates of a result (`ProgressionEvaluation`, `AnnotationQuality`) or its summary table; columns named `system` or `annotator`."
+    """metric × member estimates of a result (`ProgressionEvaluation`, `AnnotationQuality`) or its summary table;
+    columns named `system` or `annotator`."""
     s = evaluation.summary() if hasattr(evaluation, "summary") else as_pandas(evaluation, "summary")
     who = "annotator" if "annotator" in s.columns and "system" not in s.columns else "system"
     t = require_columns(s, [who, "metric", "estimate"], "summary").pivot(index="metric", columns=who, values="estimate")
     return t.loc[[m for m in (metrics or t.index) if m in t.index]]
 
-def ranking_stability(evaluations: Sequence,                 # evaluations (or their `summary()` tables) of repeated runs
-                      metrics: Sequence[str] | None = None   # default: every measure of the first run
+def ranking_stability(evaluations: Sequence,                # evaluations (or their `summary()` tables) of repeated runs
+                      metrics: Sequence[str] | None = None  # default: every measure of the first run
                      ) -> pd.DataFrame:
-    "Per measure, agreement of the system rankings of repeated runs: Kendall's W (with p) and the mean pairwise Spearman rho."
+    """Per measure, agreement of the system rankings of repeated runs: Kendall's W (with p) and the mean pairwise
+    Spearman rho."""
     if len(evaluations) < 2: raise InputError("ranking_stability needs at least two evaluation runs")
     E = [_estimates(e, metrics) for e in evaluations]
     rows = []
@@ -1527,15 +1685,18 @@ def ranking_stability(evaluations: Sequence,                 # evaluations (or t
         X = np.array([e.loc[m, E[0].columns].to_numpy(float) for e in E])
         if not np.isfinite(X).all(): continue
         w, r = kendalls_w(X), mean_spearman(X)
-        rows.append({"metric": m, "kendalls_w": w.estimate, "p": w.p, "mean_spearman": r.estimate, "runs": len(E), "systems": X.shape[1]})
+        rows.append({"metric": m, "kendalls_w": w.estimate, "p": w.p, "mean_spearman": r.estimate, "runs": len(E),
+                     "systems": X.shape[1]})
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #aa8d1ba8
 def runs_summary(evaluations: Sequence,                 # evaluations, annotation qualities (or their `summary()` tables) of repeated runs
                  metrics: Sequence[str] | None = None   # default: every measure
                 ) -> pd.DataFrame:
-    "Mean and standard deviation of each system's (or annotator's) estimate over repeated runs: `metric, system|annotator, mean, sd, runs`."
-    X = pd.concat({i: _estimates(e, metrics).stack().rename("estimate") for i, e in enumerate(evaluations)}, names=["run"])
+    """Mean and standard deviation of each system's (or annotator's) estimate over repeated runs: `metric,
+    system|annotator, mean, sd, runs`."""
+    X = pd.concat({i: _estimates(e, metrics).stack().rename("estimate") for i, e in enumerate(evaluations)},
+                  names=["run"])
     return X.groupby(["metric", X.index.names[-1]]).agg(mean="mean", sd="std", runs="size").reset_index()
 
 # %% ../nbs/10_longitudinal.ipynb #c8e40cee
@@ -1550,7 +1711,8 @@ def ranking_agreement(first,                                # an evaluation (or 
         x, y = A.loc[m].to_numpy(float), B.loc[m, A.columns].to_numpy(float)
         if not (np.isfinite(x).all() and np.isfinite(y).all()): continue
         with np.errstate(divide="ignore", invalid="ignore"): r, t = spearman(x, y), kendall_tau(x, y)  # |rho| = 1: infinite Fisher z
-        rows.append({"metric": m, "spearman_rho": r.estimate, "spearman_p": r.p, "kendall_tau": t.estimate, "kendall_p": t.p, "systems": len(x)})
+        rows.append({"metric": m, "spearman_rho": r.estimate, "spearman_p": r.p, "kendall_tau": t.estimate,
+                     "kendall_p": t.p, "systems": len(x)})
     return pd.DataFrame(rows)
 
 # %% ../nbs/10_longitudinal.ipynb #2487475d
@@ -1586,17 +1748,19 @@ class KeywordDistance:
                           for nm, k in zip(self.names, ("first", "second"))], ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
-        "`metric, value`: distance, divergence, its maximum for this base, keywords compared, smoothing, base, annotator."
+        """`metric, value`: distance, divergence, its maximum for this base, keywords compared, smoothing, base,
+        annotator."""
         top = np.log(2) / (np.log(self.base) if self.base else 1.0)
-        return pd.DataFrame({"metric": ["js_distance", "js_divergence", "max_divergence", "keywords", "smoothing", "log_base", "annotator"],
+        return pd.DataFrame({"metric": ["js_distance", "js_divergence", "max_divergence", "keywords", "smoothing",
+                                        "log_base", "annotator"],
                              "value": [self.distance, self.divergence, top, len(self.distributions), self.smoothing,
                                        self.base or "e", self.annotator]})
 
     def __repr__(self): return f"KeywordDistance({self.names[0]!r} vs {self.names[1]!r}: {self.distance:.4f})"
     def _repr_markdown_(self):
-        return (f"Jensen-Shannon distance between the keyword shares of `{self.names[0]}` and `{self.names[1]}`: **{self.distance:.4f}** "
-                f"(divergence {self.divergence:.4f}; log base {self.base or 'e'}; smoothing {self.smoothing}; "
-                f"annotator `{self.annotator}`).\n\n" + md_table(self.summary()))
+        return (f"Jensen-Shannon distance between the keyword shares of `{self.names[0]}` and `{self.names[1]}`: "
+                f"**{self.distance:.4f}** (divergence {self.divergence:.4f}; log base {self.base or 'e'}; smoothing "
+                f"{self.smoothing}; annotator `{self.annotator}`).\n\n" + md_table(self.summary()))
 
 # %% ../nbs/10_longitudinal.ipynb #2e09f87e
 def _jensen_shannon(p: np.ndarray, q: np.ndarray, base: float | None) -> float:
@@ -1610,14 +1774,15 @@ def keyword_distance(first,                            # a sentences table, or k
                      second,                           # another one (e.g. the whole dataset)
                      names: Sequence[str] = ("first", "second"), # what the two are, for tables and charts
                      base: float | None = None,        # logarithm base (None: natural, SciPy's and paper 003's)
-                     smoothing: float = 0.0,           # added to every count of the union of keywords (0: none, as the paper)
+                     smoothing: float = 0.0,     # added to every count of the union of keywords (0: none, as the paper)
                      match: str | Mapping = "exact"    # "exact" terms, "families" of synonyms, or a map term -> name
                     ) -> KeywordDistance:
     "Jensen-Shannon distance between the keyword distributions of two annotated sets (paper 003's Appendix A.5)."
     a, b = keyword_counts(first, match), keyword_counts(second, match)
     keys = list(dict.fromkeys(list(b.index) + list(a.index)))
     n1, n2 = a.reindex(keys).fillna(0).to_numpy(float), b.reindex(keys).fillna(0).to_numpy(float)
-    if smoothing < 0 or (n1 + smoothing).sum() <= 0 or (n2 + smoothing).sum() <= 0: raise InputError("keyword_distance: each side needs a positive total count")
+    if smoothing < 0 or (n1 + smoothing).sum() <= 0 or (n2 + smoothing).sum() <= 0:
+        raise InputError("keyword_distance: each side needs a positive total count")
     p1, p2 = (n1 + smoothing) / (n1 + smoothing).sum(), (n2 + smoothing) / (n2 + smoothing).sum()
     d = pd.DataFrame({"keyword": keys, "n_first": n1, "n_second": n2, "p_first": p1, "p_second": p2})
     who = ", ".join(dict.fromkeys(w for w in (_who(first), _who(second)) if w)) or None
@@ -1635,10 +1800,13 @@ def plot(self: KeywordDistance,  # noqa: F811 (other results have their own)
     d = self.to_frame()
     d = d[d.keyword.isin(keep)]
     return alt.Chart(d).mark_bar().encode(
-        y=alt.Y("keyword:N", sort=keep, title=None), x=alt.X("share:Q", title="share of longitudinal keywords", axis=alt.Axis(format="%")),
-        yOffset=alt.YOffset("set:N", sort=list(self.names)), color=alt.Color("set:N", sort=list(self.names), title=None),
+        y=alt.Y("keyword:N", sort=keep, title=None),
+        x=alt.X("share:Q", title="share of longitudinal keywords", axis=alt.Axis(format="%")),
+        yOffset=alt.YOffset("set:N", sort=list(self.names)),
+        color=alt.Color("set:N", sort=list(self.names), title=None),
         tooltip=["keyword", "set", "n", alt.Tooltip("share:Q", format=".1%")]
-    ).properties(width=360, title=title or f"Keyword shares: Jensen-Shannon distance {self.distance:.3f} (log base {self.base or 'e'})")
+    ).properties(width=360, title=title or f"Keyword shares: Jensen-Shannon distance {self.distance:.3f} (log base "
+                                           f"{self.base or 'e'})")
 
 # %% ../nbs/10_longitudinal.ipynb #6b42f579
 def finding_categories(keywords: str | os.PathLike | Mapping | None = None # the keyword list (see `load_keywords`)
@@ -1656,31 +1824,38 @@ def _weighted(truth: Sequence[str], pred: Sequence[str]) -> dict:
         tp, fp, fn = float(((t == c) & (p == c)).sum()), float(((t != c) & (p == c)).sum()), float(((t == c) & (p != c)).sum())
         rows.append((tp, fp, fn, tp / (tp + fp) if tp + fp else np.nan, tp / (tp + fn) if tp + fn else np.nan))
     tp, fp, fn, P, R = map(np.array, zip(*rows))
-    with np.errstate(invalid="ignore", divide="ignore"): F = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        F = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), np.nan)
     w, micro = tp + fn, 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()) if tp.sum() + fp.sum() + fn.sum() else np.nan
     def avg(v):   # support-weighted over the classes where the value is defined: an undefined precision is left out, not 0
         ok = np.isfinite(v) & (w > 0)
         return float(np.dot(v[ok], w[ok]) / w[ok].sum()) if ok.any() else np.nan
-    return {"n": len(t), "micro_f1": micro, "weighted_precision": avg(P), "weighted_recall": avg(R), "weighted_f1": avg(F)}
+    return {"n": len(t), "micro_f1": micro, "weighted_precision": avg(P), "weighted_recall": avg(R),
+            "weighted_f1": avg(F)}
 
 def _scored(result) -> tuple[pd.DataFrame, str]:
     "`member, keyword, truth, predicted` of every scored finding of a result, and the member's word."
     if isinstance(result, ProgressionEvaluation):
         i = result.instances
-        return pd.DataFrame({"member": i.system, "keyword": i.keyword, "truth": i.reference, "predicted": i.predicted}), "system"
+        return pd.DataFrame({"member": i.system, "keyword": i.keyword, "truth": i.reference,
+                             "predicted": i.predicted}), "system"
     g, parts = result.gold, []
     keep = g.is_longitudinal & g.keyword.notna() & (g.keyword != SUPPORT_DEVICES) & g.progression.isin(PROGRESSION_CLASSES)
     for name, p in result.predictions.items():
-        pl = p["is_longitudinal"] if "is_longitudinal" in p and result.scope == "end_to_end" else pd.Series(True, index=p.index)
+        pl = (p["is_longitudinal"] if "is_longitudinal" in p and result.scope == "end_to_end"
+              else pd.Series(True, index=p.index))
         pred = [_klass(a, b) or "absent" for a, b in zip(pl, p["progression"])]
-        read = result.counts[name]["valid"].to_numpy() if "valid" in result.counts[name] else True   # unreadable replies left out
-        parts.append(pd.DataFrame({"member": name, "keyword": g.keyword, "truth": g.progression, "predicted": pred})[keep.to_numpy() & read])
+        # unreadable replies left out
+        read = result.counts[name]["valid"].to_numpy() if "valid" in result.counts[name] else True
+        parts.append(pd.DataFrame({"member": name, "keyword": g.keyword, "truth": g.progression,
+                                   "predicted": pred})[keep.to_numpy() & read])
     return pd.concat(parts, ignore_index=True), "annotator"
 
 def category_results(result,               # an `AnnotationQuality` or a `ProgressionEvaluation`
                      keywords: str | os.PathLike | Mapping | None = None # the keyword list holding the categories
                     ) -> pd.DataFrame:
-    "Per member and finding category (and `all`): `n, micro_f1, weighted_precision, weighted_recall, weighted_f1` (paper 003's Table 10), and the unreadable replies left out (`n_invalid`, `invalid_rate`)."
+    """Per member and finding category (and `all`): `n, micro_f1, weighted_precision, weighted_recall, weighted_f1`
+    (paper 003's Table 10), and the unreadable replies left out (`n_invalid`, `invalid_rate`)."""
     d, who = _scored(result)
     cats = finding_categories(keywords)
     d = d.assign(category=[cats.get(k, "other") for k in d.keyword])
@@ -1688,7 +1863,9 @@ def category_results(result,               # an `AnnotationQuality` or a `Progre
             for c, x in list(dm.groupby("category", sort=True)) + [("all", dm)]]
     out = pd.DataFrame(rows).rename(columns={"member": who})
     v = result.validity()   # the unreadable replies, left out of every row above, counted beside them
-    if who == "system": return out.assign(annotator=result.annotator, n_invalid=int(v.n_invalid.sum()), invalid_rate=float(v.n_invalid.sum() / max(v.asked.sum(), 1)))
+    if who == "system":
+        return out.assign(annotator=result.annotator, n_invalid=int(v.n_invalid.sum()),
+                          invalid_rate=float(v.n_invalid.sum() / max(v.asked.sum(), 1)))
     return out.merge(v[["annotator", "n_invalid", "invalid_rate"]], on="annotator", how="left")
 
 # %% ../nbs/10_longitudinal.ipynb #fb78d0b4
@@ -1707,10 +1884,13 @@ class LMimic:
         return self.cohort.studies[self.cohort.studies.study_id.astype(str).isin(keep)].reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
-        "Per split: follow-up reports, those with longitudinal content and their share, sentences and the longitudinal share."
+        """Per split: follow-up reports, those with longitudinal content and their share, sentences and the
+        longitudinal share."""
         r = self.reports.assign(split=self.reports["split"].fillna("(none)"))
-        g = r.groupby("split", sort=False).agg(follow_up_reports=("study_id", "size"), lmimic_reports=("has_longitudinal", "sum"),
-                                               sentences=("n_sentences", "sum"), longitudinal_sentences=("n_longitudinal", "sum"))
+        g = r.groupby("split", sort=False).agg(follow_up_reports=("study_id", "size"),
+                                               lmimic_reports=("has_longitudinal", "sum"),
+                                               sentences=("n_sentences", "sum"),
+                                               longitudinal_sentences=("n_longitudinal", "sum"))
         g.loc["all"] = g.sum()
         g["share_with_longitudinal"] = g.lmimic_reports / g.follow_up_reports
         g["share_longitudinal_sentences"] = g.longitudinal_sentences / g.sentences.where(g.sentences > 0)
@@ -1720,7 +1900,9 @@ class LMimic:
         "The statistics of `summary()` in long form: `split, annotator, metric, value`."
         return self.summary().melt(["split", "annotator"], var_name="metric", value_name="value")
 
-    def __repr__(self): return f"LMimic({len(self.reports)} follow-up reports, {int(self.reports.has_longitudinal.sum())} with longitudinal content)"
+    def __repr__(self):
+        return (f"LMimic({len(self.reports)} follow-up reports, {int(self.reports.has_longitudinal.sum())} with "
+                "longitudinal content)")
     def _repr_markdown_(self): return md_table(self.summary())
 
 # %% ../nbs/10_longitudinal.ipynb #17b39da7
@@ -1748,11 +1930,13 @@ def build_lmimic(studies,                # a studies table with study_id, patien
 # %% ../nbs/10_longitudinal.ipynb #eb08a7ad
 @patch
 def class_distribution(self: LMimic) -> pd.DataFrame:
-    "Per split, longitudinal sentences by category (no change, improved, worsened, support devices, unmentioned, no label): `n, share`."
+    """Per split, longitudinal sentences by category (no change, improved, worsened, support devices, unmentioned, no
+    label): `n, share`."""
     s = self.sentences[self.sentences.is_longitudinal.fillna(False).astype(bool)]
     s = s.assign(category=[_category(True, k, p) for k, p in zip(s.keyword, s.progression)],
                  split=s.report_id.map(self.reports.set_index("study_id")["split"].astype(object)).astype(object).fillna("(none)"))
-    out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"], sort=False).size().rename("n").reset_index()
+    out = pd.concat([s, s.assign(split="all")]).groupby(["split", "category"],
+                                                        sort=False).size().rename("n").reset_index()
     return out.assign(share=out.n / out.groupby("split").n.transform("sum"), annotator=_who(self.sentences))
 
 # %% ../nbs/10_longitudinal.ipynb #1af7d074
@@ -1760,7 +1944,8 @@ def _distribution_of(data) -> pd.DataFrame:
     "The class distribution of an `LMimic` or of a sentences table."
     if isinstance(data, LMimic): return data.class_distribution()
     s = require_columns(data, ["is_longitudinal", "keyword", "progression"], "sentences")
-    return LMimic(None, s.assign(report_id=s.get("report_id", "x")), pd.DataFrame({"study_id": [], "split": []})).class_distribution()
+    return LMimic(None, s.assign(report_id=s.get("report_id", "x")),
+                  pd.DataFrame({"study_id": [], "split": []})).class_distribution()
 
 def plot_class_distribution(data,                 # LMimic, or a sentences table
                             title: str | None = None # chart title (default: a description)
@@ -1769,7 +1954,8 @@ def plot_class_distribution(data,                 # LMimic, or a sentences table
     alt = enable_theme(svg=False)
     d, order = _distribution_of(data), _CATEGORY_ORDER
     return alt.Chart(d).mark_bar().encode(
-        y=alt.Y("split:N", title=None), x=alt.X("share:Q", stack="normalize", title="share of longitudinal sentences", axis=alt.Axis(format="%")),
+        y=alt.Y("split:N", title=None), x=alt.X("share:Q", stack="normalize", title="share of longitudinal sentences",
+                                                axis=alt.Axis(format="%")),
         color=alt.Color("category:N", sort=order, scale=alt.Scale(domain=order), title=None),
         order=alt.Order("category_rank:Q"), tooltip=["split", "category", "n", alt.Tooltip("share:Q", format=".1%")]
     ).transform_calculate(category_rank=f"indexof({json.dumps(order)}, datum.category)").properties(
@@ -1783,12 +1969,15 @@ def plot_lmimic_reports(lmimic: LMimic,           # the dataset drawn
     alt = enable_theme(svg=False)
     s = lmimic.summary()
     d = pd.concat([s.assign(content="with longitudinal content", n=s.lmimic_reports),
-                   s.assign(content="without", n=s.follow_up_reports - s.lmimic_reports)])[["split", "content", "n", "follow_up_reports"]]
+                   s.assign(content="without",
+                            n=s.follow_up_reports - s.lmimic_reports)])[["split", "content", "n", "follow_up_reports"]]
     d = d.assign(share=d.n / d.follow_up_reports.where(d.follow_up_reports > 0))
     order = ["with longitudinal content", "without"]
     return alt.Chart(d).mark_bar().encode(
-        y=alt.Y("split:N", sort=list(s.split), title=None), x=alt.X("share:Q", stack="normalize", title="share of follow-up reports", axis=alt.Axis(format="%")),
-        color=alt.Color("content:N", sort=order, scale=alt.Scale(domain=order), title=None), order=alt.Order("content:N", sort="descending"),
+        y=alt.Y("split:N", sort=list(s.split), title=None),
+        x=alt.X("share:Q", stack="normalize", title="share of follow-up reports", axis=alt.Axis(format="%")),
+        color=alt.Color("content:N", sort=order, scale=alt.Scale(domain=order), title=None),
+        order=alt.Order("content:N", sort="descending"),
         tooltip=["split", "content", "n", alt.Tooltip("share:Q", format=".1%")]
     ).properties(width=420, height=alt.Step(22), title=title or "Follow-up reports with longitudinal content")
 

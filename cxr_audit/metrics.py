@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 import polars as pl
 
-try: from rapidfuzz.distance import LCSseq as _LCSseq   # the fast LCS of ROUGE-L (a core requirement; pure Python without it)
+# the fast LCS of ROUGE-L (a core requirement; pure Python without it)
+try: from rapidfuzz.distance import LCSseq as _LCSseq
 except ImportError: _LCSseq = None
 
 from .core import InputError, cache_dir, install_hint, is_missing
@@ -204,7 +205,8 @@ def ngram_table(token_lists: Sequence[Sequence[str]], # tokenized texts
 
 # %% ../nbs/07_metrics.ipynb #e07aee0a
 def _in_reference(rows: NgramRows, npairs: int) -> tuple[np.ndarray, np.ndarray]:
-    "For a table of references (texts `0..npairs-1`) then hypotheses: the hypothesis rows, and the row of the same n-gram in the pair's reference (-1: none)."
+    """For a table of references (texts `0..npairs-1`) then hypotheses: the hypothesis rows, and the row of the same
+    n-gram in the pair's reference (-1: none)."""
     hi = np.flatnonzero(rows.text >= npairs)
     key = rows.text * rows.size + rows.gram                  # sorted
     want = key[hi] - npairs * rows.size
@@ -234,7 +236,8 @@ def pair_counts(references: Sequence[str], # prepared references (split on white
     bleu, dot, norms = np.zeros((N, 2 * n + 2)), np.zeros((N, n)), np.zeros((N, n, 2))
     for k, rows in enumerate(ngram_table(r + h, n)):
         hi, ri = _in_reference(rows, N); has, rj, pair = ri >= 0, np.maximum(ri, 0), rows.text[hi] - N
-        bleu[:, k] = np.bincount(pair, weights=np.where(has, np.minimum(rows.count[hi], rows.count[rj]), 0), minlength=N)
+        bleu[:, k] = np.bincount(pair, weights=np.where(has, np.minimum(rows.count[hi], rows.count[rj]), 0),
+                                 minlength=N)
         bleu[:, n + k] = np.maximum(0, hl - k)
         w = _tfidf(rows, N, np.log(float(N)) if N else 0.0); wr = np.where(has, w[rj], 0.0)
         dot[:, k] = np.bincount(pair, weights=np.minimum(w[hi], wr) * wr, minlength=N)
@@ -286,7 +289,7 @@ class Bleu(MetricBase):
 
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
-        cols = list(range(self.n)) + list(range(4, 4 + self.n)) + [8, 9]     # BLEU-n's columns of the order-4 statistics
+        cols = list(range(self.n)) + list(range(4, 4 + self.n)) + [8, 9]  # BLEU-n's columns of the order-4 statistics
         return _pair_counts4(tuple(map(t, refs)), tuple(map(t, hyps))).bleu[:, cols]
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
@@ -356,12 +359,15 @@ class RougeL(MetricBase):
 
 # %% ../nbs/07_metrics.ipynb #c0006090
 def _cider_from(pc: PairCounts, n: int, sigma: float) -> np.ndarray:
-    "CIDEr-D of every pair from its `PairCounts`: cosine per order, Gaussian length penalty, mean over orders, times 10."
+    """CIDEr-D of every pair from its `PairCounts`: cosine per order, Gaussian length penalty, mean over orders, times
+    10."""
     hl, rl = pc.bleu[:, -2], pc.bleu[:, -1]
-    delta = np.maximum(0.0, hl - 1) - np.maximum(0.0, rl - 1) if n >= 2 else np.zeros(len(hl))   # sic: "length" counts bigrams
+    # sic: "length" counts bigrams
+    delta = np.maximum(0.0, hl - 1) - np.maximum(0.0, rl - 1) if n >= 2 else np.zeros(len(hl))
     nh, nr = pc.norms[..., 0], pc.norms[..., 1]
     both = (nh != 0) & (nr != 0)
-    val = np.where(both, pc.dot / np.where(both, nh * nr, 1.0), pc.dot) * (np.e ** (-(delta ** 2) / (2 * sigma ** 2)))[:, None]
+    val = np.where(both, pc.dot / np.where(both, nh * nr, 1.0),
+                   pc.dot) * (np.e ** (-(delta ** 2) / (2 * sigma ** 2)))[:, None]
     return val.mean(axis=1) * 10.0
 
 def cider_d_scores(references: Sequence[str], # prepared references (split on whitespace); they also give the IDF
@@ -387,7 +393,8 @@ class CiderD(MetricBase):
     def _stats(self, refs, hyps):
         t = tokenizer(self.tokenize)
         r, h = tuple(map(t, refs)), tuple(map(t, hyps))
-        return mean_stats(_cider_from(_pair_counts4(r, h) if self.n == 4 else pair_counts(r, h, self.n), self.n, self.sigma))
+        return mean_stats(_cider_from(_pair_counts4(r, h) if self.n == 4 else pair_counts(r, h, self.n), self.n,
+                                      self.sigma))
 
     def value(self, summed # summed statistics, `(..., k)` (one row of column sums, or one per resample)
              ): return mean(summed)
@@ -410,7 +417,7 @@ def meteor_value(T,                                              # summed jar st
     "METEOR 1.5 score of summed 23-column jar statistics (vectorised over leading axes)."
     T = np.asarray(T, dtype=float)
     tl, rl, tf, rf = (T[..., i] for i in range(4))
-    st = lambda s, j: T[..., 4 + 4 * s + j]             # j: 0 test content, 1 ref content, 2 test function, 3 ref function
+    st = lambda s, j: T[..., 4 + 4 * s + j]  # j: 0 test content, 1 ref content, 2 test function, 3 ref function
     tm = rm = 0.0
     for s, w in enumerate(weights): tm = tm + st(s, 0) * w * delta
     for s, w in enumerate(weights): rm = rm + st(s, 1) * w * delta
@@ -450,11 +457,13 @@ def java_executable(java: str | None = None # a java executable (default: `java`
                    ) -> str:
     "The `java` program to run the jar with."
     exe = shutil.which(java or "java")
-    if exe is None: raise FileNotFoundError(f"METEOR needs Java (a JRE 8 or newer) on PATH; {java or 'java'!r} was not found")
+    if exe is None:
+        raise FileNotFoundError(f"METEOR needs Java (a JRE 8 or newer) on PATH; {java or 'java'!r} was not found")
     return exe
 
 # %% ../nbs/07_metrics.ipynb #4f09b8e2
-METEOR_PARAPHRASE = "subset"   # "subset": each jar loads the paraphrase entries its texts can use; "full": the whole table
+# "subset": each jar loads the paraphrase entries its texts can use; "full": the whole table
+METEOR_PARAPHRASE = "subset"
 
 def meteor_paraphrase(mode: str | None = None # "subset" or "full" (None: $CXR_AUDIT_METEOR_PARAPHRASE, else METEOR_PARAPHRASE)
                      ) -> str:
@@ -463,16 +472,18 @@ def meteor_paraphrase(mode: str | None = None # "subset" or "full" (None: $CXR_A
     if m not in ("subset", "full"): raise InputError(f"METEOR paraphrase table: 'subset' or 'full', got {m!r}")
     return m
 
-_JAR_SPLIT = re.compile(r"[\s!-/:-@\[-`{-~]+")   # whitespace and ASCII punctuation: where the jar's -norm can cut a word
-_JAR_RUNS = re.compile(r"[^\W_]+")               # runs of letters and digits
+_JAR_SPLIT = re.compile(r"[\s!-/:-@\[-`{-~]+")  # whitespace and ASCII punctuation: where the jar's -norm can cut a word
+_JAR_RUNS = re.compile(r"[^\W_]+")              # runs of letters and digits
 
 def jar_words(lines: Iterable[str] # texts as they are sent to the jar
              ) -> set[str]:
-    "Every word the jar could see in `lines` (lowercased whole tokens, their pieces between ASCII punctuation, their letter and digit runs)."
+    """Every word the jar could see in `lines` (lowercased whole tokens, their pieces between ASCII punctuation, their
+    letter and digit runs)."""
     out = set()
     for line in lines:
         low = line.lower()
-        for s in (low, low.replace("\u2019", "'").replace("\u2018", "'")) if "\u2019" in low or "\u2018" in low else (low,):
+        for s in (low, low.replace("\u2019", "'").replace("\u2018",
+                                                          "'")) if "\u2019" in low or "\u2018" in low else (low,):
             out.update(s.split()); out.update(_JAR_SPLIT.split(s)); out.update(_JAR_RUNS.findall(s))
     out.discard("")
     return out
@@ -498,7 +509,8 @@ class ParaphraseIndex:
         return out
 
     def __len__(self): return len(self.probs)
-    def __repr__(self): return f"ParaphraseIndex({len(self):,} entries, {len(self.words):,} words, source={self.source!r})"
+    def __repr__(self):
+        return f"ParaphraseIndex({len(self):,} entries, {len(self.words):,} words, source={self.source!r})"
 
     def entries(self, vocabulary # words that occur in the texts (see `jar_words`)
                ) -> np.ndarray:
@@ -511,7 +523,8 @@ class ParaphraseIndex:
     def write(self, entries: np.ndarray, # entry numbers (see `entries`)
               path                       # the .gz file to write
              ) -> Path:
-        "A paraphrase table in the jar's own format (gzip; per entry its probability, phrase and paraphrase on three lines)."
+        """A paraphrase table in the jar's own format (gzip; per entry its probability, phrase and paraphrase on three
+        lines)."""
         w, out = self.words, []
         for e in np.asarray(entries, dtype=np.int64).tolist():
             s, a, b = int(self.starts[e]), int(self.n_phrase[e]), int(self.n_para[e])
@@ -528,7 +541,8 @@ def _read_table(src: Path) -> ParaphraseIndex:
     "Parse a paraphrase table (gzip, three lines per entry) into a `ParaphraseIndex`."
     with gzip.open(src, "rt", encoding="utf-8") as f: lines = f.read().split("\n")
     if lines and lines[-1] == "": lines.pop()
-    if len(lines) % 3: raise RuntimeError(f"{src}: not a METEOR paraphrase table (an entry is three lines; {len(lines)} lines)")
+    if len(lines) % 3:
+        raise RuntimeError(f"{src}: not a METEOR paraphrase table (an entry is three lines; {len(lines)} lines)")
     probs = np.array(lines[0::3], dtype=np.float64)
     a, b = pl.Series(lines[1::3]).str.split(" "), pl.Series(lines[2::3]).str.split(" ")
     del lines
@@ -536,11 +550,14 @@ def _read_table(src: Path) -> ParaphraseIndex:
     words = flat.unique(maintain_order=True)
     ids = pl.DataFrame({"w": flat}).join(pl.DataFrame({"w": words}).with_row_index("i"), on="w", how="left",
                                          maintain_order="left")["i"].to_numpy()
-    small = lambda x: x.astype(np.uint8 if x.max(initial=0) < 1 << 8 else np.uint16 if x.max(initial=0) < 1 << 16 else np.int32)
-    return ParaphraseIndex(words.to_list(), probs, small(ids), small(a.list.len().to_numpy()), small(b.list.len().to_numpy()), str(src))
+    small = lambda x: x.astype(np.uint8 if x.max(initial=0) < 1 << 8 else np.uint16 if x.max(initial=0) < 1 << 16
+                               else np.int32)
+    return ParaphraseIndex(words.to_list(), probs, small(ids), small(a.list.len().to_numpy()),
+                           small(b.list.len().to_numpy()), str(src))
 
 def _save_index(idx: ParaphraseIndex, folder: Path):
-    "Write the index into a new folder next to `folder` and move it into place (a concurrent builder's copy wins if first)."
+    """Write the index into a new folder next to `folder` and move it into place (a concurrent builder's copy wins if
+    first)."""
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     (tmp / "words.txt").write_text("\n".join(idx.words), encoding="utf-8")
     for name in _INDEX_FILES[1:]: np.save(tmp / name, getattr(idx, name[:-4]))
@@ -567,7 +584,8 @@ def paraphrase_table(jar=None # the METEOR 1.5 jar (default: pycocoevalcap's)
 def paraphrase_index(jar=None,      # the METEOR 1.5 jar (default: pycocoevalcap's)
                      folder=None    # where indexes are kept (default: `core.cache_dir()`/meteor)
                     ) -> ParaphraseIndex:
-    "The jar's paraphrase table as a `ParaphraseIndex`: built once per table file (about 20 s) and kept on disk, then loaded in a fraction of a second."
+    """The jar's paraphrase table as a `ParaphraseIndex`: built once per table file (about 20 s) and kept on disk, then
+    loaded in a fraction of a second."""
     src = paraphrase_table(jar); st = src.stat()
     key = hashlib.sha256(f"{_INDEX_VERSION}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     with _PARA_LOCK:
@@ -579,7 +597,8 @@ def paraphrase_index(jar=None,      # the METEOR 1.5 jar (default: pycocoevalcap
             with open(root / f"paraphrase-{key}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)              # one process builds, the others wait and load it
                 if not all((where / n).is_file() for n in _INDEX_FILES):
-                    print(f"cxr_audit: indexing METEOR's paraphrase table once (about 20 s) into {where}", file=sys.stderr, flush=True)
+                    print(f"cxr_audit: indexing METEOR's paraphrase table once (about 20 s) into {where}",
+                          file=sys.stderr, flush=True)
                     _save_index(_read_table(src), where)
         idx = _PARA_INDEXES[key] = _load_index(where)
         return idx
@@ -588,7 +607,8 @@ def paraphrase_index(jar=None,      # the METEOR 1.5 jar (default: pycocoevalcap
 def _jar_of(cmd: Sequence[str]) -> str: return cmd[list(cmd).index("-jar") + 1]   # the jar in a java command line
 
 class _MeteorJar:
-    "One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe deadlocks)."
+    """One running METEOR jar in `-stdio` mode: write request lines, read answer lines (a writer thread avoids pipe
+    deadlocks)."""
     def __init__(self, cmd: list[str], words: frozenset | None = None, table: Path | None = None):
         # words: what its paraphrase subset (the file `table`) serves; None: the full table
         self.cmd, self.words, self.table = cmd, words, table
@@ -596,8 +616,8 @@ class _MeteorJar:
 
     def start(self):
         self.err = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(self.cmd, cwd=Path(_jar_of(self.cmd)).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, encoding="utf-8")
+        self.proc = subprocess.Popen(self.cmd, cwd=Path(_jar_of(self.cmd)).parent, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True, encoding="utf-8")
         return self
 
     @property
@@ -620,7 +640,8 @@ class _MeteorJar:
         return out
 
     def _stderr(self) -> str:
-        self.proc.wait(timeout=30); self.err.seek(0); return self.err.read().strip()[-800:] or f"exit code {self.proc.returncode}"
+        self.proc.wait(timeout=30); self.err.seek(0); return self.err.read().strip()[-800:] or ("exit code "
+                                                                                                f"{self.proc.returncode}")
 
     def close(self):
         "End the JVM: close its input (it exits at end of input), kill it if it does not within 30 s."
@@ -650,7 +671,8 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_subsets(tmp: str | os.PathLike | None = None # where to look (default: the temporary folder)
                         ) -> list[Path]:
-    """Remove the paraphrase-subset folders of processes that no longer run (a process killed before its exit hook leaves
+    """Remove the paraphrase-subset folders of processes that no longer run (a process killed before its exit hook
+    leaves
     its folder behind); returns the folders removed. Only folders named with a process id, of this user, on POSIX."""
     if os.name != "posix": return []   # os.kill(pid, 0) would stop the process on Windows
     gone = []
@@ -687,7 +709,8 @@ def meteor_jvm(cmd: Sequence[str],          # the java command line running the 
                words: frozenset | None = None, # words of the texts to score: a jar with their paraphrases (None: all)
                slot: int = 0                # which of the process's jars for `cmd` (a long batch is shared out)
               ) -> _MeteorJar:
-    "The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped, or for new words)."
+    """The running jar for `cmd`, started on first use and kept for the rest of the process (restarted if it stopped,
+    or for new words)."""
     key, old = (tuple(cmd), int(slot)), None
     with _METEOR_LOCK:
         jvm = _METEOR_JVMS.get(key)
@@ -730,7 +753,8 @@ def _meteor_cap(text: str, max_tokens: int | None) -> tuple[str, bool]:
 
 def _chunks_as_summed(row: list[float]) -> list[float]:
     "Zero the chunk count of a perfectly matched segment, as the jar does when it adds statistics."
-    t_total = sum(row[4 + 4 * s] + row[6 + 4 * s] for s in range(4)); r_total = sum(row[5 + 4 * s] + row[7 + 4 * s] for s in range(4))
+    t_total = sum(row[4 + 4 * s] + row[6 + 4 * s] for s in range(4)); r_total = sum(row[5 + 4 * s] + row[7 + 4 * s]
+                                                                                    for s in range(4))
     if t_total == row[0] and r_total == row[1] and row[20] == 1: row = row[:20] + [0.0] + row[21:]
     return row
 
@@ -751,7 +775,8 @@ METEOR_BATCH = 2_000   # pairs sent to the jar per write
 METEOR_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 def meteor_jvm_options() -> list[str]:
-    "Options for the JVM running the METEOR jar: `$CXR_AUDIT_METEOR_JVM_OPTIONS` (space-separated; empty: none) or `METEOR_JVM_OPTIONS`."
+    """Options for the JVM running the METEOR jar: `$CXR_AUDIT_METEOR_JVM_OPTIONS` (space-separated; empty: none) or
+    `METEOR_JVM_OPTIONS`."""
     env = os.environ.get("CXR_AUDIT_METEOR_JVM_OPTIONS")
     return list(METEOR_JVM_OPTIONS) if env is None else env.split()
 
@@ -759,7 +784,7 @@ def _meteor_cmd(jar, java, language: str, memory: str) -> list[str]:
     return [java_executable(java), *meteor_jvm_options(), f"-Xmx{memory}", "-jar", str(meteor_jar(jar)),
             "-", "-", "-stdio", "-l", language, "-norm"]
 
-METEOR_MEMO = 1_000_000   # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
+METEOR_MEMO = 1_000_000  # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}
 
 METEOR_SPLIT = 1_000   # a batch of at least this many new pairs is shared out over the process's jars (`meteor_jars`)
@@ -818,8 +843,10 @@ def run_meteor(references: Sequence[str],  # tokenized references
                max_tokens: int | None = METEOR_MAX_TOKENS, # cap on each text's tokens (None: no cap; long texts exhaust the JVM)
                paraphrase: str | None = None # "subset" or "full" paraphrase table (see `meteor_paraphrase`)
               ) -> MeteorRun:
-    "The jar's `(n × 23)` statistics from the process's running jar (see `meteor_jvm`), and (with `evaluate`) its own `EVAL` answer."
-    cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r, h in zip(references, hypotheses)]
+    """The jar's `(n × 23)` statistics from the process's running jar (see `meteor_jvm`), and (with `evaluate`) its own
+    `EVAL` answer."""
+    cut = [(_meteor_cap(_meteor_line(r), max_tokens), _meteor_cap(_meteor_line(h), max_tokens)) for r,
+           h in zip(references, hypotheses)]
     pairs, capped = [(r, h) for (r, _), (h, _) in cut], np.array([a or b for (_, a), (_, b) in cut], dtype=bool)
     if not pairs: return MeteorRun(np.zeros((0, 23)), np.zeros(0) if evaluate else None, None, capped)
     subset = meteor_paraphrase(paraphrase) == "subset"
@@ -838,7 +865,8 @@ def start_meteor(jar=None,                # the METEOR 1.5 jar (default: pycocoe
                  tokenize: str | Callable | None = "r2gen", # how `Meteor` will tokenize them
                  paraphrase: str | None = None # "subset" or "full" paraphrase table (see `meteor_paraphrase`)
                 ) -> bool:
-    "Start the process's METEOR jar in the background (it loads while other work runs); False when Java or the jar is missing."
+    """Start the process's METEOR jar in the background (it loads while other work runs); False when Java or the jar is
+    missing."""
     try:
         cmd = _meteor_cmd(jar, java, language, memory)
         if meteor_paraphrase(paraphrase) == "full": meteor_jvm(cmd)
@@ -852,15 +880,18 @@ def start_meteor(jar=None,                # the METEOR 1.5 jar (default: pycocoe
 def prefetch_meteor(references: Sequence[str], # reference texts (as given to `Meteor`)
                     hypotheses: Sequence[str], # generated texts, aligned with the references
                     tokenize: str | Callable | None = "r2gen", # how `Meteor` will tokenize them
-                    **kw                       # `run_meteor` settings: jar, java, language, memory, max_tokens, paraphrase
+                    **kw  # `run_meteor` settings: jar, java, language, memory, max_tokens, paraphrase
                    ) -> threading.Thread | None:
-    "Score these pairs with the process's jar in a background thread, so that a later `Meteor` call on them finds the answers ready (None when Java or the jar is missing)."
+    """Score these pairs with the process's jar in a background thread, so that a later `Meteor` call on them finds the
+    answers ready (None when Java or the jar is missing)."""
     try: _meteor_cmd(kw.get("jar"), kw.get("java"), kw.get("language", "en"), kw.get("memory", "2G"))
     except (FileNotFoundError, ImportError, OSError): return None
     t = tokenizer(tokenize)
-    refs, hyps = [t(r if isinstance(r, str) else "") for r in references], [t(h if isinstance(h, str) else "") for h in hypotheses]
+    refs, hyps = [t(r if isinstance(r, str) else "") for r in references], [t(h if isinstance(h, str) else "")
+                                                                            for h in hypotheses]
     def work():
-        with contextlib.suppress(Exception): run_meteor(refs, hyps, **kw)   # a failure shows where the pairs are scored for real
+        # a failure shows where the pairs are scored for real
+        with contextlib.suppress(Exception): run_meteor(refs, hyps, **kw)
     th = threading.Thread(target=work, name="meteor-prefetch", daemon=True); th.start()
     return th
 
@@ -868,8 +899,10 @@ def prefetch_meteor(references: Sequence[str], # reference texts (as given to `M
 def _warn_capped(capped: np.ndarray, max_tokens: int | None):
     "Warn, naming the rows, when METEOR was given a cut text."
     rows = np.flatnonzero(capped)
-    if len(rows): warnings.warn(f"METEOR: {len(rows)} pair(s) have a text over {max_tokens} tokens, cut to its first {max_tokens} "
-                                f"(rows {rows[:10].tolist()}{' ...' if len(rows) > 10 else ''}); their METEOR scores that part only", stacklevel=3)
+    if len(rows):
+        warnings.warn(f"METEOR: {len(rows)} pair(s) have a text over {max_tokens} tokens, cut to its first "
+                                f"{max_tokens} (rows {rows[:10].tolist()}{' ...' if len(rows) > 10 else ''}); their "
+                                "METEOR scores that part only", stacklevel=3)
 
 @dataclass(repr=False)
 class Meteor(MetricBase):
@@ -878,7 +911,7 @@ class Meteor(MetricBase):
     jar: str | os.PathLike | None = None   # default: the jar shipped in pycocoevalcap
     java: str | None = None                 # default: `java` on PATH
     memory: str = "2G"
-    max_tokens: int | None = METEOR_MAX_TOKENS   # each text cut to this many tokens (a warning and a note name the rows)
+    max_tokens: int | None = METEOR_MAX_TOKENS  # each text cut to this many tokens (a warning and a note name the rows)
     paraphrase: str | None = None           # "subset" (default) or "full" paraphrase table (see `meteor_paraphrase`)
     name: str = "meteor"
     stat_names: tuple = METEOR_STATS
@@ -900,21 +933,24 @@ class Meteor(MetricBase):
     def jar_scores(self, references, # reference texts
                    hypotheses        # generated texts, aligned with the references
                   ) -> MeteorRun:
-        "Statistics, and the jar's own segment and corpus scores, from the same jar: to check `value` against the jar itself."
+        """Statistics, and the jar's own segment and corpus scores, from the same jar: to check `value` against the jar
+        itself."""
         return self._run(*check_pairs(references, hypotheses), evaluate=True)
 
     def row_notes(self, n: int # number of rows of the last `stats` call
                  ) -> list[str]:
         "'cut to its first N tokens' on the rows of the last call whose reference or hypothesis was cut, '' elsewhere."
         cut = np.zeros(n, bool) if self.capped_ is None or len(self.capped_) != n else self.capped_
-        return [f"METEOR scored the first {self.max_tokens} tokens only (reference or hypothesis cut)" if c else "" for c in cut]
+        return [f"METEOR scored the first {self.max_tokens} tokens only (reference or hypothesis cut)" if c else ""
+                for c in cut]
 
     @property
     def note(self) -> str:
         "Which rows of the last call were cut ('' when none)."
         rows = np.flatnonzero(self.capped_) if self.capped_ is not None else []
         if not len(rows): return ""
-        return f"{len(rows)} pair(s) cut to their first {self.max_tokens} tokens (rows {rows[:10].tolist()}{' ...' if len(rows) > 10 else ''})"
+        return (f"{len(rows)} pair(s) cut to their first {self.max_tokens} tokens (rows "
+                f"{rows[:10].tolist()}{' ...' if len(rows) > 10 else ''})")
 
     def close(self):
         "End the running jar this metric uses (the next call starts a new one)."
@@ -926,7 +962,7 @@ class Meteor(MetricBase):
 def label_state_matrix(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.ndarray:
     "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once."
     seen: dict[str, np.ndarray] = {}
-    if hasattr(labeler, "require"): labeler.require(texts)    # labels read from a file: name every missing text up front
+    if hasattr(labeler, "require"): labeler.require(texts)  # labels read from a file: name every missing text up front
     for t in texts:
         if t not in seen:
             ev, _ = labeler.label_text(t)
@@ -1002,7 +1038,8 @@ def _metrics(metrics) -> list[Metric]:
     if isinstance(metrics, (str, Metric)): metrics = [metrics]
     out = [get_metric(m) if isinstance(m, str) else m for m in metrics]
     for m in out:
-        if not isinstance(m, Metric): raise InputError(f"not a metric: {m!r} (needs name, higher_is_better, range, stats, value, per_sample)")
+        if not isinstance(m, Metric):
+            raise InputError(f"not a metric: {m!r} (needs name, higher_is_better, range, stats, value, per_sample)")
     return out
 
 def _per_row(v, n: int, what: str) -> list:
@@ -1019,7 +1056,8 @@ def score(references,                   # reference texts
          ) -> pd.DataFrame:
     "Corpus value of each metric: columns `metric, value, note`."
     r, h = check_pairs(references, hypotheses)
-    return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0))), "note": getattr(m, "note", "")}
+    return pd.DataFrame([{"metric": m.name, "value": float(m.value(m.stats(r, h).sum(0))),
+                          "note": getattr(m, "note", "")}
                          for m in _metrics(metrics)], columns=["metric", "value", "note"])
 
 # %% ../nbs/07_metrics.ipynb #5364082b
@@ -1036,7 +1074,8 @@ def sample_stats(references,                    # reference texts
                  dataset='dataset',             # dataset name, or one per sample
                  variant='original'             # reference variant, or one per sample
                 ) -> pd.DataFrame:
-    "Per-sample sufficient statistics in the `scores` long format, with a `note` on rows a metric flags (e.g. METEOR's cut texts)."
+    """Per-sample sufficient statistics in the `scores` long format, with a `note` on rows a metric flags (e.g.
+    METEOR's cut texts)."""
     r, h = check_pairs(references, hypotheses); n = len(r)
     ids = [str(i) for i in range(n)] if sample_ids is None else _per_row(sample_ids, n, "sample_ids")
     base = pd.DataFrame({"sample_id": ids, "system": _per_row(system, n, "system"),
@@ -1060,20 +1099,22 @@ def _coco_scorer(kind: str):
     import importlib
     try: cls = getattr(importlib.import_module(mods[kind][0]), mods[kind][1])
     except ImportError as e:
-        raise ImportError(f'compare_with_pycocoevalcap needs pycocoevalcap ({e}). Install it with: {install_hint("metrics")}') from e
+        raise ImportError(f'compare_with_pycocoevalcap needs pycocoevalcap ({e}). Install it with: '
+                          f'{install_hint("metrics")}') from e
     return cls(4) if kind == "bleu" else cls()
 
-def compare_with_pycocoevalcap(references,                                                                            # reference texts
-                               hypotheses,                                                                            # generated texts, aligned with the references
+def compare_with_pycocoevalcap(references,                                                             # reference texts
+                               hypotheses,                                # generated texts, aligned with the references
                                metrics: Sequence[str] = ('bleu_1', 'bleu_2', 'bleu_3', 'bleu_4', 'rouge_l', 'cider'), # names with a pycocoevalcap counterpart
-                               tokenize: str | Callable | None = 'r2gen'                                              # text preparation applied to both sides first
+                               tokenize: str | Callable | None = 'r2gen'  # text preparation applied to both sides first
                               ) -> pd.DataFrame:
     "Corpus values here and in pycocoevalcap on the same prepared texts: `metric, ours, pycocoevalcap, abs_diff`."
     r, h = check_pairs(references, hypotheses); t = tokenizer(tokenize)
     gts = {i: [t(x)] for i, x in enumerate(r)}; res = {i: [t(x)] for i, x in enumerate(h)}
     coco: dict = {}; rows = []
     for name in metrics:
-        if name not in _COCO: raise InputError(f"compare_with_pycocoevalcap: {name!r} has no pycocoevalcap counterpart; use {list(_COCO)}")
+        if name not in _COCO:
+            raise InputError(f"compare_with_pycocoevalcap: {name!r} has no pycocoevalcap counterpart; use {list(_COCO)}")
         kind, j = _COCO[name]
         if kind not in coco:
             sc = _coco_scorer(kind)
@@ -1105,27 +1146,38 @@ RADEVAL_METRICS: dict[str, tuple[tuple[str, ...], bool, tuple[float, float]]] = 
 }
 # more per-sample keys RadEval returns: readable by name, not part of the metric's bundle outputs
 RADEVAL_EXTRA_KEYS = {"f1chexbert": ("f1chexbert_sample_acc_5", "f1chexbert_sample_acc_all")}
-# keys that RadEval gives only as corpus numbers, rebuilt here per sample from RadEval's own CheXbert labels (labels used)
+# keys that RadEval gives only as corpus numbers, rebuilt here per sample from RadEval's own CheXbert labels (labels
+# used)
 CHEXBERT_KEYS = {"f1chexbert_5_micro_f1": "5", "f1chexbert_all_micro_f1": "all"}
 
 def radeval_name(key: str # a RadEval output key, e.g. `rougeL`
                 ) -> str:
-    "Registry name of a RadEval output key: `radeval_<key>` (so RadEval's own `radeval_bertscore` is `radeval_radeval_bertscore`)."
+    """Registry name of a RadEval output key: `radeval_<key>` (so RadEval's own `radeval_bertscore` is
+    `radeval_radeval_bertscore`)."""
     return f"radeval_{key}"
 
 # %% ../nbs/07_metrics.ipynb #33a8d5c3
 _RADEVAL_NOTES = {
-    "bleu": "sentence-level BLEU-4 averaged over samples; not RadEval's corpus BLEU-4 (`radeval_bleu` computes that one)",
-    **{k: "rouge_score F-measure (beta = 1, stemming); the mean of the per-sample values is RadEval's aggregate" for k in ("rougeL", "rouge1", "rouge2")},
-    "radcliq_v1": "raw RadCliQ-v1 per sample, lower is better; value = their mean (RadEval's non-per-sample output under this key is 1/mean, not used)",
-    "f1chexbert_5_micro_f1": "micro-F1 over the 5 labels (atelectasis, cardiomegaly, consolidation, edema, pleural effusion); a corpus number in RadEval, "
-                             "rebuilt here per sample as [tp, fp, fn] from RadEval's CheXbert labels of each report (uncertain counts as positive, RadEval's rrg mode)",
-    "f1chexbert_all_micro_f1": "micro-F1 over all 14 CheXbert labels; a corpus number in RadEval, rebuilt here per sample as [tp, fp, fn] from RadEval's "
-                               "CheXbert labels of each report (uncertain counts as positive, RadEval's rrg mode)",
-    "f1chexbert_sample_acc_5": "per-sample ACCURACY over the 5 labels, not an F1 (the CheXbert micro-F1 is f1chexbert_5_micro_f1)",
+    "bleu": "sentence-level BLEU-4 averaged over samples; not RadEval's corpus BLEU-4 (`radeval_bleu` computes "
+            "that one)",
+    **{k: "rouge_score F-measure (beta = 1, stemming); the mean of the per-sample values is RadEval's aggregate"
+       for k in ("rougeL", "rouge1", "rouge2")},
+    "radcliq_v1": "raw RadCliQ-v1 per sample, lower is better; value = their mean (RadEval's non-per-sample output "
+                  "under this key is 1/mean, not used)",
+    "f1chexbert_5_micro_f1": "micro-F1 over the 5 labels (atelectasis, cardiomegaly, consolidation, edema, pleural "
+                             "effusion); a corpus number in RadEval, rebuilt here per sample as [tp, fp, fn] from "
+                             "RadEval's CheXbert labels of each report (uncertain counts as positive, RadEval's "
+                             "rrg mode)",
+    "f1chexbert_all_micro_f1": "micro-F1 over all 14 CheXbert labels; a corpus number in RadEval, rebuilt here per "
+                               "sample as [tp, fp, fn] from RadEval's CheXbert labels of each report (uncertain counts "
+                               "as positive, RadEval's rrg mode)",
+    "f1chexbert_sample_acc_5": "per-sample ACCURACY over the 5 labels, not an F1 (the CheXbert micro-F1 is "
+                               "f1chexbert_5_micro_f1)",
     "f1chexbert_sample_acc_all": "per-sample ACCURACY over the 14 labels, not an F1",
-    "f1radbert_ct_sample_acc": "per-sample accuracy; RadEval gives this metric's F1 only as a corpus number, which is not rebuilt here",
-    **{k: "mean of the per-sample values; RadEval's own aggregate (weighted over labels) is a corpus number only, and differs"
+    "f1radbert_ct_sample_acc": "per-sample accuracy; RadEval gives this metric's F1 only as a corpus number, which is "
+                               "not rebuilt here",
+    **{k: "mean of the per-sample values; RadEval's own aggregate (weighted over labels) is a corpus number only, "
+          "and differs"
        for k in ("srrbert_weighted_f1", "srrbert_weighted_precision", "srrbert_weighted_recall")},
     "crimson": "per sample in [-1, 1]; samples RadEval could not score (NaN) are left out of the mean, as RadEval does",
     "green": "per sample; samples with no GREEN value (None) are left out of the mean",
@@ -1152,7 +1204,8 @@ def import_radeval():
         with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf): return importlib.import_module("radeval")
     except ImportError as e:
         raise ImportError(f"the RadEval bridge needs the optional package 'radeval' ({type(e).__name__}: {e}). "
-                          f"Install it with: {_RADEVAL_INSTALL}{' | import output: ' + buf.getvalue().strip()[-300:] if buf.getvalue().strip() else ''}") from e
+                          "Install it with: "
+                          f"{_RADEVAL_INSTALL}{' | import output: ' + buf.getvalue().strip()[-300:] if buf.getvalue().strip() else ''}") from e
 
 # %% ../nbs/07_metrics.ipynb #7ee13afa
 # what the model metrics need: (Hugging Face repo, a file it holds), for the message and the cheap cache check
@@ -1166,7 +1219,8 @@ RADEVAL_WEIGHTS: dict[str, tuple[tuple[str, str], ...]] = {
     "radgraph_radcliq": (("StanfordAIMI/RRG_scorers", "radgraph.tar.gz"),),
     "radcliq": (("StanfordAIMI/RRG_scorers", "radgraph.tar.gz"), ("StanfordAIMI/RRG_scorers", "chexbert.pth"),
                 ("bert-base-uncased", "config.json"), ("distilroberta-base", "config.json")),
-    "srrbert": (("StanfordAIMI/SRR-BERT-Leaves-with-Statuses", "config.json"), ("microsoft/BiomedVLP-CXR-BERT-general", "config.json")),
+    "srrbert": (("StanfordAIMI/SRR-BERT-Leaves-with-Statuses", "config.json"),
+                ("microsoft/BiomedVLP-CXR-BERT-general", "config.json")),
     "green": (("StanfordAIMI/GREEN-radllama2-7b", "config.json"),),
     "crimson": (("rajpurkarlab/medgemma-4b-it-crimson", "config.json"),),
 }
@@ -1183,16 +1237,21 @@ def unavailable_reason(e: BaseException, # the error RadEval (or an import) rais
     if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("RadEval"):
         return "radeval 2.2.1 from PyPI imports this metric's code as `RadEval.` (a packaging bug of that wheel)"
     if isinstance(e, ModuleNotFoundError):
-        return f"the package {e.name!r} is missing (radeval is installed --no-deps; its model metrics need their own dependencies)"
+        return (f"the package {e.name!r} is missing (radeval is installed --no-deps; its model metrics need their own "
+                "dependencies)")
     if "api key" in msg or "api_key" in msg:
-        return "it calls an LLM API and no API key is set (OPENAI_API_KEY or GEMINI_API_KEY, or openai_api_key=... in its options)"
-    if any(w in msg for w in ("huggingface", "hf_hub", "hub", "offline", "connect", "resolve", "snapshot", "cache", "404")):
-        return f"its weights{_weights_text(metric)} are not in the local Hugging Face cache, and nothing is downloaded here"
+        return ("it calls an LLM API and no API key is set (OPENAI_API_KEY or GEMINI_API_KEY, or openai_api_key=... in "
+                "its options)")
+    if any(w in msg for w in ("huggingface", "hf_hub", "hub", "offline", "connect", "resolve", "snapshot", "cache",
+                              "404")):
+        return (f"its weights{_weights_text(metric)} are not in the local Hugging Face cache, and nothing is "
+                "downloaded here")
     return f"RadEval raised {type(e).__name__}"
 
 # %% ../nbs/07_metrics.ipynb #db756017
 class RadEvalError(RuntimeError):
-    "A RadEval metric cannot load or failed: a one-line message with RadEval's own error; `reason` is 'not available here, because ...'."
+    """A RadEval metric cannot load or failed: a one-line message with RadEval's own error; `reason` is 'not available
+    here, because ...'."""
     def __init__(self, message: str, reason: str = ""):
         super().__init__(message); self.reason = reason or message
 
@@ -1203,7 +1262,8 @@ def _radeval_failure(name: str, e: BaseException, stage: str = "load") -> RadEva
     if stage == "load":
         reason = f"not available here, because {unavailable_reason(e, name)}"
         return RadEvalError(f"RadEval metric {name!r} {reason} [RadEval: {own}]", reason)
-    return RadEvalError(f"RadEval metric {name!r} failed while scoring, because {unavailable_reason(e, name)} [RadEval: {own}]")
+    return RadEvalError(f"RadEval metric {name!r} failed while scoring, because {unavailable_reason(e, name)} "
+                        f"[RadEval: {own}]")
 
 # %% ../nbs/07_metrics.ipynb #cd296496
 _RADEVAL_CACHE: dict = {"evaluators": {}, "last": None, "labels": {}}
@@ -1234,7 +1294,9 @@ def radeval_evaluator(name: str,                      # a RadEval metric name (s
     ek = (name, _options_key(opts))
     if ek not in _RADEVAL_CACHE["evaluators"]:
         with warnings.catch_warnings(), _hub_offline(offline):
-            try: _RADEVAL_CACHE["evaluators"][ek] = rd.RadEval(metrics={name: opts}, per_sample=True, show_progress=False)
+            try:
+                _RADEVAL_CACHE["evaluators"][ek] = rd.RadEval(metrics={name: opts}, per_sample=True,
+                                                              show_progress=False)
             except Exception as e: raise _radeval_failure(name, e) from e
     return _RADEVAL_CACHE["evaluators"][ek]
 
@@ -1244,15 +1306,17 @@ def radeval_scores(name: str,                      # a RadEval metric name (see 
                    hypotheses: Sequence[str],      # generated texts, aligned with the references
                    options: Mapping | None = None, # constructor options of that RadEval metric
                    offline: bool = True,           # forbid downloads from the Hugging Face Hub meanwhile
-                   evaluator=None                  # a `radeval.RadEval` built with per_sample=True to use (default: built here, once)
+                   evaluator=None    # a `radeval.RadEval` built with per_sample=True to use (default: built here, once)
                   ) -> dict[str, list]:
     "RadEval's per-sample output `{key: [score per sample]}` for one metric (the last call is reused)."
     r, h = check_pairs(references, hypotheses)
     key = (name, _options_key(dict(options or {})), tuple(r), tuple(h))
     ev = evaluator if evaluator is not None else radeval_evaluator(name, options, offline)
-    last = _RADEVAL_CACHE["last"]   # (key, evaluator, output): the entry holds its evaluator, so `is` cannot match a new object
+    # (key, evaluator, output): the entry holds its evaluator, so `is` cannot match a new object
+    last = _RADEVAL_CACHE["last"]
     if last is not None and last[0] == key and last[1] is ev: return last[2]
-    if not getattr(ev, "per_sample", True): raise InputError("the RadEval evaluator given was built without per_sample=True: it returns corpus numbers only")
+    if not getattr(ev, "per_sample", True):
+        raise InputError("the RadEval evaluator given was built without per_sample=True: it returns corpus numbers only")
     with warnings.catch_warnings(), _hub_offline(offline):
         try: out = ev(refs=r, hyps=h) if r else {}
         except Exception as e: raise _radeval_failure(name, e, "run") from e
@@ -1267,24 +1331,29 @@ def radeval_values(out: Mapping, # RadEval's per-sample output, `{key: [one scor
     "The `n` per-sample scores under `key` as floats (None or NaN: a sample RadEval could not score)."
     if key not in out: raise RadEvalError(f"RadEval returned {sorted(out)}, not {key!r}")
     v = out[key]
-    if np.ndim(v) == 0: raise RadEvalError(f"RadEval {key!r} is one corpus number ({v!r}), not one per sample (build RadEval with per_sample=True)")
+    if np.ndim(v) == 0:
+        raise RadEvalError(f"RadEval {key!r} is one corpus number ({v!r}), not one per sample (build RadEval with "
+                           "per_sample=True)")
     v = np.array([np.nan if x is None else x for x in v], dtype=float)
     if v.shape != (n,): raise RadEvalError(f"RadEval {key!r}: {v.shape} values for {n} samples")
     return v
 
 # %% ../nbs/07_metrics.ipynb #bb2ae8e8
 def _radeval_entry(name: str) -> tuple:
-    if name not in RADEVAL_METRICS: raise InputError(f"unknown RadEval metric {name!r}; RadEval 2.2.1 has {', '.join(RADEVAL_METRICS)}")
+    if name not in RADEVAL_METRICS:
+        raise InputError(f"unknown RadEval metric {name!r}; RadEval 2.2.1 has {', '.join(RADEVAL_METRICS)}")
     return RADEVAL_METRICS[name]
 
 def _radeval_extra(name: str) -> str:
     "What a bridged metric needs beyond the core install."
     if name in ("bleu", "rouge"): return "radeval 2.2.1"
-    return "radeval 2.2.1 + its model deps and weights" + (" or an API key" if name in API_KEY_METRICS + ("crimson",) else "")
+    return "radeval 2.2.1 + its model deps and weights" + (" or an API key" if name in API_KEY_METRICS + ("crimson",)
+                                                           else "")
 
 @dataclass(repr=False)
 class RadEvalMetric(MetricBase):
-    "One per-sample output of a RadEval metric, as mean-type statistics `[score, 1]` (`[0, 0]`: a sample RadEval could not score)."
+    """One per-sample output of a RadEval metric, as mean-type statistics `[score, 1]` (`[0, 0]`: a sample RadEval
+    could not score)."""
     pairwise = False               # unknown for a bridged model metric: score each set of pairs in its own call
     radeval: str = "rouge"            # RadEval metric name
     key: str | None = None            # its per-sample output key (default: the first in RADEVAL_METRICS)
@@ -1297,9 +1366,11 @@ class RadEvalMetric(MetricBase):
     def __post_init__(self):
         keys, self.higher_is_better, self.range = _radeval_entry(self.radeval)
         readable = keys + RADEVAL_EXTRA_KEYS.get(self.radeval, ())
-        if self.key is not None and self.key not in readable: raise InputError(f"RadEval {self.radeval!r} has outputs {list(readable)}, not {self.key!r}")
+        if self.key is not None and self.key not in readable:
+            raise InputError(f"RadEval {self.radeval!r} has outputs {list(readable)}, not {self.key!r}")
         self.key = self.key or keys[0]
-        if self.key in CHEXBERT_KEYS: raise InputError(f"{self.key!r} is a corpus number in RadEval; use CheXbertF1(key={self.key!r}) (see below)")
+        if self.key in CHEXBERT_KEYS:
+            raise InputError(f"{self.key!r} is a corpus number in RadEval; use CheXbertF1(key={self.key!r}) (see below)")
         self.name, self.extra = self.name or radeval_name(self.key), _radeval_extra(self.radeval)
 
     @property
@@ -1307,11 +1378,13 @@ class RadEvalMetric(MetricBase):
 
     def load(self):
         "The RadEval evaluator this metric runs with, built now when needed (its model loads once and is reused)."
-        return self.evaluator if self.evaluator is not None else radeval_evaluator(self.radeval, self.options, self.offline)
+        return self.evaluator if self.evaluator is not None else radeval_evaluator(self.radeval, self.options,
+                                                                                   self.offline)
 
     def _stats(self, refs, hyps):
         if not refs: return np.zeros((0, 2))
-        v = radeval_values(radeval_scores(self.radeval, refs, hyps, self.options, self.offline, self.evaluator), self.key, len(refs))
+        v = radeval_values(radeval_scores(self.radeval, refs, hyps, self.options, self.offline, self.evaluator),
+                           self.key, len(refs))
         ok = ~np.isnan(v)
         return np.column_stack([np.where(ok, v, 0.0), ok.astype(float)])
 
@@ -1332,10 +1405,12 @@ def chexbert_counts(ref_labels,          # (n × labels) 0/1 labels of the refer
 
 # %% ../nbs/07_metrics.ipynb #f956f07f
 def _chexbert_labels(scorer, texts: list[str]) -> np.ndarray:
-    "CheXbert labels of `texts` by RadEval's scorer, each distinct text labelled once per scorer (kept for the process)."
+    """CheXbert labels of `texts` by RadEval's scorer, each distinct text labelled once per scorer (kept for the
+    process)."""
     memo = _RADEVAL_CACHE["labels"]
     entry = memo.get(id(scorer))
-    if entry is None or entry[0] is not scorer: entry = memo[id(scorer)] = (scorer, {})   # holds its scorer: the id cannot be reused
+    # holds its scorer: the id cannot be reused
+    if entry is None or entry[0] is not scorer: entry = memo[id(scorer)] = (scorer, {})
     seen = entry[1]
     todo = list(dict.fromkeys(t for t in texts if t not in seen))
     if todo:
@@ -1348,14 +1423,15 @@ class CheXbertF1(MetricBase):
     pairwise = False
     key: str = "f1chexbert_5_micro_f1"   # the RadEval key reproduced: "f1chexbert_5_micro_f1" or "f1chexbert_all_micro_f1"
     options: dict = field(default_factory=dict)   # RadEval constructor options of f1chexbert (none in 2.2.1)
-    offline: bool = True                 # no Hugging Face Hub downloads while it loads
-    name: str | None = None              # registry name (default `radeval_<key>`)
-    evaluator: object = None             # a `radeval.RadEval` holding f1chexbert (its `f1chexbert_scorer` labels the reports)
+    offline: bool = True      # no Hugging Face Hub downloads while it loads
+    name: str | None = None   # registry name (default `radeval_<key>`)
+    evaluator: object = None  # a `radeval.RadEval` holding f1chexbert (its `f1chexbert_scorer` labels the reports)
     stat_names: tuple = ("tp", "fp", "fn")
     radeval: str = "f1chexbert"
 
     def __post_init__(self):
-        if self.key not in CHEXBERT_KEYS: raise InputError(f"CheXbertF1: key must be one of {list(CHEXBERT_KEYS)}, got {self.key!r}")
+        if self.key not in CHEXBERT_KEYS:
+            raise InputError(f"CheXbertF1: key must be one of {list(CHEXBERT_KEYS)}, got {self.key!r}")
         self.name, self.extra = self.name or radeval_name(self.key), _radeval_extra("f1chexbert")
 
     @property
@@ -1363,12 +1439,15 @@ class CheXbertF1(MetricBase):
 
     def load(self):
         "The RadEval evaluator holding CheXbert, built now when needed."
-        return self.evaluator if self.evaluator is not None else radeval_evaluator("f1chexbert", self.options, self.offline)
+        return self.evaluator if self.evaluator is not None else radeval_evaluator("f1chexbert", self.options,
+                                                                                   self.offline)
 
     def _stats(self, refs, hyps):
         if not refs: return np.zeros((0, 3))
         s = getattr(self.load(), "f1chexbert_scorer", None)
-        if not hasattr(s, "get_labels"): raise RadEvalError("the RadEval evaluator given holds no f1chexbert scorer (build it with metrics=['f1chexbert'])")
+        if not hasattr(s, "get_labels"):
+            raise RadEvalError("the RadEval evaluator given holds no f1chexbert scorer (build it with "
+                               "metrics=['f1chexbert'])")
         with warnings.catch_warnings(), _hub_offline(self.offline):
             try: R, H = _chexbert_labels(s, refs), _chexbert_labels(s, hyps)
             except Exception as e: raise _radeval_failure("f1chexbert", e, "run") from e
@@ -1379,23 +1458,25 @@ class CheXbertF1(MetricBase):
     def __repr__(self): return f"CheXbertF1(key={self.key!r})"
 
 # %% ../nbs/07_metrics.ipynb #6993814d
-RADEVAL_BLEU_NOTE = ("RadEval's corpus BLEU-4: the same pycocoevalcap scorer as bleu_4 (corpus sums, brevity penalty, no smoothing), "
-                     "but on the raw text split on whitespace (case and punctuation kept), so it is lower than bleu_4, "
-                     "near 0 when no 4-gram matches")
+RADEVAL_BLEU_NOTE = ("RadEval's corpus BLEU-4: the same pycocoevalcap scorer as bleu_4 (corpus sums, brevity penalty, "
+                     "no smoothing), but on the raw text split on whitespace (case and punctuation kept), so it is "
+                     "lower than bleu_4, near 0 when no 4-gram matches")
 
-def radeval_metric(name: str,                     # RadEval metric name, e.g. "radgraph"
-                   key: str | None = None,        # which output (default: the first listed in RADEVAL_METRICS)
-                   native: bool = True,           # "bleu": compute RadEval's corpus BLEU natively (exact, bootstrappable)
+def radeval_metric(name: str,               # RadEval metric name, e.g. "radgraph"
+                   key: str | None = None,  # which output (default: the first listed in RADEVAL_METRICS)
+                   native: bool = True,     # "bleu": compute RadEval's corpus BLEU natively (exact, bootstrappable)
                    metric_name: str | None = None,  # the metric's name (default `radeval_<key>`)
                    evaluator=None,                # a `radeval.RadEval` to use instead of building one
                    **options                      # constructor options of the RadEval metric
                   ) -> Metric:
-    "A RadEval metric output as a `Metric`: `radeval_bleu` natively, the CheXbert micro-F1 keys as `CheXbertF1`, the rest per sample."
+    """A RadEval metric output as a `Metric`: `radeval_bleu` natively, the CheXbert micro-F1 keys as `CheXbertF1`, the
+    rest per sample."""
     if name == "bleu" and native and not options and evaluator is None and key in (None, "bleu"):
         b = Bleu(4, tokenize=None, name=metric_name or "radeval_bleu"); b.note = RADEVAL_BLEU_NOTE
         return b
     if (key or _radeval_entry(name)[0][0]) in CHEXBERT_KEYS and name == "f1chexbert":
-        return CheXbertF1(key=key or "f1chexbert_5_micro_f1", options=dict(options), name=metric_name, evaluator=evaluator)
+        return CheXbertF1(key=key or "f1chexbert_5_micro_f1", options=dict(options), name=metric_name,
+                          evaluator=evaluator)
     return RadEvalMetric(radeval=name, key=key, options=dict(options), name=metric_name, evaluator=evaluator)
 
 for _n, (_keys, _, _) in RADEVAL_METRICS.items():
@@ -1406,7 +1487,8 @@ for _n, (_keys, _, _) in RADEVAL_METRICS.items():
 BRIDGED_METRICS = {"bertscore": ("bertscore", "bertscore"), "radgraph_f1": ("radgraph", "radgraph_partial"),
                    "ratescore": ("ratescore", "ratescore"), "radcliq_v1": ("radcliq", "radcliq_v1"),
                    "green": ("green", "green"), "crimson": ("crimson", "crimson"),
-                   "chexbert_f1_5": ("f1chexbert", "f1chexbert_5_micro_f1"), "chexbert_f1_14": ("f1chexbert", "f1chexbert_all_micro_f1")}
+                   "chexbert_f1_5": ("f1chexbert", "f1chexbert_5_micro_f1"),
+                   "chexbert_f1_14": ("f1chexbert", "f1chexbert_all_micro_f1")}
 for _n, (_m, _k) in BRIDGED_METRICS.items():
     REGISTRY[_n] = functools.partial(radeval_metric, _m, _k, metric_name=_n); _BRIDGED_NAMES.add(_n)
 
@@ -1430,7 +1512,8 @@ class Negated(MetricBase):
         self.stat_names = tuple(getattr(self.inner, "stat_names", ()))
         self.extra = getattr(self.inner, "extra", "")
         inner_note = getattr(self.inner, "note", "")
-        self.note = f"{inner_note}; " * bool(inner_note) + "sign flipped (-value, so higher is better when the original is lower-is-better); not the reciprocal"
+        self.note = f"{inner_note}; " * bool(inner_note) + ("sign flipped (-value, so higher is better when the "
+                                                            "original is lower-is-better); not the reciprocal")
     def stats(self, references, # reference texts
                     hypotheses  # generated texts, aligned with the references
              ): return self.inner.stats(references, hypotheses)
@@ -1448,26 +1531,31 @@ def negated(metric,                 # a Metric object or registry name
     m = get_metric(metric) if isinstance(metric, str) else metric
     return Negated(inner=m, name=name)
 
-REGISTRY["radcliq_v1_neg"] = lambda **o: negated(radeval_metric("radcliq", "radcliq_v1", metric_name="radcliq_v1", **o), "radcliq_v1_neg")
+REGISTRY["radcliq_v1_neg"] = lambda **o: negated(radeval_metric("radcliq", "radcliq_v1", metric_name="radcliq_v1", **o),
+                                                 "radcliq_v1_neg")
 _BRIDGED_NAMES.add("radcliq_v1_neg")
 
 # %% ../nbs/07_metrics.ipynb #1c41a6a8
-FULL_METRICS = ("bleu", "rouge", "bertscore", "radeval_bertscore", "f1chexbert", "f1radbert_ct", "radgraph", "ratescore",
-                "radgraph_radcliq", "radcliq", "srrbert", "temporal", "green", "mammo_green", "crimson", "radfact_ct")
+FULL_METRICS = ("bleu", "rouge", "bertscore", "radeval_bertscore", "f1chexbert", "f1radbert_ct", "radgraph",
+                "ratescore", "radgraph_radcliq", "radcliq", "srrbert", "temporal", "green", "mammo_green", "crimson",
+                "radfact_ct")
 LIGHT_METRICS = ("bleu", "rouge", "bertscore", "radgraph", "f1chexbert")
 NATIVE_EQUIVALENTS = {"bleu": ("bleu_4",), "rouge": ("rouge_l",), "f1chexbert": ("chexpert_f1_5", "chexpert_f1_14")}
 
 # %% ../nbs/07_metrics.ipynb #4eace9a7
 # the module holding each RadEval metric's scorer: importing it shows a missing package without loading any model
 _RADEVAL_MODULES = {
-    "bertscore": "radeval.metrics.bertscore.bertscore", "radeval_bertscore": "radeval.metrics.radevalbertscore.radevalbertscore",
+    "bertscore": "radeval.metrics.bertscore.bertscore",
+    "radeval_bertscore": "radeval.metrics.radevalbertscore.radevalbertscore",
     "f1chexbert": "radeval.metrics.f1chexbert.f1chexbert", "f1radbert_ct": "radeval.metrics.f1Radbert_ct.f1Radbert_ct",
     "radgraph": "radeval.metrics.radgraph", "ratescore": "radeval.metrics.RaTEScore.scorer",
-    "radgraph_radcliq": "radeval.metrics.radgraph_radcliq.radgraph_radcliq", "radcliq": "radeval.metrics.RadCliQv1.radcliq",
-    "srrbert": "radeval.metrics.SRRBert.srr_bert", "temporal": "radeval.metrics.f1temporal.f1temporal",
+    "radgraph_radcliq": "radeval.metrics.radgraph_radcliq.radgraph_radcliq",
+    "radcliq": "radeval.metrics.RadCliQv1.radcliq", "srrbert": "radeval.metrics.SRRBert.srr_bert",
+    "temporal": "radeval.metrics.f1temporal.f1temporal",
     "green": "radeval.metrics.green_score.green", "mammo_green": "radeval.metrics.green_score.mammo_green",
     "crimson": "radeval.metrics.crimson.crimson", "radfact_ct": "radeval.metrics.radfact_ct.radfact_ct"}
-_API_KEY_TEXT = "it calls an LLM API and no API key is set (OPENAI_API_KEY or GEMINI_API_KEY, or openai_api_key=... in its options)"
+_API_KEY_TEXT = ("it calls an LLM API and no API key is set (OPENAI_API_KEY or GEMINI_API_KEY, or openai_api_key=... "
+                 "in its options)")
 
 def _import_quietly(module: str):
     buf = io.StringIO()
@@ -1485,10 +1573,12 @@ def _weights_missing(name: str) -> list[str]:
     "Weights of a RadEval metric found neither in the Hugging Face cache nor in RadEval's own cache folders."
     try: from huggingface_hub import try_to_load_from_cache
     except ImportError: return []
-    own = [getattr(sys.modules.get(m), "CACHE_DIR", None) for m in ("radeval.metrics.f1chexbert.f1chexbert", "radeval.metrics.radgraph._vendor.core")]
+    own = [getattr(sys.modules.get(m), "CACHE_DIR", None)
+           for m in ("radeval.metrics.f1chexbert.f1chexbert", "radeval.metrics.radgraph._vendor.core")]
     dirs = [None] + [d for d in own if d]
     found = lambda r, f: any(isinstance(try_to_load_from_cache(r, f, cache_dir=d), str) for d in dirs)
-    return list(dict.fromkeys(r if f == "config.json" else f"{r}/{f}" for r, f in RADEVAL_WEIGHTS.get(name, ()) if not found(r, f)))
+    return list(dict.fromkeys(r if f == "config.json" else f"{r}/{f}" for r,
+                              f in RADEVAL_WEIGHTS.get(name, ()) if not found(r, f)))
 
 # %% ../nbs/07_metrics.ipynb #67d198fa
 def _bridged_check(m, load: bool) -> tuple[bool, str]:
@@ -1506,8 +1596,11 @@ def _bridged_check(m, load: bool) -> tuple[bool, str]:
     if api and not _has_api_key(m.options): return False, because + _API_KEY_TEXT
     if not load:
         miss = [] if api else _weights_missing(m.radeval)
-        if miss: return False, because + f"its weights ({', '.join(miss)}) are not in the local Hugging Face cache, and nothing is downloaded here"
-        return True, "its code imports" + ("" if api or m.radeval == "rouge" else " and its weights are in the local cache") + " (load=True builds it)"
+        if miss:
+            return False, because + (f"its weights ({', '.join(miss)}) are not in the local Hugging Face cache, and "
+                                     "nothing is downloaded here")
+        return True, "its code imports" + ("" if api or m.radeval == "rouge"
+                                           else " and its weights are in the local cache") + " (load=True builds it)"
     try: m.load()
     except RadEvalError as e: return False, e.reason
     return True, "loaded"
@@ -1522,13 +1615,14 @@ def _native_check(m) -> tuple[bool, str]:
 
 # %% ../nbs/07_metrics.ipynb #47c12abe
 def radeval_status(names: Sequence[str] = FULL_METRICS, # RadEval metric names (default: the full bundle)
-                   load: bool = False                   # also build each metric (loads its model once; reused when it runs)
+                   load: bool = False               # also build each metric (loads its model once; reused when it runs)
                   ) -> pd.DataFrame:
     "Whether each RadEval metric can run here: `metric, available, reason` (one line each)."
     rows = []
     for n in names:
         if n not in RADEVAL_METRICS:
-            rows.append((n, False, f"not available here, because {n!r} is not a RadEval 2.2.1 metric (known: {', '.join(RADEVAL_METRICS)})"))
+            rows.append((n, False, f"not available here, because {n!r} is not a RadEval 2.2.1 metric (known: "
+                                   f"{', '.join(RADEVAL_METRICS)})"))
         elif n == "bleu": rows.append((n, True, "computed natively (radeval_bleu)"))
         else: rows.append((n, *_bridged_check(radeval_metric(n), load)))
     return pd.DataFrame(rows, columns=["metric", "available", "reason"])
@@ -1540,11 +1634,13 @@ def bundle_metrics(names: str | Sequence[str] = LIGHT_METRICS, # a bundle (or it
                    check: bool = True       # raise one InputError listing what cannot run here
                   ) -> list[Metric]:
     "`Metric` objects for a bundle of RadEval metric names, one per output."
-    if isinstance(names, str): names = {"FULL_METRICS": FULL_METRICS, "LIGHT_METRICS": LIGHT_METRICS}.get(names, (names,))
+    if isinstance(names, str):
+        names = {"FULL_METRICS": FULL_METRICS, "LIGHT_METRICS": LIGHT_METRICS}.get(names, (names,))
     out, bridged = [], []
     for n in names:
         if native and n in NATIVE_EQUIVALENTS: out += [get_metric(m) for m in NATIVE_EQUIVALENTS[n]]; continue
-        if n not in RADEVAL_METRICS: raise InputError(f"unknown metric {n!r} in the bundle; RadEval 2.2.1 has {', '.join(RADEVAL_METRICS)}")
+        if n not in RADEVAL_METRICS:
+            raise InputError(f"unknown metric {n!r} in the bundle; RadEval 2.2.1 has {', '.join(RADEVAL_METRICS)}")
         out += [radeval_metric(n, k) for k in (RADEVAL_METRICS[n][0][:1] if n == "bleu" else RADEVAL_METRICS[n][0])]
         if n != "bleu": bridged.append(n)
     if check and bridged:
@@ -1571,7 +1667,8 @@ AVAILABILITY_COLUMNS = ("metric", "kind", "available", "reason", "radeval_key", 
 def _as_metric(name):
     "A Metric for a RadEval metric name (its first output), a registry name or a Metric; None for an unknown name."
     if not isinstance(name, str): return name
-    if name in RADEVAL_METRICS: return radeval_metric(name)      # "radeval_bertscore" is RadEval's metric, not `radeval_<key>`
+    # "radeval_bertscore" is RadEval's metric, not `radeval_<key>`
+    if name in RADEVAL_METRICS: return radeval_metric(name)
     return get_metric(name) if name in REGISTRY else None
 
 def _describe(m) -> str:
@@ -1582,12 +1679,14 @@ def metric_availability(names=None,       # registry names, RadEval metric names
                         load: bool = False # build each bridged metric (loads its model once; reused when it runs)
                        ) -> pd.DataFrame:
     "Whether each metric can run here: `metric, kind, available, reason, radeval_key, note`, one row per name in order."
-    names = [n for n in REGISTRY if not n.startswith("radeval_")] if names is None else [names] if isinstance(names, str) else list(names)
+    names = [n for n in REGISTRY
+             if not n.startswith("radeval_")] if names is None else [names] if isinstance(names, str) else list(names)
     rows = []
     for n in names:
         m, label = _as_metric(n), n if isinstance(n, str) else getattr(n, "name", repr(n))
         if m is None:
-            rows.append((label, "unknown", False, f"not available here, because {label!r} is not a known metric name", "", "")); continue
+            rows.append((label, "unknown", False, f"not available here, because {label!r} is not a known metric name",
+                         "", "")); continue
         b = _bridge(m)
         ok, why = _native_check(m) if b is None else _bridged_check(b, load)
         rows.append((label, "native" if b is None else "bridged", ok, why, "" if b is None else b.key, _describe(m)))
@@ -1600,7 +1699,9 @@ def registry_table(radeval: bool = False # also list the bridged RadEval outputs
     rows = []
     for n in list_metrics(radeval):
         m = get_metric(n)
-        st = ", ".join(m.stat_names) if len(m.stat_names) <= 6 else f"{m.stat_names[0]} … {m.stat_names[-1]} ({len(m.stat_names)})"
-        rows.append({"metric": n, "kind": metric_kind(m), "higher_is_better": m.higher_is_better, "range": f"[{m.range[0]:g}, {m.range[1]:g}]",
-                     "k": m.k, "pairwise": m.pairwise, "statistics": st, "needs": m.extra or "core"})
+        st = ", ".join(m.stat_names) if len(m.stat_names) <= 6 else (f"{m.stat_names[0]} … {m.stat_names[-1]} "
+                                                                     f"({len(m.stat_names)})")
+        rows.append({"metric": n, "kind": metric_kind(m), "higher_is_better": m.higher_is_better,
+                     "range": f"[{m.range[0]:g}, {m.range[1]:g}]", "k": m.k, "pairwise": m.pairwise, "statistics": st,
+                     "needs": m.extra or "core"})
     return pd.DataFrame(rows)

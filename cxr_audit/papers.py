@@ -59,13 +59,13 @@ class Preset:
     size: float = 0.95                          # interval coverage; alpha = 1 − size
     p_convention: str = "add_one"               # bootstrap p-value convention (`stats.PConvention`)
     clusters: Mapping = field(default_factory=dict)   # direction -> column of the studies table whose values are the resampled clusters
-    comparisons: tuple = ()                     # (first, second) configuration pairs (`core.config_label`); effects are first − second
+    comparisons: tuple = ()  # (first, second) configuration pairs (`core.config_label`); effects are first − second
     endpoints: tuple = ("validity_rate", "prefix_rate", "micro_f1") # end points of the family (keys of `ENDPOINTS`)
     systems: Mapping = field(default_factory=dict)    # system name -> what it is
     policies: Mapping = field(default_factory=dict)   # decoding policy name (`generate.POLICIES`) -> its settings in words
-    prefixes: tuple = DEFAULT_PREFIXES          # openings counted by the prefix end point (normalized text; more may follow)
-    validity_rule: str = "strict"               # `concentration.surface_validity` rule
-    grouping: str = "normalized"                # duplicate groups of "exact" or "normalized" text
+    prefixes: tuple = DEFAULT_PREFIXES  # openings counted by the prefix end point (normalized text; more may follow)
+    validity_rule: str = "strict"       # `concentration.surface_validity` rule
+    grouping: str = "normalized"        # duplicate groups of "exact" or "normalized" text
     uncertain_positive: bool = UNCERTAIN_POSITIVE # binary label mapping: count uncertain (−1) as positive
     labels: tuple = CHEXPERT_14                 # the observations of the label end points
     reference_section: str = "both"             # `evaluator.study_section` section used as the reference text
@@ -86,12 +86,12 @@ class Preset:
     classes: tuple = ()                         # the progression classes scored
     significance: str = "holm"                  # what makes a gap between two systems significant: "holm" or "ci" (`reref_sensitivity.SIGNIFICANCE_RULES`)
     rules: Mapping = field(default_factory=dict)  # scoring rules in words (unmentioned answers, excluded findings, keyword matching)
-    match: str = "exact"                        # how reference and generated findings are matched (`exact` or `families`)
-    splitter: str = "default"                   # sentence splitter (`reports.split_sentences`)
-    metrics: tuple = ()                         # the measures of the paper's main table
+    match: str = "exact"       # how reference and generated findings are matched (`exact` or `families`)
+    splitter: str = "default"  # sentence splitter (`reports.split_sentences`)
+    metrics: tuple = ()        # the measures of the paper's main table
     metric_names: Mapping = field(default_factory=dict) # metric of `metrics` -> the paper's name for it
-    variations: tuple = ()                      # reference variations of the experiments (`reref.resolve_variants` names)
-    rewriter_model: str = ""                    # the LLM that rewrites and verifies references (a name in words)
+    variations: tuple = ()    # reference variations of the experiments (`reref.resolve_variants` names)
+    rewriter_model: str = ""  # the LLM that rewrites and verifies references (a name in words)
     rewriting: Mapping = field(default_factory=dict)    # `reref.ReRef` settings of the rewriting loop (temperatures, max tokens, rounds)
     sensitivity: Mapping = field(default_factory=dict)  # how score shifts are taken, normalized and summarised
     substitutes: Mapping = field(default_factory=dict)  # what the package runs where the paper's part cannot run offline
@@ -113,8 +113,10 @@ class Preset:
         return "paper" if given else "not given in the paper"
 
     def to_frame(self) -> pd.DataFrame:
-        "One row per field used (mappings opened by key; empty fields left out): `field, value, source` (\"paper\" or \"not given in the paper\")."
-        rows = [(p, v, self._source(p)) for f in fields(self) if f.name not in ("not_in_paper", "not_used", *self.not_used)
+        """One row per field used (mappings opened by key; empty fields left out): `field, value, source` (\"paper\" or
+        \"not given in the paper\")."""
+        rows = [(p, v, self._source(p)) for f in fields(self)
+                if f.name not in ("not_in_paper", "not_used", *self.not_used)
                 and not _empty(getattr(self, f.name)) for p, v in _leaves(f.name, getattr(self, f.name))]
         return pd.DataFrame(rows, columns=["field", "value", "source"])
 
@@ -122,7 +124,8 @@ class Preset:
         "`to_frame()` with every value as short text."
         return self.to_frame().assign(value=lambda d: d["value"].map(_show))
 
-    def __repr__(self): return f"Preset({self.name!r}: reps={self.reps}, seed={self.seed}, directions={list(self.directions)})"
+    def __repr__(self):
+        return f"Preset({self.name!r}: reps={self.reps}, seed={self.seed}, directions={list(self.directions)})"
 
     def _repr_markdown_(self): return f"**Preset {self.name}**: {self.title}\n\n" + md_table(self.summary())
 
@@ -133,7 +136,8 @@ def direction(self: Preset, name: str # "MIMIC->IU", "MIMIC→IU", ... (one of `
     "The preset's key of direction `name` (`→` read as `->`, case and spaces ignored)."
     key = lambda s: str(s).replace("→", "->").replace(" ", "").lower()
     hit = next((d for d in self.directions if key(d) == key(name)), None)
-    if hit is None: raise InputError(f"preset {self.name}: unknown direction {name!r}; directions are {', '.join(self.directions)}")
+    if hit is None:
+        raise InputError(f"preset {self.name}: unknown direction {name!r}; directions are {', '.join(self.directions)}")
     return hit
 
 # %% ../nbs/16_papers.ipynb #94feca06
@@ -142,10 +146,12 @@ def cohort(self: Preset, direction: str, # one of `directions`
            studies,                       # the studies table of that direction's evaluation dataset
            **overrides                    # recipe parameters that replace the preset's
           ) -> Cohort:
-    "The cohort of `direction`: its recipe (`cohort.run_recipe`) with the preset's parameters (the recipe's, then the direction's own)."
+    """The cohort of `direction`: its recipe (`cohort.run_recipe`) with the preset's parameters (the recipe's, then the
+    direction's own)."""
     key = self.direction(direction)
     recipe = self.cohorts[key]
-    return run_recipe(recipe, studies, **{**dict(self.cohort_params.get(recipe, {})), **dict(self.cohort_params.get(key, {})), **overrides})
+    return run_recipe(recipe, studies, **{**dict(self.cohort_params.get(recipe, {})),
+                                          **dict(self.cohort_params.get(key, {})), **overrides})
 
 # %% ../nbs/16_papers.ipynb #991c97fb
 PAPER_004 = Preset(
@@ -165,14 +171,16 @@ PAPER_004 = Preset(
                    "004_mimic": {"n": 401, "min_text": 32, "views": MIMIC_004_VIEWS}},
     cohort_sizes={"MIMIC->IU": {"entries": 575, "studies": 575}, "IU->MIMIC": {"entries": 401, "studies": 347}},
     exclude=("Cardiomegaly",), second_model="MedGemma 1.5 4B (revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b)",
-    official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f", "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
+    official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f",
+                      "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
     labeler="cxr_audit:chexpert+quirks", top_k=5, distinct=(1, 2),
     not_in_paper=("cohort_params.004_iu.fractions", "labeler"), not_used=("significance",))
 
 # %% ../nbs/16_papers.ipynb #d4987146
 def _generations(generations) -> pd.DataFrame:
     "The generations with `config`, `entry_id` and `study_id` as text; one row per configuration and entry."
-    g = require_columns(generations, ["study_id", "system", "policy", "hypothesis"], "generations").reset_index(drop=True)
+    g = require_columns(generations, ["study_id", "system", "policy", "hypothesis"],
+                        "generations").reset_index(drop=True)
     if not len(g): raise InputError("generations: no rows")
     sid = g["study_id"].astype(str)
     eid = g["entry_id"] if "entry_id" in g.columns else sid
@@ -190,7 +198,8 @@ def _study_table(studies, g: pd.DataFrame, preset: Preset) -> pd.DataFrame:
     s = require_columns(studies, ["study_id"], "studies")
     s = s.assign(study_id=s["study_id"].astype(str)).drop_duplicates("study_id").set_index("study_id", drop=False)
     missing = pd.Index(pd.unique(g["study_id"])).difference(s.index)
-    if len(missing): raise InputError(f"generations: study_id {missing[0]!r} is not in studies ({len(missing)} studies missing)")
+    if len(missing):
+        raise InputError(f"generations: study_id {missing[0]!r} is not in studies ({len(missing)} studies missing)")
     s = s.loc[pd.unique(g["study_id"])]
     cols = [c for c in dict.fromkeys(preset.clusters.values()) if c in s.columns and c != "study_id"]
     ref = [study_section(r, preset.reference_section) for r in s.to_dict("records")]
@@ -206,25 +215,30 @@ def _label_counts(g: pd.DataFrame, refs: pd.DataFrame, preset: Preset, labeler) 
     pred = pred.assign(text_id=pred["text_id"].astype(str)).merge(keys, on="text_id")
     al = align_labels(ref_labels, pred, labels=preset.labels, uncertain_positive=preset.uncertain_positive)
     bad = al.matching[al.matching.status != "matched"]
-    if len(bad): raise InputError(f"entry_endpoints: {len(bad)} generation(s) not matched to a reference, e.g. {bad.iloc[0].to_dict()}")
+    if len(bad):
+        raise InputError(f"entry_endpoints: {len(bad)} generation(s) not matched to a reference, e.g. "
+                         f"{bad.iloc[0].to_dict()}")
     c = al.entry_counts(by_label=False).rename(columns={"system": "config"})
-    out = g[["config", "entry_id"]].merge(c[["config", "entry_id", "tp", "fp", "fn"]], on=["config", "entry_id"], how="left")
+    out = g[["config", "entry_id"]].merge(c[["config", "entry_id", "tp", "fp", "fn"]], on=["config", "entry_id"],
+                                          how="left")
     return out[["tp", "fp", "fn"]].astype(np.int64)
 
 # %% ../nbs/16_papers.ipynb #cc0e7c0d
-def entry_endpoints(generations,            # a `generations` table of one direction: study_id, system, policy, hypothesis (entry_id, truncated)
-                    studies,                # the studies (or cohort) table: study_id, findings/impression, the cluster columns
+def entry_endpoints(generations,  # a `generations` table of one direction: study_id, system, policy, hypothesis (entry_id, truncated)
+                    studies,      # the studies (or cohort) table: study_id, findings/impression, the cluster columns
                     *,
                     preset: Preset = PAPER_004, # the paper's protocol
-                    labeler=None            # a `labels.Labeler`, a callable like one, or a name/path; None: the preset's
+                    labeler=None  # a `labels.Labeler`, a callable like one, or a name/path; None: the preset's
                    ) -> pd.DataFrame:
-    "One row per generation (entry): ids, surface validity and its flags, the prefix hit, and TP/FP/FN over the preset's labels."
+    """One row per generation (entry): ids, surface validity and its flags, the prefix hit, and TP/FP/FN over the
+    preset's labels."""
     g, lab = _generations(generations), get_labeler(labeler if labeler is not None else preset.labeler)
     refs = _study_table(studies, g, preset)
     audit = audit_concentration(g, by=("config",), prefixes=preset.prefixes, grouping=preset.grouping,
                                 validity_rule=preset.validity_rule, reps=1)
     flags = audit.flags[["valid", "reasons", *FLAG_COLUMNS, "prefix_hit"]].reset_index(drop=True)
-    ids = [c for c in ("config", "system", "policy", "entry_id", "study_id", "sample_id", "seed", "direction") if c in g.columns]
+    ids = [c for c in ("config", "system", "policy", "entry_id", "study_id", "sample_id", "seed", "direction")
+           if c in g.columns]
     out = g[ids].merge(refs.drop(columns="reference"), on="study_id", how="left")
     out = pd.concat([out, flags, _label_counts(g, refs, preset, lab)], axis=1)
     return out.assign(labeler=str(getattr(lab, "source", None) or type(lab).__name__),
@@ -271,7 +285,8 @@ def family_from_endpoints(endpoints,          # an `entry_endpoints` table of on
     e = require_columns(endpoints, ["config", "entry_id", col], f"{what}: endpoints")
     rows = _config_rows(e, preset.configs, what)
     cl = rows[preset.configs[0]][col] if col != "entry_id" else rows[preset.configs[0]].index.to_series()
-    if cl.map(is_missing).any(): raise InputError(f"{what}: cluster column {col!r} is missing for entry {cl[cl.map(is_missing)].index[0]!r}")
+    if cl.map(is_missing).any():
+        raise InputError(f"{what}: cluster column {col!r} is missing for entry {cl[cl.map(is_missing)].index[0]!r}")
     unknown = [m for m in preset.endpoints if m not in ENDPOINTS]
     if unknown: raise InputError(f"{what}: unknown end point(s) {unknown}; known: {', '.join(ENDPOINTS)}")
     metrics = {m: ({c: ENDPOINTS[m][0](r) for c, r in rows.items()}, ENDPOINTS[m][1]) for m in preset.endpoints}
@@ -289,7 +304,8 @@ def primary_family(generations,            # a `generations` table of one direct
                    seed: int | None = None, # seed (None: the preset's)
                    labeler=None            # a `labels.Labeler` or a callable like one; None: the package's labeler
                   ) -> ComparisonFamily:
-    "Paper 004's primary family of one direction: 3 comparisons × 3 end points, shared clustered resamples, Holm over 9."
+    """Paper 004's primary family of one direction: 3 comparisons × 3 end points, shared clustered resamples, Holm over
+    9."""
     d = preset.direction(direction)
     g = as_pandas(generations, "generations")
     if "direction" in g.columns: g = g[g["direction"].map(lambda x: not is_missing(x) and preset.direction(x) == d)]
@@ -407,8 +423,8 @@ PAPER_003 = Preset(
     name="003", title="Standardizing longitudinal chest X-ray report evaluation via large language model annotation",
     reps=1000, seed=DEFAULT_SEED, size=0.95, clusters={"L-MIMIC": "study_id"},
     systems={"R2Gen": "no prior image or report", "MedVersa": "no prior image or report",
-             "L_R2Gen": "prior images and reports", "MLRG": "prior images and reports", "HC-LLM": "prior images and reports",
-             "Maira2": "prior images and reports", "Libra": "prior images only"},
+             "L_R2Gen": "prior images and reports", "MLRG": "prior images and reports",
+             "HC-LLM": "prior images and reports", "Maira2": "prior images and reports", "Libra": "prior images only"},
     uncertain_positive=False, labels=CHEXPERT_14, reference_section="findings",
     cohorts={"L-MIMIC": "003_lmimic"}, cohort_params={"003_lmimic": {"min_visit": 2}},
     cohort_sizes={"follow-up reports": {"train": 92374, "validate": 737, "test": 2058},
@@ -424,8 +440,8 @@ PAPER_003 = Preset(
     metrics=("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1", "progression_micro_f1",
              "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened"),
     not_in_paper=("seed", "match", "labels", "labeler", "uncertain_positive"),
-    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
-              "second_model", "official_labeler", "top_k", "distinct"))
+    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping",
+              "exclude", "second_model", "official_labeler", "top_k", "distinct"))
 
 # %% ../nbs/16_papers.ipynb #d3804850
 @patch
@@ -435,10 +451,13 @@ def llm_annotator(self: Preset, backend,     # a chat back end of `cxr_audit.llm
                   **kwargs                     # further `LLMAnnotator` arguments (cache, name, max_tokens, ...)
                  ) -> LLMAnnotator:
     "An `LLMAnnotator` with the preset's prompt settings and decoding."
-    if not self.decoding: raise InputError(f"preset {self.name}: no LLM annotator (the preset has no decoding settings)")
+    if not self.decoding:
+        raise InputError(f"preset {self.name}: no LLM annotator (the preset has no decoding settings)")
     name = next(iter(self.decoding)) if decoding is None else decoding
-    if name not in self.decoding: raise InputError(f"preset {self.name}: decoding must be one of {', '.join(self.decoding)}, got {name!r}")
-    return LLMAnnotator(backend, **{**dict(self.prompt_settings), **kwargs}, decoding=dict(self.decoding[name]), seed=seed)
+    if name not in self.decoding:
+        raise InputError(f"preset {self.name}: decoding must be one of {', '.join(self.decoding)}, got {name!r}")
+    return LLMAnnotator(backend, **{**dict(self.prompt_settings), **kwargs}, decoding=dict(self.decoding[name]),
+                        seed=seed)
 
 # %% ../nbs/16_papers.ipynb #929fd077
 @dataclass(frozen=True)
@@ -524,25 +543,32 @@ PAPER_000 = Preset(
              "Med-CXRGen": "up to 4 views side by side, frontal first; indication, technique, comparison",
              "Libra": "frontal view, repeated as the prior; indication, technique, comparison",
              "LLaVA-Rad": "frontal view", "CheX-MIMIC": "frontal view; no text"},
-    uncertain_positive=UNCERTAIN_POSITIVE, labels=CHEXPERT_5, labeler="cxr_audit:chexpert", reference_section="findings",
+    uncertain_positive=UNCERTAIN_POSITIVE, labels=CHEXPERT_5, labeler="cxr_audit:chexpert",
+    reference_section="findings",
     cohorts={d: "000_test" for d in ("MIMIC-CXR", "CheXpert Plus", "IU X-ray", "ReXGradient-160K")},
-    cohort_params={"000_test": {"section": "findings"}, "MIMIC-CXR": {"split": "test"}, "CheXpert Plus": {"split": "valid"},
-                   "IU X-ray": {"split": "test"}, "ReXGradient-160K": {"split": "test"}},
+    cohort_params={"000_test": {"section": "findings"}, "MIMIC-CXR": {"split": "test"},
+                   "CheXpert Plus": {"split": "valid"}, "IU X-ray": {"split": "test"},
+                   "ReXGradient-160K": {"split": "test"}},
     cohort_sizes={"MIMIC-CXR": {"set": "official test split", "studies": 3269},
                   "CheXpert Plus": {"set": "official validation split", "studies": 200},
                   "IU X-ray": {"set": "test split of Chen et al. (2020), as on ReXrank", "studies": 590},
                   "ReXGradient-160K": {"set": "official public test set", "studies": 10000}},
-    metrics=("crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l", "bertscore"),
+    metrics=("crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l",
+             "bertscore"),
     metric_names={"crimson": "CRIMSON", "green": "GREEN", "radgraph_f1": "RadGraph-F1", "ratescore": "RaTEScore",
-                  "radcliq_v1_neg": "RadCliQ-v1", "chexbert_f1_5": "CheXbert-F1", "bleu_2": "BLEU-2", "rouge_l": "ROUGE-L",
-                  "bertscore": "BERTScore"},
-    significance="ci", variations=EXPERIMENT_VARIANTS, rewriter_model="o3 (Azure OpenAI), as both Generator and Verifier",
-    rewriting={"generator_temperature": 0.7, "generator_max_tokens": 16382, "verifier_temperature": 0.0, "max_rounds": 5},
-    sensitivity={"level": "study", "shift": "mean over studies of score(rewritten reference) − score(original reference)",
-                 "normalization": "standard deviation of the metric across (model, dataset) pairs under the original references",
+                  "radcliq_v1_neg": "RadCliQ-v1", "chexbert_f1_5": "CheXbert-F1", "bleu_2": "BLEU-2",
+                  "rouge_l": "ROUGE-L", "bertscore": "BERTScore"},
+    significance="ci", variations=EXPERIMENT_VARIANTS, rewriter_model="o3 (Azure OpenAI), as both Generator and "
+                                                                      "Verifier",
+    rewriting={"generator_temperature": 0.7, "generator_max_tokens": 16382, "verifier_temperature": 0.0,
+               "max_rounds": 5},
+    sensitivity={"level": "study", "shift": "mean over studies of score(rewritten reference) − score(original "
+                                            "reference)",
+                 "normalization": "standard deviation of the metric across (model, dataset) pairs under the original "
+                                  "references",
                  "whiskers": (5, 95), "iqr": "mean and largest IQR of the normalized shifts over the variations"},
-    rules={"infeasible rewrite": "a study whose rewrite the Verifier flags as infeasible or does not accept within the rounds is "
-                                 "left out of that variation's shifts",
+    rules={"infeasible rewrite": "a study whose rewrite the Verifier flags as infeasible or does not accept within the "
+                                 "rounds is left out of that variation's shifts",
            "rankings": "a study without a usable rewrite keeps its original-reference score; averages use every study",
            "significant": "the 95% bootstrap interval of the gap between two systems excludes 0",
            "RadCliQ-v1": "sign flipped so that higher is better (not the reciprocal)",
@@ -550,30 +576,33 @@ PAPER_000 = Preset(
     substitutes={"rewriter": "rules", "chexbert_f1_5": "chexpert_f1_5"},
     reported={"iqr": {"CRIMSON": (0.083, 0.345), "GREEN": (0.245, 0.739), "RadCliQ-v1": (0.512, 1.101),
                       "RaTEScore": (0.384, 1.443), "RadGraph-F1": (0.741, 1.542)},
-              "figure 5": {"dataset": "IU X-ray", "system": "CheXagent-2-3B", "metric": "GREEN", "variation": "findings_scope:minimal",
-                           "original": 0.833, "rewritten": 0.0},
-              "figure 6": {"dataset": "ReXGradient-160K", "metric": "RadCliQ-v1", "variation": "anatomical_granularity:low",
+              "figure 5": {"dataset": "IU X-ray", "system": "CheXagent-2-3B", "metric": "GREEN",
+                           "variation": "findings_scope:minimal", "original": 0.833, "rewritten": 0.0},
+              "figure 6": {"dataset": "ReXGradient-160K", "metric": "RadCliQ-v1",
+                           "variation": "anatomical_granularity:low",
                            "shifts": {"MedVersa": 0.07, "Med-CXRGen": 0.03, "MedGemma-4B": -0.13, "CheX-MIMIC": -0.11}},
               "figure 7a": {"dataset": "MIMIC-CXR", "metric": "RadCliQ-v1", "first": "Libra", "second": "CheXOne",
                             "original": "first better", "first better": 2, "tie": 4, "second better": 6},
-              "validation": {"radiologists": 13, "pairs": 480, "pairs per dataset and variation": 10, "realism not worse": 445,
-                             "realism agreement": (567, 345, 48), "equivalent share": 0.894, "minor discrepancy share": 0.094,
+              "validation": {"radiologists": 13, "pairs": 480, "pairs per dataset and variation": 10,
+                             "realism not worse": 445, "realism agreement": (567, 345, 48), "equivalent share": 0.894,
+                             "minor discrepancy share": 0.094,
                              "major discrepancy": 6, "equivalence agreement": (329, 140, 11)}},
     not_in_paper=("reps", "seed", "clusters", "labeler", "uncertain_positive", "substitutes"),
-    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping", "exclude",
-              "second_model", "official_labeler", "top_k", "distinct", "runs", "match", "splitter"))
+    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping",
+              "exclude", "second_model", "official_labeler", "top_k", "distinct", "runs", "match", "splitter"))
 
 # %% ../nbs/16_papers.ipynb #b0f2a48d
 @patch
 def reref_loop(self: Preset, generator=None,   # chat back end of the Generator (`llm.OpenAIChat`, ...); None: the rule back end
-               verifier=None,                   # chat back end of the Verifier (default: the Generator's)
-               **overrides                      # `reref.ReRef` settings that replace the preset's (max_rounds, seed, ...)
+               verifier=None,  # chat back end of the Verifier (default: the Generator's)
+               **overrides     # `reref.ReRef` settings that replace the preset's (max_rounds, seed, ...)
               ) -> ReRef:
     "A `reref.ReRef` loop with the preset's rewriting settings (temperatures, max tokens, rounds) and seed."
     if not self.rewriting: raise InputError(f"preset {self.name}: no ReRef loop (the preset has no rewriting settings)")
     settings = {**dict(self.rewriting), "seed": self.seed, **overrides}
     if generator is None:
-        if verifier is not None: raise InputError("reref_loop: a Verifier without a Generator; pass both, or neither for the rule back end")
+        if verifier is not None:
+            raise InputError("reref_loop: a Verifier without a Generator; pass both, or neither for the rule back end")
         return rule_reref(**settings)
     return ReRef(generator, verifier if verifier is not None else generator, **settings)
 
@@ -592,18 +621,19 @@ def metric_plan(self: Preset, load: bool = False # also build each bridged metri
 # %% ../nbs/16_papers.ipynb #8635e9cf
 @patch
 def reference_sensitivity(self: Preset,  # noqa: F811 (the module function of the same name does the work)
-                          studies,                # a studies table: study_id, findings, impression [, dataset, ...]
-                          generations,            # a generations table: sample_id, study_id, system, policy, hypothesis
-                          backend=None,           # None: the rule back end; a chat back end (the preset's loop is built around it); or a `ReRef`
-                          metrics=None,           # metric names or objects; None: `metric_plan().runs_as` (what runs here)
-                          **kwargs                # `reref_sensitivity.reference_sensitivity` arguments that replace the preset's
+                          studies,       # a studies table: study_id, findings, impression [, dataset, ...]
+                          generations,   # a generations table: sample_id, study_id, system, policy, hypothesis
+                          backend=None,  # None: the rule back end; a chat back end (the preset's loop is built around it); or a `ReRef`
+                          metrics=None,  # metric names or objects; None: `metric_plan().runs_as` (what runs here)
+                          **kwargs       # `reref_sensitivity.reference_sensitivity` arguments that replace the preset's
                          ) -> ReferenceSensitivity:
-    "`reref_sensitivity.reference_sensitivity` with the preset's variations, metrics, ReRef settings, section, resamples and seed."
+    """`reref_sensitivity.reference_sensitivity` with the preset's variations, metrics, ReRef settings, section,
+    resamples and seed."""
     if not self.variations: raise InputError(f"preset {self.name}: no reference variations")
     loop = backend if isinstance(backend, ReRef) else self.reref_loop(backend)
     metrics = metrics or [m for m in dict.fromkeys(self.metric_plan().runs_as) if m]
-    options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size, section=self.reference_section,
-                   level=self.sensitivity.get("level", "study"), rule=self.significance)
+    options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size,
+                   section=self.reference_section, level=self.sensitivity.get("level", "study"), rule=self.significance)
     return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})
 
 # %% ../nbs/16_papers.ipynb #f5902677

@@ -281,13 +281,14 @@ def standardize_report(text: str | None,          # one generated (or reference)
 
 # %% ../nbs/01_reports.ipynb #430469b0
 def standardize_reports(texts: Iterable[str | None], # reports (None reads as an empty report)
-                        **kwargs                     # options of `standardize_report` (deid, mask_token, special_tokens)
+                        **kwargs                    # options of `standardize_report` (deid, mask_token, special_tokens)
                        ) -> list[str]:
     "`standardize_report` over many reports (keyword arguments passed on)."
     return [standardize_report(t, **kwargs) for t in texts]
 
 # %% ../nbs/01_reports.ipynb #f5b69c5a
-_R2GEN_NUMBERS = (("1. ", ""),) + tuple((f". {i}. ", ". ") for i in range(2, 6)) + tuple((f" {i}. ", ". ") for i in range(2, 6))
+_R2GEN_NUMBERS = (("1. ", ""),) + tuple((f". {i}. ", ". ") for i in range(2, 6)) + tuple((f" {i}. ", ". ")
+                                                                                         for i in range(2, 6))
 _R2GEN_QUOTES = re.compile(r"[\"/\\']")
 _R2GEN_PUNCT = re.compile(r"[.,?;*!%^&_+():<=>@\[\]{}]")
 
@@ -326,7 +327,8 @@ def clean_report_mimic(text: str | None,             # a MIMIC-CXR report
     return _r2gen_clean(text, [("\n", " ", 1), ("__", "_", 7), ("  ", " ", 6), ("..", ".", 8)], r2gen_compatible)
 
 # %% ../nbs/01_reports.ipynb #8e15600d
-ABBREVIATIONS = ("approx", "appr", "e.g", "i.e", "vs", "cf", "dr", "mr", "mrs", "ms", "prof", "fig", "incl", "esp", "resp", "ca")
+ABBREVIATIONS = ("approx", "appr", "e.g", "i.e", "vs", "cf", "dr", "mr", "mrs", "ms", "prof", "fig", "incl", "esp",
+                 "resp", "ca")
 _SHIELD = "\ue000"
 _LIST_NUMBER = re.compile(r"(?:^|(?<=[.?!;:])\s+)\d{1,2}[.)]\s+(?=\S)")
 
@@ -363,9 +365,11 @@ def _lines(text: str) -> list[str]:
 _GLUED_STOP = re.compile(r"(?<=[a-z]{2}[.?!])(?=[A-Z][a-z]|XXXX)")
 
 def _segments(text, g: _Grammar) -> list[str]:
-    "The report-aware pre-split: headers and banners removed, line and list boundaries applied, glued full stops spaced."
+    """The report-aware pre-split: headers and banners removed, line and list boundaries applied, glued full stops
+    spaced."""
     chunks = [c for _, c in _blocks(_newlines(_as_text(text)), g)]
-    return [_GLUED_STOP.sub(" ", p) for c in chunks for line in _lines(c) for p in _LIST_NUMBER.split(line) if p.strip()]
+    return [_GLUED_STOP.sub(" ", p) for c in chunks for line in _lines(c) for p in _LIST_NUMBER.split(line)
+            if p.strip()]
 
 # %% ../nbs/01_reports.ipynb #5aa398df
 @functools.lru_cache(maxsize=1)
@@ -402,10 +406,11 @@ def _stanza_pipeline(model_dir: str | None):
     except Exception as e:
         where = model_dir or os.environ.get("STANZA_RESOURCES_DIR") or "~/stanza_resources"
         raise RuntimeError(
-            f"split_sentences: stanza is installed but its English tokenize model could not be loaded from {where} ({e}). "
-            "cxr_audit never downloads models at run time. On a machine with network access run "
-            "`python -c \"import stanza; stanza.download('en', processors='tokenize', model_dir='stanza_resources')\"`, "
-            "copy the stanza_resources folder here, and set STANZA_RESOURCES_DIR to it (or pass stanza_splitter(model_dir=...)).") from e
+            "split_sentences: stanza is installed but its English tokenize model could not be loaded from "
+            f"{where} ({e}). cxr_audit never downloads models at run time. On a machine with network access run "
+            "`python -c \"import stanza; stanza.download('en', processors='tokenize', "
+            "model_dir='stanza_resources')\"`, copy the stanza_resources folder here, and set STANZA_RESOURCES_DIR to "
+            "it (or pass stanza_splitter(model_dir=...)).") from e
 
 def stanza_splitter(model_dir: str | os.PathLike | None = None # stanza resources folder; None: $STANZA_RESOURCES_DIR or stanza's default
                    ) -> Callable[[str], list[str]]:
@@ -415,10 +420,12 @@ def stanza_splitter(model_dir: str | os.PathLike | None = None # stanza resource
     return split
 
 # %% ../nbs/01_reports.ipynb #880ac121
-def _stanza_models_dir() -> Path: return Path(os.environ.get("STANZA_RESOURCES_DIR") or "~/stanza_resources").expanduser()
+def _stanza_models_dir() -> Path:
+    return Path(os.environ.get("STANZA_RESOURCES_DIR") or "~/stanza_resources").expanduser()
 
 def default_splitter_name() -> str:
-    "`stanza` when stanza and its English tokenize model are installed (paper 003's splitter), else `pysbd`: what `splitter=\"default\"` uses."
+    """`stanza` when stanza and its English tokenize model are installed (paper 003's splitter), else `pysbd`: what
+    `splitter=\"default\"` uses."""
     import importlib.util
     tok = _stanza_models_dir() / "en" / "tokenize"
     ready = importlib.util.find_spec("stanza") is not None and tok.is_dir() and any(tok.iterdir())
@@ -438,7 +445,8 @@ def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
 _LONG_SEGMENT = 1_000   # characters: a longer segment is cut at its sentence ends before the splitter sees it
 
 def _pieces(segment: str, abbreviations) -> list[str]:
-    "A segment as is, or a long one cut at its `regex_splitter` sentence ends (pysbd rescans a whole piece per abbreviation)."
+    """A segment as is, or a long one cut at its `regex_splitter` sentence ends (pysbd rescans a whole piece per
+    abbreviation)."""
     return [segment] if len(segment) <= _LONG_SEGMENT else regex_splitter(segment, tuple(abbreviations))
 
 def split_sentences(text: str | None,                            # report text (headers allowed)

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 
-from .core import (DEFAULT_SEED, InputError, is_missing, md_table, read_json, require_columns, resource_text, write_manifest,
-                            write_table)
+from .core import (DEFAULT_SEED, InputError, is_missing, md_table, read_json, require_columns, resource_text,
+                            write_manifest, write_table)
 from .llm import ChatCache, budget_left, canonical_json, is_restricted, run_batch, run_deadline
 from .reports import SECTIONS, parse_sections
 
@@ -125,10 +125,12 @@ def _check_axis(axis: Mapping, dimensions: set, what: str) -> None:
         raise InputError(f"{where}: an absolute axis needs at least two distinct variations, not {keys}")
     if axis["kind"] not in ("absolute", "relative"): raise InputError(f"{where}: kind must be 'absolute' or 'relative'")
     bad = [k for k in keys if not _KEY.match(k)] + [k for ex in axis.get("examples", []) for k in ex if k not in keys]
-    if bad: raise InputError(f"{where}: bad variation key(s) {bad} (snake case, and example keys must be variation keys)")
+    if bad:
+        raise InputError(f"{where}: bad variation key(s) {bad} (snake case, and example keys must be variation keys)")
 
 def _axis_of(raw: Mapping) -> Axis:
-    variations = tuple(Variation(raw["key"], v["key"], v["name"], v["definition"], raw["name"]) for v in raw["variations"])
+    variations = tuple(Variation(raw["key"], v["key"], v["name"], v["definition"], raw["name"])
+                       for v in raw["variations"])
     return Axis(raw["key"], raw["name"], raw["dimension"], raw["kind"], raw["description"], variations,
                 tuple(dict(e) for e in raw.get("examples", [])), tuple(raw.get("constraints", [])))
 
@@ -187,7 +189,8 @@ class Prompts:
     verifier: str   # the Verifier's user-message template
 
 # %% ../nbs/09_reref.ipynb #595b09fa
-_NEEDS = {"generator": ("<orig_report>", "<variation_to_generate>"), "verifier": ("<orig_report>", "<alt_findings>", "<alt_impression>")}
+_NEEDS = {"generator": ("<orig_report>", "<variation_to_generate>"),
+          "verifier": ("<orig_report>", "<alt_findings>", "<alt_impression>")}
 
 def _looks_like_path(arg) -> bool:
     return isinstance(arg, os.PathLike) or (isinstance(arg, str) and "\n" not in arg and len(arg) < 400
@@ -207,7 +210,8 @@ def load_prompts(generator: str | os.PathLike | None = None, # Generator templat
                  system: str | os.PathLike | None = None     # system message: a file or the text; None: packaged
                 ) -> Prompts:
     "Prompt templates (packaged, or yours); a template missing a required placeholder is an error."
-    p = Prompts(_template(system, "reref_system.txt", "system").strip(), _template(generator, "reref_generator.txt", "generator"),
+    p = Prompts(_template(system, "reref_system.txt", "system").strip(),
+                _template(generator, "reref_generator.txt", "generator"),
                 _template(verifier, "reref_verifier.txt", "verifier"))
     for role, needs in _NEEDS.items():
         missing = [n for n in needs if n not in getattr(p, role)]
@@ -215,7 +219,8 @@ def load_prompts(generator: str | os.PathLike | None = None, # Generator templat
     return p
 
 # %% ../nbs/09_reref.ipynb #6179bce4
-REPORT_SECTIONS = tuple(s for s in SECTIONS if s not in ("findings", "impression"))  # the other sections of a report, in report order
+# the other sections of a report, in report order
+REPORT_SECTIONS = tuple(s for s in SECTIONS if s not in ("findings", "impression"))
 
 def _in_report_order(other: Mapping) -> list:
     known = [k for k in REPORT_SECTIONS if k in other]
@@ -242,12 +247,14 @@ def prompt_fields(variant: str,                      # the target variation
     names = {x.key: x.name for x in axis.variations}
     fields = {"axis_name": axis.name, "axis_description": axis.description,
               "variations": "\n".join(f"{x.name}: {x.definition}" for x in axis.variations),
-              "axis_examples": json.dumps([{names[k]: t for k, t in ex.items()} for ex in axis.examples], indent=2, ensure_ascii=False),
+              "axis_examples": json.dumps([{names[k]: t for k, t in ex.items()} for ex in axis.examples], indent=2,
+                                          ensure_ascii=False),
               "constraints": _bullets(list(tax.default_constraints) + list(axis.constraints)),
               "default_constraints": _bullets(tax.default_constraints), "axis_constraints": _bullets(axis.constraints),
               "variation_to_generate": f"{target.label}: {target.definition}"}
     fields["axis_specific_constraints"] = fields["axis_constraints"]; fields["variation_generated"] = fields["variation_to_generate"]
-    for k, x in enumerate(axis.variations, 1): fields[f"variation_{k}"], fields[f"variation_{k}_description"] = x.name, x.definition
+    for k, x in enumerate(axis.variations, 1):
+        fields[f"variation_{k}"], fields[f"variation_{k}_description"] = x.name, x.definition
     return fields
 
 # %% ../nbs/09_reref.ipynb #33804cfa
@@ -255,7 +262,8 @@ def fill_template(template: str,   # text with `<name>` placeholders
                   fields: Mapping  # name -> value
                  ) -> str:
     "Replace each `<name>` whose name is in `fields`; any other text is left as it is."
-    return re.sub(r"<([a-z0-9_]+)>", lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template)
+    return re.sub(r"<([a-z0-9_]+)>", lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0),
+                  template)
 
 # %% ../nbs/09_reref.ipynb #6063a474
 def generator_messages(report: str,                       # the original report (see `format_report`)
@@ -283,7 +291,8 @@ def verifier_messages(report: str,                       # the original report (
     return [{"role": "system", "content": p.system}, {"role": "user", "content": user}]
 
 # %% ../nbs/09_reref.ipynb #9ad8513e
-VERDICT_FIELDS = ("is_clinically_consistent", "is_valid_perturbation", "does_not_contain_required_info", "is_already_in_expected_form")
+VERDICT_FIELDS = ("is_clinically_consistent", "is_valid_perturbation", "does_not_contain_required_info",
+                  "is_already_in_expected_form")
 REWRITE_SCHEMA = {"title": "ReferenceRewrite", "type": "object", "required": ["findings", "impression"],
                   "properties": {"findings": {"type": "string"}, "impression": {"type": "string"}}}
 VERDICT_SCHEMA = {"title": "Verdict", "type": "object", "required": list(VERDICT_FIELDS) + ["reasoning"],
@@ -302,7 +311,8 @@ def pydantic_schemas() -> tuple[type, type]:
 # %% ../nbs/09_reref.ipynb #31de7e1e
 def __getattr__(name: str):
     "Module attributes `ReferenceRewrite` and `Verdict` (pydantic models, created on first access)."
-    if name in ("ReferenceRewrite", "Verdict"): return dict(zip(("ReferenceRewrite", "Verdict"), pydantic_schemas()))[name]
+    if name in ("ReferenceRewrite", "Verdict"):
+        return dict(zip(("ReferenceRewrite", "Verdict"), pydantic_schemas()))[name]
     raise AttributeError(f"module 'cxr_audit.reref' has no attribute {name!r}")
 
 # %% ../nbs/09_reref.ipynb #b238a080
@@ -365,8 +375,9 @@ def read_task(messages: Sequence[Mapping], # the messages a back end received
 
 # %% ../nbs/09_reref.ipynb #9a10bc1a
 TASK_COLUMNS = ("task_id", "study_id", "variant", "findings", "impression")
-ROUND_COLUMNS = ("task_id", "study_id", "variant", "round", "findings", "impression", "generator_status", "verifier_status",
-                 *VERDICT_FIELDS, "reasoning", "accepted", "error", "tokens_in", "tokens_out", "cost", "cached")
+ROUND_COLUMNS = ("task_id", "study_id", "variant", "round", "findings", "impression", "generator_status",
+                 "verifier_status", *VERDICT_FIELDS, "reasoning", "accepted", "error", "tokens_in", "tokens_out",
+                 "cost", "cached")
 
 GENERATOR_MAX_TOKENS = 16382  # the Generator's reply limit in paper 000 (Appendix A.3)
 
@@ -409,10 +420,11 @@ def _other_sections(task: Mapping) -> dict:
 def generator_messages(self: ReRef,  # noqa: F811 (the module function of the same name builds the prompt)
                        task: Mapping # a task row (see `TASK_COLUMNS`)
                       ) -> list[dict]:
-    "The Generator's messages for a task: the whole reference in the rendered prompt, or the JSON task for a task-reading back end."
+    """The Generator's messages for a task: the whole reference in the rendered prompt, or the JSON task for a
+    task-reading back end."""
     if _reads_tasks(self.generator):
-        return task_messages({"kind": "generate", "variant": task["variant"], "findings": task["findings"], "impression": task["impression"],
-                              "sections": _other_sections(task)})
+        return task_messages({"kind": "generate", "variant": task["variant"], "findings": task["findings"],
+                              "impression": task["impression"], "sections": _other_sections(task)})
     report = format_report(task["findings"], task["impression"], _other_sections(task))
     return generator_messages(report, task["variant"], self.prompts, self.taxonomy)
 
@@ -424,10 +436,12 @@ def verifier_messages(self: ReRef,  # noqa: F811 (the module function of the sam
                      ) -> list[dict]:
     "The Verifier's messages for a task and a candidate rewrite."
     if _reads_tasks(self.verifier):
-        return task_messages({"kind": "verify", "variant": task["variant"], "original": {k: task[k] for k in ("findings", "impression")},
-                              "alternative": dict(sample), "sections": _other_sections(task)})
+        return task_messages({"kind": "verify", "variant": task["variant"],
+                              "original": {k: task[k] for k in ("findings", "impression")}, "alternative": dict(sample),
+                              "sections": _other_sections(task)})
     report = format_report(task["findings"], task["impression"], _other_sections(task))
-    return verifier_messages(report, task["variant"], sample["findings"], sample["impression"], self.prompts, self.taxonomy)
+    return verifier_messages(report, task["variant"], sample["findings"], sample["impression"], self.prompts,
+                             self.taxonomy)
 
 # %% ../nbs/09_reref.ipynb #41514c08
 @dataclass(frozen=True)
@@ -453,9 +467,11 @@ def generator_request(self: ReRef, task: Mapping, # a checked task row
                       number: int                  # the round (1 for the first)
                      ) -> dict:
     "The `run_batch` request of the Generator for a task in round `number` (its own sample and seed)."
-    return {"request_id": task["task_id"], "messages": self.generator_messages(task), "schema": _schema(self.generator, "generate"),
-            "temperature": self.generator_temperature, "seed": self.seed + number - 1, "sample": number - 1,
-            "max_tokens": self.generator_max_tokens, "top_p": self.top_p, "top_k": self.top_k, "restricted": task["restricted"]}
+    return {"request_id": task["task_id"], "messages": self.generator_messages(task),
+            "schema": _schema(self.generator, "generate"), "temperature": self.generator_temperature,
+            "seed": self.seed + number - 1, "sample": number - 1,
+            "max_tokens": self.generator_max_tokens, "top_p": self.top_p, "top_k": self.top_k,
+            "restricted": task["restricted"]}
 
 # %% ../nbs/09_reref.ipynb #8fbe7d33
 @patch
@@ -463,23 +479,25 @@ def verifier_request(self: ReRef, task: Mapping, # a checked task row
                      sample: Mapping              # the candidate to judge
                     ) -> dict:
     "The `run_batch` request of the Verifier for a task's candidate."
-    return {"request_id": task["task_id"], "messages": self.verifier_messages(task, sample), "schema": _schema(self.verifier, "verify"),
-            "temperature": self.verifier_temperature, "seed": self.seed, "max_tokens": self.verifier_max_tokens,
+    return {"request_id": task["task_id"], "messages": self.verifier_messages(task, sample),
+            "schema": _schema(self.verifier, "verify"), "temperature": self.verifier_temperature, "seed": self.seed,
+            "max_tokens": self.verifier_max_tokens,
             "restricted": task["restricted"]}
 
 def _batch(backend, requests: list, options: Mapping):
     "A `run_batch` call with the loop's options (one request at a time for rule back ends)."
     concurrency = 1 if getattr(backend, "kind", "") == "rule" else options["max_concurrency"]
     return run_batch(requests, backend, cache=options["cache"], max_concurrency=concurrency, retries=options["retries"],
-                     timeout_s=options["timeout_s"], budget_s=budget_left(options.get("deadline")), progress=options["progress"],
-                     prices=options["prices"],
+                     timeout_s=options["timeout_s"], budget_s=budget_left(options.get("deadline")),
+                     progress=options["progress"], prices=options["prices"],
                      allow_remote_restricted=options["allow_remote_restricted"])
 
 def _generated_row(task: Mapping, number: int, reply: Mapping) -> dict:
     "The round-log row of a task after the Generator's reply."
     row = {"task_id": task["task_id"], "study_id": task["study_id"], "variant": task["variant"], "round": number,
-           "generator_status": reply["status"], "verifier_status": None, "error": reply["error"], "tokens_in": reply["tokens_in"],
-           "tokens_out": reply["tokens_out"], "cost": reply["cost"], "cached": bool(reply["cached"]), "accepted": False}
+           "generator_status": reply["status"], "verifier_status": None, "error": reply["error"],
+           "tokens_in": reply["tokens_in"], "tokens_out": reply["tokens_out"], "cost": reply["cost"],
+           "cached": bool(reply["cached"]), "accepted": False}
     if reply["status"] != "ok": return row
     try: return {**row, **as_rewrite(reply["parsed"])}
     except ValueError as e: return {**row, "generator_status": "failed", "error": f"ValueError: {e}"}
@@ -525,13 +543,16 @@ def run_round(self: ReRef, number: int,       # the round (1 for the first)
              ) -> Round:
     "One generate-and-verify round over the open tasks, as a `Round` record."
     generated = _batch(self.generator, [self.generator_request(t, number) for t in tasks], options)
-    log = {t["task_id"]: _generated_row(t, number, reply) for t, reply in zip(tasks, generated.to_frame().to_dict("records"))}
-    samples = {k: {"findings": row["findings"], "impression": row["impression"]} for k, row in log.items() if "findings" in row}
+    log = {t["task_id"]: _generated_row(t, number, reply) for t,
+           reply in zip(tasks, generated.to_frame().to_dict("records"))}
+    samples = {k: {"findings": row["findings"], "impression": row["impression"]} for k,
+               row in log.items() if "findings" in row}
     judged = [t for t in tasks if t["task_id"] in samples]
     verified = _batch(self.verifier, [self.verifier_request(t, samples[t["task_id"]]) for t in judged], options)
     for t, reply in zip(judged, verified.to_frame().to_dict("records")):
         log[t["task_id"]] = _verified_row(log[t["task_id"]], reply)
-    verdicts = {k: as_verdict(row) for k, row in log.items() if row.get("verifier_status") == "ok" and "reasoning" in row}
+    verdicts = {k: as_verdict(row) for k, row in log.items() if row.get("verifier_status") == "ok"
+                and "reasoning" in row}
     return Round(number, log, samples, verdicts, (_totals(generated), _totals(verified)))
 
 # %% ../nbs/09_reref.ipynb #5dc4c2cb
@@ -558,12 +579,13 @@ class LoopRun(FrameResult):
     def summary(self) -> pd.DataFrame:
         "Per variant: tasks, and the share accepted and feasible; mean rounds."
         grouped = self.results.groupby("variant", sort=False)
-        return pd.DataFrame({"tasks": grouped.size(), "accepted": grouped.accepted.mean(), "feasible": grouped.feasible.mean(),
+        return pd.DataFrame({"tasks": grouped.size(), "accepted": grouped.accepted.mean(),
+                             "feasible": grouped.feasible.mean(),
                              "mean_rounds": grouped.iterations.mean()}).reset_index()
     def _repr_markdown_(self):
         c = self.calls
-        return (f"**ReRef loop**: {len(self.results)} task(s), {len(self.rounds)} round row(s); {c.get('requests', 0)} calls "
-                f"({c.get('cached', 0)} from cache, {c.get('failed', 0)} failed)\n\n" + md_table(self.summary()))
+        return (f"**ReRef loop**: {len(self.results)} task(s), {len(self.rounds)} round row(s); "
+                f"{c.get('requests', 0)} calls ({c.get('cached', 0)} from cache, {c.get('failed', 0)} failed)\n\n" + md_table(self.summary()))
 
 # %% ../nbs/09_reref.ipynb #a630b168
 def _latest(rounds: Sequence[Round], field: str, task_id: str):
@@ -623,14 +645,15 @@ def run(self: ReRef, tasks,                      # table or dicts: task_id, stud
        ) -> LoopRun:
     "Run the loop over tasks: a `LoopRun` with one result per task, every round, and the call totals."
     rows = _check_tasks(tasks, self.taxonomy)
-    options = dict(max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s, progress=progress, prices=prices,
-                   allow_remote_restricted=allow_remote_restricted, deadline=run_deadline(budget_s))
+    options = dict(max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s, progress=progress,
+                   prices=prices, allow_remote_restricted=allow_remote_restricted, deadline=run_deadline(budget_s))
     rounds, open_tasks, waiting = [], list(rows), []
     with _shared_cache(cache) as shared:
         for number in range(1, self.max_rounds + 1):
             if not open_tasks: break
             rounds.append(self.run_round(number, open_tasks, {**options, "cache": shared}))
-            waiting += [t["task_id"] for t in open_tasks if is_waiting(rounds[-1].log[t["task_id"]])]  # stop here for now
+            # stop here for now
+            waiting += [t["task_id"] for t in open_tasks if is_waiting(rounds[-1].log[t["task_id"]])]
             closed = rounds[-1].accepted | set(waiting)  # computed once per round, not once per task
             open_tasks = [t for t in open_tasks if t["task_id"] not in closed]
     results = pd.DataFrame([_task_result(t, rounds) for t in rows], columns=list(RESULT_COLUMNS))
@@ -645,24 +668,27 @@ def rewrite(self: ReRef, findings: str,  # the original Findings
             **kwargs                      # passed to `ReRef.run` (cache, retries, ...)
            ) -> dict:
     "Rewrite one report towards one variation; the result row as a dict, with its rounds under `rounds`."
-    out = self.run([{"task_id": "0", "study_id": "0", "variant": variant, "findings": findings, "impression": impression}], **kwargs)
+    out = self.run([{"task_id": "0", "study_id": "0", "variant": variant, "findings": findings,
+                     "impression": impression}], **kwargs)
     return {**out.results.iloc[0].to_dict(), "rounds": out.rounds}
 
 # %% ../nbs/09_reref.ipynb #4cff0fba
 REFERENCES_COLUMNS = ("study_id", "variant", "findings", "impression", "feasible", "accepted", "iterations")
 _EXTRA = ("usable", "status", *VERDICT_FIELDS, "reasoning", "error", "backend")
 SCORED_SECTION = "findings"   # the section paper 000 scores: a rewrite that leaves it as it was cannot shift a score
-STATUSES = ("original", "usable", "scored section unchanged", "rejected", "not applicable", "no findings section", "waiting for batch")
+STATUSES = ("original", "usable", "scored section unchanged", "rejected", "not applicable", "no findings section",
+            "waiting for batch")
 
 @dataclass(frozen=True, eq=False)
 class RewriteRun(FrameResult):
-    "The result of `rewrite_table`: the references table (`to_frame()`), the rounds log, the call totals and the back end."
+    """The result of `rewrite_table`: the references table (`to_frame()`), the rounds log, the call totals and the back
+    end."""
     frame_field = "references"
     references: pd.DataFrame  # the `references` table (see above)
     rounds: pd.DataFrame      # one `ROUND_COLUMNS` row per task and round, plus `task_variant`
     calls: dict               # call totals (see `LoopRun.calls`)
     backend: str = ""         # what wrote the rewrites (`backend_label`: "rules", "llm:<model>")
-    pending: tuple = ()       # (study_id, variant) pairs waiting for batch results (see `cxr_audit.llm_batch`); no text yet
+    pending: tuple = ()   # (study_id, variant) pairs waiting for batch results (see `cxr_audit.llm_batch`); no text yet
 
     @property
     def complete(self) -> bool:
@@ -673,14 +699,16 @@ class RewriteRun(FrameResult):
         return waiting_rounds(self.rounds)
 
     def feasibility(self) -> pd.DataFrame:
-        "Per variant: studies, usable rewrites, the share feasible, accepted and usable, rewrites that left the scored section as it was; mean rounds; the back end."
+        """Per variant: studies, usable rewrites, the share feasible, accepted and usable, rewrites that left the
+        scored section as it was; mean rounds; the back end."""
         r = self.references[self.references.variant != ORIGINAL]
         g = r.groupby("variant", sort=False)
         return pd.DataFrame({"studies": g.size(), "n_usable": g.usable.sum().astype(int), "feasible": g.feasible.mean(),
-                             "accepted": g.accepted.mean(), "usable": g.usable.mean(), "no_info": g.does_not_contain_required_info.mean(),
+                             "accepted": g.accepted.mean(), "usable": g.usable.mean(),
+                             "no_info": g.does_not_contain_required_info.mean(),
                              "already": g.is_already_in_expected_form.mean(),
-                             "n_unchanged": g.status.apply(lambda s: int((s == "scored section unchanged").sum())) if "status" in r else 0,
-                             "mean_rounds": g.iterations.mean()}
+                             "n_unchanged": g.status.apply(lambda s: int((s == "scored section unchanged").sum()))
+                             if "status" in r else 0, "mean_rounds": g.iterations.mean()}
                             ).reset_index().assign(backend=self.backend or "not stated")
     def summary(self) -> pd.DataFrame:
         "The short table: `feasibility()`."
@@ -688,24 +716,27 @@ class RewriteRun(FrameResult):
     def save(self, out_dir: str | os.PathLike, # output folder (created)
              **manifest                         # further manifest fields, e.g. inputs={...}, params={...}
             ) -> dict[str, Path]:
-        "Write `references.parquet`, `rounds.parquet`, `feasibility.csv` and a manifest into `out_dir`; return the paths."
+        """Write `references.parquet`, `rounds.parquet`, `feasibility.csv` and a manifest into `out_dir`; return the
+        paths."""
         out = Path(out_dir)
         paths = {"references": write_table(self.references, out / "references.parquet"),
                  "rounds": write_table(self.rounds, out / "rounds.parquet"),
                  "feasibility": write_table(self.feasibility(), out / "feasibility.csv")}
-        write_manifest(out / "manifest.json", outputs=paths, summary=self.calls, reference_backend=self.backend or "not stated", **manifest)
+        write_manifest(out / "manifest.json", outputs=paths, summary=self.calls,
+                       reference_backend=self.backend or "not stated", **manifest)
         return {**paths, "manifest": out / "manifest.json"}
     def _repr_markdown_(self):
         c = self.calls
         wait = f"; **{len(self.pending)} reference(s) wait for batch results**" if self.pending else ""
-        return (f"**ReRef run** ({self.backend or 'back end not stated'}): {self.references.study_id.nunique()} studies, "
-                f"{self.references.variant.nunique() - 1} variant(s); {c.get('requests', 0)} calls ({c.get('cached', 0)} from cache, "
-                f"{c.get('failed', 0)} failed){wait}\n\n" + md_table(self.feasibility()))
+        return (f"**ReRef run** ({self.backend or 'back end not stated'}): {self.references.study_id.nunique()} "
+                f"studies, {self.references.variant.nunique() - 1} variant(s); {c.get('requests', 0)} calls "
+                f"({c.get('cached', 0)} from cache, {c.get('failed', 0)} failed){wait}\n\n" + md_table(self.feasibility()))
 
 # %% ../nbs/09_reref.ipynb #856294be
 _RULE_NAMES = {"reref-rules", "reref-rule-verifier"}
 
-def _model_name(backend) -> str: return str(getattr(backend, "model", None) or getattr(backend, "name", None) or type(backend).__name__)
+def _model_name(backend) -> str:
+    return str(getattr(backend, "model", None) or getattr(backend, "name", None) or type(backend).__name__)
 
 def backend_label(backend # a `ReRef` loop, or one chat back end
                  ) -> str:
@@ -720,7 +751,8 @@ def backend_label(backend # a `ReRef` loop, or one chat back end
 def backend_description(label: str # a `backend_label`
                        ) -> str:
     "One sentence on what a back-end label means for the rewritten references."
-    if label == "rules": return ("offline rule-based ReRef back end: rules rewrite, and the clinical check is agreement of "
+    if label == "rules":
+        return ("offline rule-based ReRef back end: rules rewrite, and the clinical check is agreement of "
                                  "CheXpert-14 rule labels (a baseline, not the paper's LLM Verifier)")
     if label.startswith("rules:"): return f"rule-based back end {label[6:]} (deterministic functions, not an LLM)"
     if label.startswith("llm:"): return f"LLM back end {label[4:]} as Generator and Verifier (paper 000 used o3)"
@@ -731,7 +763,8 @@ def _text(v) -> str: return "" if is_missing(v) else str(v).strip()
 
 def _with_sections(s: pd.DataFrame) -> pd.DataFrame:
     "Every `REPORT_SECTIONS` column: the table's own, else parsed from a full-report `text` column, else empty."
-    parsed = s["text"].map(lambda t: parse_sections(t) if isinstance(t, str) and t.strip() else {}) if "text" in s.columns else None
+    parsed = s["text"].map(lambda t: parse_sections(t) if isinstance(t, str) and t.strip()
+                           else {}) if "text" in s.columns else None
     for c in REPORT_SECTIONS:
         own = s[c].map(_text) if c in s.columns else pd.Series("", index=s.index, dtype=object)
         s[c] = own if parsed is None else own.where(own != "", parsed.map(lambda d, c=c: d.get(c, "")))
@@ -739,7 +772,8 @@ def _with_sections(s: pd.DataFrame) -> pd.DataFrame:
 
 def _studies_in(studies) -> pd.DataFrame:
     s = require_columns(studies, ["study_id", "findings", "impression"], "studies").copy()
-    if s.study_id.duplicated().any(): raise InputError(f"studies: duplicate study_id {s.study_id[s.study_id.duplicated()].iloc[0]!r}")
+    if s.study_id.duplicated().any():
+        raise InputError(f"studies: duplicate study_id {s.study_id[s.study_id.duplicated()].iloc[0]!r}")
     for c in ("findings", "impression"): s[c] = s[c].map(_text)
     s["restricted"] = is_restricted(s)   # the cell, or a restricted dataset (MIMIC-CXR, ...) whatever the cell says
     s["study_id"] = s.study_id.astype(str)
@@ -747,11 +781,13 @@ def _studies_in(studies) -> pd.DataFrame:
 
 def _reref_of(rewriter, verifier, settings: dict) -> ReRef:
     if isinstance(rewriter, ReRef):
-        if verifier is not None: raise InputError("rewrite_table: pass either a ReRef object or a rewriter and a verifier, not both")
+        if verifier is not None:
+            raise InputError("rewrite_table: pass either a ReRef object or a rewriter and a verifier, not both")
         return rewriter
     if rewriter is None or verifier is None:
-        raise InputError("rewrite_table: needs a ReRef, or a rewriter and a verifier back end (offline: rule_reref(), or RuleRewriter() "
-                         "and RuleVerifier() from cxr_audit.reref_rules; with an LLM: OpenAIChat(...))")
+        raise InputError("rewrite_table: needs a ReRef, or a rewriter and a verifier back end (offline: rule_reref(), "
+                         "or RuleRewriter() and RuleVerifier() from cxr_audit.reref_rules; with an LLM: "
+                         "OpenAIChat(...))")
     return ReRef(rewriter, verifier, **settings)
 
 def _cache_for(cache, reref: ReRef):
@@ -763,8 +799,9 @@ def _cache_for(cache, reref: ReRef):
 def _compound(study_id: str, variant: str, steps: list) -> dict:
     "One references row of a compound variant from the results of its steps."
     last = steps[-1]
-    return {"study_id": study_id, "variant": variant, "findings": last["out_findings"], "impression": last["out_impression"],
-            "feasible": all(bool(st["feasible"]) for st in steps), "accepted": all(bool(st["accepted"]) for st in steps),
+    return {"study_id": study_id, "variant": variant, "findings": last["out_findings"],
+            "impression": last["out_impression"], "feasible": all(bool(st["feasible"]) for st in steps),
+            "accepted": all(bool(st["accepted"]) for st in steps),
             "iterations": int(sum(st["iterations"] for st in steps)), **{k: last[k] for k in VERDICT_FIELDS},
             "reasoning": " | ".join(f"{st['variant']}: {st['reasoning']}" for st in steps if st["reasoning"]),
             "error": " | ".join(f"{st['variant']}: {st['error']}" for st in steps if st["error"]) or None}
@@ -780,25 +817,29 @@ def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dic
     out = {}
     for prefix in prefixes:
         for sid, study in base.items():
-            if not study["findings"] or (depth and (sid, prefix[:-1]) not in done): continue  # no text, or the step before waits
+            # no text, or the step before waits
+            if not study["findings"] or (depth and (sid, prefix[:-1]) not in done): continue
             prev = study if depth == 0 else {"findings": done[(sid, prefix[:-1])]["out_findings"],
                                              "impression": done[(sid, prefix[:-1])]["out_impression"]}
             tid = f"{sid}|{'+'.join(prefix)}"
             task = {**{k: study[k] for k in (*REPORT_SECTIONS, "restricted")}, "task_id": tid,
-                    "study_id": sid, "variant": prefix[-1], "findings": prev["findings"], "impression": prev["impression"]}
+                    "study_id": sid, "variant": prefix[-1], "findings": prev["findings"],
+                    "impression": prev["impression"]}
             out[tid] = (sid, prefix, task)
     return out
 
 # %% ../nbs/09_reref.ipynb #44183056
 def _waiting_row(study_id: str, variant: str) -> dict:
-    "The references row of a variant that waits for batch results: no text yet, not usable (listed in `RewriteRun.pending`)."
-    return {"study_id": study_id, "variant": variant, "findings": None, "impression": None, "feasible": False, "accepted": False,
-            "iterations": 0, "usable": False, "status": "waiting for batch", "error": None}
+    """The references row of a variant that waits for batch results: no text yet, not usable (listed in
+    `RewriteRun.pending`)."""
+    return {"study_id": study_id, "variant": variant, "findings": None, "impression": None, "feasible": False,
+            "accepted": False, "iterations": 0, "usable": False, "status": "waiting for batch", "error": None}
 
 def _no_findings_rows(study: Mapping, variants: list) -> list[dict]:
     blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "status": "no findings section",
              "error": "no findings section to rewrite"}
-    return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank} for v in variants]
+    return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank}
+            for v in variants]
 
 def _same_text(a, b) -> bool: return " ".join(str(a or "").split()) == " ".join(str(b or "").split())
 
@@ -812,13 +853,15 @@ def _references(studies: pd.DataFrame, variants: list, done: dict, base: dict, b
     rows = []
     for sid in studies.study_id:
         study = base[sid]
-        rows.append({"study_id": sid, "variant": ORIGINAL, "findings": study["findings"], "impression": study["impression"], "feasible": True,
-                     "accepted": True, "iterations": 0, "usable": True, "status": "original",
+        rows.append({"study_id": sid, "variant": ORIGINAL, "findings": study["findings"],
+                     "impression": study["impression"], "feasible": True, "accepted": True, "iterations": 0,
+                     "usable": True, "status": "original",
                      "error": None if study["findings"] else "no findings section"})
         if not study["findings"]: rows += _no_findings_rows(study, variants); continue
         for v in variants:
             steps = variant_steps(v)
-            if any((sid, tuple(steps[:k + 1])) not in done for k in range(len(steps))): rows.append(_waiting_row(sid, v)); continue
+            if any((sid, tuple(steps[:k + 1])) not in done for k in range(len(steps))):
+                rows.append(_waiting_row(sid, v)); continue
             row = _compound(sid, v, [done[(sid, tuple(steps[:k + 1]))] for k in range(len(steps))])
             status = _status(row, study)
             rows.append({**row, "usable": status == "usable", "status": status})
@@ -852,19 +895,23 @@ def rewrite_table(studies,                        # a studies table: study_id, f
                  ) -> RewriteRun:
     "Rewrite the references of `studies` along the requested variations: a `RewriteRun`."
     reref = _reref_of(rewriter, verifier, dict(max_rounds=max_rounds, generator_temperature=generator_temperature,
-                                               verifier_temperature=verifier_temperature, prompts=prompts, taxonomy=taxonomy, seed=seed,
-                                               generator_max_tokens=generator_max_tokens, verifier_max_tokens=verifier_max_tokens))
+                                               verifier_temperature=verifier_temperature, prompts=prompts,
+                                               taxonomy=taxonomy, seed=seed, generator_max_tokens=generator_max_tokens,
+                                               verifier_max_tokens=verifier_max_tokens))
     studies_in, variants = _studies_in(studies), resolve_variants(variations, reref.taxonomy)
     base = {r["study_id"]: r for r in studies_in.to_dict("records")}
-    options = dict(cache=_cache_for(cache, reref), max_concurrency=max_concurrency, retries=retries, timeout_s=timeout_s,
-                   progress=progress, prices=prices, allow_remote_restricted=allow_remote_restricted)
+    options = dict(cache=_cache_for(cache, reref), max_concurrency=max_concurrency, retries=retries,
+                   timeout_s=timeout_s, progress=progress, prices=prices,
+                   allow_remote_restricted=allow_remote_restricted)
     deadline = run_deadline(budget_s)
-    done, logs, calls, waiting = {}, [], [], set()  # (study, step prefix) -> step result; tasks waiting for batch results
+    # (study, step prefix) -> step result; tasks waiting for batch results
+    done, logs, calls, waiting = {}, [], [], set()
     for depth in range(max(len(variant_steps(v)) for v in variants)):
         steps = _step_tasks(depth, variants, base, done)
         if not steps: break
         out = reref.run([task for _, _, task in steps.values()], **options, budget_s=budget_left(deadline))
-        logs.append(out.rounds.assign(task_variant=out.rounds.task_id.str.split("|", n=1).str[1])); calls.append(out.calls)
+        logs.append(out.rounds.assign(task_variant=out.rounds.task_id.str.split("|",
+                                                                                n=1).str[1])); calls.append(out.calls)
         waiting |= set(out.pending)
         for row in out.results.to_dict("records"):
             sid, prefix, task = steps[row["task_id"]]

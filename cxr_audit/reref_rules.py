@@ -28,12 +28,13 @@ __all__ = ['RULES', 'STRICT_AXES', 'DETECTORS', 'Rules', 'load_rules', 'Item', '
            'RuleRewriter', 'RuleVerifier', 'rule_reref', 'label_agreement']
 
 # %% ../nbs/09a_reref_rules.ipynb #68f03083
-_RULE_KEYS = ("temporal", "measurement", "number", "normal_words", "summary_normal", "groups", "other_heading", "implicit",
-              "implicit_widen", "implicit_remainder", "explicit", "terminology", "hedging", "hedging_sentences",
-              "anatomy_low", "substructure", "aggregate", "split_high", "quantitative", "size_words", "hedge_cues", "severity", "section_strip",
-              "comparison", "differential_strip", "minimal_keep")
-_PATTERN_KEYS = ("temporal", "measurement", "number", "normal_words", "substructure", "aggregate", "hedge_cues", "severity",
-                 "comparison")
+_RULE_KEYS = ("temporal", "measurement", "number", "normal_words", "summary_normal", "groups", "other_heading",
+              "implicit", "implicit_widen", "implicit_remainder", "explicit", "terminology", "hedging",
+              "hedging_sentences",
+              "anatomy_low", "substructure", "aggregate", "split_high", "quantitative", "size_words", "hedge_cues",
+              "severity", "section_strip", "comparison", "differential_strip", "minimal_keep")
+_PATTERN_KEYS = ("temporal", "measurement", "number", "normal_words", "substructure", "aggregate", "hedge_cues",
+                 "severity", "comparison")
 
 @dataclass(frozen=True)
 class Rules:
@@ -78,7 +79,8 @@ def load_rules(path: str | os.PathLike | Mapping | None = None # None: the packa
     rules = Rules(raw, sha256_text(canonical_json(raw))[:12])
     try:
         rules.rx; rules.groups
-        for name in ("terminology", "hedging", "hedging_sentences", "anatomy_low", "quantitative", "section_strip", "differential_strip"):
+        for name in ("terminology", "hedging", "hedging_sentences", "anatomy_low", "quantitative", "section_strip",
+                     "differential_strip"):
             rules.table(name)
     except re.error as e: raise InputError(f"rules: bad regular expression ({e})") from None
     return rules
@@ -110,14 +112,17 @@ def _chunk_item(chunk: str) -> Item:
 
 @functools.lru_cache(maxsize=8192)
 def _parsed(text: str) -> tuple:
-    "`((heading, marker, sentences), ...)` of a section, parsed once per text (the loop's rounds and variants reread the same sections)."
+    """`((heading, marker, sentences), ...)` of a section, parsed once per text (the loop's rounds and variants reread
+    the same sections)."""
     items, open_head = [], False
     for line in text.splitlines():
         for chunk in _INLINE.split(line.strip()):
             item = _chunk_item(chunk)
-            if open_head and not item.heading and not item.marker: items[-1].sentences += item.sentences; continue  # lines under a heading line
+            # lines under a heading line
+            if open_head and not item.heading and not item.marker: items[-1].sentences += item.sentences; continue
             if item.sentences or item.heading: items.append(item)
-            open_head = bool(item.heading and not item.sentences) or (open_head and not item.heading and not item.marker)
+            open_head = bool(item.heading and not item.sentences) or (open_head and not item.heading
+                                                                      and not item.marker)
     return tuple((item.heading, item.marker, tuple(item.sentences)) for item in items)
 
 def parse_section(text: str # a report section
@@ -167,7 +172,8 @@ def _unhead(item: Item, rules: Rules) -> list[str]:
     if not item.heading or not sentences: return sentences
     pattern = dict(rules.groups).get(item.heading.upper())
     first = sentences[0]
-    if (pattern and pattern.search(first)) or any(w.lower() in first.lower() for w in re.findall(r"[A-Za-z]{3,}", item.heading)):
+    if (pattern and pattern.search(first)) or any(w.lower() in first.lower()
+                                                  for w in re.findall(r"[A-Za-z]{3,}", item.heading)):
         return sentences
     return [f"{item.heading.capitalize()} {first[0].lower()}{first[1:]}"] + sentences[1:]
 
@@ -198,10 +204,12 @@ def sentence_info(sentence: str,                 # one sentence
                   labeler: Labeler | None = None # default: the rule labeler, clinical profile (reads by meaning)
                  ) -> SentenceInfo:
     "Labels, states, explicit and implicit denials, and the temporal flag of one sentence."
-    mentions = [m for m in (labeler or default_labeler("clinical")).sentence_mentions(sentence) if m.label in CHEXPERT_14 or m.state != 0.0]
+    mentions = [m for m in (labeler or default_labeler("clinical")).sentence_mentions(sentence)
+                if m.label in CHEXPERT_14 or m.state != 0.0]
     return SentenceInfo(tuple((m.label, m.state) for m in mentions),
                         frozenset(m.label for m in mentions if m.state == 0.0 and m.trigger_kind == "negation"),
-                        frozenset(m.label for m in mentions if m.kind == "normal"), bool(rules.rx["temporal"].search(sentence)))
+                        frozenset(m.label for m in mentions if m.kind == "normal"),
+                        bool(rules.rx["temporal"].search(sentence)))
 
 # %% ../nbs/09a_reref_rules.ipynb #70123975
 def is_normal_statement(sentence: str,                 # one sentence
@@ -223,14 +231,17 @@ def _phrase_key(phrase: str) -> str:
 def finding_mentions(text: str,                      # a report or a section
                      labeler: Labeler | None = None, # default: the rule labeler, clinical profile (reads by meaning)
                      mode: str = "strict",           # "strict": denied labels too; "present": only present (1) and uncertain (-1)
-                     by: str = "phrase"              # "phrase": each finding by its words; "label": CheXpert findings by label
+                     by: str = "phrase"       # "phrase": each finding by its words; "label": CheXpert findings by label
                     ) -> frozenset:
-    "What a text states, one finding at a time: `(label, phrase, state)` of present and uncertain mentions, `(label, '', 0.0)` of denials."
-    if mode not in ("strict", "present") or by not in ("phrase", "label"): raise InputError(f"finding_mentions: mode {mode!r} / by {by!r}")
+    """What a text states, one finding at a time: `(label, phrase, state)` of present and uncertain mentions, `(label,
+    '', 0.0)` of denials."""
+    if mode not in ("strict", "present") or by not in ("phrase", "label"):
+        raise InputError(f"finding_mentions: mode {mode!r} / by {by!r}")
     lab, out = labeler or default_labeler("clinical"), set()
     for s in section_sentences(text):
         for m in lab.sentence_mentions(s):
-            if m.state != 0.0: out.add((m.label, _phrase_key(m.phrase) if by == "phrase" or m.label == OTHER_FINDING else "", m.state))
+            if m.state != 0.0:
+                out.add((m.label, _phrase_key(m.phrase) if by == "phrase" or m.label == OTHER_FINDING else "", m.state))
             elif mode == "strict" and m.label in CHEXPERT_14: out.add((m.label, "", 0.0))
     return frozenset(out)
 
@@ -307,7 +318,8 @@ def edit_section(text: str,                     # a report section
     if [x for xs in new for x in xs] == flat: return text
     out, k = [], 0
     for item in items:
-        kept = [x for xs in new[k:k + len(item.sentences)] for x in xs if re.search(r"[A-Za-z0-9]", x)]   # no empty "2. ." items
+        # no empty "2. ." items
+        kept = [x for xs in new[k:k + len(item.sentences)] for x in xs if re.search(r"[A-Za-z0-9]", x)]
         k += len(item.sentences)
         if kept: out.append(Item(item.heading, item.marker, kept))
     return _render_items(out)
@@ -367,7 +379,8 @@ def _severity_words(text: str, rules: Rules) -> set:
 @_rule("structure:structured")
 def _structured(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     # a device heading reads as a device mention to a labeler: use it only when a device is actually present
-    device = any(label == "Support Devices" and state == 1.0 for s in section_sentences(findings) for label, state in ctx.info(s).mentions)
+    device = any(label == "Support Devices" and state == 1.0 for s in section_sentences(findings) for label,
+                 state in ctx.info(s).mentions)
     def heading(sentence: str) -> str:
         group = sentence_group(sentence, ctx.rules)
         return ctx.rules["other_heading"] if group == ctx.rules["groups"][0][0] and not device else group
@@ -386,15 +399,19 @@ def _has_positive(text: str, ctx: RuleContext) -> bool:
     return any(e.state != 0.0 for label, e in evidence.items() if label not in ("No Finding", "Support Devices"))
 
 def _minimal_keep(sentences: Sequence[str], ctx: RuleContext) -> list[bool]:
-    "Which Findings sentences a minimal report keeps: every abnormal one, and the shortest normal one of each core system without a finding."
+    """Which Findings sentences a minimal report keeps: every abnormal one, and the shortest normal one of each core
+    system without a finding."""
     normal = [ctx.normal(s) for s in sentences]
     group = [sentence_group(s, ctx.rules) for s in sentences]
     sick = {g for g, n in zip(group, normal) if not n}
     best = {}
     for k, (s, g, n) in enumerate(zip(sentences, group, normal)):
-        if n and g in ctx.rules["minimal_keep"] and g not in sick and (g not in best or len(s) < len(sentences[best[g]])): best[g] = k
+        if n and g in ctx.rules["minimal_keep"] and g not in sick and (g not in best
+                                                                       or len(s) < len(sentences[best[g]])):
+            best[g] = k
     keep = [not n or k in best.values() for k, n in enumerate(normal)]
-    if not any(keep): keep[min(range(len(sentences)), key=lambda k: len(sentences[k]))] = True   # never an empty Findings
+    # never an empty Findings
+    if not any(keep): keep[min(range(len(sentences)), key=lambda k: len(sentences[k]))] = True
     return keep
 
 @_rule("findings_scope:minimal")
@@ -412,10 +429,12 @@ _DANGLING = re.compile(r"\b(?:is|are|was|were|be|been|has|have|with|of|from|to|a
                        r"|grossly|otherwise|largely|essentially|overall)\W*$", re.I)
 
 def _strip_comparison(sentence: str, ctx: RuleContext) -> str | None:
-    "The sentence without its comparison with a prior study, when a pattern removes it cleanly: the same findings, one by one, and some left ('Stable heart size.' -> 'Heart size.' says nothing)."
+    """The sentence without its comparison with a prior study, when a pattern removes it cleanly: the same findings,
+    one by one, and some left ('Stable heart size.' -> 'Heart size.' says nothing)."""
     stripped = replace_once(sentence, ctx.rules.table("section_strip"))
     clean = (stripped != sentence and not _is_comparison(stripped, ctx) and not _DANGLING.search(stripped)
-             and bool(kept := finding_mentions(stripped, ctx.labeler)) and kept == finding_mentions(sentence, ctx.labeler))
+             and bool(kept := finding_mentions(stripped, ctx.labeler))
+             and kept == finding_mentions(sentence, ctx.labeler))
     return stripped if clean else None
 
 def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
@@ -431,7 +450,8 @@ study studies exam examination radiograph radiographs film films image images ch
 overall otherwise grossly findings finding and or in on as at dated date xxxx""".split())
 
 def _no_content(sentence: str, ctx: RuleContext) -> bool:
-    "A sentence that says nothing beyond the comparison itself ('No interval change.', 'Compared with the prior study of XXXX.')."
+    """A sentence that says nothing beyond the comparison itself ('No interval change.', 'Compared with the prior study
+    of XXXX.')."""
     rest = ctx.rules.rx["comparison"].sub(" ", sentence)
     return not finding_mentions(sentence, ctx.labeler) and not set(re.findall(r"[a-z]+", rest.lower())) - _GENERIC
 
@@ -448,9 +468,11 @@ def _section_plan(findings: str, ctx: RuleContext) -> dict:
 
 @_rule("section_assignment:alternative")
 def _section_assignment(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
-    "Comparisons with prior studies and differentials leave the Findings for the Impression; no finding leaves the Findings."
+    """Comparisons with prior studies and differentials leave the Findings for the Impression; no finding leaves the
+    Findings."""
     plan, in_impression = _section_plan(findings, ctx), section_sentences(impression)
-    if not plan or all(not kept for kept in plan.values()) and len(plan) == len(section_sentences(findings)): return findings, impression
+    if not plan or all(not kept for kept in plan.values()) and len(plan) == len(section_sentences(findings)):
+        return findings, impression
     stated = finding_mentions(impression, ctx.labeler, "present")
     said = {_key(s) for s in in_impression}
     def covered(sentence: str) -> bool:   # the Impression already says it: every finding, the comparison and the severity
@@ -472,19 +494,22 @@ _LUNG = {"Lung Opacity", "Consolidation", "Edema", "Atelectasis", "Pneumonia", "
 _PAIRS = (("Pleural Effusion", "Pneumothorax"), ("Cardiomegaly", "Enlarged Cardiomediastinum"))
 
 def _implicit(labels: frozenset, denied: set, sentence: str, ctx: RuleContext, lung_positive: bool = False) -> list | None:
-    "Normal statements implying exactly (or, for lungs, a little more than) the denied labels; None when there are none."
+    """Normal statements implying exactly (or, for lungs, a little more than) the denied labels; None when there are
+    none."""
     implicit, widen, left, keys = ctx.rules["implicit"], ctx.rules["implicit_widen"], set(labels), []
     if re.search(r"\b(?:other|otherwise|elsewhere|remainder)\b", sentence, re.I):
         return [ctx.rules["implicit_remainder"]] if left <= _LUNG else None
     for pair in _PAIRS:
-        if set(pair) <= left or (pair[0] == "Pleural Effusion" and left & set(pair) == {"Pneumothorax"} and "Pleural Effusion" in denied):
+        if set(pair) <= left or (pair[0] == "Pleural Effusion" and left & set(pair) == {"Pneumothorax"}
+                                 and "Pleural Effusion" in denied):
             keys.append("|".join(pair)); left -= set(pair)
     for label in sorted(left):
         key = widen.get(label, label)
         if key not in implicit: return None
         if key not in keys: keys.append(key)
     # a clear-lungs statement next to a lung finding would contradict it: say "the remainder" instead
-    return [ctx.rules["implicit_remainder"] if lung_positive and key in widen.values() else implicit[key] for key in keys]
+    return [ctx.rules["implicit_remainder"] if lung_positive and key in widen.values() else implicit[key]
+            for key in keys]
 
 def _drop_subsumed(new: list, implicit: Mapping) -> list:
     "'the pleural spaces are clear' makes 'the costophrenic angles are sharp' redundant, and so on."
@@ -501,7 +526,8 @@ def _negation_implicit(findings: str, impression: str, ctx: RuleContext) -> tupl
         x = ctx.info(sentence)
         if x.temporal or not x.all_absent or not x.explicit: return [sentence]
         return _implicit(x.labels, denied, sentence, ctx, lung_positive) or [sentence]
-    def rewrite(sentences: list) -> list: return _dedupe(_drop_subsumed([one(s) for s in sentences], ctx.rules["implicit"]))
+    def rewrite(sentences: list) -> list:
+        return _dedupe(_drop_subsumed([one(s) for s in sentences], ctx.rules["implicit"]))
     return edit_section(findings, rewrite), edit_section(impression, rewrite)
 
 @_rule("negation:explicit")
@@ -509,10 +535,12 @@ def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tupl
     nouns = ctx.rules["explicit"]
     def one(sentence: str) -> list:
         x = ctx.info(sentence)
-        if x.temporal or not x.all_absent or not x.normal or any(label not in nouns for label in x.labels): return [sentence]
+        if x.temporal or not x.all_absent or not x.normal or any(label not in nouns for label in x.labels):
+            return [sentence]
         labels = set(x.labels)
         if "Enlarged Cardiomediastinum" in labels and re.search(r"\b(?:heart|cardiac)\b", sentence, re.I):
-            labels.add("Cardiomegaly")   # "cardiac and mediastinal contours are normal" says the heart is normal too: keep it
+            # "cardiac and mediastinal contours are normal" says the heart is normal too: keep it
+            labels.add("Cardiomegaly")
         words = [nouns[k] for k in nouns if k in labels]
         other = "other " if re.search(r"\b(?:otherwise|remainder|elsewhere)\b", sentence, re.I) else ""
         return ["No " + other + (words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]) + "."]
@@ -521,7 +549,8 @@ def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tupl
 
 # %% ../nbs/09a_reref_rules.ipynb #8d919948
 def _pure(info: SentenceInfo, labels: set, implicit_only: bool = True) -> bool:
-    return info.all_absent and not info.temporal and set(info.labels) == labels and (not implicit_only or not info.explicit)
+    return info.all_absent and not info.temporal and set(info.labels) == labels and (not implicit_only
+                                                                                     or not info.explicit)
 
 @_rule("anatomical_granularity:low")
 def _anatomy_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
@@ -542,7 +571,8 @@ def _anatomy_high(findings: str, impression: str, ctx: RuleContext) -> tuple[str
     split = ctx.rules["split_high"]
     def one(sentence: str) -> list:
         info = ctx.info(sentence)
-        if not (_pure(info, {"Cardiomegaly", "Enlarged Cardiomediastinum"}, False) and ctx.rules.rx["aggregate"].search(sentence)):
+        if not (_pure(info, {"Cardiomegaly", "Enlarged Cardiomediastinum"}, False)
+                and ctx.rules.rx["aggregate"].search(sentence)):
             return [sentence]
         return list(split["base"]) + ([split["hila"]] if re.search(r"\bhil(?:a|ar|um)\b", sentence, re.I) else [])
     return _each(findings, one), _each(impression, one)
@@ -590,10 +620,13 @@ def rule_rewrite(findings: str,                  # the original Findings
                  attempt: int = 0                # loop round (chooses among alternative phrasings)
                 ) -> dict:
     "The rule-based rewrite of one report towards `variant`: `{'findings', 'impression'}`."
-    if variant not in RULES: raise InputError(f"rule_rewrite: unknown variation {variant!r}; variations are {list(RULES)}")
+    if variant not in RULES:
+        raise InputError(f"rule_rewrite: unknown variation {variant!r}; variations are {list(RULES)}")
     findings, impression, rule = (findings or "").strip(), (impression or "").strip(), RULES[variant]
     if rule is None or not findings: return {"findings": findings, "impression": impression}
-    new_findings, new_impression = rule(findings, impression, RuleContext(rules or load_rules(), labeler or default_labeler("clinical"), int(attempt)))
+    new_findings, new_impression = rule(findings, impression,
+                                        RuleContext(rules or load_rules(), labeler or default_labeler("clinical"),
+                                                    int(attempt)))
     return {"findings": new_findings, "impression": new_impression}
 
 # %% ../nbs/09a_reref_rules.ipynb #83b5fb5c
@@ -624,7 +657,8 @@ _SYSTEMS = ("LUNGS", "PLEURA", "HEART AND MEDIASTINUM", "BONES")
 
 def _both(report: Mapping) -> str: return f"{report['findings']}\n{report['impression']}".strip()
 
-def _all_sentences(report: Mapping) -> list[str]: return section_sentences(report["findings"]) + section_sentences(report["impression"])
+def _all_sentences(report: Mapping) -> list[str]:
+    return section_sentences(report["findings"]) + section_sentences(report["impression"])
 
 def _normals(text: str, ctx: RuleContext) -> int: return sum(ctx.normal(s) for s in section_sentences(text))
 
@@ -635,26 +669,31 @@ def _negations(report: Mapping, ctx: RuleContext) -> tuple[int, int]:
 
 def _substructures(report: Mapping, ctx: RuleContext) -> int:
     infos = [ctx.info(s) for s in section_sentences(report["findings"])]
-    split = any(_pure(x, {"Cardiomegaly"}) for x in infos) and any(_pure(x, {"Enlarged Cardiomediastinum"}) for x in infos)
+    split = any(_pure(x, {"Cardiomegaly"}) for x in infos) and any(_pure(x, {"Enlarged Cardiomediastinum"})
+                                                                   for x in infos)
     return len(ctx.rules.rx["substructure"].findall(_both(report))) + int(split)
 
 def _aggregates(report: Mapping, ctx: RuleContext) -> int:
-    return sum(bool(ctx.rules.rx["aggregate"].search(s)) and _pure(ctx.info(s), {"Cardiomegaly", "Enlarged Cardiomediastinum"}, False)
+    return sum(bool(ctx.rules.rx["aggregate"].search(s))
+               and _pure(ctx.info(s), {"Cardiomegaly", "Enlarged Cardiomediastinum"}, False)
                for s in _all_sentences(report))
 
 def _systems(report: Mapping, ctx: RuleContext) -> set:
     return {sentence_group(s, ctx.rules) for s in _all_sentences(report)} & set(_SYSTEMS)
 
-def _matches(text: str, table: list) -> list: return sorted(m.group(0).lower() for pattern, _ in table for m in pattern.finditer(text))
+def _matches(text: str, table: list) -> list:
+    return sorted(m.group(0).lower() for pattern, _ in table for m in pattern.finditer(text))
 
-def _any_structured(report: Mapping) -> bool: return is_structured(report["findings"]) or is_structured(report["impression"])
+def _any_structured(report: Mapping) -> bool:
+    return is_structured(report["findings"]) or is_structured(report["impression"])
 
 def _words(report: Mapping) -> list: return re.findall(r"[a-z]+", _both(report).lower())
 
 def _hedge_cues(report: Mapping, ctx: RuleContext) -> list:
     return sorted(m.group(0).lower() for m in ctx.rules.rx["hedge_cues"].finditer(_both(report)))
 
-def _measurements(report: Mapping, ctx: RuleContext) -> int: return len(ctx.rules.rx["measurement"].findall(_both(report)))
+def _measurements(report: Mapping, ctx: RuleContext) -> int:
+    return len(ctx.rules.rx["measurement"].findall(_both(report)))
 
 # %% ../nbs/09a_reref_rules.ipynb #812db4f3
 _DETECTOR_OF: dict = {}
@@ -669,7 +708,8 @@ def _detect_free_text(original, alternative, ctx):
 @_detector("section_assignment:alternative")
 def _detect_section(original, alternative, ctx):
     table = ctx.rules.table("differential_strip")
-    movable = any(_is_comparison(s, ctx) or replace_once(s, table) != s for s in section_sentences(original["findings"]))
+    movable = any(_is_comparison(s, ctx) or replace_once(s, table) != s
+                  for s in section_sentences(original["findings"]))
     return not movable, False, section_sentences(alternative["findings"]) != section_sentences(original["findings"])
 @_detector("findings_scope:exhaustive")
 def _detect_exhaustive(original, alternative, ctx):
@@ -721,10 +761,14 @@ def _numbers(report: Mapping, rules: Rules) -> set:
     return set(rules.rx["number"].findall(" ".join(_all_sentences(report))))
 
 def _left_findings(before: Mapping, after: Mapping, ctx: RuleContext) -> list[str]:
-    "Findings of the original Findings (without their differential clauses) that the rewrite's Findings no longer state."
+    """Findings of the original Findings (without their differential clauses) that the rewrite's Findings no longer
+    state."""
     table = ctx.rules.table("differential_strip")
-    core = finding_mentions(" ".join(replace_once(s, table) for s in section_sentences(before["findings"])), ctx.labeler, "present")
-    return [d.replace("lost ", "", 1) for d in finding_differences(core - finding_mentions(after["findings"], ctx.labeler, "present"), frozenset())]
+    core = finding_mentions(" ".join(replace_once(s, table) for s in section_sentences(before["findings"])),
+                            ctx.labeler, "present")
+    return [d.replace("lost ", "", 1)
+            for d in finding_differences(core - finding_mentions(after["findings"], ctx.labeler, "present"),
+                                         frozenset())]
 
 def _verdict_reasons(mode: str, diffs: list, new_numbers: list, severity: list, empty: bool, findings: list = (), left: list = ()
                     ) -> list[str]:
@@ -754,18 +798,21 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
     no_info, already, changed = DETECTORS[variant](before, after, ctx)
     mode = "strict" if variant.split(":")[0] in STRICT_AXES else "present"
     diffs = label_differences(label_states(_both(before), ctx.labeler), label_states(_both(after), ctx.labeler), mode)
-    by = "label" if variant.startswith("terminology") else "phrase"    # a terminology rewrite changes the words, not the finding
-    found = finding_differences(finding_mentions(_both(before), ctx.labeler, mode, by), finding_mentions(_both(after), ctx.labeler, mode, by))
+    # a terminology rewrite changes the words, not the finding
+    by = "label" if variant.startswith("terminology") else "phrase"
+    found = finding_differences(finding_mentions(_both(before), ctx.labeler, mode, by),
+                                finding_mentions(_both(after), ctx.labeler, mode, by))
     left = _left_findings(before, after, ctx) if variant.startswith("section_assignment") else []
     new_numbers = sorted(_numbers(after, ctx.rules) - _numbers(before, ctx.rules))
     severity = ([] if variant.startswith("quantitative_granularity")
                 else sorted(_severity_words(_both(before), ctx.rules) ^ _severity_words(_both(after), ctx.rules)))
     empty = bool(before["findings"]) and not after["findings"]
-    reasons = _verdict_reasons(mode, diffs, new_numbers, severity, empty, found, left) + [_change_reason(no_info, already, changed)]
+    reasons = _verdict_reasons(mode, diffs, new_numbers, severity, empty, found,
+                               left) + [_change_reason(no_info, already, changed)]
     return {"is_clinically_consistent": not (diffs or found or left or new_numbers or severity or empty),
             "is_valid_perturbation": bool(no_info or already or changed),
-            "does_not_contain_required_info": bool(no_info), "is_already_in_expected_form": bool(already and not no_info),
-            "reasoning": "; ".join(reasons) + "."}
+            "does_not_contain_required_info": bool(no_info),
+            "is_already_in_expected_form": bool(already and not no_info), "reasoning": "; ".join(reasons) + "."}
 
 def content_check(original: Mapping,              # {"findings", "impression"} before
                   alternative: Mapping,           # {"findings", "impression"} after (any back end's)
@@ -773,12 +820,14 @@ def content_check(original: Mapping,              # {"findings", "impression"} b
                   rules: Rules | None = None,     # default: the packaged lexicons
                   labeler: Labeler | None = None  # default: the rule labeler, clinical profile (reads by meaning)
                  ) -> list[str]:
-    "What a rewrite did to the findings, one by one: present or uncertain findings lost or added, and (section assignment) findings that left the Findings; empty when it kept them all."
+    """What a rewrite did to the findings, one by one: present or uncertain findings lost or added, and (section
+    assignment) findings that left the Findings; empty when it kept them all."""
     ctx = RuleContext(rules or load_rules(), labeler or default_labeler("clinical"))
     before, after = ({k: (r.get(k) or "").strip() for k in ("findings", "impression")} for r in (original, alternative))
     steps = variant.split("+")   # a compound variation: each of its steps
     by = "label" if any(v.startswith("terminology") for v in steps) else "phrase"
-    found = finding_differences(finding_mentions(_both(before), ctx.labeler, "present", by), finding_mentions(_both(after), ctx.labeler, "present", by))
+    found = finding_differences(finding_mentions(_both(before), ctx.labeler, "present", by),
+                                finding_mentions(_both(after), ctx.labeler, "present", by))
     moved = _left_findings(before, after, ctx) if any(v.startswith("section_assignment") for v in steps) else []
     return found + [f"left the Findings: {x}" for x in moved]
 
@@ -793,8 +842,10 @@ class _TaskRules(RuleChat):
                  name: str | None = None):        # the back end's name, its cache identity (default: `default_name`)
         self.rules_ = rules if isinstance(rules, Rules) else load_rules(rules)
         self.labeler_ = labeler
-        super().__init__(self._task_reply, name=name or self.default_name, version=f"{_RULE_CODE_VERSION}-{self.rules_.version}")
-    def _task_reply(self, messages, schema, seed=None) -> dict: return self._answer(read_task(messages, self.step), seed or 0)
+        super().__init__(self._task_reply, name=name or self.default_name,
+                         version=f"{_RULE_CODE_VERSION}-{self.rules_.version}")
+    def _task_reply(self, messages, schema, seed=None) -> dict:
+        return self._answer(read_task(messages, self.step), seed or 0)
 
 class RuleRewriter(_TaskRules):
     "The rule-based ReRef Generator, as an offline, deterministic chat back end."
@@ -822,14 +873,16 @@ def rule_reref(rules: str | os.PathLike | Mapping | Rules | None = None, # lexic
 def label_agreement(references,                     # a references table (from `rewrite_table`)
                     labeler: Labeler | None = None  # default: the rule labeler, clinical profile (reads by meaning)
                    ) -> pd.DataFrame:
-    "Per variant: rewrites that differ from the original, and the share keeping all 14 label states (strict and present-only)."
+    """Per variant: rewrites that differ from the original, and the share keeping all 14 label states (strict and
+    present-only)."""
     refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references")
     originals = refs[refs.variant == ORIGINAL].set_index("study_id")
     rows = []
     for row in refs[(refs.variant != ORIGINAL) & refs.usable].itertuples():
         orig = originals.loc[row.study_id]
         if (row.findings, row.impression) == (orig.findings, orig.impression): continue
-        before, after = label_states(f"{orig.findings}\n{orig.impression}", labeler), label_states(f"{row.findings}\n{row.impression}", labeler)
+        before, after = label_states(f"{orig.findings}\n{orig.impression}",
+                                     labeler), label_states(f"{row.findings}\n{row.impression}", labeler)
         rows.append({"variant": row.variant, "strict": not label_differences(before, after),
                      "present": not label_differences(before, after, "present")})
     table = pd.DataFrame(rows, columns=["variant", "strict", "present"])

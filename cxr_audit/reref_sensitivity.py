@@ -16,12 +16,12 @@ import pandas as pd
 from fastcore.basics import patch
 from fastcore.meta import delegates
 
-from .core import (DEFAULT_SEED, EXTRA_COLORS, PALETTE, InputError, config_label, enable_theme, md_table, require_columns, save_chart,
-                            write_manifest, write_table)
+from .core import (DEFAULT_SEED, EXTRA_COLORS, PALETTE, InputError, config_label, enable_theme, md_table,
+                            require_columns, save_chart, write_manifest, write_table)
 from .corpus import to_generations
 from .metrics import get_metric, sample_stats
-from .stats import (VALUES, PairedResult, bootstrap_metrics, check_reps, count_reversals, mean_stats, p_value_note,
-                             ranking_reversals, resolve_clusters, systems_from_scores)
+from .stats import (VALUES, PairedResult, bootstrap_metrics, check_reps, count_reversals, mean_stats,
+                             p_value_note, ranking_reversals, resolve_clusters, systems_from_scores)
 from .reref import (ORIGINAL, VARIANTS, FrameResult, ReRef, RewriteRun, backend_description, backend_label,
                              rewrite_table)
 from .reref_rules import content_check, label_agreement, rule_reref
@@ -62,7 +62,8 @@ def _order_like(df: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
 def _score_rows(rows: pd.DataFrame, texts: list, variant: str, metrics, info: pd.DataFrame) -> pd.DataFrame:
     "Per-sample statistics of `rows` (generations) against `texts` under one variant, with study (and patient) ids."
     out = sample_stats(texts, rows.hypothesis.tolist(), metrics, sample_ids=rows.sample_id.astype(str).tolist(),
-                       system=rows.config.tolist(), dataset=info.loc[rows.study_id, "dataset"].tolist(), variant=variant)
+                       system=rows.config.tolist(), dataset=info.loc[rows.study_id, "dataset"].tolist(),
+                       variant=variant)
     repeat = len(out) // max(len(rows), 1)
     extra = {"study_id": np.tile(rows.study_id.to_numpy(), repeat)}
     if "patient_id" in info: extra["patient_id"] = np.tile(info.loc[rows.study_id, "patient_id"].to_numpy(), repeat)
@@ -86,18 +87,20 @@ def _backend_of(table: pd.DataFrame) -> str:
     names = [str(b) for b in pd.unique(table["backend"].dropna())] if "backend" in table.columns else []
     return " / ".join(names) if names else "not stated"
 
-def score_references(generations,                  # the generations table (sample_id, study_id, system, policy, hypothesis, ...)
-                     references,                   # the references table (from `rewrite_table`)
-                     metrics=DEFAULT_METRICS,      # metric names or objects (see cxr_audit.metrics)
-                     studies=None,                 # optional studies table: gives `dataset` (and `patient_id`) per study
-                     section: str = "findings",    # reference text: "findings", "impression" or "both"
+def score_references(generations,         # the generations table (sample_id, study_id, system, policy, hypothesis, ...)
+                     references,                 # the references table (from `rewrite_table`)
+                     metrics=DEFAULT_METRICS,    # metric names or objects (see cxr_audit.metrics)
+                     studies=None,               # optional studies table: gives `dataset` (and `patient_id`) per study
+                     section: str = "findings",  # reference text: "findings", "impression" or "both"
                      variants: Sequence[str] | None = None # default: every variant in `references`
                     ) -> pd.DataFrame:
     "The `scores` long table of every system under the original and each alternative reference variant."
-    if section not in SECTIONS: raise InputError(f"score_references: section must be findings, impression or both, not {section!r}")
+    if section not in SECTIONS:
+        raise InputError(f"score_references: section must be findings, impression or both, not {section!r}")
     refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references").copy()
     refs["study_id"] = refs.study_id.astype(str)
-    originals = {sid: _section_text(row, section) for sid, row in refs[refs.variant == ORIGINAL].set_index("study_id").iterrows()}
+    originals = {sid: _section_text(row, section) for sid,
+                 row in refs[refs.variant == ORIGINAL].set_index("study_id").iterrows()}
     gens = _scored_generations(generations, originals)
     info = _study_info(studies, gens.study_id)
     base = _score_rows(gens, [originals[s] for s in gens.study_id], ORIGINAL, metrics, info).assign(perturbed=False)
@@ -105,7 +108,8 @@ def score_references(generations,                  # the generations table (samp
     for variant in (variants if variants is not None else [x for x in pd.unique(refs.variant) if x != ORIGINAL]):
         usable = refs[(refs.variant == variant) & refs.usable].set_index("study_id")
         chosen = gens.study_id.isin(usable.index).to_numpy()
-        texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}  # one text per study, not per row
+        # one text per study, not per row
+        texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}
         rewritten = (_score_rows(gens[chosen], [texts[s] for s in gens.study_id[chosen]], variant, metrics, info)
                      .assign(perturbed=True) if chosen.any() else None)
         kept = base[~np.tile(chosen, len(base) // max(len(gens), 1))].assign(variant=variant)
@@ -126,7 +130,8 @@ def _status(n_usable) -> np.ndarray: return np.where(np.asarray(n_usable) > 0, "
 
 def usable_counts(scores # a scores long table (from `score_references`)
                  ) -> pd.DataFrame:
-    "Per dataset and variant: studies scored, studies scored against a usable rewrite, whether the variant applies, status, back end."
+    """Per dataset and variant: studies scored, studies scored against a usable rewrite, whether the variant applies,
+    status, back end."""
     table = require_columns(scores, ["dataset", "variant"], "scores")
     unit, usable = _unit(table), table[_perturbed(table).to_numpy()]
     total = table[table.variant == ORIGINAL].groupby("dataset", sort=False)[unit].nunique()
@@ -142,7 +147,8 @@ def _value_fn(metric: str, values: Mapping | None):
     value = (values or {}).get(metric)
     if callable(value): return value
     if isinstance(value, str):
-        if value not in VALUES: raise InputError(f"values: unknown value function {value!r}; use a callable or one of {sorted(VALUES)}")
+        if value not in VALUES:
+            raise InputError(f"values: unknown value function {value!r}; use a callable or one of {sorted(VALUES)}")
         return VALUES[value]
     try: return get_metric(metric).value
     except (ImportError, InputError): return None
@@ -151,7 +157,8 @@ def _higher_is_better(metric: str) -> bool:
     try: return bool(get_metric(metric).higher_is_better)
     except (ImportError, InputError): return True
 
-def _stat_cols(scores: pd.DataFrame) -> list: return [c for c in scores.columns if str(c).startswith("stat_") and scores[c].notna().any()]
+def _stat_cols(scores: pd.DataFrame) -> list:
+    return [c for c in scores.columns if str(c).startswith("stat_") and scores[c].notna().any()]
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #e34eccf3
 def system_scores(scores,                        # a scores long table
@@ -165,19 +172,22 @@ def system_scores(scores,                        # a scores long table
         if value is not None and cols:
             sums = rows.groupby(keys, sort=False)[cols].sum()
             score = np.asarray(value(sums.to_numpy(dtype=float)), dtype=float).reshape(len(sums))
-            table = pd.DataFrame({"score": score, "n": rows.groupby(keys, sort=False).size().to_numpy()}, index=sums.index)
+            table = pd.DataFrame({"score": score, "n": rows.groupby(keys, sort=False).size().to_numpy()},
+                                 index=sums.index)
         else: table = rows.groupby(keys, sort=False)["value"].agg(score="mean", n="size")
         out.append(table.reset_index().assign(metric=metric))
     return pd.concat(out, ignore_index=True)[["system", "dataset", "variant", "metric", "score", "n"]]
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #f519998a
 SHIFT_LEVELS = ("study", "corpus")
-SHIFT_COLUMNS = ("system", "dataset", "variant", "metric", "level", "n_studies", "n_usable", "n_compared", "applicable", "status",
-                 "score_original", "score_before", "score_after", "shift", "sd_original", "normalized_shift", "backend")
+SHIFT_COLUMNS = ("system", "dataset", "variant", "metric", "level", "n_studies", "n_usable", "n_compared", "applicable",
+                 "status", "score_original", "score_before", "score_after", "shift", "sd_original", "normalized_shift",
+                 "backend")
 _KEYS = ["system", "dataset", "variant", "metric"]
 
 def _signed(scores: pd.DataFrame, flip_lower: bool) -> pd.DataFrame:
-    "The scores with `value` negated for lower-is-better metrics (when `flip_lower`), so that positive is always better."
+    """The scores with `value` negated for lower-is-better metrics (when `flip_lower`), so that positive is always
+    better."""
     sign = {m: 1.0 if not flip_lower or _higher_is_better(m) else -1.0 for m in pd.unique(scores.metric)}
     return scores.assign(value=scores.value.astype(float) * scores.metric.map(sign))
 
@@ -189,21 +199,26 @@ def _paired(scores: pd.DataFrame) -> pd.DataFrame:
     return alt.assign(before=before, usable=_perturbed(alt).to_numpy())
 
 def _study_level(scores: pd.DataFrame) -> pd.DataFrame:
-    "Per system, dataset, variant and metric: usable and compared studies, and the mean per-study scores over the compared ones."
+    """Per system, dataset, variant and metric: usable and compared studies, and the mean per-study scores over the
+    compared ones."""
     pairs = _paired(scores)
     g = pairs.groupby(_KEYS, sort=False)
     out = pd.DataFrame({"n_usable": g.usable.sum().astype(int)})
     compared = pairs[pairs.usable & np.isfinite(pairs.value) & np.isfinite(pairs.before)].groupby(_KEYS, sort=False)
-    out = out.join(pd.DataFrame({"n_compared": compared.size(), "score_before": compared.before.mean(), "score_after": compared.value.mean()}))
+    out = out.join(pd.DataFrame({"n_compared": compared.size(), "score_before": compared.before.mean(),
+                                 "score_after": compared.value.mean()}))
     out["n_compared"] = out.n_compared.fillna(0).astype(int)
     orig = scores[scores.variant == ORIGINAL].groupby(["system", "dataset", "metric"], sort=False).value
     base = pd.DataFrame({"n_studies": orig.size(), "score_original": orig.mean()})
-    return out.reset_index().merge(base.reset_index(), on=["system", "dataset", "metric"], how="left").assign(level="study")
+    return out.reset_index().merge(base.reset_index(), on=["system", "dataset", "metric"],
+                                   how="left").assign(level="study")
 
 def _corpus_level(scores: pd.DataFrame, values: Mapping | None) -> pd.DataFrame:
-    "Per system, dataset, variant and metric: corpus scores (sufficient statistics summed; unusable studies keep their original rows)."
+    """Per system, dataset, variant and metric: corpus scores (sufficient statistics summed; unusable studies keep
+    their original rows)."""
     corpus = system_scores(scores, values)
-    orig = corpus[corpus.variant == ORIGINAL].rename(columns={"score": "score_original", "n": "n_studies"}).drop(columns="variant")
+    orig = corpus[corpus.variant == ORIGINAL].rename(columns={"score": "score_original",
+                                                              "n": "n_studies"}).drop(columns="variant")
     usable = _paired(scores).groupby(_KEYS, sort=False).usable.sum().astype(int).rename("n_usable").reset_index()
     out = corpus[corpus.variant != ORIGINAL].drop(columns="n").rename(columns={"score": "score_after"})
     out = out.merge(orig, on=["system", "dataset", "metric"], how="left").merge(usable, on=_KEYS, how="left")
@@ -216,9 +231,11 @@ def _without_study_score(scores: pd.DataFrame) -> list:
     return [m for m, v in orig.groupby("metric", sort=False).value if not np.isfinite(v.to_numpy(dtype=float)).any()]
 
 def _finish_shifts(out: pd.DataFrame, backend: str) -> pd.DataFrame:
-    "Shift, status, SD across (system, dataset) pairs under the original references, normalized shift; NaN where nothing applies."
+    """Shift, status, SD across (system, dataset) pairs under the original references, normalized shift; NaN where
+    nothing applies."""
     out["applicable"] = out.n_usable > 0
-    out["status"] = np.where(~out.applicable, NOT_APPLICABLE, np.where(out.level == "corpus", "ok (corpus level)", "ok"))
+    out["status"] = np.where(~out.applicable, NOT_APPLICABLE,
+                             np.where(out.level == "corpus", "ok (corpus level)", "ok"))
     out.loc[out.applicable & (out.n_compared == 0), "status"] = "no defined per-study score on the usable studies"
     out["shift"] = (out.score_after - out.score_before).where(out.applicable & (out.n_compared > 0))
     pairs = out.drop_duplicates(["system", "dataset", "metric"])
@@ -231,13 +248,15 @@ def score_shifts(scores,                          # a scores long table (from `s
                  flip_lower: bool = True,         # negate lower-is-better metrics first, so positive = better
                  level: str = "study"             # "study": mean per-study difference (the paper's); "corpus": difference of corpus statistics
                 ) -> pd.DataFrame:
-    "Per system, dataset, variant and metric: usable counts, the shift under the rewritten references, and the shift in SDs across (system, dataset) pairs."
+    """Per system, dataset, variant and metric: usable counts, the shift under the rewritten references, and the shift
+    in SDs across (system, dataset) pairs."""
     if level not in SHIFT_LEVELS: raise InputError(f"score_shifts: level must be 'study' or 'corpus', not {level!r}")
     table = require_columns(scores, ["sample_id", "system", "dataset", "variant", "metric", "value"], "scores")
     if not (table.variant == ORIGINAL).any(): raise InputError("scores: no rows with variant 'original'")
     signed, backend = _signed(table, flip_lower), _backend_of(table)
     corpus_only = _without_study_score(signed) if level == "study" else list(pd.unique(signed.metric))
-    parts = [_study_level(signed[~signed.metric.isin(corpus_only)])] if len(corpus_only) < signed.metric.nunique() else []
+    parts = ([_study_level(signed[~signed.metric.isin(corpus_only)])] if len(corpus_only) < signed.metric.nunique()
+             else [])
     if corpus_only:
         corpus = _corpus_level(table[table.metric.isin(corpus_only)], values)
         sign = corpus.metric.map(lambda m: -1.0 if flip_lower and not _higher_is_better(m) else 1.0)
@@ -252,14 +271,17 @@ def _box(values: np.ndarray) -> dict:
     values = np.asarray(values, dtype=float); values = values[np.isfinite(values)]
     if not len(values): return {"n": 0, **{k: np.nan for k in _BOX}}
     p5, q1, median, q3, p95 = np.percentile(values, [5, 25, 50, 75, 95])
-    return {"n": len(values), "mean": float(values.mean()), "p5": p5, "q1": q1, "median": median, "q3": q3, "p95": p95, "iqr": q3 - q1}
+    return {"n": len(values), "mean": float(values.mean()), "p5": p5, "q1": q1, "median": median, "q3": q3, "p95": p95,
+            "iqr": q3 - q1}
 
 def _applicable(table: pd.DataFrame) -> pd.Series:
     "The `applicable` column, or all true for a table without one."
-    return table["applicable"].fillna(False).astype(bool) if "applicable" in table.columns else pd.Series(True, index=table.index)
+    return (table["applicable"].fillna(False).astype(bool) if "applicable" in table.columns
+            else pd.Series(True, index=table.index))
 
 def _study_totals(group: pd.DataFrame) -> dict:
-    "Studies and usable studies of a group of shift rows: per dataset the largest count over systems, summed over datasets."
+    """Studies and usable studies of a group of shift rows: per dataset the largest count over systems, summed over
+    datasets."""
     if "n_usable" not in group.columns: return {"n_studies": np.nan, "n_usable": np.nan}
     per = group.groupby("dataset")[["n_studies", "n_usable"]].max()
     return {"n_studies": int(per.n_studies.sum()), "n_usable": int(per.n_usable.sum())}
@@ -267,20 +289,23 @@ def _study_totals(group: pd.DataFrame) -> dict:
 def shift_summary(shifts,                          # a shifts table (from `score_shifts`)
                   column: str = "normalized_shift" # which column to summarise ("shift" for raw shifts)
                  ) -> pd.DataFrame:
-    "Per metric and variant: usable counts, and box statistics (5th/95th percentile whiskers) and IQR of the shifts across (system, dataset) pairs."
+    """Per metric and variant: usable counts, and box statistics (5th/95th percentile whiskers) and IQR of the shifts
+    across (system, dataset) pairs."""
     table = require_columns(shifts, ["metric", "variant", column], "shifts")
     rows = []
     for (metric, variant), g in table.groupby(["metric", "variant"], sort=False):
         ok = _applicable(g).any()
         box = _box(g.loc[_applicable(g), column]) if ok else _box([])
-        rows.append({"metric": metric, "variant": variant, "n": box.pop("n"), **_study_totals(g), "applicable": bool(ok),
-                     "status": "ok" if ok else NOT_APPLICABLE, **box, "backend": _backend_of(g)})
+        rows.append({"metric": metric, "variant": variant, "n": box.pop("n"), **_study_totals(g),
+                     "applicable": bool(ok), "status": "ok" if ok else NOT_APPLICABLE, **box,
+                     "backend": _backend_of(g)})
     return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #03215827
 def iqr_summary(summary # a box table (from `shift_summary`)
                ) -> pd.DataFrame:
-    "Per metric: mean IQR over the applicable variants (overall sensitivity), the largest IQR and its variant (worst case), and the variants not applicable."
+    """Per metric: mean IQR over the applicable variants (overall sensitivity), the largest IQR and its variant (worst
+    case), and the variants not applicable."""
     table = require_columns(summary, ["metric", "variant", "iqr"], "summary")
     rows = []
     for metric, group in table.groupby("metric", sort=False):
@@ -296,13 +321,15 @@ SIGNIFICANCE_RULES = {"holm": "Holm-adjusted p below 1 − size over the family 
                       "ci": "the unadjusted interval of the gap excludes 0 (paper 000's rule)"}
 
 def _check_rule(rule: str) -> str:
-    if rule not in SIGNIFICANCE_RULES: raise InputError(f"significance rule {rule!r} is not one of {', '.join(SIGNIFICANCE_RULES)}")
+    if rule not in SIGNIFICANCE_RULES:
+        raise InputError(f"significance rule {rule!r} is not one of {', '.join(SIGNIFICANCE_RULES)}")
     return rule
 
 def _ci_excludes_zero(table: pd.DataFrame) -> pd.Series: return (table.ci_low > 0) | (table.ci_high < 0)
 
 def _verdicts(table: pd.DataFrame, higher_is_better: bool, rule: str = "holm") -> np.ndarray:
-    "'first better', 'second better' or 'tie' per comparison, by the significance rule (`significant` for Holm, the interval for ci)."
+    """'first better', 'second better' or 'tie' per comparison, by the significance rule (`significant` for Holm, the
+    interval for ci)."""
     ahead = table.estimate > 0 if higher_is_better else table.estimate < 0
     sig = table.significant if rule == "holm" else _ci_excludes_zero(table)
     return np.where(sig, np.where(ahead, "first better", "second better"), "tie")
@@ -317,7 +344,8 @@ def _reversal_rows(counts: pd.DataFrame, usable: Mapping, variants: Sequence[str
     rows = []
     for v in variants:
         n_usable, n_studies = usable.get(v, (np.nan, np.nan))
-        done = counts.loc[v, _OUTCOMES].astype(float).to_dict() if v in counts.index else dict.fromkeys(_OUTCOMES, np.nan)
+        done = counts.loc[v,
+                          _OUTCOMES].astype(float).to_dict() if v in counts.index else dict.fromkeys(_OUTCOMES, np.nan)
         rows.append({"variant": v, "n_studies": n_studies, "n_usable": n_usable, "applicable": v in counts.index,
                      "status": "ok" if v in counts.index else NOT_APPLICABLE, **done})
     out = pd.DataFrame(rows, columns=["variant", "n_studies", "n_usable", "applicable", "status", *_OUTCOMES])
@@ -331,7 +359,7 @@ class PairwiseGaps:
     results: dict    # variant -> `PairedResult` (effects first − second), the original references first
     usable: dict = field(default_factory=dict)  # variant -> (studies with a usable rewrite, studies), not-applicable variants included
     backend: str = "not stated"                 # what wrote the rewritten references
-    rule: str = "holm"                          # what makes a gap significant (`SIGNIFICANCE_RULES`): verdicts and significant flips
+    rule: str = "holm"             # what makes a gap significant (`SIGNIFICANCE_RULES`): verdicts and significant flips
 
     @property
     def reps(self) -> int: return int(self.compare().replicates.shape[1])
@@ -344,28 +372,35 @@ class PairwiseGaps:
     def compare(self, variant: str = ORIGINAL # the reference variant
                ) -> PairedResult:
         "The paired comparison of the systems under one reference variant."
-        if variant not in self.results: raise InputError(f"gaps: no variant {variant!r}; variants are {list(self.results)}"
-                                                         + (f" ({', '.join(self.not_applicable)}: {NOT_APPLICABLE})" if self.not_applicable else ""))
+        if variant not in self.results:
+            raise InputError(f"gaps: no variant {variant!r}; variants are {list(self.results)}"
+                                                         + (f" ({', '.join(self.not_applicable)}: {NOT_APPLICABLE})"
+                                                            if self.not_applicable else ""))
         return self.results[variant]
     def to_frame(self) -> pd.DataFrame:
-        "One row per compared variant and pair: usable counts, estimate, interval, p, p_holm, `significant` (Holm), `significant_ci` (the interval excludes 0) and the verdict by `rule`."
+        """One row per compared variant and pair: usable counts, estimate, interval, p, p_holm, `significant` (Holm),
+        `significant_ci` (the interval excludes 0) and the verdict by `rule`."""
         parts = []
         for variant, result in self.results.items():
             table = result.to_frame().assign(variant=variant)
-            parts.append(table.assign(significant_ci=_ci_excludes_zero(table), verdict=_verdicts(table, result.higher_is_better, self.rule)))
+            parts.append(table.assign(significant_ci=_ci_excludes_zero(table),
+                                      verdict=_verdicts(table, result.higher_is_better, self.rule)))
         table = pd.concat(parts, ignore_index=True).assign(dataset=self.dataset, backend=self.backend, rule=self.rule)
         counts = {v: self.usable.get(v, (np.nan, np.nan)) for v in self.results}
         table["n_usable"], table["n_studies"] = table.variant.map(lambda v: counts[v][0]), table.variant.map(lambda v: counts[v][1])
-        return table[["dataset", "metric", "variant", "n_studies", "n_usable", "first", "second", "estimate", "ci_low", "ci_high",
-                      "p", "p_holm", "significant", "significant_ci", "verdict", "rule", "backend"]]
+        return table[["dataset", "metric", "variant", "n_studies", "n_usable", "first", "second", "estimate", "ci_low",
+                      "ci_high", "p", "p_holm", "significant", "significant_ci", "verdict", "rule", "backend"]]
     def summary(self) -> pd.DataFrame:
-        "Per variant: usable counts, system pairs, flips of order, significant flips, verdict changes and their fractions (NaN where not applicable)."
+        """Per variant: usable counts, system pairs, flips of order, significant flips, verdict changes and their
+        fractions (NaN where not applicable)."""
         others = {v: r for v, r in self.results.items() if v != ORIGINAL}
-        pick = (lambda r: r) if self.rule == "holm" else (lambda r: r.to_frame().drop(columns="significant"))  # no column: the interval decides
+        # no column: the interval decides
+        pick = (lambda r: r) if self.rule == "holm" else (lambda r: r.to_frame().drop(columns="significant"))
         counts = (count_reversals(pick(self.compare()), {v: pick(r) for v, r in others.items()}) if others
                   else pd.DataFrame(columns=["condition", *_OUTCOMES]))
         variants = [v for v in dict.fromkeys([*others, *self.usable]) if v != ORIGINAL]
-        table = _reversal_rows(counts, self.usable, variants).assign(dataset=self.dataset, metric=self.metric, rule=self.rule, backend=self.backend)
+        table = _reversal_rows(counts, self.usable, variants).assign(dataset=self.dataset, metric=self.metric,
+                                                                     rule=self.rule, backend=self.backend)
         return table[_REVERSAL_COLUMNS]
     def note(self) -> str:
         "The p-value convention and floors of these comparisons."
@@ -377,13 +412,16 @@ class PairwiseGaps:
 def _with_clusters(scores: pd.DataFrame, clusters, unit: str) -> tuple[pd.DataFrame, str | None]:
     "The scores with a `_cluster` column (see `cxr_audit.stats.resolve_clusters`), or unchanged without clusters."
     if clusters is None: return scores, None
-    return scores.assign(_cluster=resolve_clusters(clusters, scores, key=unit, what="pairwise_gaps clusters")), "_cluster"
+    return scores.assign(_cluster=resolve_clusters(clusters, scores, key=unit,
+                                                   what="pairwise_gaps clusters")), "_cluster"
 
 def _systems_of(rows: pd.DataFrame, metric: str, unit: str, value, cluster_column: str | None):
-    "`({system: statistics}, cluster labels)` of one variant (its rows sorted by unit and system), units in a fixed order."
+    """`({system: statistics}, cluster labels)` of one variant (its rows sorted by unit and system), units in a fixed
+    order."""
     if value is not None and _stat_cols(rows): return systems_from_scores(rows, metric, unit, cluster_column)
     order = pd.unique(rows[unit])
-    systems = {s: mean_stats(g.set_index(unit).loc[order, "value"].to_numpy()) for s, g in rows.groupby("system", sort=False)}
+    systems = {s: mean_stats(g.set_index(unit).loc[order, "value"].to_numpy()) for s,
+               g in rows.groupby("system", sort=False)}
     units = rows.drop_duplicates(unit).set_index(unit).loc[order].reset_index()
     return systems, resolve_clusters(cluster_column, units, key=unit)
 
@@ -397,7 +435,8 @@ def _gap_rows(scores: pd.DataFrame, metric: str, dataset: str | None, systems: S
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #e7727ad4
 def _usable_by_variant(rows: pd.DataFrame, unit: str) -> dict:
-    "variant -> (units scored against a usable rewrite, units) of one metric and dataset; the original counts all its units."
+    """variant -> (units scored against a usable rewrite, units) of one metric and dataset; the original counts all its
+    units."""
     total = rows.loc[rows.variant == ORIGINAL, unit].nunique()
     usable = rows[_perturbed(rows).to_numpy()].groupby("variant", sort=False)[unit].nunique()
     return {v: (total if v == ORIGINAL else int(usable.get(v, 0)), total) for v in pd.unique(rows.variant)}
@@ -414,28 +453,34 @@ def pairwise_gaps(scores,                                # a scores long table
                   values: Mapping | None = None,         # metric -> value function (see `system_scores`)
                   unit: str | None = None,               # column shared by systems (default: study_id when present)
                   clusters=None,                         # resampling clusters: a column of `scores`, an array aligned with its rows, or a mapping unit -> cluster
-                  rule: str = "holm"                     # what makes a gap significant: "holm" or "ci" (see `SIGNIFICANCE_RULES`)
+                  rule: str = "holm"           # what makes a gap significant: "holm" or "ci" (see `SIGNIFICANCE_RULES`)
                  ) -> PairwiseGaps:
     "The paired differences between systems under each reference variant, on shared resamples."
-    table, rule = require_columns(scores, ["system", "dataset", "variant", "metric", "value"], "scores"), _check_rule(rule)
+    table, rule = require_columns(scores, ["system", "dataset", "variant", "metric", "value"],
+                                  "scores"), _check_rule(rule)
     unit = unit or _unit(table)
     table, cluster_column = _with_clusters(table, clusters, unit)
     rows = _gap_rows(table, metric, dataset, systems)
     usable = _usable_by_variant(rows, unit)
-    variants = list(variants) if variants is not None else [ORIGINAL] + [v for v, (n, _) in usable.items() if v != ORIGINAL and n > 0]
+    variants = list(variants) if variants is not None else [ORIGINAL] + [v for v,
+                                                                         (n, _) in usable.items() if v != ORIGINAL
+                                                                         and n > 0]
     value = _value_fn(metric, values)
     kind = value if value is not None and _stat_cols(rows) else "mean"
     blocks, labels = {}, None
-    rows = rows.sort_values([unit, "system"], kind="mergesort")   # once: a stable sort, so each variant's rows keep this order
+    # once: a stable sort, so each variant's rows keep this order
+    rows = rows.sort_values([unit, "system"], kind="mergesort")
     by_variant = {v: part for v, part in rows.groupby("variant", sort=False, observed=True)}
     for variant in variants:
         part = by_variant[variant] if variant in by_variant else rows.iloc[:0]
         per_system, variant_labels = _systems_of(part, metric, unit, value, cluster_column)
         blocks[f"{metric} under {variant}"] = (per_system, kind)
         labels = variant_labels if labels is None else labels
-    boot = bootstrap_metrics(blocks, reps, seed, labels, pairs=pairs, size=size, higher_is_better=_higher_is_better(metric))
+    boot = bootstrap_metrics(blocks, reps, seed, labels, pairs=pairs, size=size,
+                             higher_is_better=_higher_is_better(metric))
     results = {v: dataclasses.replace(r, metric=metric) for v, r in zip(variants, boot.values())}
-    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results, usable, _backend_of(rows), rule)
+    return PairwiseGaps(metric, dataset if dataset is not None else str(rows.dataset.iloc[0]), results, usable,
+                        _backend_of(rows), rule)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #5ef10891
 def _n_pairs(scores: pd.DataFrame) -> int:
@@ -458,15 +503,17 @@ def all_pairwise_gaps(scores,                                # a scores long tab
     "`{(dataset, metric): PairwiseGaps}` for every dataset and metric."
     table = require_columns(scores, ["dataset", "metric", "variant", "system"], "scores")
     check_reps(reps, _n_pairs(table), 1 - size, "reference-sensitivity comparisons")
-    return {(dataset, metric): pairwise_gaps(table, metric, dataset, systems, reps=reps, seed=seed, size=size, values=values,
-                                             unit=unit, clusters=clusters, rule=rule)
-            for dataset in (datasets or list(pd.unique(table.dataset))) for metric in (metrics or list(pd.unique(table.metric)))}
+    return {(dataset, metric): pairwise_gaps(table, metric, dataset, systems, reps=reps, seed=seed, size=size,
+                                             values=values, unit=unit, clusters=clusters, rule=rule)
+            for dataset in (datasets or list(pd.unique(table.dataset)))
+            for metric in (metrics or list(pd.unique(table.metric)))}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #3bad2e38
 @delegates(all_pairwise_gaps)
 def reversal_counts(scores, # a scores long table
                     **kwargs) -> pd.DataFrame:
-    "Per dataset, metric and variant: usable counts, system pairs, flips, significant flips, verdict changes and the fractions of pairs that flip (settings: those of `all_pairwise_gaps`)."
+    """Per dataset, metric and variant: usable counts, system pairs, flips, significant flips, verdict changes and the
+    fractions of pairs that flip (settings: those of `all_pairwise_gaps`)."""
     return _reversal_table(all_pairwise_gaps(scores, **kwargs))
 
 def _reversal_table(gaps: Mapping) -> pd.DataFrame:
@@ -478,7 +525,8 @@ def reversal_distribution(reversals,                   # a reversal table (from 
                           by: str | Sequence[str] = "metric", # groups: "metric" (the paper's Figure 7b), or e.g. ["metric", "variant"]
                           column: str = "fraction"     # "fraction" (any flip) or "significant_fraction" (verdict flips too)
                          ) -> pd.DataFrame:
-    "Box statistics (5th/95th percentile whiskers) of the fraction of system pairs that reverse, per group, over the other keys (datasets × variations)."
+    """Box statistics (5th/95th percentile whiskers) of the fraction of system pairs that reverse, per group, over the
+    other keys (datasets × variations)."""
     keys = [by] if isinstance(by, str) else list(by)
     table = require_columns(reversals, [*keys, "variant", column], "reversals")
     rows = []
@@ -505,22 +553,25 @@ def most_reversed(self: PairwiseGaps) -> dict:
             "significant_flips": int(significant), "flips": int(flips)}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #c12a3235
-_STUDY_COLUMNS = ["study_id", "sample_id", "system", "variant", "metric", "usable", "score_original", "score_rewritten", "difference", "backend"]
+_STUDY_COLUMNS = ["study_id", "sample_id", "system", "variant", "metric", "usable", "score_original", "score_rewritten",
+                  "difference", "backend"]
 
 def _chosen_case(pairs: pd.DataFrame, metric: str) -> pd.Series:
     "The usable (study, system, variant) row with the largest |difference| on `metric` (first in table order on ties)."
     rows = pairs[(pairs.metric == metric) & pairs.usable & np.isfinite(pairs.value - pairs.before)]
-    if rows.empty: raise InputError(f"study_scores: no usable rewrite with a defined {metric!r} score matches the choice")
+    if rows.empty:
+        raise InputError(f"study_scores: no usable rewrite with a defined {metric!r} score matches the choice")
     return rows.loc[(rows.value - rows.before).abs().idxmax()]
 
-def study_scores(scores,                        # a scores long table (from `score_references`)
-                 study_id: str | None = None,   # the study (default: the usable case with the largest |difference| on `metric`)
-                 variant: str | None = None,    # the rewritten reference (default: as for `study_id`)
-                 system: str | None = None,     # the system whose report is scored (default: as for `study_id`)
-                 metric: str | None = None,     # the metric that picks the default case (default: the first of `scores`)
-                 among=None                     # (study_id, variant) pairs the default case is chosen from (default: every usable one)
+def study_scores(scores,                       # a scores long table (from `score_references`)
+                 study_id: str | None = None,  # the study (default: the usable case with the largest |difference| on `metric`)
+                 variant: str | None = None,   # the rewritten reference (default: as for `study_id`)
+                 system: str | None = None,    # the system whose report is scored (default: as for `study_id`)
+                 metric: str | None = None,    # the metric that picks the default case (default: the first of `scores`)
+                 among=None      # (study_id, variant) pairs the default case is chosen from (default: every usable one)
                 ) -> pd.DataFrame:
-    "One study's per-study scores of one system against its original and one rewritten reference, every metric (the Figure 5 kind); raw values, not sign-flipped."
+    """One study's per-study scores of one system against its original and one rewritten reference, every metric (the
+    Figure 5 kind); raw values, not sign-flipped."""
     table = require_columns(scores, ["sample_id", "study_id", "system", "variant", "metric", "value"], "scores")
     pairs = _paired(table.assign(study_id=table.study_id.astype(str)))
     for name, chosen in (("study_id", study_id), ("variant", variant), ("system", system)):
@@ -550,7 +601,8 @@ def chart_notes(table: pd.DataFrame,        # a result table with `backend` and,
     if "applicable" in table.columns and "variant" in table.columns:
         ok = table.groupby("variant", sort=False).applicable.any()
         missing = _variant_order(ok.index[~ok])
-        if missing: lines.append(f"{NOT_APPLICABLE.capitalize()} (no usable rewrite, no value shown): {', '.join(missing)}")
+        if missing:
+            lines.append(f"{NOT_APPLICABLE.capitalize()} (no usable rewrite, no value shown): {', '.join(missing)}")
     return lines + list(extra)
 
 def _title(alt, title: str, lines: Sequence[str]):
@@ -558,26 +610,35 @@ def _title(alt, title: str, lines: Sequence[str]):
 
 def _not_applicable_text(alt, table: pd.DataFrame, y, label: str = "not applicable with this back end"):
     "A grey label in the rows of variations without a usable rewrite (no box, no bar, no zero)."
-    rows = table.groupby("variant", sort=False).applicable.any() if "applicable" in table.columns else pd.Series(dtype=bool)
+    rows = table.groupby("variant",
+                         sort=False).applicable.any() if "applicable" in table.columns else pd.Series(dtype=bool)
     missing = pd.DataFrame({"variant": list(rows.index[~rows])})
-    return alt.Chart(missing).mark_text(align="left", color="#888", fontStyle="italic").encode(y=y, x=alt.value(4), text=alt.value(label))
+    return alt.Chart(missing).mark_text(align="left", color="#888",
+                                        fontStyle="italic").encode(y=y, x=alt.value(4), text=alt.value(label))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #58bf001f
 def plot_normalized_shifts(summary,                 # box statistics (from `shift_summary`)
                            title: str | None = None # chart title
                           ):
-    "Box plots (from `shift_summary`) of normalized shifts per variation and metric; whiskers at the 5th/95th percentiles; no box where a variation was not applicable."
+    """Box plots (from `shift_summary`) of normalized shifts per variation and metric; whiskers at the 5th/95th
+    percentiles; no box where a variation was not applicable."""
     alt = enable_theme(svg=False)
     table = require_columns(summary, ["metric", "variant", "p5", "q1", "median", "q3", "p95"], "summary")
     drawn = table[_applicable(table) & table.q1.notna()]
-    y = alt.Y("variant:N", sort=_variant_order(table.variant), title=None, scale=alt.Scale(domain=_variant_order(table.variant)))
+    y = alt.Y("variant:N", sort=_variant_order(table.variant), title=None,
+              scale=alt.Scale(domain=_variant_order(table.variant)))
     base = alt.Chart(drawn).encode(y=y, yOffset=alt.YOffset("metric:N"), color=alt.Color("metric:N", title="metric"),
-                                   tooltip=["metric", "variant", alt.Tooltip("median:Q", format=".2f"), alt.Tooltip("iqr:Q", format=".2f")])
-    layers = [_zero_rule(alt), base.mark_rule().encode(x=alt.X("p5:Q", title="shift / SD across (system, dataset) pairs under original references"), x2="p95:Q"),
+                                   tooltip=["metric", "variant", alt.Tooltip("median:Q", format=".2f"),
+                                            alt.Tooltip("iqr:Q", format=".2f")])
+    layers = [_zero_rule(alt), base.mark_rule().encode(x=alt.X("p5:Q",
+                                                               title="shift / SD across (system, dataset) pairs under "
+                                                                     "original references"), x2="p95:Q"),
               base.mark_bar(height=7, opacity=0.85).encode(x="q1:Q", x2="q3:Q"),
-              base.mark_tick(color="black", thickness=2, size=9).encode(x="median:Q"), _not_applicable_text(alt, table, y)]
+              base.mark_tick(color="black", thickness=2, size=9).encode(x="median:Q"),
+              _not_applicable_text(alt, table, y)]
     return alt.layer(*layers).properties(width=420, height=alt.Step(7 * max(1, table.metric.nunique())),
-                                         title=_title(alt, title or "Normalized score shifts per reference variation", chart_notes(table)))
+                                         title=_title(alt, title or "Normalized score shifts per reference variation",
+                                                      chart_notes(table)))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #54bf735d
 def plot_system_shifts(shifts,                     # a shifts table (from `score_shifts`)
@@ -585,22 +646,34 @@ def plot_system_shifts(shifts,                     # a shifts table (from `score
                        dataset: str | None = None, # one dataset (default: all, one row per system and dataset)
                        title: str | None = None    # chart title
                       ):
-    "Heatmap of the shift of each system under each variation, for one metric (and dataset); 'n/a' where a variation was not applicable."
+    """Heatmap of the shift of each system under each variation, for one metric (and dataset); 'n/a' where a variation
+    was not applicable."""
     alt = enable_theme(svg=False)
     table = require_columns(shifts, ["system", "dataset", "variant", "metric", "shift"], "shifts")
     table = table[(table.metric == metric) & ((table.dataset == dataset) if dataset is not None else True)].copy()
-    table["row"] = table.system if dataset is not None or table.dataset.nunique() == 1 else table.system + " · " + table.dataset
+    table["row"] = (table.system if dataset is not None or table.dataset.nunique() == 1
+                    else table.system + " · " + table.dataset)
     ok = _applicable(table) & table["shift"].notna()
     table["label"] = np.where(ok, table["shift"].map("{:+.3f}".format), "n/a")
     largest = float(np.nanmax(np.abs(table["shift"]))) if ok.any() else 1.0
-    axes = dict(x=alt.X("variant:N", sort=_variant_order(table.variant), title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("row:N", title=None))
-    heat = alt.Chart(table[ok]).mark_rect().encode(**axes, color=alt.Color("shift:Q", scale=alt.Scale(scheme="redblue", domain=[-largest, largest]), title="shift"),
-                                                   tooltip=["system", "dataset", "variant", alt.Tooltip("shift:Q", format="+.4f")])
-    blank = alt.Chart(table[~ok]).mark_rect(color="#eeeeee").encode(**axes, tooltip=["system", "dataset", "variant", "label"])
+    axes = dict(x=alt.X("variant:N", sort=_variant_order(table.variant), title=None, axis=alt.Axis(labelAngle=-40)),
+                y=alt.Y("row:N", title=None))
+    heat = alt.Chart(table[ok]).mark_rect().encode(**axes,
+                                                   color=alt.Color("shift:Q",
+                                                                   scale=alt.Scale(scheme="redblue",
+                                                                                   domain=[-largest, largest]),
+                                                                   title="shift"),
+                                                   tooltip=["system", "dataset", "variant",
+                                                            alt.Tooltip("shift:Q", format="+.4f")])
+    blank = alt.Chart(table[~ok]).mark_rect(color="#eeeeee").encode(**axes,
+                                                                    tooltip=["system", "dataset", "variant", "label"])
     text = alt.Chart(table).mark_text(fontSize=9).encode(**axes, text="label:N")
-    lines = chart_notes(table, ["shift = mean over the studies with a usable rewrite of the per-study score difference (rewritten − original)"])
+    lines = chart_notes(table, ["shift = mean over the studies with a usable rewrite of the per-study score difference "
+                                "(rewritten − original)"])
     return (heat + blank + text).properties(width=alt.Step(46), height=alt.Step(22),
-                                            title=_title(alt, title or f"{metric}: score shift per system and variation", lines))
+                                            title=_title(alt,
+                                                         title or f"{metric}: score shift per system and variation",
+                                                         lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #8967bae3
 _VERDICT_COLORS = {"first better": "#1A1A1A", "tie": "#C8C8C8", "second better": "#8A6D3B"}   # not systems' colours
@@ -611,7 +684,8 @@ def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame
               title: str | None = None,    # chart title
               notes: Sequence[str] | None = None # lines under the title (default: `chart_notes` of the table)
              ):
-    "The gap first − second with its interval under each compared reference variant, coloured by the verdict (its significance rule named in the legend)."
+    """The gap first − second with its interval under each compared reference variant, coloured by the verdict (its
+    significance rule named in the legend)."""
     alt = enable_theme(svg=False)
     table = require_columns(gaps, ["variant", "first", "second", "estimate", "ci_low", "ci_high", "verdict"], "gaps")
     first, second = first or table["first"].iloc[0], second or table["second"].iloc[0]
@@ -622,9 +696,12 @@ def plot_gaps(gaps,                        # a gap table (`PairwiseGaps.to_frame
     tips = ["variant", *(alt.Tooltip(f"{c}:Q", format="+.4f") for c in ("estimate", "ci_low", "ci_high")), "verdict"]
     base = alt.Chart(table).encode(y=y, color=colour, tooltip=tips)
     lines = chart_notes(table) if notes is None else list(notes)
-    return alt.layer(_zero_rule(alt), base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title=f"{first} − {second}"), x2="ci_high:Q"),
+    return alt.layer(_zero_rule(alt), base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q",
+                                                                                   title=f"{first} − {second}"),
+                                                                           x2="ci_high:Q"),
                      base.mark_point(filled=True, size=60).encode(x="estimate:Q")).properties(
-        width=360, height=alt.Step(18), title=_title(alt, title or f"{first} − {second} under each reference variant", lines))
+        width=360, height=alt.Step(18), title=_title(alt, title or f"{first} − {second} under each reference variant",
+                                                     lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #fce8353e
 @patch
@@ -632,35 +709,43 @@ def plot(self: PairwiseGaps, first: str | None = None, # first system (default: 
          second: str | None = None,                      # second system
          title: str | None = None                        # chart title
         ):
-    "The gap between two systems under each compared reference variant (the Figure 7a kind); variants not applicable are listed under the title."
+    """The gap between two systems under each compared reference variant (the Figure 7a kind); variants not applicable
+    are listed under the title."""
     if first is None or second is None:
         top = self.most_reversed() if len(self.results) > 1 else {"first": None, "second": None}
         first, second = first or top["first"], second or top["second"]
-    lines = [f"References: {self.backend}", "Studies without a usable rewrite keep their original-reference score; every variant averages all studies"]
-    if self.not_applicable: lines.append(f"{NOT_APPLICABLE.capitalize()} (not compared): {', '.join(_variant_order(self.not_applicable))}")
-    return plot_gaps(self.to_frame(), first, second, title or f"{self.metric}, {self.dataset}: {first} − {second}", lines)
+    lines = [f"References: {self.backend}", "Studies without a usable rewrite keep their original-reference score; "
+                                            "every variant averages all studies"]
+    if self.not_applicable:
+        lines.append(f"{NOT_APPLICABLE.capitalize()} (not compared): {', '.join(_variant_order(self.not_applicable))}")
+    return plot_gaps(self.to_frame(), first, second, title or f"{self.metric}, {self.dataset}: {first} − {second}",
+                     lines)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #05389817
 def plot_reversals(counts,                  # reversal counts (from `reversal_counts`)
                    title: str | None = None # chart title
                   ):
-    "Bars of ranking flips (and significant flips) per variation and metric (from `reversal_counts`); variations not applicable are not drawn."
+    """Bars of ranking flips (and significant flips) per variation and metric (from `reversal_counts`); variations not
+    applicable are not drawn."""
     alt = enable_theme(svg=False)
     table = require_columns(counts, ["metric", "variant", "flips", "significant_flips"], "counts")
-    drawn = table[_applicable(table)].groupby(["metric", "variant"], sort=False)[["flips", "significant_flips"]].sum().reset_index()
+    drawn = table[_applicable(table)].groupby(["metric", "variant"],
+                                              sort=False)[["flips", "significant_flips"]].sum().reset_index()
     drawn = drawn.melt(["metric", "variant"], ["flips", "significant_flips"], var_name="kind", value_name="pairs")
     return alt.Chart(drawn).mark_bar().encode(
         x=alt.X("variant:N", sort=_variant_order(drawn.variant), title=None, axis=alt.Axis(labelAngle=-40)),
         xOffset="metric:N", y=alt.Y("pairs:Q", title="system pairs"), color=alt.Color("metric:N"),
         row=alt.Row("kind:N", title=None), tooltip=["metric", "variant", "kind", "pairs"]).properties(
-        width=alt.Step(7), height=110, title=_title(alt, title or "Ranking reversals against the original references", chart_notes(table)))
+        width=alt.Step(7), height=110, title=_title(alt, title or "Ranking reversals against the original references",
+                                                    chart_notes(table)))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #d39a20c1
 def plot_reversal_fractions(reversals,                 # a reversal table (from `reversal_counts`)
                             column: str = "fraction",  # "fraction" (any flip) or "significant_fraction"
                             title: str | None = None   # chart title
                            ):
-    "The Figure 7b kind: per metric, the distribution over datasets × variations of the fraction of all system pairs whose order reverses."
+    """The Figure 7b kind: per metric, the distribution over datasets × variations of the fraction of all system pairs
+    whose order reverses."""
     alt = enable_theme(svg=False)
     table = require_columns(reversals, ["dataset", "metric", "variant", column], "reversals")
     boxes, points = reversal_distribution(table, "metric", column), table[_applicable(table)]
@@ -669,14 +754,19 @@ def plot_reversal_fractions(reversals,                 # a reversal table (from 
     box = alt.Chart(boxes.dropna(subset=["q1"])).encode(y=y)
     dots = alt.Chart(points).mark_circle(size=40, opacity=0.7).encode(
         y=y, x=alt.X(f"{column}:Q", title="share of system pairs reversed", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("variant:N", sort=order, title="variation",   # 18 colours: no two of the 12 variations share one
-                        scale=alt.Scale(domain=order, range=[(PALETTE + EXTRA_COLORS)[i % 18] for i in range(len(order))])),
-        tooltip=["dataset", "metric", "variant", "pairs", "flips", "significant_flips", alt.Tooltip(f"{column}:Q", format=".2f")])
-    layers = [box.mark_rule().encode(x="p5:Q", x2="p95:Q"), box.mark_bar(height=12, opacity=0.3, color="#555").encode(x="q1:Q", x2="q3:Q"),
+        color=alt.Color("variant:N", sort=order, title="variation",  # 18 colours: no two of the 12 variations share one
+                        scale=alt.Scale(domain=order,
+                                        range=[(PALETTE + EXTRA_COLORS)[i % 18] for i in range(len(order))])),
+        tooltip=["dataset", "metric", "variant", "pairs", "flips", "significant_flips",
+                 alt.Tooltip(f"{column}:Q", format=".2f")])
+    layers = [box.mark_rule().encode(x="p5:Q", x2="p95:Q"),
+              box.mark_bar(height=12, opacity=0.3, color="#555").encode(x="q1:Q", x2="q3:Q"),
               box.mark_tick(color="black", thickness=2, size=14).encode(x="median:Q"), dots]
     what = "flip order" if column == "fraction" else "flip order with a changed (Holm) verdict"
-    lines = chart_notes(table, [f"each dot: one dataset and variation, the share of all system pairs that {what}; box: 25-75%, whiskers: 5-95%"])
-    return alt.layer(*layers).properties(width=420, height=alt.Step(26), title=_title(alt, title or "Ranking reversals per metric", lines))
+    lines = chart_notes(table, [f"each dot: one dataset and variation, the share of all system pairs that {what}; box: "
+                                "25-75%, whiskers: 5-95%"])
+    return alt.layer(*layers).properties(width=420, height=alt.Step(26),
+                                         title=_title(alt, title or "Ranking reversals per metric", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #dda6170c
 def plot_study_scores(table,                   # one study's scores (from `study_scores`)
@@ -684,18 +774,23 @@ def plot_study_scores(table,                   # one study's scores (from `study
                      ):
     "The Figure 5 kind: one report's score against the original and against the rewritten reference, per metric."
     alt = enable_theme(svg=False)
-    t = require_columns(table, ["study_id", "system", "variant", "metric", "score_original", "score_rewritten"], "table")
+    t = require_columns(table, ["study_id", "system", "variant", "metric", "score_original", "score_rewritten"],
+                        "table")
     long = t.melt(["metric"], ["score_original", "score_rewritten"], var_name="reference", value_name="score")
     long["reference"] = long.reference.map({"score_original": "original", "score_rewritten": str(t.variant.iloc[0])})
-    bars = alt.Chart(long).mark_bar().encode(y=alt.Y("metric:N", title=None), yOffset="reference:N", x=alt.X("score:Q", title="score of the one report"),
-                                             color=alt.Color("reference:N", title="reference"), tooltip=["metric", "reference", alt.Tooltip("score:Q", format=".3f")])
+    bars = alt.Chart(long).mark_bar().encode(y=alt.Y("metric:N", title=None), yOffset="reference:N",
+                                             x=alt.X("score:Q", title="score of the one report"),
+                                             color=alt.Color("reference:N", title="reference"),
+                                             tooltip=["metric", "reference", alt.Tooltip("score:Q", format=".3f")])
     lines = chart_notes(t, [f"study {t.study_id.iloc[0]}, report of {t.system.iloc[0]}; raw metric values"])
-    return bars.properties(width=360, height=alt.Step(12), title=_title(alt, title or "One report, two clinically equivalent references", lines))
+    return bars.properties(width=360, height=alt.Step(12), title=_title(alt, title or "One report, two clinically "
+                                                                                      "equivalent references", lines))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ab13fc74
 @dataclass(frozen=True, eq=False)
 class StudyExample(FrameResult):
-    "One report scored against a study's original and one rewritten reference (the paper's Figure 5 kind), with the three texts."
+    """One report scored against a study's original and one rewritten reference (the paper's Figure 5 kind), with the
+    three texts."""
     frame_field = "scores"
     study_id: str          # the study
     system: str            # whose report is scored
@@ -715,14 +810,16 @@ class StudyExample(FrameResult):
         "Bars of the two scores per metric (`plot_study_scores`)."
         return plot_study_scores(self.scores, title)
     def _repr_markdown_(self):
-        return (f"**Study `{self.study_id}`**, report of `{self.system}`, original vs `{self.variant}` (references: {self.backend})\n\n"
+        return (f"**Study `{self.study_id}`**, report of `{self.system}`, original vs `{self.variant}` (references: "
+                f"{self.backend})\n\n"
                 + (f"Chosen as {self.rule}.\n\n" if self.rule else "")
                 + f"- original: {self.original}\n- rewritten: {self.rewritten}\n- generated: {self.hypothesis}\n\n" + md_table(self.summary()))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #9995c865
 @dataclass(frozen=True, eq=False)
 class ReferenceSensitivity(FrameResult):
-    "What `reference_sensitivity` returns: rewrites, scores, shifts (`to_frame()`) and ranking comparisons under each reference variant."
+    """What `reference_sensitivity` returns: rewrites, scores, shifts (`to_frame()`) and ranking comparisons under each
+    reference variant."""
     frame_field = "shifts"
     run: RewriteRun           # the rewritten references (see `cxr_audit.reref.rewrite_table`)
     scores: pd.DataFrame      # the `scores` long table (`score_references`)
@@ -736,14 +833,16 @@ class ReferenceSensitivity(FrameResult):
     generations: pd.DataFrame | None = None # the scored generations (with their `config` label), for `example`
 
     def summary(self) -> pd.DataFrame:
-        "Per metric: where it comes from, mean and largest IQR of the normalized shifts, variations not applicable, and the ranking reversals."
+        """Per metric: where it comes from, mean and largest IQR of the normalized shifts, variations not applicable,
+        and the ranking reversals."""
         ok = self.reversals[_applicable(self.reversals)]
         flips = ok.groupby("metric", sort=False).agg(comparisons=("pairs", "sum"), flips=("flips", "sum"),
-                                                     significant_flips=("significant_flips", "sum"), median_fraction=("fraction", "median"))
+                                                     significant_flips=("significant_flips", "sum"),
+                                                     median_fraction=("fraction", "median"))
         out = self.iqr.merge(flips.reset_index(), on="metric", how="left")
         out["metric_source"] = out.metric.map(self.params.get("metric_sources", {})).fillna("unknown")
-        return out[["metric", "metric_source", "mean_iqr", "max_iqr", "max_variant", "n_variants", "not_applicable", "comparisons",
-                    "flips", "significant_flips", "median_fraction", "backend"]]
+        return out[["metric", "metric_source", "mean_iqr", "max_iqr", "max_variant", "n_variants", "not_applicable",
+                    "comparisons", "flips", "significant_flips", "median_fraction", "backend"]]
     def coverage(self) -> pd.DataFrame:
         "Per dataset and variant: studies, studies with a usable rewrite, applicable, status (`usable_counts`)."
         return usable_counts(self.scores)
@@ -756,7 +855,8 @@ class ReferenceSensitivity(FrameResult):
                ) -> PairedResult:
         "The paired comparison of the systems on one metric and dataset under one reference variant."
         keys = [k for k in self.gaps if k[1] == metric and (dataset is None or k[0] == dataset)]
-        if len(keys) != 1: raise InputError(f"compare: {len(keys)} comparison families match metric={metric!r}, dataset={dataset!r}; "
+        if len(keys) != 1:
+            raise InputError(f"compare: {len(keys)} comparison families match metric={metric!r}, dataset={dataset!r}; "
                                             f"families are {list(self.gaps)}")
         return self.gaps[keys[0]].compare(variant)
     def _repr_markdown_(self):
@@ -780,7 +880,8 @@ _LOOP_SETTINGS = ("max_rounds", "generator_temperature", "verifier_temperature",
 def _split_options(rewrite_options: Mapping | None) -> tuple[dict, dict]:
     "(ReRef settings, `rewrite_table` run options) of `rewrite_options`."
     given = dict(rewrite_options or {})
-    return {k: v for k, v in given.items() if k in _LOOP_SETTINGS}, {k: v for k, v in given.items() if k not in _LOOP_SETTINGS}
+    return {k: v for k, v in given.items() if k in _LOOP_SETTINGS}, {k: v for k,
+                                                                     v in given.items() if k not in _LOOP_SETTINGS}
 
 def _cluster_map(clusters, studies: pd.DataFrame) -> dict | None:
     "`{study_id: cluster}` from a column of `studies`, an array aligned with its rows, or a mapping."
@@ -793,10 +894,12 @@ def metric_source(metric # a metric name or object
     try: m = get_metric(metric) if isinstance(metric, str) else metric
     except (ImportError, InputError): return "unknown"
     inner = getattr(m, "inner", m)
-    return f"bridged (RadEval key {inner.key})" if getattr(inner, "radeval", None) and getattr(inner, "key", None) else "native"
+    return f"bridged (RadEval key {inner.key})" if getattr(inner, "radeval",
+                                                           None) and getattr(inner, "key", None) else "native"
 
 def _params(run: RewriteRun, loop, scores: pd.DataFrame, metrics, settings: Mapping) -> dict:
-    "The result's parameters: back end, variants, metrics and where they come from, settings, and the variants never applicable."
+    """The result's parameters: back end, variants, metrics and where they come from, settings, and the variants never
+    applicable."""
     backend = _run_backend(run, loop)
     counts = usable_counts(scores).groupby("variant", sort=False).n_usable.sum()
     names = [str(getattr(m, "name", m)) for m in metrics]
@@ -804,15 +907,16 @@ def _params(run: RewriteRun, loop, scores: pd.DataFrame, metrics, settings: Mapp
     return {"backend": backend, "backend_note": backend_description(backend),
             "variants": [v for v in pd.unique(run.references.variant) if v != ORIGINAL], "metrics": names,
             "metric_sources": {n: metric_source(m) for n, m in zip(names, metrics)}, **settings,
-            "studies": int(run.references.study_id.nunique()), "not_applicable": [v for v, n in counts.items() if n == 0],
-            "normalization": f"shifts divided by each metric's SD (ddof=1) of the mean score under the original references across "
-                             f"the {len(pairs)} (system, dataset) pairs"}
+            "studies": int(run.references.study_id.nunique()),
+            "not_applicable": [v for v, n in counts.items() if n == 0],
+            "normalization": "shifts divided by each metric's SD (ddof=1) of the mean score under the original "
+                             f"references across the {len(pairs)} (system, dataset) pairs"}
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #8a5b1b36
-def reference_sensitivity(studies,                            # a studies table: study_id, findings, impression [, dataset, patient_id, ...]
-                          generations,                        # a generations table: sample_id, study_id, system, policy, hypothesis
-                          variations="experiment",            # see `cxr_audit.reref.resolve_variants` (default: the paper's 12)
-                          backend=None,                       # None: the offline rules; a `ReRef`; or one chat back end for both roles
+def reference_sensitivity(studies,        # a studies table: study_id, findings, impression [, dataset, patient_id, ...]
+                          generations,            # a generations table: sample_id, study_id, system, policy, hypothesis
+                          variations="experiment",    # see `cxr_audit.reref.resolve_variants` (default: the paper's 12)
+                          backend=None,        # None: the offline rules; a `ReRef`; or one chat back end for both roles
                           metrics=DEFAULT_METRICS,            # metric names or objects (see `cxr_audit.metrics`)
                           reps: int = 1000,                   # bootstrap resamples of the pairwise gaps
                           seed: int = DEFAULT_SEED,           # random seed of the bootstrap
@@ -833,19 +937,26 @@ def reference_sensitivity(studies,                            # a studies table:
     settings, options = _split_options(rewrite_options)
     loop = None if references is not None else _backend_loop(backend, settings)
     run = references if references is not None else rewrite_table(chosen, variations, loop, **options)
-    refs = run.references if "backend" in run.references.columns else run.references.assign(backend=_run_backend(run, loop))
+    refs = (run.references if "backend" in run.references.columns
+            else run.references.assign(backend=_run_backend(run, loop)))
     scores = score_references(generations, refs, metrics, studies=chosen, section=section)
-    if scores.empty: raise InputError(f"reference_sensitivity: no study has both a {section!r} reference and a generated report")
+    if scores.empty:
+        raise InputError(f"reference_sensitivity: no study has both a {section!r} reference and a generated report")
     shifts = score_shifts(scores, values, level=level)
     boxes = shift_summary(shifts)
-    gaps = (all_pairwise_gaps(scores, reps=reps, seed=seed, size=size, values=values, clusters=cluster_map, rule=_check_rule(rule))
+    gaps = (all_pairwise_gaps(scores, reps=reps, seed=seed, size=size, values=values, clusters=cluster_map,
+                              rule=_check_rule(rule))
             if scores.system.nunique() > 1 else {})
-    params = _params(run, loop, scores, metrics, {"section": section, "level": level, "reps": int(reps), "seed": int(seed), "size": float(size), "rule": rule,
-                                                  "clusters": clusters if isinstance(clusters, str) or clusters is None else "given"})
+    params = _params(run, loop, scores, metrics,
+                     {"section": section, "level": level, "reps": int(reps), "seed": int(seed), "size": float(size),
+                      "rule": rule,
+                                                  "clusters": clusters if isinstance(clusters, str) or clusters is None
+                      else "given"})
     gens = _configs(generations)
     gens = gens[gens.sample_id.astype(str).isin(set(scores.sample_id))]
     return ReferenceSensitivity(run, scores, shifts, boxes, iqr_summary(boxes), _reversal_table(gaps), gaps,
-                                label_agreement(run.references), params, gens[["sample_id", "study_id", "config", "hypothesis"]].reset_index(drop=True))
+                                label_agreement(run.references), params,
+                                gens[["sample_id", "study_id", "config", "hypothesis"]].reset_index(drop=True))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #77836eb1
 @patch
@@ -860,9 +971,11 @@ def most_reversed(self: ReferenceSensitivity,  # noqa: F811 (PairwiseGaps has it
 # %% ../nbs/09b_reref_sensitivity.ipynb #ca17808c
 @patch
 def agreement_summary(self: ReferenceSensitivity) -> pd.DataFrame:
-    "One row: rewrites checked, and the shares keeping all present/uncertain labels (`present`) and all raw states (`strict`)."
+    """One row: rewrites checked, and the shares keeping all present/uncertain labels (`present`) and all raw states
+    (`strict`)."""
     rewrites = int(self.agreement.rewrites.sum())
-    def share(column: str) -> float: return float((self.agreement[column] * self.agreement.rewrites).sum() / max(rewrites, 1))
+    def share(column: str) -> float:
+        return float((self.agreement[column] * self.agreement.rewrites).sum() / max(rewrites, 1))
     return pd.DataFrame([{"rewrites": rewrites, "present": share("present"), "strict": share("strict")}])
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #66edaebb
@@ -870,7 +983,8 @@ def agreement_summary(self: ReferenceSensitivity) -> pd.DataFrame:
 def headline(self: ReferenceSensitivity) -> str:
     "One markdown sentence: the most sensitive metric, and how many system comparisons reverse."
     runs, na = self.run.references, self.params.get("not_applicable", [])
-    text = f"Rewriting the references of {runs.study_id.nunique()} studies along {runs.variant.nunique() - 1} variation(s) ({self.params['backend']})"
+    text = (f"Rewriting the references of {runs.study_id.nunique()} studies along {runs.variant.nunique() - 1} "
+            f"variation(s) ({self.params['backend']})")
     text += f" ({len(na)} of them not applicable with this back end: {', '.join(na)})" if na else ""
     ranked = self.iqr.dropna(subset=["mean_iqr"]).sort_values("mean_iqr", ascending=False)
     if ranked.empty: return text + ": no variation produced a usable rewrite, so there is no shift to report."
@@ -880,26 +994,30 @@ def headline(self: ReferenceSensitivity) -> str:
     ok = self.reversals[_applicable(self.reversals)]
     if not len(self.reversals): return text + " Ranking reversals need at least two systems."
     total = ok[["pairs", "flips", "significant_flips"]].sum()
-    return text + (f" Of {int(total.pairs)} system-pair comparisons, {int(total.flips)} change order under a rewritten reference, "
-                   f"{int(total.significant_flips)} of them significant flips (Holm within each variant's pairs, "
-                   f"{self.params['reps']:,} resamples).")
+    return text + (f" Of {int(total.pairs)} system-pair comparisons, {int(total.flips)} change order under a rewritten "
+                   f"reference, {int(total.significant_flips)} of them significant flips (Holm within each "
+                   f"variant's pairs, {self.params['reps']:,} resamples).")
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #433307f8
 @patch
 def caption(self: ReferenceSensitivity) -> str:
-    "One line for every table and figure of the result: back end, metrics and their source, section, shift definition, variations not applicable."
+    """One line for every table and figure of the result: back end, metrics and their source, section, shift
+    definition, variations not applicable."""
     p = self.params
     metrics = ", ".join(f"{m} ({p.get('metric_sources', {}).get(m, 'unknown')})" for m in p["metrics"])
-    shift = ("mean over the studies with a usable rewrite of the per-study difference (rewritten − original)" if p.get("level", "study") == "study"
+    shift = ("mean over the studies with a usable rewrite of the per-study difference (rewritten − original)"
+             if p.get("level", "study") == "study"
              else "difference of corpus statistics (studies without a usable rewrite keep their original score)")
     na = p.get("not_applicable", [])
-    return (f"References: {p['backend']} ({p.get('backend_note', p['backend'])}). Metrics: {metrics}; scored section: {p['section']}. "
-            f"Shift: {shift}; {p.get('normalization', 'normalized by the SD across (system, dataset) pairs')}."
+    return (f"References: {p['backend']} ({p.get('backend_note', p['backend'])}). Metrics: {metrics}; scored section: "
+            f"{p['section']}. Shift: {shift}; "
+            f"{p.get('normalization', 'normalized by the SD across (system, dataset) pairs')}."
             + (f" {NOT_APPLICABLE.capitalize()} (no usable rewrite): {', '.join(na)}." if na else ""))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #d7776435
-EXAMPLE_RULE = ("the usable rewrite with the largest change in `{metric}` among those that keep the original's findings one by one "
-                "(`reref_rules.content_check`: no present or uncertain finding lost or added, none moved out of the Findings)")
+EXAMPLE_RULE = ("the usable rewrite with the largest change in `{metric}` among those that keep the original's "
+                "findings one by one (`reref_rules.content_check`: no present or uncertain finding lost or added, none "
+                "moved out of the Findings)")
 
 def _checked_rewrites(references: pd.DataFrame) -> list[tuple]:
     "(study_id, variant) of the usable rewrites that pass the finding-level content check."
@@ -908,8 +1026,8 @@ def _checked_rewrites(references: pd.DataFrame) -> list[tuple]:
     out = []
     for r in refs[(refs.variant != ORIGINAL) & refs.usable].itertuples():
         o = orig.loc[r.study_id]
-        if not content_check({"findings": o.findings, "impression": o.impression}, {"findings": r.findings, "impression": r.impression},
-                             r.variant):
+        if not content_check({"findings": o.findings, "impression": o.impression},
+                             {"findings": r.findings, "impression": r.impression}, r.variant):
             out.append((r.study_id, r.variant))
     return out
 
@@ -930,7 +1048,8 @@ def example(self: ReferenceSensitivity,
     hyp = gens.loc[gens.sample_id.astype(str) == str(case.sample_id), "hypothesis"]
     return StudyExample(str(case.study_id), str(case.system), str(case.variant), self.params["backend"], text[ORIGINAL],
                         text[case.variant], str(hyp.iloc[0]) if len(hyp) else "", table,
-                        "given" if among is None else EXAMPLE_RULE.format(metric=metric or str(self.scores.metric.iloc[0])))
+                        "given" if among is None
+                        else EXAMPLE_RULE.format(metric=metric or str(self.scores.metric.iloc[0])))
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #9ad1e8a7
 PLOT_KINDS = {"shifts": "Figure 4: normalized shifts per variation and metric (box 25-75%, whiskers 5-95%)",
@@ -960,7 +1079,8 @@ def plot(self: ReferenceSensitivity,  # noqa: F811 (PairwiseGaps has its own)
         ranked = self.iqr.dropna(subset=["mean_iqr"]).sort_values("mean_iqr", ascending=False)
         metric = metric or (ranked.metric.iloc[0] if len(ranked) else self.iqr.metric.iloc[0])
         dataset = dataset or self.shifts.dataset.iloc[0]
-        return plot_system_shifts(self.shifts, metric, dataset, title or f"{metric} on {dataset}: score shift per system and variation")
+        return plot_system_shifts(self.shifts, metric, dataset, title or f"{metric} on {dataset}: score shift per "
+                                                                         "system and variation")
     if metric is None or dataset is None:
         top = self.most_reversed()
         metric, dataset = metric or top["metric"], dataset or top["dataset"]
@@ -969,17 +1089,23 @@ def plot(self: ReferenceSensitivity,  # noqa: F811 (PairwiseGaps has its own)
 # %% ../nbs/09b_reref_sensitivity.ipynb #99d577af
 @patch
 def save(self: ReferenceSensitivity, out_dir: str | os.PathLike, # output folder (created)
-         **manifest                                               # further manifest fields, e.g. inputs={...}; params= are added to the result's
+         **manifest  # further manifest fields, e.g. inputs={...}; params= are added to the result's
         ) -> dict[str, Path]:
     "Write the result's tables, its charts and a manifest into `out_dir`; return the paths."
     out, params = Path(out_dir), {**self.params, **manifest.pop("params", {})}
     paths = {k: v for k, v in self.run.save(out).items() if k != "manifest"}
-    tables = {"scores": (self.scores, "scores.parquet"), "shifts": (self.shifts, "shifts.csv"), "coverage": (self.coverage(), "coverage.csv"),
-              "shift_summary": (self.boxes, "shift_summary.csv"), "iqr_summary": (self.iqr, "iqr_summary.csv"),
-              "reversals": (self.reversals, "reversals.csv"), "label_agreement": (self.agreement, "label_agreement.csv")}
+    tables = {"scores": (self.scores, "scores.parquet"), "shifts": (self.shifts, "shifts.csv"),
+              "coverage": (self.coverage(), "coverage.csv"), "shift_summary": (self.boxes, "shift_summary.csv"),
+              "iqr_summary": (self.iqr, "iqr_summary.csv"),
+              "reversals": (self.reversals, "reversals.csv"),
+              "label_agreement": (self.agreement, "label_agreement.csv")}
     paths.update({name: write_table(table, out / file) for name, (table, file) in tables.items()})
-    if self.gaps: paths["gaps"] = write_table(pd.concat([g.to_frame() for g in self.gaps.values()], ignore_index=True), out / "gaps.csv")
+    if self.gaps:
+        paths["gaps"] = write_table(pd.concat([g.to_frame() for g in self.gaps.values()], ignore_index=True),
+                                    out / "gaps.csv")
     paths["normalized_shifts_chart"] = save_chart(self.plot("shifts"), out / "normalized_shifts.svg")
-    if _applicable(self.reversals).any(): paths["reversals_chart"] = save_chart(self.plot("reversals"), out / "reversals.svg")
-    write_manifest(out / "manifest.json", outputs=paths, params=params, summary=self.run.calls, caption=self.caption(), **manifest)
+    if _applicable(self.reversals).any():
+        paths["reversals_chart"] = save_chart(self.plot("reversals"), out / "reversals.svg")
+    write_manifest(out / "manifest.json", outputs=paths, params=params, summary=self.run.calls, caption=self.caption(),
+                   **manifest)
     return {**paths, "manifest": out / "manifest.json"}

@@ -25,8 +25,9 @@ import pandas as pd
 
 from fastcore.basics import patch
 
-from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing, md_table,
-                            read_table, require_columns, resource_text, rng, sha256_frame, sha256_text, write_manifest, write_table)
+from .core import (CONFIG_SEP, DEFAULT_SEED, InputError, as_pandas, config_label, enable_theme, is_missing,
+                            md_table, read_table, require_columns, resource_text, rng, sha256_frame, sha256_text,
+                            write_manifest, write_table)
 from .corpus import GENERATIONS_COLUMNS, to_generations
 from .cohort import Cohort
 from .reref import ORIGINAL, VARIANTS, resolve_variants
@@ -79,9 +80,11 @@ def _endpoint(e: Mapping, i: int, what: str) -> dict:
     if kind not in ENDPOINT_KINDS: _fail(where, f"'kind' must be one of {ENDPOINT_KINDS}, got {kind!r}")
     labels = _labels(e, kind, where) if kind != "count" else {}
     top = e.get("max", 50) if kind == "count" else max(labels)
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1: _fail(where, f"'max' must be a positive whole number, got {top!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        _fail(where, f"'max' must be a positive whole number, got {top!r}")
     thr = e.get("threshold")
-    if thr is not None and (kind != "ordinal" or thr not in labels): _fail(where, f"'threshold' must be one of the ordinal levels, got {thr!r}")
+    if thr is not None and (kind != "ordinal" or thr not in labels):
+        _fail(where, f"'threshold' must be one of the ordinal levels, got {thr!r}")
     return {"phase": phase, "column": col, "role": role, "kind": kind, "low": min(labels) if labels else 0, "high": top,
             "threshold": thr, "required": bool(e.get("required", role == "primary")),
             "question": str(e.get("question", "")), "labels": labels}
@@ -89,7 +92,7 @@ def _endpoint(e: Mapping, i: int, what: str) -> dict:
 # %% ../nbs/13_review.ipynb #af1c10ac
 @dataclass(frozen=True, eq=False)
 class Codebook:
-    endpoints: pd.DataFrame   # one row per (phase, column): role, kind, low, high, threshold, required, question, labels
+    endpoints: pd.DataFrame  # one row per (phase, column): role, kind, low, high, threshold, required, question, labels
     instructions: tuple = ()  # general instructions for reviewers
     name: str = "codebook"
 
@@ -119,7 +122,8 @@ class Codebook:
         ep = self.endpoints
         return pd.DataFrame({"phase": ep.phase, "column": ep.column, "role": ep.role, "kind": ep.kind,
                              "allowed": [_allowed(r) for r in ep.to_dict("records")],
-                             "required": np.where(ep.required, "yes", "no"), "question": ep.question}).reset_index(drop=True)
+                             "required": np.where(ep.required, "yes", "no"),
+                             "question": ep.question}).reset_index(drop=True)
 
     def _repr_markdown_(self): return md_table(self.to_frame())
 
@@ -167,15 +171,16 @@ def _case_columns(df: pd.DataFrame, strata: list[str], what: str) -> pd.DataFram
     if bad: _fail(what, f"{bad} look like outputs or scores and cannot be strata")
     other = [str(c) for c in df.columns if c not in ("study_id", *strata) and not str(c).endswith("_id")]
     if other or "sample_id" in df.columns:
-        _fail(what, f"column(s) {', '.join(map(repr, other or ['sample_id']))} are not ID or stratum columns; cases are "
-                    f"drawn without looking at outputs, scores or report text, so pass only the IDs and strata, "
-                    f"e.g. studies[{['study_id', *strata]!r}]")
+        _fail(what, f"column(s) {', '.join(map(repr, other or ['sample_id']))} are not ID or stratum columns; "
+                    "cases are drawn without looking at outputs, scores or report text, so pass only the IDs and "
+                    f"strata, e.g. studies[{['study_id', *strata]!r}]")
     return df[["study_id", *strata]]
 
 # %% ../nbs/13_review.ipynb #bc424dee
 def _case_table(cases, strata: list[str], what: str) -> pd.DataFrame:
     "ID and stratum columns of `cases` (a `Cohort` or such a table), checked, with a `stratum` label."
-    if isinstance(cases, Cohort): df = require_columns(cases.studies, ["study_id", *strata], what)[["study_id", *strata]]
+    if isinstance(cases, Cohort):
+        df = require_columns(cases.studies, ["study_id", *strata], what)[["study_id", *strata]]
     else: df = _case_columns(require_columns(cases, ["study_id", *strata], what), strata, what)
     df = df.reset_index(drop=True)
     for c in ["study_id", *strata]:
@@ -217,7 +222,8 @@ def sample_cases(cases,                # a Cohort, or a table of `study_id`, oth
                  exclude=None          # IDs (or a table with `study_id`) that must not be drawn
                 ) -> pd.DataFrame:
     "A seeded random sample of cases that sees only IDs and strata: `study_id, <strata>, stratum, panel`."
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)): raise TypeError(f"seed must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {seed!r}")
     strata = _strata(strata)
     df = _case_table(cases, strata, "sample_cases")
     df = df[~df.study_id.isin(_id_set(exclude))]
@@ -241,11 +247,14 @@ def targeted_panel(cases,    # the same ID/stratum table (or Cohort) the sample 
     strata = [c for c in sample.columns if c not in ("study_id", "stratum", "panel")]
     df = _case_table(cases, strata, "targeted_panel")
     ids = [str(i) for i in (ids if isinstance(ids, (list, tuple)) else sorted(_id_set(ids)))]
-    if len(set(ids)) < len(ids): _fail("targeted_panel", f"ID {next(i for i in ids if ids.count(i) > 1)!r} is listed twice")
+    if len(set(ids)) < len(ids):
+        _fail("targeted_panel", f"ID {next(i for i in ids if ids.count(i) > 1)!r} is listed twice")
     unknown = [i for i in ids if i not in set(df.study_id)]
     if unknown: _fail("targeted_panel", f"{len(unknown)} ID(s) are not eligible cases, first {unknown[0]!r}")
     both = [i for i in ids if i in set(sample.study_id)]
-    if both: _fail("targeted_panel", f"{len(both)} targeted case(s) are in the random sample ({', '.join(both[:5])}); the two panels must not overlap")
+    if both:
+        _fail("targeted_panel", f"{len(both)} targeted case(s) are in the random sample ({', '.join(both[:5])}); the "
+                                "two panels must not overlap")
     return df.set_index("study_id").loc[ids].reset_index().assign(panel="targeted")
 
 # %% ../nbs/13_review.ipynb #02e631e8
@@ -277,13 +286,13 @@ def neutralise_frame(df: pd.DataFrame # any table
 
 # %% ../nbs/13_review.ipynb #b2c22f01
 XLSX_CELL_LIMIT = 32_767   # characters Excel holds in one cell
-XLSX_CUT_NOTE = (f"Excel holds at most {XLSX_CELL_LIMIT:,} characters in a cell: a longer text is cut in the .xlsx file and ends "
-                 "with a note saying so; the .csv file keeps the whole text.")
+XLSX_CUT_NOTE = (f"Excel holds at most {XLSX_CELL_LIMIT:,} characters in a cell: a longer text is cut in the .xlsx "
+                 "file and ends with a note saying so; the .csv file keeps the whole text.")
 
 # %% ../nbs/13_review.ipynb #616e5697
 _FIXED_TIME = _dt.datetime(2000, 1, 1)
-_WIDE = {"generated_report": 70, "reference_report": 70, "image_reference": 28, "question": 80, "allowed": 40, "comment": 30,
-         "report_a": 70, "report_b": 70, "original_report": 70, "rewritten_report": 70}
+_WIDE = {"generated_report": 70, "reference_report": 70, "image_reference": 28, "question": 80, "allowed": 40,
+         "comment": 30, "report_a": 70, "report_b": 70, "original_report": 70, "rewritten_report": 70}
 
 def _csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, lineterminator="\n").encode("utf-8-sig")
@@ -294,7 +303,8 @@ def _letter(i: int) -> str:
     while i: i, r = divmod(i - 1, 26); s = chr(65 + r) + s
     return s
 
-_CUT_MARK = " [... cut: the text is longer than Excel's {:,}-character cell limit; the .csv file has all {:,} characters]"
+_CUT_MARK = (" [... cut: the text is longer than Excel's {:,}-character cell limit; the .csv file has all {:,} "
+             "characters]")
 
 def _xlsx_value(v):
     if isinstance(v, str) and len(v) > XLSX_CELL_LIMIT:
@@ -315,7 +325,8 @@ def _fixed_zip(data: bytes) -> bytes:
         for info in src.infolist():
             body = src.read(info.filename)
             if info.filename == "docProps/core.xml":
-                body = re.sub(rb"(<dcterms:(?:created|modified)[^>]*>)[^<]*", lambda m: m.group(1) + stamp.encode(), body)
+                body = re.sub(rb"(<dcterms:(?:created|modified)[^>]*>)[^<]*", lambda m: m.group(1) + stamp.encode(),
+                              body)
             out.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), body, zipfile.ZIP_DEFLATED)
     return buf.getvalue()
 
@@ -331,7 +342,8 @@ def _worksheet(wb, name: str, df: pd.DataFrame, limits: Mapping):
         if c in limits and len(df):
             lo, hi = limits[c]
             dv = DataValidation(type="whole", operator="between", formula1=str(lo), formula2=str(hi), allow_blank=True,
-                                showErrorMessage=True, errorTitle="Not allowed", error=f"Enter a whole number from {lo} to {hi}.")
+                                showErrorMessage=True, errorTitle="Not allowed",
+                                error=f"Enter a whole number from {lo} to {hi}.")
             dv.add(f"{_letter(i)}2:{_letter(i)}{len(df) + 1}"); ws.add_data_validation(dv)
         if c in _WIDE:
             for cell in ws[_letter(i)][1:]: cell.alignment = Alignment(wrap_text=True, vertical="top")
@@ -341,9 +353,10 @@ def _warn_cut(sheets: Mapping[str, pd.DataFrame], book: str):
     "Warn, naming sheet, row and column, about every text cut to Excel's cell limit."
     cut = [f"{n} row {i + 2} column {c}" for n, df in sheets.items() for c in df.columns
            for i, v in enumerate(df[c]) if isinstance(v, str) and len(v) > XLSX_CELL_LIMIT]
-    if cut: warnings.warn(f"write_sheets: {len(cut)} text(s) longer than Excel's {XLSX_CELL_LIMIT:,}-character cell limit were cut "
-                          f"in {book} ({'; '.join(cut[:5])}{' ...' if len(cut) > 5 else ''}), each ending with a note; "
-                          "the CSV files keep the whole text", stacklevel=3)
+    if cut:
+        warnings.warn(f"write_sheets: {len(cut)} text(s) longer than Excel's {XLSX_CELL_LIMIT:,}-character cell limit "
+                          f"were cut in {book} ({'; '.join(cut[:5])}{' ...' if len(cut) > 5 else ''}), each ending "
+                          "with a note; the CSV files keep the whole text", stacklevel=3)
 
 def write_sheets(sheets: Mapping[str, pd.DataFrame], # sheet name -> table
                  folder: str | os.PathLike,          # where the files go
@@ -404,8 +417,9 @@ def _configs(gen: pd.DataFrame, configs) -> list[tuple[str, str]]:
     if configs is None: return have
     out = [tuple(c.split(CONFIG_SEP, 1)) if isinstance(c, str) else tuple(map(str, c)) for c in configs]
     unknown = [c for c in out if c not in have]
-    if unknown: _fail("configs", f"{config_label(*unknown[0])!r} is not in the generations table; it has {[config_label(*h) for h in have]} "
-                                 "(name configurations as system+policy)")
+    if unknown:
+        _fail("configs", f"{config_label(*unknown[0])!r} is not in the generations table; it has "
+                                 f"{[config_label(*h) for h in have]} (name configurations as system+policy)")
     return out
 
 def _reports(cases: pd.DataFrame, gen: pd.DataFrame, configs) -> pd.DataFrame:
@@ -417,8 +431,8 @@ def _reports(cases: pd.DataFrame, gen: pd.DataFrame, configs) -> pd.DataFrame:
     miss = m[m["_merge"] == "left_only"]
     if len(miss):
         r = miss.iloc[0]
-        _fail("make_review_packets", f"no report of {r.system}+{r.policy} for case {r.study_id!r} ({len(miss)} missing); "
-                                     "every case needs one report per configuration")
+        _fail("make_review_packets", f"no report of {r.system}+{r.policy} for case {r.study_id!r} ({len(miss)} "
+                                     "missing); every case needs one report per configuration")
     return m.drop(columns="_merge").rename(columns={"seed": "generation_seed", "hypothesis": "generated_report"})
 
 # %% ../nbs/13_review.ipynb #0e67bd63
@@ -442,11 +456,13 @@ def _study_info(studies, ids: Iterable[str]) -> pd.DataFrame:
     s = require_columns(studies, ["study_id"], "studies")
     s = s.assign(study_id=s.study_id.astype(str)).drop_duplicates("study_id").set_index("study_id")
     unknown = [i for i in ids if i not in s.index]
-    if unknown: _fail("make_review_packets", f"case {unknown[0]!r} is not in the studies table ({len(unknown)} missing)")
+    if unknown:
+        _fail("make_review_packets", f"case {unknown[0]!r} is not in the studies table ({len(unknown)} missing)")
     rows = s.loc[list(ids)].reset_index().to_dict("records")
     return pd.DataFrame({"study_id": [r["study_id"] for r in rows],
                          "image_reference": ["; ".join(map(str, _as_list(r.get("image_paths")))) for r in rows],
-                         "views": [_views(r) for r in rows], "reference_report": [_reference(r) for r in rows]}).set_index("study_id")
+                         "views": [_views(r) for r in rows],
+                         "reference_report": [_reference(r) for r in rows]}).set_index("study_id")
 
 # %% ../nbs/13_review.ipynb #94b08421
 def _sheet(rows: pd.DataFrame, reviewer: str, phase: int, cb: Codebook) -> pd.DataFrame:
@@ -483,21 +499,26 @@ def _write_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> Revie
     for r in P.reviewers:
         for p in P.codebook.phases:
             folder, name = out / f"phase{p}" / r, sheet_name(r, p)
-            paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats, {name: _limits(P.codebook, p)})
-            (folder / "README.txt").write_text(_readme(P.codebook, r, p), encoding="utf-8"); paths.append(folder / "README.txt")
+            paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats,
+                                  {name: _limits(P.codebook, p)})
+            (folder / "README.txt").write_text(_readme(P.codebook, r, p),
+                                               encoding="utf-8"); paths.append(folder / "README.txt")
     keyfile.parent.mkdir(parents=True, exist_ok=True); keyfile.write_bytes(_csv_bytes(neutralise_frame(P.key)))
     files = {str(p.relative_to(out)): p for p in paths + [keyfile]}
-    write_manifest(out / "key" / "manifest.json", inputs={**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")},
-                   outputs=files, command="review prepare",
-                   params={"seed": P.seed, "reviewers": list(P.reviewers), "configs": sorted(set(config_label(P.key.system, P.key.policy))),
+    write_manifest(out / "key" / "manifest.json",
+                   inputs={**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")}, outputs=files,
+                   command="review prepare",
+                   params={"seed": P.seed, "reviewers": list(P.reviewers),
+                           "configs": sorted(set(config_label(P.key.system, P.key.policy))),
                            "codebook": P.codebook.name, "formats": list(formats)})
-    return ReviewPackets(P.key, P.sheets, P.codebook, P.reviewers, P.seed, {**files, "key/manifest.json": out / "key" / "manifest.json"})
+    return ReviewPackets(P.key, P.sheets, P.codebook, P.reviewers, P.seed,
+                         {**files, "key/manifest.json": out / "key" / "manifest.json"})
 
 # %% ../nbs/13_review.ipynb #b2da3b90
 @dataclass(frozen=True, eq=False)
 class ReviewPackets:
-    key: pd.DataFrame        # PRIVATE: report_id -> study_id, panel, stratum, system, policy, sample_id, generation_seed
-    sheets: dict             # sheet name (`R1_phase1`) -> the table that reviewer fills, in their order
+    key: pd.DataFrame  # PRIVATE: report_id -> study_id, panel, stratum, system, policy, sample_id, generation_seed
+    sheets: dict       # sheet name (`R1_phase1`) -> the table that reviewer fills, in their order
     codebook: Codebook
     reviewers: tuple
     seed: int
@@ -513,14 +534,14 @@ class ReviewPackets:
 
     def _repr_markdown_(self):
         k = self.key
-        return (f"**Review packets**: {k.study_id.nunique()} cases ({', '.join(f'{n} {p}' for p, n in k.drop_duplicates('study_id').panel.value_counts().sort_index().items())}), "
-                f"{len(k)} reports, reviewers {', '.join(self.reviewers)}, seed {self.seed}; sheets: {', '.join(self.sheets)}"
+        return (f"**Review packets**: {k.study_id.nunique()} cases "
+                f"({', '.join(f'{n} {p}' for p, n in k.drop_duplicates('study_id').panel.value_counts().sort_index().items())}), {len(k)} reports, reviewers {', '.join(self.reviewers)}, seed {self.seed}; sheets: {', '.join(self.sheets)}"
                 + (f"; {len(self.paths)} files written" if self.paths else ""))
 
 # %% ../nbs/13_review.ipynb #3175b461
-def make_review_packets(cases,                 # from `sample_cases` (+ `targeted_panel`): study_id, panel, stratum, strata
-                        generations,           # the generations table (system, policy, hypothesis per study)
-                        studies,               # the studies table: image paths, views and the reference report
+def make_review_packets(cases,        # from `sample_cases` (+ `targeted_panel`): study_id, panel, stratum, strata
+                        generations,  # the generations table (system, policy, hypothesis per study)
+                        studies,      # the studies table: image paths, views and the reference report
                         reviewers: Sequence[str] = ("R1", "R2"), # reviewer names (letters, digits, _ or -)
                         seed: int = DEFAULT_SEED, # draws the report IDs and every order (paper 004: 2026)
                         out_dir: str | os.PathLike | None = None, # write the packets here (see below); None: memory only
@@ -535,18 +556,23 @@ def make_review_packets(cases,                 # from `sample_cases` (+ `targete
     if "stratum" not in cases: cases = cases.assign(stratum="all")
     if cases.empty: _fail("make_review_packets", "no cases")
     dup = cases.study_id.duplicated()
-    if dup.any(): _fail("make_review_packets", f"case {cases.study_id[dup].iloc[0]!r} appears twice (do the panels overlap?)")
+    if dup.any():
+        _fail("make_review_packets", f"case {cases.study_id[dup].iloc[0]!r} appears twice (do the panels overlap?)")
     gen = to_generations(generations)
     gen = gen.assign(system=gen.system.astype(str), policy=gen.policy.astype(str))
     rep = _reports(cases, gen, _configs(gen, configs))
     rep = rep.join(_study_info(studies, cases.study_id.tolist()), on="study_id")
     g = rng(packet_seed(seed, rep))
     rep.insert(0, "report_id", _tokens(len(rep), g))
-    sheets = {sheet_name(r, p): _sheet(rep.iloc[g.permutation(len(rep))], r, p, cb) for r in reviewers for p in cb.phases}
+    sheets = {sheet_name(r, p): _sheet(rep.iloc[g.permutation(len(rep))], r, p, cb) for r in reviewers
+              for p in cb.phases}
     strata = [c for c in cases.columns if c not in ("study_id", "panel", "stratum")]
-    key = rep[["report_id", "study_id", "panel", "stratum", *strata, "system", "policy", "sample_id", "generation_seed"]]
+    key = rep[["report_id", "study_id", "panel", "stratum", *strata, "system", "policy", "sample_id",
+               "generation_seed"]]
     P = ReviewPackets(key.reset_index(drop=True), sheets, cb, reviewers, int(seed), {})
-    return P if out_dir is None else _write_packets(P, out_dir, formats, inputs={"cases": cases, "reviewed_reports": rep.drop(columns="report_id")})
+    return P if out_dir is None else _write_packets(P, out_dir, formats,
+                                                    inputs={"cases": cases,
+                                                            "reviewed_reports": rep.drop(columns="report_id")})
 
 # %% ../nbs/13_review.ipynb #412b475d
 def _covered(gen: pd.DataFrame, configs: list[tuple[str, str]]) -> set[str]:
@@ -559,8 +585,8 @@ def prepare_review(studies,                              # the studies table: ID
                    n_cases: int | Mapping,               # random cases per stratum (an int, or {stratum: n}); the total without strata
                    seed: int = DEFAULT_SEED,             # seed of the sample and the packets (paper 004: 2026)
                    strata: str | Sequence[str] | None = None, # stratum column(s) of `studies`
-                   targeted=None,                        # study IDs of the targeted panel (a list, or a table with `study_id`)
-                   exclude=None,                         # study IDs never drawn (e.g. calibration cases)
+                   targeted=None,  # study IDs of the targeted panel (a list, or a table with `study_id`)
+                   exclude=None,   # study IDs never drawn (e.g. calibration cases)
                    reviewers: Sequence[str] = ("R1", "R2"), # reviewer names
                    configs=None,                         # configurations reviewed, as "system+policy" (default: all)
                    codebook=None,                        # a `Codebook`, JSON file or dict (default: the packaged one)
@@ -574,8 +600,10 @@ def prepare_review(studies,                              # the studies table: ID
     ids = require_columns(studies, ["study_id", *strata], "studies")[["study_id", *strata]]
     ids = ids[ids.study_id.astype(str).isin(_covered(gen, cfg))]
     sample = sample_cases(ids, n_cases, seed, strata, exclude=exclude)
-    cases = pd.concat([sample, targeted_panel(ids, targeted, sample)], ignore_index=True) if _id_set(targeted) else sample
-    return make_review_packets(cases, gen, studies, reviewers, seed, out_dir, [config_label(*c) for c in cfg], codebook, formats)
+    cases = pd.concat([sample, targeted_panel(ids, targeted, sample)],
+                      ignore_index=True) if _id_set(targeted) else sample
+    return make_review_packets(cases, gen, studies, reviewers, seed, out_dir, [config_label(*c) for c in cfg], codebook,
+                               formats)
 
 # %% ../nbs/13_review.ipynb #0ea8e71b
 def _items(v) -> set:
@@ -602,8 +630,10 @@ def _latent(key: pd.DataFrame, texts: pd.Series, generations, g) -> pd.DataFrame
         truth = (miss.combine(alt, lambda a, b: a | b)).groupby(gen.study_id).agg(lambda s: set().union(*s)).map(len)
         per = gen.set_index("sample_id")
         L = pd.DataFrame({"o": per.omitted.map(_items).map(len), "h": per.hallucinated.map(_items).map(len),
-                          "a": (per.altered.map(_items).map(len) if "altered" in per else 0)}).reindex(key.sample_id.astype(str))
-        if L.o.isna().any(): _fail("simulate_ratings", f"sample {L.index[L.o.isna()][0]!r} of the key is not in the generations table")
+                          "a": (per.altered.map(_items).map(len) if "altered" in per
+                                else 0)}).reindex(key.sample_id.astype(str))
+        if L.o.isna().any():
+            _fail("simulate_ratings", f"sample {L.index[L.o.isna()][0]!r} of the key is not in the generations table")
         L = L.astype(int).assign(n_true=truth.reindex(key.study_id.astype(str)).fillna(0).astype(int).to_numpy())
     else:
         o, h = g.poisson(0.4, n), g.poisson(0.3, n)
@@ -650,7 +680,8 @@ def simulate_ratings(packets,                   # `ReviewPackets`, or a key tabl
     g = rng(seed)
     if isinstance(packets, ReviewPackets): key, sheets, cb = packets.key, packets.sheets, packets.codebook
     else:
-        key, cb = require_columns(packets, ["report_id", "study_id", "sample_id"], "simulate_ratings: key"), load_codebook(codebook)
+        key, cb = require_columns(packets, ["report_id", "study_id", "sample_id"],
+                                  "simulate_ratings: key"), load_codebook(codebook)
         sheets = {sheet_name(r, p): _sheet(key, r, p, cb) for r in _reviewers(reviewers) for p in cb.phases}
     texts = next(iter(sheets.values())).set_index("report_id").reindex(key.report_id)
     texts = texts.generated_report if "generated_report" in texts else pd.Series([""] * len(key))
@@ -661,7 +692,8 @@ def simulate_ratings(packets,                   # `ReviewPackets`, or a key tabl
         for ep in cb.endpoints[cb.endpoints.phase == phase].to_dict("records"):
             lat = _latent_value(ep["column"], L)
             if lat is None: lat = g.integers(ep["low"], min(ep["high"], ep["low"] + 3) + 1, len(L))
-            sh[ep["column"]] = _noisy(pd.Series(np.asarray(lat, dtype=int), index=L.index).loc[sh.report_id], ep, g, noise, blank)
+            sh[ep["column"]] = _noisy(pd.Series(np.asarray(lat, dtype=int), index=L.index).loc[sh.report_id], ep, g,
+                                      noise, blank)
         out[name] = sh.assign(comment=SIMULATED_COMMENT)
     if out_dir is not None:
         for name, sh in out.items(): write_sheets({name: sh}, out_dir, name, formats)
@@ -698,7 +730,8 @@ def _files(paths) -> list[Path]:
     out = []
     for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths):
         p = Path(p)
-        if p.is_dir(): out += sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".xlsx") and f.name != "codebook.csv")
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".xlsx") and f.name != "codebook.csv")
         elif p.is_file(): out.append(p)
         else: _fail(str(p), "file not found")
     return [f for f in out if not f.name.startswith("~$")]
@@ -742,7 +775,8 @@ def _constant(name, header, rows, column, problems) -> str | None:
     for row, v in vals:
         if not v: problems.append(_problem(name, row, column, header, "missing value")); return None
         if v != vals[0][1]:
-            problems.append(_problem(name, row, column, header, f"{v!r} differs from {vals[0][1]!r} above; one sheet holds one {column}"))
+            problems.append(_problem(name, row, column, header, f"{v!r} differs from {vals[0][1]!r} above; one sheet "
+                                                                f"holds one {column}"))
             return None
     return vals[0][1] if vals else None
 
@@ -750,16 +784,20 @@ def _sheet_ratings(name, header, rows, cb: Codebook, problems: list, ids: set | 
     "Checked ratings of one sheet: `(reviewer, phase, records)`, or None when the sheet cannot be read."
     header = [h.strip() for h in header]
     if "report_id" not in header:
-        if not _is_codebook(name, header): problems.append(_problem(name, 1, "report_id", header, "missing column (not a rating sheet?)"))
+        if not _is_codebook(name, header):
+            problems.append(_problem(name, 1, "report_id", header, "missing column (not a rating sheet?)"))
         return None
-    rows = [(i + 2, r) for i, r in enumerate(rows) if any(str(v).strip() for v in r)]   # skip empty lines, keep row numbers
+    # skip empty lines, keep row numbers
+    rows = [(i + 2, r) for i, r in enumerate(rows) if any(str(v).strip() for v in r)]
     miss = [c for c in ("reviewer", "phase") if c not in header]
     for c in miss: problems.append(_problem(name, 1, c, header, "missing column"))
     if miss or not rows: return None
-    reviewer, phase = _constant(name, header, rows, "reviewer", problems), _constant(name, header, rows, "phase", problems)
+    reviewer, phase = _constant(name, header, rows, "reviewer", problems), _constant(name, header, rows, "phase",
+                                                                                     problems)
     if reviewer is None or phase is None: return None
     if phase not in {str(p) for p in cb.phases}:
-        problems.append(_problem(name, 2, "phase", header, f"{phase!r} is not a phase of the codebook ({cb.phases})")); return None
+        problems.append(_problem(name, 2, "phase", header,
+                                 f"{phase!r} is not a phase of the codebook ({cb.phases})")); return None
     phase, eps = int(phase), cb.endpoints[cb.endpoints.phase == int(phase)].to_dict("records")
     absent = [e["column"] for e in eps if e["column"] not in header]
     for c in absent: problems.append(_problem(name, 1, c, header, f"missing column (a phase-{phase} rating)"))
@@ -779,8 +817,11 @@ def _records(name, header, rows, eps, problems, ids: set | None) -> list[dict]:
         rid = _at(r, idx, "report_id").strip()
         if not rid: problems.append(_problem(name, row, "report_id", header, "missing value")); continue
         if ids is not None and rid not in ids:
-            problems.append(_problem(name, row, "report_id", header, f"unknown report ID {rid!r} (not in the key)")); continue
-        if rid in seen: problems.append(_problem(name, row, "report_id", header, f"duplicate row: {rid!r} is also on row {seen[rid]}")); continue
+            problems.append(_problem(name, row, "report_id", header,
+                                     f"unknown report ID {rid!r} (not in the key)")); continue
+        if rid in seen:
+            problems.append(_problem(name, row, "report_id", header, f"duplicate row: {rid!r} is also on row "
+                                                                     f"{seen[rid]}")); continue
         seen[rid] = row
         rec = {"report_id": rid, "comment": _at(r, idx, "comment"), "row": row}
         for e in eps:
@@ -802,7 +843,8 @@ def _read(paths, key, codebook) -> tuple[pd.DataFrame, pd.DataFrame]:
         reviewer, phase, recs = got
         if (reviewer, phase) in where:
             problems.append({"sheet": name, "row": None, "column": "reviewer",
-                             "problem": f"reviewer {reviewer!r} phase {phase} was already read from {where[reviewer, phase]}"}); continue
+                             "problem": f"reviewer {reviewer!r} phase {phase} was already read from "
+                                        f"{where[reviewer, phase]}"}); continue
         where[reviewer, phase] = name
         if ids is not None:
             left = sorted(ids - {r["report_id"] for r in recs})
@@ -814,16 +856,19 @@ def _read(paths, key, codebook) -> tuple[pd.DataFrame, pd.DataFrame]:
 # %% ../nbs/13_review.ipynb #2b6d3689
 def _ratings_frame(parts: list[pd.DataFrame], cb: Codebook) -> pd.DataFrame:
     cols = list(dict.fromkeys(cb.endpoints.column))
-    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["report_id", "comment", "row", "reviewer", "phase", "sheet"])
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["report_id", "comment", "row",
+                                                                                 "reviewer", "phase", "sheet"])
     for c in cols:
-        df[c] = pd.array([pd.NA if is_missing(v) else int(v) for v in df[c]], dtype="Int64") if c in df else pd.array([pd.NA] * len(df), dtype="Int64")
+        df[c] = pd.array([pd.NA if is_missing(v) else int(v) for v in df[c]],
+                         dtype="Int64") if c in df else pd.array([pd.NA] * len(df), dtype="Int64")
     df = df.assign(phase=df.phase.astype("int64"), row=df.row.astype("Int64"))
     return df[["reviewer", "phase", "report_id", *cols, "comment", "sheet", "row"]].sort_values(
         ["reviewer", "phase", "report_id"], kind="stable").reset_index(drop=True)
 
 def _key(key) -> pd.DataFrame:
     k = read_table(key, "review key") if isinstance(key, (str, os.PathLike)) else as_pandas(key, "review key")
-    return require_columns(k, ["report_id", "study_id"], "review key").assign(report_id=lambda d: d.report_id.astype(str))
+    return require_columns(k, ["report_id", "study_id"],
+                           "review key").assign(report_id=lambda d: d.report_id.astype(str))
 
 # %% ../nbs/13_review.ipynb #d7b87890
 def read_ratings(paths,          # files, folders, or {sheet name: table}
@@ -836,7 +881,8 @@ def read_ratings(paths,          # files, folders, or {sheet name: table}
     if len(problems):
         lines = [f"  {p.sheet} row {'-' if is_missing(p.row) else int(p.row)}, column {p.column}: {p.problem}"
                  for p in problems.head(max_listed).itertuples()]
-        more = [f"  ... and {len(problems) - max_listed} more (see rating_problems)"] if len(problems) > max_listed else []
+        more = ([f"  ... and {len(problems) - max_listed} more (see rating_problems)"] if len(problems) > max_listed
+                else [])
         raise InputError(f"ratings: {len(problems)} problem(s):\n" + "\n".join(lines + more))
     if ratings.empty: _fail("ratings", "no rating sheets found (a sheet needs a report_id column)")
     return ratings
@@ -860,7 +906,8 @@ def split_reviewers(ratings # ratings of exactly two reviewers (from `read_ratin
 
 def _one(r, what: str) -> pd.DataFrame:
     r = require_columns(r, ["phase", "report_id"], what)
-    if "reviewer" in r and r.reviewer.nunique() > 1: _fail(what, f"holds several reviewers {sorted(r.reviewer.unique())}; use split_reviewers")
+    if "reviewer" in r and r.reviewer.nunique() > 1:
+        _fail(what, f"holds several reviewers {sorted(r.reviewer.unique())}; use split_reviewers")
     dup = r.duplicated(["phase", "report_id"])
     if dup.any(): _fail(what, f"report {r.report_id[dup].iloc[0]!r} appears twice in phase {r.phase[dup].iloc[0]}")
     return r
@@ -869,11 +916,13 @@ def _one(r, what: str) -> pd.DataFrame:
 def _paired(r1, r2, cb: Codebook) -> pd.DataFrame:
     "Long table of both reviewers' values: `phase, report_id, endpoint, role, kind, r1, r2` in codebook order."
     a, b = _one(r1, "r1"), _one(r2, "r2")
-    if "reviewer" in a and "reviewer" in b and set(a.reviewer) == set(b.reviewer): _fail("ratings", "r1 and r2 are the same reviewer")
+    if "reviewer" in a and "reviewer" in b and set(a.reviewer) == set(b.reviewer):
+        _fail("ratings", "r1 and r2 are the same reviewer")
     ka, kb = set(zip(a.phase, a.report_id)), set(zip(b.phase, b.report_id))
     if ka != kb:
         who, (ph, rid) = ("r1", sorted(kb - ka)[0]) if kb - ka else ("r2", sorted(ka - kb)[0])
-        _fail("ratings", f"report {rid!r} (phase {ph}) is not rated by {who}; both reviewers must rate the same reports")
+        _fail("ratings",
+              f"report {rid!r} (phase {ph}) is not rated by {who}; both reviewers must rate the same reports")
     parts, both = [], {}
     for ep in cb.endpoints.to_dict("records"):
         c, ph = ep["column"], ep["phase"]
@@ -882,17 +931,21 @@ def _paired(r1, r2, cb: Codebook) -> pd.DataFrame:
             both[ph] = a.loc[a.phase == ph, cols].merge(b.loc[b.phase == ph, cols], on="report_id")
         x = both[ph]
         parts.append(pd.DataFrame({"phase": ep["phase"], "report_id": x.report_id, "endpoint": c, "role": ep["role"],
-                                   "kind": ep["kind"], "r1": x[f"{c}_x"].astype("Int64"), "r2": x[f"{c}_y"].astype("Int64")}))
+                                   "kind": ep["kind"], "r1": x[f"{c}_x"].astype("Int64"),
+                                   "r2": x[f"{c}_y"].astype("Int64")}))
     return pd.concat(parts, ignore_index=True)
 
 # %% ../nbs/13_review.ipynb #9811eb9d
 def _count_agreement(x: np.ndarray, y: np.ndarray, reps: int, seed, size: float) -> list[dict]:
     "ICC(2,1) and the mean absolute difference of two reviewers' counts."
-    if len(x) < 2: return [{"metric": m, "estimate": np.nan, "n": len(x), "method": "too few reports"} for m in ("icc2_1", "mean_abs_diff")]
+    if len(x) < 2:
+        return [{"metric": m, "estimate": np.nan, "n": len(x), "method": "too few reports"}
+                for m in ("icc2_1", "mean_abs_diff")]
     icc = icc2_1(np.column_stack([x, y]).astype(float), size=size)
     mad = bootstrap(mean_stats(np.abs(x - y).astype(float)), "mean", reps=reps, seed=seed, size=size)
     lo, hi = mad.conf_int()
-    return [{"metric": "icc2_1", "estimate": icc.estimate, "ci_low": icc.ci_low, "ci_high": icc.ci_high, "n": len(x), "method": icc.method},
+    return [{"metric": "icc2_1", "estimate": icc.estimate, "ci_low": icc.ci_low, "ci_high": icc.ci_high, "n": len(x),
+             "method": icc.method},
             {"metric": "mean_abs_diff", "estimate": mad.estimate, "ci_low": lo, "ci_high": hi, "n": len(x),
              "method": f"bootstrap percentile ({reps} reps)"}]
 
@@ -902,16 +955,21 @@ def agreement_report(r1, r2,                 # two reviewers' ratings (from `rea
                      seed: int = DEFAULT_SEED, # random seed of the resamples
                      size: float = 0.95      # interval coverage
                     ) -> pd.DataFrame:
-    "Pre-consensus agreement per phase and end point: `phase, endpoint, role, kind, metric, estimate, ci_low, ci_high, n, method`."
+    """Pre-consensus agreement per phase and end point: `phase, endpoint, role, kind, metric, estimate, ci_low,
+    ci_high, n, method`."""
     cb = load_codebook(codebook); P = _paired(r1, r2, cb); rows = []
     for ep in cb.endpoints.to_dict("records"):
         d = P[(P.phase == ep["phase"]) & (P.endpoint == ep["column"])].dropna(subset=["r1", "r2"])
         x, y = d.r1.to_numpy(dtype=int), d.r2.to_numpy(dtype=int)
         if ep["kind"] == "count": res = _count_agreement(x, y, reps, seed, size)
-        elif not len(x): res = [{"metric": "percent_agreement", "estimate": np.nan, "n": 0, "method": "no paired ratings"}]
-        else: res = rater_agreement(x, y, kind="ordinal" if ep["kind"] == "ordinal" else "binary", categories=list(ep["labels"]),
+        elif not len(x):
+            res = [{"metric": "percent_agreement", "estimate": np.nan, "n": 0, "method": "no paired ratings"}]
+        else:
+            res = rater_agreement(x, y, kind="ordinal" if ep["kind"] == "ordinal" else "binary",
+                                  categories=list(ep["labels"]),
                                     reps=reps, seed=seed, size=size).to_dict("records")
-        rows += [{"phase": ep["phase"], "endpoint": ep["column"], "role": ep["role"], "kind": ep["kind"], **r} for r in res]
+        rows += [{"phase": ep["phase"], "endpoint": ep["column"], "role": ep["role"], "kind": ep["kind"], **r}
+                 for r in res]
     cols = ["phase", "endpoint", "role", "kind", "metric", "estimate", "ci_low", "ci_high", "n", "method"]
     return pd.DataFrame(rows).reindex(columns=cols)
 
@@ -924,20 +982,24 @@ def plot_agreement(agreement: pd.DataFrame,        # from `agreement_report`
     "Dot-and-interval chart of the agreement measures per end point, one panel per measure."
     alt = enable_theme(svg=False)
     a = agreement[(agreement.phase == phase) & ((agreement.role == role) if role else True)]
-    a = a[a.metric != "mean_abs_diff"].dropna(subset=["estimate"])[["endpoint", "metric", "estimate", "ci_low", "ci_high", "n"]]
+    a = a[a.metric != "mean_abs_diff"].dropna(subset=["estimate"])[["endpoint", "metric", "estimate", "ci_low",
+                                                                    "ci_high", "n"]]
     y = alt.Y("endpoint:N", title=None, sort=list(pd.unique(a.endpoint)))
     x = alt.X("ci_low:Q", scale=alt.Scale(domain=[-1, 1]), title="agreement")
     layer = alt.layer(alt.Chart().mark_rule(strokeWidth=2).encode(y=y, x=x, x2="ci_high:Q"),
-                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=list(a.columns)), data=a)
+                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=list(a.columns)),
+                      data=a)
     return layer.properties(width=120, height=alt.Step(16)).facet(column=alt.Column("metric:N", title=None),
-                                                                  title=title or f"Agreement before consensus, phase {phase}").resolve_scale(y="independent")
+                                                                  title=title
+                                                                  or f"Agreement before consensus, phase {phase}").resolve_scale(y="independent")
 
 # %% ../nbs/13_review.ipynb #8d2c2ae7
 def _rules(rules: Mapping | None) -> dict:
     r = {**CONSENSUS_RULES, **dict(rules or {})}
     unknown = sorted(set(r) - set(CONSENSUS_RULES))
     if unknown: raise InputError(f"unknown consensus rule(s) {unknown}; rules are {list(CONSENSUS_RULES)}")
-    if r["settle"] not in ("lower", "higher", "r1", "r2"): raise InputError(f"settle must be lower, higher, r1 or r2, got {r['settle']!r}")
+    if r["settle"] not in ("lower", "higher", "r1", "r2"):
+        raise InputError(f"settle must be lower, higher, r1 or r2, got {r['settle']!r}")
     return r
 
 # %% ../nbs/13_review.ipynb #e84a17b7
@@ -952,7 +1014,8 @@ def _trigger(a, b, ep: Mapping, rules: dict) -> str:
     if ep["kind"] == "ordinal":
         if rules["ordinal_gap"] and gap >= rules["ordinal_gap"]: why.append(f"differ by {gap}")
         t = ep["threshold"]
-        if rules["ordinal_threshold"] and t is not None and not is_missing(t) and (a >= t) != (b >= t): why.append(f"opposite sides of >= {int(t)}")
+        if rules["ordinal_threshold"] and t is not None and not is_missing(t) and (a >= t) != (b >= t):
+            why.append(f"opposite sides of >= {int(t)}")
     if ep["kind"] == "count" and rules["count_gap"] and gap >= rules["count_gap"]: why.append(f"differ by {gap}")
     return "; ".join(why)
 
@@ -968,13 +1031,15 @@ def consensus_queue(r1, r2,                    # two reviewers' ratings
                     rules: Mapping | None = None, # overrides of `CONSENSUS_RULES`
                     codebook=None               # a `Codebook`, JSON file or dict (default: the packaged one)
                    ) -> pd.DataFrame:
-    "Ratings to discuss: `phase, report_id, endpoint, role, kind, r1, r2, trigger` and empty `consensus`, `adjudication`."
+    """Ratings to discuss: `phase, report_id, endpoint, role, kind, r1, r2, trigger` and empty `consensus`,
+    `adjudication`."""
     cb = load_codebook(codebook); P = _triggered(r1, r2, _rules(rules), cb)
     q = P[P.trigger != ""].copy()
     order = {(e["phase"], e["column"]): i for i, e in enumerate(cb.endpoints.to_dict("records"))}
     q["_o"] = [order[p, e] for p, e in zip(q.phase, q.endpoint)]
     q = q.sort_values(["report_id", "_o"], kind="stable").drop(columns="_o").reset_index(drop=True)
-    return q.assign(consensus=pd.array([pd.NA] * len(q), dtype="Int64"), adjudication=pd.array([pd.NA] * len(q), dtype="Int64"))
+    return q.assign(consensus=pd.array([pd.NA] * len(q), dtype="Int64"),
+                    adjudication=pd.array([pd.NA] * len(q), dtype="Int64"))
 
 # %% ../nbs/13_review.ipynb #88a1eeed
 def _decisions(decisions, queue: pd.DataFrame, cb: Codebook) -> dict:
@@ -984,21 +1049,29 @@ def _decisions(decisions, queue: pd.DataFrame, cb: Codebook) -> dict:
     for name, header, rows in sheets:
         header = [h.strip() for h in header]
         if "report_id" not in header: continue
-        miss = [c for c in ("phase", "endpoint") if c not in header] + ([] if {"consensus", "adjudication"} & set(header) else ["consensus"])
+        miss = [c for c in ("phase", "endpoint")
+                if c not in header] + ([] if {"consensus", "adjudication"} & set(header) else ["consensus"])
         problems += [_problem(name, 1, c, header, "missing column") for c in miss]
         if miss: continue
         first = {h: header.index(h) for h in header}
         for i, r in enumerate(rows):
-            item = (int(_at(r, first, "phase").strip()) if _at(r, first, "phase").strip().isdigit() else _at(r, first, "phase").strip(), _at(r, first, "report_id").strip(), _at(r, first, "endpoint").strip())
+            item = (int(_at(r, first, "phase").strip()) if _at(r, first, "phase").strip().isdigit()
+                    else _at(r, first, "phase").strip(), _at(r, first, "report_id").strip(),
+                    _at(r, first, "endpoint").strip())
             if not any(_at(r, first, c).strip() for c in header): continue
-            if item not in queued: problems.append(_problem(name, i + 2, "report_id", header, f"{item} is not an item of the consensus queue")); continue
-            if item in out: problems.append(_problem(name, i + 2, "report_id", header, f"{item} is decided twice")); continue
+            if item not in queued:
+                problems.append(_problem(name, i + 2, "report_id", header,
+                                         f"{item} is not an item of the consensus queue")); continue
+            if item in out:
+                problems.append(_problem(name, i + 2, "report_id", header, f"{item} is decided twice")); continue
             ep, got = {**cb.get(item[0], item[2]), "required": False}, {}
             for src in ("consensus", "adjudication"):
                 v, p = _parse(_at(r, first, src).strip(), ep)
                 if p: problems.append(_problem(name, i + 2, src, header, p))
                 elif v is not None: got[src] = v
-            if len(got) == 2: problems.append(_problem(name, i + 2, "adjudication", header, "both consensus and adjudication are given; keep one"))
+            if len(got) == 2:
+                problems.append(_problem(name, i + 2, "adjudication", header,
+                                         "both consensus and adjudication are given; keep one"))
             elif got: out[item] = next(iter(got.items()))[::-1]
     if problems: raise InputError(f"consensus decisions: {len(problems)} problem(s):\n" + "\n".join(
         f"  {p['sheet']} row {p['row']}, column {p['column']}: {p['problem']}" for p in problems[:25]))
@@ -1031,8 +1104,8 @@ class ConsensusResult:
         adj, unres = set(q.report_id[q.source == "adjudication"]), set(q.report_id[(q.source == "unresolved") & (q.role == "primary")])
         trig = set(q.report_id)
         return pd.DataFrame([{"items": t.report_id.nunique(), "triggered": len(trig),
-                              "resolved_by_discussion": len(trig - adj - unres), "resolved_by_adjudication": len(adj - unres),
-                              "unresolved_primary": len(unres),
+                              "resolved_by_discussion": len(trig - adj - unres),
+                              "resolved_by_adjudication": len(adj - unres), "unresolved_primary": len(unres),
                               "missing_secondary": t.report_id[(t.role == "secondary") & t.value.isna()].nunique()}])
 
     def to_frame(self) -> pd.DataFrame:
@@ -1041,9 +1114,9 @@ class ConsensusResult:
 
     def _repr_markdown_(self):
         s = self.summary().iloc[0]
-        return (f"**Consensus**: {s['items']} reports; {s.triggered} met a trigger, {s.resolved_by_discussion} resolved by discussion, "
-                f"{s.resolved_by_adjudication} by adjudication, {s.unresolved_primary} with unresolved primary ratings; "
-                f"{s.missing_secondary} with a missing secondary rating.")
+        return (f"**Consensus**: {s['items']} reports; {s.triggered} met a trigger, {s.resolved_by_discussion} "
+                f"resolved by discussion, {s.resolved_by_adjudication} by adjudication, {s.unresolved_primary} with "
+                f"unresolved primary ratings; {s.missing_secondary} with a missing secondary rating.")
 
 # %% ../nbs/13_review.ipynb #9cb7357d
 def _settle(a, b, how: str):
@@ -1072,8 +1145,9 @@ def apply_consensus(r1, r2,                # two reviewers' ratings
     trail = P.assign(value=pd.array(vals, dtype="Int64"), source=srcs)
     open_ = trail[(trail.source == "unresolved") & (trail.role == "primary")]
     if strict and len(open_):
-        _fail("apply_consensus", f"{len(open_)} queued primary rating(s) have neither a consensus nor an adjudication value, "
-                                 f"first {open_.report_id.iloc[0]!r} {open_.endpoint.iloc[0]} (phase {open_.phase.iloc[0]})")
+        _fail("apply_consensus", f"{len(open_)} queued primary rating(s) have neither a consensus nor an "
+                                 f"adjudication value, first {open_.report_id.iloc[0]!r} {open_.endpoint.iloc[0]} "
+                                 f"(phase {open_.phase.iloc[0]})")
     return ConsensusResult(_final(trail, cb), trail, rules)
 
 def _final(trail: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
@@ -1088,16 +1162,20 @@ def _micro(M, by, phase) -> pd.DataFrame:
     for k, g in d.groupby(by, sort=True):
         T = micro_stats(g.tp.astype(float), g.fp.astype(float), g.fn.astype(float)).sum(0)
         rows.append({**dict(zip(by, k)), "phase": phase, "n": len(g), "tp": int(T[0]), "fp": int(T[1]), "fn": int(T[2]),
-                     "micro_precision": float(micro_precision(T)), "micro_recall": float(micro_recall(T)), "micro_f1": float(micro_f1(T))})
-    return pd.DataFrame(rows, columns=[*by, "phase", "n", "tp", "fp", "fn", "micro_precision", "micro_recall", "micro_f1"])
+                     "micro_precision": float(micro_precision(T)), "micro_recall": float(micro_recall(T)),
+                     "micro_f1": float(micro_f1(T))})
+    return pd.DataFrame(rows, columns=[*by, "phase", "n", "tp", "fp", "fn", "micro_precision", "micro_recall",
+                                       "micro_f1"])
 
 # %% ../nbs/13_review.ipynb #ddf86f80
 def _final_frame(final) -> pd.DataFrame:
-    return require_columns(final.final if isinstance(final, ConsensusResult) else final, ["phase", "report_id"], "final ratings")
+    return require_columns(final.final if isinstance(final, ConsensusResult) else final, ["phase", "report_id"],
+                           "final ratings")
 
 def _grouped(M: pd.DataFrame, by: list, col: str, fn) -> pd.DataFrame:
     "`fn(values)` -> dict per group of `by` (missing values dropped first)."
-    rows = [{**dict(zip(by, k if isinstance(k, tuple) else (k,))), **fn(d[col].dropna().astype(int))} for k, d in M.groupby(by, sort=True)]
+    rows = [{**dict(zip(by, k if isinstance(k, tuple) else (k,))), **fn(d[col].dropna().astype(int))} for k,
+            d in M.groupby(by, sort=True)]
     return pd.DataFrame(rows)
 
 def _proportions(M, by, ep) -> pd.DataFrame:
@@ -1123,17 +1201,21 @@ class ReviewSummary:
 
     def to_frame(self) -> pd.DataFrame:
         "Proportions and micro scores in one long table (`estimate, ci_low, ci_high`; micro scores without intervals)."
-        f = self.findings.melt([*self.by, "phase"], ["micro_precision", "micro_recall", "micro_f1"], "metric", "estimate")
+        f = self.findings.melt([*self.by, "phase"], ["micro_precision", "micro_recall", "micro_f1"], "metric",
+                               "estimate")
         return pd.concat([self.proportions, f.assign(endpoint="findings", role="primary")], ignore_index=True)
 
     def table(self, phase: int = 1 # 1 or 2
              ) -> pd.DataFrame:
         "One row per group: `k/n (share; interval)` per end point, then micro P/R/F1."
         p = self.proportions[self.proportions.phase == phase]
-        cell = [f"{k}/{n} ({e:.0%}; {lo:.0%}-{hi:.0%})" for k, n, e, lo, hi in zip(p.k, p.n, p.estimate, p.ci_low, p.ci_high)]
+        cell = [f"{k}/{n} ({e:.0%}; {lo:.0%}-{hi:.0%})" for k, n, e, lo,
+                hi in zip(p.k, p.n, p.estimate, p.ci_low, p.ci_high)]
         name = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.metric)]
-        w = p.assign(cell=cell, name=pd.Categorical(name, categories=list(dict.fromkeys(name)))).pivot(index=list(self.by), columns="name", values="cell")
-        f = self.findings[self.findings.phase == phase].set_index(list(self.by))[["micro_precision", "micro_recall", "micro_f1"]].round(3)
+        w = p.assign(cell=cell, name=pd.Categorical(name,
+                                                    categories=list(dict.fromkeys(name)))).pivot(index=list(self.by), columns="name", values="cell")
+        f = self.findings[self.findings.phase == phase].set_index(list(self.by))[["micro_precision", "micro_recall",
+                                                                                  "micro_f1"]].round(3)
         return w.join(f).reset_index().rename_axis(columns=None)
 
     def summary(self) -> pd.DataFrame:
@@ -1168,11 +1250,14 @@ def review_summary(final,                  # `ConsensusResult`, or its `final` t
     props, dists, finds = [], [], []
     for p in cb.phases:
         Mp, eps = M[M.phase == p], cb.endpoints[cb.endpoints.phase == p].to_dict("records")
-        props += [_proportions(Mp, by, e) for e in eps if e["column"] in Mp and (e["kind"] == "binary" or (e["kind"] == "ordinal" and e["threshold"] is not None and not is_missing(e["threshold"])))]
+        props += [_proportions(Mp, by, e) for e in eps if e["column"] in Mp
+                  and (e["kind"] == "binary" or (e["kind"] == "ordinal" and e["threshold"] is not None
+                                                 and not is_missing(e["threshold"])))]
         dists += [_distribution(Mp, by, e) for e in eps if e["kind"] in ("ordinal", "nominal") and e["column"] in Mp]
         if {"tp", "fp", "fn"} <= set(cb.columns(p)): finds.append(_micro(Mp, by, p))
     pr = pd.concat(props, ignore_index=True); pr = binomial_cis(pr[pr.n > 0], "k", "n", size=size)
-    pr = pr[[*by, "phase", "endpoint", "role", "metric", "k", "n", "estimate", "ci_low", "ci_high"]].reset_index(drop=True)
+    pr = pr[[*by, "phase", "endpoint", "role", "metric", "k", "n", "estimate", "ci_low",
+             "ci_high"]].reset_index(drop=True)
     dcols = [*by, "phase", "endpoint", "level", "count", "share"]
     di = pd.concat(dists, ignore_index=True)[dcols] if dists else pd.DataFrame(columns=dcols)
     fi = pd.concat(finds, ignore_index=True) if finds else _micro(M.iloc[:0].assign(tp=0, fp=0, fn=0), by, 1)
@@ -1186,17 +1271,27 @@ def plot_review_summary(summary: ReviewSummary,        # from `review_summary`
                        ):
     "Dot-and-interval chart of the review proportions (exact 95% intervals) per configuration."
     alt = enable_theme(svg=False)
-    p = summary.proportions[(summary.proportions.phase == phase) & ((summary.proportions.role == role) if role else True)].copy()
+    p = summary.proportions[(summary.proportions.phase == phase) & ((summary.proportions.role == role) if role
+                                                                    else True)].copy()
     if {"system", "policy"} <= set(summary.by): p["configuration"] = config_label(p.system, p.policy).to_numpy()
-    else: p["configuration"] = p[[c for c in ("system", "policy") if c in summary.by] or list(summary.by)].astype(str).agg(" ".join, axis=1)
-    p["end point"] = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e, m in zip(p.endpoint, p.metric)]
-    p = p[["configuration", "end point", "estimate", "ci_low", "ci_high", "k", "n"] + (["stratum"] if "stratum" in p else [])]
+    else:
+        p["configuration"] = p[[c for c in ("system", "policy") if c in summary.by]
+                               or list(summary.by)].astype(str).agg(" ".join, axis=1)
+    p["end point"] = [e if m == "proportion" else f"{e} {m.removeprefix('share ')}" for e,
+                      m in zip(p.endpoint, p.metric)]
+    p = p[["configuration", "end point", "estimate", "ci_low", "ci_high", "k",
+           "n"] + (["stratum"] if "stratum" in p else [])]
     y = alt.Y("configuration:N", title=None)
     x = alt.X("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="share of reports")
     layer = alt.layer(alt.Chart().mark_rule(strokeWidth=2).encode(y=y, x=x, x2="ci_high:Q"),
-                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=list(p.columns)), data=p)
-    facet = {"column": alt.Column("end point:N", title=None)} | ({"row": alt.Row("stratum:N", title=None)} if "stratum" in p else {})
-    return layer.properties(width=130, height=alt.Step(16)).facet(**facet, title=title or f"Human review, phase {phase}: shares with exact 95% intervals")
+                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=list(p.columns)),
+                      data=p)
+    facet = {"column": alt.Column("end point:N", title=None)} | ({"row": alt.Row("stratum:N", title=None)}
+                                                                 if "stratum" in p else {})
+    return layer.properties(width=130, height=alt.Step(16)).facet(**facet,
+                                                                  title=title
+                                                                  or f"Human review, phase {phase}: shares with exact "
+                                                                     "95% intervals")
 
 # %% ../nbs/13_review.ipynb #6dd3b517
 @dataclass(frozen=True, eq=False)
@@ -1231,7 +1326,8 @@ class ReviewAnalysis:
 
     def to_frame(self) -> pd.DataFrame:
         "Agreement rows (`part = agreement`) and, after consensus, summary rows (`part = summary`): one long table."
-        parts = [self.agreement.assign(part="agreement")] + ([self.results.to_frame().assign(part="summary")] if self.results is not None else [])
+        parts = [self.agreement.assign(part="agreement")] + ([self.results.to_frame().assign(part="summary")]
+                                                             if self.results is not None else [])
         df = pd.concat(parts, ignore_index=True)
         return df[["part"] + [c for c in df.columns if c != "part"]]
 
@@ -1243,7 +1339,8 @@ class ReviewAnalysis:
         "A figure of the review: the summary shares (after consensus) or the agreement before consensus."
         if kind == "agreement": return plot_agreement(self.agreement, phase, role, title)
         if kind != "summary": raise InputError(f"kind must be 'summary' or 'agreement', got {kind!r}")
-        if self.results is None: _fail("review analysis", "no final ratings yet; pass the filled consensus queue as decisions")
+        if self.results is None:
+            _fail("review analysis", "no final ratings yet; pass the filled consensus queue as decisions")
         return plot_review_summary(self.results, phase, role, title)
 
     def headline(self) -> str:
@@ -1251,17 +1348,19 @@ class ReviewAnalysis:
         lead = "**SIMULATED ratings: no person reviewed these reports.** " if self.simulated else ""
         s = f"{self.key.study_id.nunique()} cases, {len(self.key)} reports, rated by {' and '.join(self.reviewers)}"
         if self.consensus is None:
-            return lead + s + f"; {self.queue.report_id.nunique()} reports meet a consensus trigger ({len(self.queue)} ratings to discuss)."
+            return lead + s + (f"; {self.queue.report_id.nunique()} reports meet a consensus trigger "
+                               f"({len(self.queue)} ratings to discuss).")
         c = self.consensus.summary().iloc[0]
-        return (lead + s + f"; {c.triggered} of {c['items']} reports met a consensus trigger, {c.resolved_by_discussion} were "
-                f"resolved by discussion and {c.resolved_by_adjudication} by adjudication.")
+        return (lead + s + f"; {c.triggered} of {c['items']} reports met a consensus trigger, "
+                f"{c.resolved_by_discussion} were resolved by discussion and {c.resolved_by_adjudication} by "
+                "adjudication.")
 
     def _repr_markdown_(self): return self.headline() + "\n\n" + md_table(self.summary())
 
 # %% ../nbs/13_review.ipynb #89ce96ad
-def review_analysis(ratings,                      # returned sheets (files, folders, {name: table}), or a ratings table from `read_ratings`
+def review_analysis(ratings,   # returned sheets (files, folders, {name: table}), or a ratings table from `read_ratings`
                     key,                          # the review key (table or file) written with the packets
-                    decisions=None,               # the filled consensus queue (table or CSV/XLSX); None: stop at the queue
+                    decisions=None,            # the filled consensus queue (table or CSV/XLSX); None: stop at the queue
                     codebook=None,                # a `Codebook`, JSON file or dict (default: the packaged one)
                     rules: Mapping | None = None, # overrides of `CONSENSUS_RULES`
                     panel: str | None = "random", # the panel summarised (None: all cases)
@@ -1286,19 +1385,22 @@ def save(self: ReviewAnalysis,
          out_dir: str | os.PathLike,   # folder for the tables and manifest.json
          inputs: Mapping | None = None # name -> input file or table, recorded (hashed) in the manifest
         ) -> dict[str, Path]:
-    "Write the agreement, then the queue to fill (CSV and XLSX) or the final ratings, trail and summaries, and a manifest."
+    """Write the agreement, then the queue to fill (CSV and XLSX) or the final ratings, trail and summaries, and a
+    manifest."""
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     paths = {"agreement": write_table(self.agreement, out / "agreement.csv")}
     if self.consensus is None:
-        paths |= {p.stem + ("" if p.suffix == ".csv" else "_xlsx"): p for p in write_sheets({"consensus_queue": self.queue}, out, "consensus_queue")}
+        paths |= {p.stem + ("" if p.suffix == ".csv" else "_xlsx"): p
+                  for p in write_sheets({"consensus_queue": self.queue}, out, "consensus_queue")}
     else:
         r, c = self.results, self.consensus
-        tables = {"final_ratings": c.final, "consensus_trail": c.trail, "summary": r.to_frame(), "distributions": r.distributions,
-                  "findings": r.findings, "summary_table": r.table(1)}
+        tables = {"final_ratings": c.final, "consensus_trail": c.trail, "summary": r.to_frame(),
+                  "distributions": r.distributions, "findings": r.findings, "summary_table": r.table(1)}
         paths |= {n: write_table(t, out / f"{n}.csv") for n, t in tables.items()}
-    write_manifest(out / "manifest.json", inputs={"key": self.key, **dict(inputs or {})}, outputs=paths, command="review_analysis",
-                   params={"reps": self.reps, "seed": self.seed, "size": self.size, "panel": self.panel, "rules": self.rules,
-                           "simulated": self.simulated})
+    write_manifest(out / "manifest.json", inputs={"key": self.key, **dict(inputs or {})}, outputs=paths,
+                   command="review_analysis",
+                   params={"reps": self.reps, "seed": self.seed, "size": self.size, "panel": self.panel,
+                           "rules": self.rules, "simulated": self.simulated})
     return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/13_review.ipynb #3f2209a3
@@ -1310,14 +1412,17 @@ def simulate_review(studies,                         # the studies table
                     reps: int = 500,                 # resamples of the agreement intervals
                     seed: int = DEFAULT_SEED         # one seed for the sample, packets, simulated ratings and decisions (paper 004: 2026)
                    ) -> ReviewAnalysis:
-    "A SIMULATED review of a corpus: sample, packets, made-up ratings read back, agreement, made-up consensus, summaries."
+    """A SIMULATED review of a corpus: sample, packets, made-up ratings read back, agreement, made-up consensus,
+    summaries."""
     s, g = as_pandas(studies, "studies"), to_generations(generations)
     configs, st = _configs(g, None), ([strata] if strata and strata in s else [])
     ids = s[["study_id", *st]].assign(study_id=lambda d: d.study_id.astype(str))
     ids = ids[ids.study_id.isin(_covered(g, configs))]
-    if ids.empty: _fail("simulate_review", "no study has a report from every configuration, so no review can be simulated")
+    if ids.empty:
+        _fail("simulate_review", "no study has a report from every configuration, so no review can be simulated")
     sizes = _case_table(ids, st, "studies").stratum.value_counts()
-    sample = sample_cases(ids, {k: min(n_cases, int(v)) for k, v in sizes.items()} if st else min(n_cases, len(ids)), seed, st)
+    sample = sample_cases(ids, {k: min(n_cases, int(v)) for k, v in sizes.items()} if st else min(n_cases, len(ids)),
+                          seed, st)
     rest = sorted(set(ids.study_id) - set(sample.study_id))[:n_targeted]
     cases = pd.concat([sample, targeted_panel(ids, rest, sample)], ignore_index=True) if rest else sample
     P = make_review_packets(cases, g, s, seed=seed)
@@ -1336,14 +1441,18 @@ def _reref_checks(cb: Codebook) -> None:
     if "original_guess" not in cols or get("original_guess")["kind"] != "nominal" or sorted(get("original_guess")["labels"]) != [0, 1, 2]:
         _fail(cb.name, "needs a nominal end point 'original_guess' with levels 0 (cannot tell), 1 (A) and 2 (B)")
     if "equivalence" not in cols or get("equivalence")["kind"] != "ordinal":
-        _fail(cb.name, "needs an ordinal end point 'equivalence' (lowest level: major discrepancy; highest: equivalent)")
-    if ("realism_a" in cols) != ("realism_b" in cols): _fail(cb.name, "has one of 'realism_a' and 'realism_b' but not the other")
-    if "realism_a" in cols and (get("realism_a")["kind"] != "ordinal" or get("realism_a")["labels"] != get("realism_b")["labels"]):
+        _fail(cb.name,
+              "needs an ordinal end point 'equivalence' (lowest level: major discrepancy; highest: equivalent)")
+    if ("realism_a" in cols) != ("realism_b" in cols):
+        _fail(cb.name, "has one of 'realism_a' and 'realism_b' but not the other")
+    if "realism_a" in cols and (get("realism_a")["kind"] != "ordinal"
+                                or get("realism_a")["labels"] != get("realism_b")["labels"]):
         _fail(cb.name, "'realism_a' and 'realism_b' must be ordinal end points with the same levels")
 
 def load_reref_codebook(codebook: str | os.PathLike | Mapping | Codebook | None = None # None: the packaged one; a JSON file; a dict
                        ) -> Codebook:
-    "The ReRef validation codebook, checked: phase 1, `original_guess` (0 cannot tell, 1 A, 2 B), ordinal `equivalence` and realism."
+    """The ReRef validation codebook, checked: phase 1, `original_guess` (0 cannot tell, 1 A, 2 B), ordinal
+    `equivalence` and realism."""
     cb = load_codebook(json.loads(resource_text("reref_validation_codebook.json")) if codebook is None else codebook)
     _reref_checks(cb)
     return cb
@@ -1351,8 +1460,10 @@ def load_reref_codebook(codebook: str | os.PathLike | Mapping | Codebook | None 
 # %% ../nbs/13_review.ipynb #8c693099
 def _references_in(references) -> pd.DataFrame:
     "The references table (a table, or a `RewriteRun` from `rewrite_table`), checked, with IDs and variants as text."
-    if not isinstance(references, pd.DataFrame) and callable(getattr(references, "to_frame", None)): references = references.to_frame()
-    R = require_columns(references, ["study_id", "variant", "findings", "impression", "feasible", "accepted"], "references")
+    if not isinstance(references, pd.DataFrame) and callable(getattr(references, "to_frame", None)):
+        references = references.to_frame()
+    R = require_columns(references, ["study_id", "variant", "findings", "impression", "feasible", "accepted"],
+                        "references")
     return R.assign(study_id=R.study_id.astype(str), variant=R.variant.astype(str))
 
 def _flag(R: pd.DataFrame, col: str) -> np.ndarray:
@@ -1366,31 +1477,38 @@ def _wanted_variants(variants, have: list[str]) -> list[str]:
     named = [variants] if isinstance(variants, str) else list(variants)
     want = named if set(named) <= set(have) else resolve_variants(variants)
     missing = [v for v in want if v not in have]
-    if missing: _fail("prepare_reref_validation", f"variant {missing[0]!r} is not in the references table (it has {have})")
+    if missing:
+        _fail("prepare_reref_validation", f"variant {missing[0]!r} is not in the references table (it has {have})")
     return want
 
 # %% ../nbs/13_review.ipynb #ba8f0840
-_KEY_COLUMNS = ("report_id", "study_id", "variant", "stratum", "original", "rewriter", "original_report", "rewritten_report")
+_KEY_COLUMNS = ("report_id", "study_id", "variant", "stratum", "original", "rewriter", "original_report",
+                "rewritten_report")
 
 def _candidate_pairs(studies, references, variants, strata: list[str]) -> tuple[pd.DataFrame, list[str]]:
     "Usable rewrites that differ from their original, with both texts and a stratum label; and the variants asked for."
     bad = [c for c in strata if c in _KEY_COLUMNS]
     if bad: _fail("prepare_reref_validation", f"{bad[0]!r} cannot be a stratum column (it is a column of the key)")
     R = _references_in(references); R = R[R.variant != ORIGINAL]
-    have = sorted(set(R.variant), key=lambda v: (VARIANTS.index(v) if v in VARIANTS else len(VARIANTS), v))   # taxonomy order
+    # taxonomy order
+    have = sorted(set(R.variant), key=lambda v: (VARIANTS.index(v) if v in VARIANTS else len(VARIANTS), v))
     want = _wanted_variants(variants, have)
     ok = _flag(R, "feasible") & _flag(R, "accepted") & (_flag(R, "usable") if "usable" in R else True)
     R = R[R.variant.isin(want) & ok]
     S = require_columns(studies, ["study_id", "findings", "impression", *strata], "studies")
     S = S.assign(study_id=S.study_id.astype(str)).drop_duplicates("study_id").set_index("study_id")
     unknown = sorted(set(R.study_id) - set(S.index))
-    if unknown: _fail("prepare_reref_validation", f"study {unknown[0]!r} of the references is not in the studies table ({len(unknown)} missing)")
+    if unknown:
+        _fail("prepare_reref_validation", f"study {unknown[0]!r} of the references is not in the studies table "
+                                          f"({len(unknown)} missing)")
     info = S.loc[R.study_id.tolist()]
     orig = [_reference({"findings": f, "impression": i}) for f, i in zip(info.findings, info.impression)]
     new = [_reference({"findings": f, "impression": i}) for f, i in zip(R.findings, R.impression)]
-    out = pd.DataFrame({"study_id": R.study_id.to_numpy(), "variant": R.variant.to_numpy(), **{c: info[c].to_numpy() for c in strata},
-                        "original_report": orig, "rewritten_report": new, "backend": R.backend.to_numpy() if "backend" in R else ""})
-    out = out[[bool(a.strip()) and bool(b.strip()) and not _same_text(a, b) for a, b in zip(orig, new)]].reset_index(drop=True)
+    out = pd.DataFrame({"study_id": R.study_id.to_numpy(), "variant": R.variant.to_numpy(),
+                        **{c: info[c].to_numpy() for c in strata}, "original_report": orig, "rewritten_report": new,
+                        "backend": R.backend.to_numpy() if "backend" in R else ""})
+    out = out[[bool(a.strip()) and bool(b.strip()) and not _same_text(a, b) for a,
+               b in zip(orig, new)]].reset_index(drop=True)
     return out.assign(stratum=out[["variant", *strata]].astype(str).agg("/".join, axis=1) if len(out) else ""), want
 
 # %% ../nbs/13_review.ipynb #edf6ac37
@@ -1408,20 +1526,24 @@ def _draw_pairs(cands: pd.DataFrame, n_cases: int, g: np.random.Generator, disti
     return pairs, pd.DataFrame(plan, columns=["stratum", "variant", "eligible", "available", "requested", "drawn"])
 
 def _plan_notes(plan: pd.DataFrame, want: list[str], n_cases: int) -> pd.DataFrame:
-    "The plan in variant order, with a row for every variant without an eligible pair and a note wherever a stratum fell short."
+    """The plan in variant order, with a row for every variant without an eligible pair and a note wherever a stratum
+    fell short."""
     none = [v for v in want if v not in set(plan.variant)]
-    p = pd.concat([plan, pd.DataFrame({"stratum": none, "variant": none, "eligible": 0, "available": 0, "requested": n_cases, "drawn": 0})],
+    p = pd.concat([plan, pd.DataFrame({"stratum": none, "variant": none, "eligible": 0, "available": 0,
+                                       "requested": n_cases, "drawn": 0})],
                   ignore_index=True) if none else plan
     note = ["not applicable with this back end: no accepted rewrite differs from its original" if e == 0
             else f"only {e} eligible pair(s)" if e < n_cases
-            else "too few studies left: the others were drawn for other strata (distinct_studies)" if d < n_cases else ""
+            else "too few studies left: the others were drawn for other strata (distinct_studies)" if d < n_cases
+            else ""
             for e, d in zip(p.eligible, p.drawn)]
     p = p.assign(note=note, _o=p.variant.map({v: i for i, v in enumerate(want)}))
     return p.sort_values(["_o", "stratum"], kind="stable").drop(columns="_o").reset_index(drop=True)
 
 # %% ../nbs/13_review.ipynb #de6dce19
 def _original_positions(strata: pd.Series, g: np.random.Generator) -> np.ndarray:
-    "`A` or `B` (where the original goes) per pair: within each stratum half and half (the odd one at random), in random order."
+    """`A` or `B` (where the original goes) per pair: within each stratum half and half (the odd one at random), in
+    random order."""
     s, out = strata.to_numpy(), np.empty(len(strata), dtype=object)
     for label in sorted(set(s)):
         idx = np.flatnonzero(s == label)
@@ -1435,7 +1557,8 @@ def _reref_seed(seed: int, pairs: pd.DataFrame) -> int:
     return int(sha256_text(f"cxr_audit.reref_validation:{int(seed)}:{sha256_frame(pairs[cols])}")[:16], 16)
 
 def _reref_sheet(key: pd.DataFrame, reviewer: str, cb: Codebook) -> pd.DataFrame:
-    "One reviewer's sheet, in the order of `key`: the pair as `report_a` and `report_b`, empty rating columns, `comment`."
+    """One reviewer's sheet, in the order of `key`: the pair as `report_a` and `report_b`, empty rating columns,
+    `comment`."""
     a_first = (key.original == "A").to_numpy()
     df = pd.DataFrame({"reviewer": reviewer, "phase": 1, "report_id": key.report_id.to_numpy(),
                        "report_a": np.where(a_first, key.original_report, key.rewritten_report),
@@ -1460,13 +1583,14 @@ class RerefPackets:
         return self.key
 
     def summary(self) -> pd.DataFrame:
-        "The sampling plan: pairs eligible, available, requested and drawn per stratum, with a note where one fell short."
+        """The sampling plan: pairs eligible, available, requested and drawn per stratum, with a note where one fell
+        short."""
         return self.plan
 
     def _repr_markdown_(self):
         short = int((self.plan.drawn < self.plan.requested).sum())
-        return (f"**ReRef validation sheets**: {len(self.key)} pairs over {self.key.variant.nunique()} variant(s), rewrites by "
-                f"{self.rewriter}; reviewers {', '.join(self.reviewers)}, seed {self.seed}"
+        return (f"**ReRef validation sheets**: {len(self.key)} pairs over {self.key.variant.nunique()} variant(s), "
+                f"rewrites by {self.rewriter}; reviewers {', '.join(self.reviewers)}, seed {self.seed}"
                 + (f"; {short} stratum/strata short of the pairs asked for" if short else "")
                 + (f"; {len(self.paths)} files written" if self.paths else "") + "\n\n" + md_table(self.plan))
 
@@ -1486,13 +1610,16 @@ def _write_reref_packets(P: RerefPackets, out_dir, formats, inputs: Mapping) -> 
     paths, cbt = [], P.codebook.to_frame()
     for r in P.reviewers:
         folder, name = out / "sheets" / r, f"{r}_reref"
-        paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats, {name: _limits(P.codebook, 1)})
-        (folder / "README.txt").write_text(_reref_readme(P.codebook, r), encoding="utf-8"); paths.append(folder / "README.txt")
+        paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats,
+                              {name: _limits(P.codebook, 1)})
+        (folder / "README.txt").write_text(_reref_readme(P.codebook, r),
+                                           encoding="utf-8"); paths.append(folder / "README.txt")
     paths += write_sheets({"reref_key": P.key}, out / "key", "reref_key", tuple(dict.fromkeys(("csv", *formats))))
     files = {str(p.relative_to(out)): p for p in paths}
     write_manifest(out / "key" / "manifest.json", inputs=inputs, outputs=files, command="reref validation prepare",
-                   params={"seed": P.seed, "reviewers": list(P.reviewers), "rewriter": P.rewriter, "codebook": P.codebook.name,
-                           "formats": list(formats), "pairs": len(P.key), "plan": P.plan.to_dict("records")})
+                   params={"seed": P.seed, "reviewers": list(P.reviewers), "rewriter": P.rewriter,
+                           "codebook": P.codebook.name, "formats": list(formats), "pairs": len(P.key),
+                           "plan": P.plan.to_dict("records")})
     return replace(P, paths={**files, "key/manifest.json": out / "key" / "manifest.json"})
 
 # %% ../nbs/13_review.ipynb #6f1929ec
@@ -1506,20 +1633,27 @@ def prepare_reref_validation(studies,                 # the studies table: study
                              strata: str | Sequence[str] | None = None, # also stratify by these `studies` columns, e.g. "dataset"
                              rewriter: str | None = None, # what produced the rewrites; None: the references' `backend` column, if any
                              distinct_studies: bool = True, # draw each study at most once, so no original appears twice on a sheet
-                             codebook=None,           # a `Codebook`, JSON file or dict (default: `load_reref_codebook()`)
+                             codebook=None,  # a `Codebook`, JSON file or dict (default: `load_reref_codebook()`)
                              formats: Sequence[str] = ("csv", "xlsx") # "csv" and/or "xlsx"
                             ) -> RerefPackets:
     "Blinded sheets of (original, rewrite) pairs for realism and clinical equivalence, and the private key."
     cb, reviewers, strata = load_reref_codebook(codebook), _reviewers(reviewers), _strata(strata)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)): raise TypeError(f"seed must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {seed!r}")
     cands, want = _candidate_pairs(studies, references, variants, strata)
     pairs, plan = _draw_pairs(cands, _count(n_cases, "n_cases"), rng(seed), distinct_studies)
     plan = _plan_notes(plan, want, n_cases)
-    if pairs.empty: _fail("prepare_reref_validation", f"no accepted rewrite differs from its original; nothing to validate (variants: {want})")
-    pairs = pairs.assign(_o=pairs.variant.map({v: i for i, v in enumerate(want)})).sort_values(["_o", "stratum", "study_id"], kind="stable")
+    if pairs.empty:
+        _fail("prepare_reref_validation", "no accepted rewrite differs from its original; nothing to validate "
+                                          f"(variants: {want})")
+    pairs = pairs.assign(_o=pairs.variant.map({v: i for i,
+                                               v in enumerate(want)})).sort_values(["_o", "stratum", "study_id"],
+                                                                                   kind="stable")
     g = rng(_reref_seed(seed, pairs))
-    label = str(rewriter) if rewriter else " / ".join(sorted({b for b in pairs.backend if isinstance(b, str) and b})) or "not stated"
-    pairs = pairs.assign(report_id=_tokens(len(pairs), g, "RR-"), original=_original_positions(pairs.stratum, g), rewriter=label)
+    label = str(rewriter) if rewriter else " / ".join(sorted({b for b in pairs.backend if isinstance(b, str)
+                                                              and b})) or "not stated"
+    pairs = pairs.assign(report_id=_tokens(len(pairs), g, "RR-"), original=_original_positions(pairs.stratum, g),
+                         rewriter=label)
     key = pairs[["report_id", "study_id", "variant", *strata, *_KEY_COLUMNS[3:]]].reset_index(drop=True)
     sheets = {f"{r}_reref": _reref_sheet(key.iloc[g.permutation(len(key))], r, cb) for r in reviewers}
     P = RerefPackets(key, sheets, cb, reviewers, int(seed), plan, str(key.rewriter.iloc[0]), {})
@@ -1533,7 +1667,8 @@ def _reref_latent(key: pd.DataFrame, cb: Codebook, g: np.random.Generator, tell:
     "Latent truth per pair: whether the rewrite gives itself away, the realism of each version, the equivalence."
     n, eq = len(key), cb.get(1, "equivalence")
     give = g.random(n) < tell
-    L = pd.DataFrame({"give": give, "equivalence": np.clip(eq["high"] - g.choice(3, size=n, p=[0.85, 0.12, 0.03]), eq["low"], eq["high"])},
+    L = pd.DataFrame({"give": give, "equivalence": np.clip(eq["high"] - g.choice(3, size=n, p=[0.85, 0.12, 0.03]),
+                                                           eq["low"], eq["high"])},
                      index=key.report_id.to_numpy())
     if "realism_a" in cb.columns(1):
         lo, top = cb.get(1, "realism_a")["low"], cb.get(1, "realism_a")["high"]
@@ -1550,19 +1685,24 @@ def simulate_reref_ratings(packets: RerefPackets,     # from `prepare_reref_vali
                            formats: Sequence[str] = ("csv",) # "csv" and/or "xlsx"
                           ) -> dict[str, pd.DataFrame]:
     "SIMULATED filled sheets (`R1_reref` -> table), for demonstrations and tests only; never real ratings."
-    if not isinstance(packets, RerefPackets): raise TypeError(f"packets must come from prepare_reref_validation, got {type(packets).__name__}")
+    if not isinstance(packets, RerefPackets):
+        raise TypeError(f"packets must come from prepare_reref_validation, got {type(packets).__name__}")
     for name, v, top in (("tell", tell, 1), ("unsure", unsure, 1), ("noise", noise, 0.5)):
         if not 0 <= v <= top: raise InputError(f"{name} must be between 0 and {top}, got {v!r}")
     g, cb, out = rng(seed), packets.codebook, {}
-    L, orig, ep = _reref_latent(packets.key, cb, g, tell), packets.key.set_index("report_id").original, lambda c: cb.get(1, c)
+    L, orig, ep = _reref_latent(packets.key, cb, g,
+                                tell), packets.key.set_index("report_id").original, lambda c: cb.get(1, c)
     for name, sh in packets.sheets.items():
         lat, a = L.loc[sh.report_id], (orig.loc[sh.report_id] == "A").to_numpy()
         m = len(sh)
         guess = np.where(lat.give, np.where(a, 1, 2), np.where(g.random(m) < unsure, 0, g.integers(1, 3, m)))
-        vals = {"original_guess": _noisy(guess, ep("original_guess"), g, noise, 0), "equivalence": _noisy(lat.equivalence, ep("equivalence"), g, noise, 0)}
+        vals = {"original_guess": _noisy(guess, ep("original_guess"), g, noise, 0),
+                "equivalence": _noisy(lat.equivalence, ep("equivalence"), g, noise, 0)}
         if "realism_a" in cb.columns(1):
-            ro, rr = (_noisy(lat[c], ep("realism_a"), g, noise, 0).to_numpy(dtype=int) for c in ("realism_original", "realism_rewrite"))
-            vals |= {"realism_a": pd.array(np.where(a, ro, rr), dtype="Int64"), "realism_b": pd.array(np.where(a, rr, ro), dtype="Int64")}
+            ro, rr = (_noisy(lat[c], ep("realism_a"), g, noise, 0).to_numpy(dtype=int)
+                      for c in ("realism_original", "realism_rewrite"))
+            vals |= {"realism_a": pd.array(np.where(a, ro, rr), dtype="Int64"),
+                     "realism_b": pd.array(np.where(a, rr, ro), dtype="Int64")}
         out[name] = sh.assign(**vals, comment=REREF_SIMULATED_COMMENT)
     if out_dir is not None:
         for name, sh in out.items(): write_sheets({name: sh}, out_dir, name, formats)
@@ -1580,16 +1720,19 @@ def _reref_key(key) -> pd.DataFrame:
         key = pd.DataFrame([r + [""] * (len(header) - len(r)) for r in rows], columns=header)
     K = require_columns(key, ["report_id", "study_id", "variant", "original"], what)
     K = K.assign(report_id=K.report_id.astype(str), variant=K.variant.astype(str)).reset_index(drop=True)
-    for col, bad, why in (("original", ~K.original.isin(["A", "B"]), "is not A or B"), ("report_id", K.report_id.duplicated(), "appears twice")):
+    for col, bad, why in (("original", ~K.original.isin(["A", "B"]), "is not A or B"),
+                          ("report_id", K.report_id.duplicated(), "appears twice")):
         if bad.any(): _fail(what, f"row {int(np.flatnonzero(bad)[0]) + 2}, column {col}: {K[col][bad].iloc[0]!r} {why}")
     return K
 
 def _reref_decoded(R: pd.DataFrame, K: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
-    "One row per reviewer and pair in terms of original and rewrite: `guess`, `outcome`, realism of each and their difference, `equivalence`."
+    """One row per reviewer and pair in terms of original and rewrite: `guess`, `outcome`, realism of each and their
+    difference, `equivalence`."""
     M = R.merge(K[["report_id", "study_id", "variant", "original"]], on="report_id", how="left")
     guess = M.original_guess.map(lambda v: _GUESS[int(v)]).to_numpy(dtype=object)
     D = M[["reviewer", "report_id", "study_id", "variant", "original"]].assign(
-        guess=guess, outcome=np.where(guess == "cannot tell", "cannot tell", np.where(guess == M.original.to_numpy(), "identified", "missed")))
+        guess=guess, outcome=np.where(guess == "cannot tell", "cannot tell",
+                                      np.where(guess == M.original.to_numpy(), "identified", "missed")))
     if "realism_a" in cb.columns(1):
         a = (M.original == "A").to_numpy()
         D["realism_original"] = pd.array(np.where(a, M.realism_a, M.realism_b), dtype="Int64")
@@ -1604,7 +1747,8 @@ _BY_STUDY = "bootstrap percentile, studies resampled ({} reps)"
 def _indicators(D: pd.DataFrame, cb: Codebook) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     "Per rating and reported share: `(success, counted)` as booleans."
     dec = (D.outcome != "cannot tell").to_numpy()
-    out = {"identified": ((D.outcome == "identified").to_numpy(), dec), "cannot_tell": (~dec, np.ones(len(D), dtype=bool))}
+    out = {"identified": ((D.outcome == "identified").to_numpy(), dec),
+           "cannot_tell": (~dec, np.ones(len(D), dtype=bool))}
     if "realism_difference" in D:
         d = D.realism_difference.to_numpy(dtype=float, na_value=np.nan)
         out["not_less_realistic"] = (d >= 0, np.isfinite(d))
@@ -1618,7 +1762,8 @@ def _over_studies(S: np.ndarray, value: str, units: np.ndarray, reps: int, seed,
     return float(lo), float(hi)
 
 def _share(num, den, units, pooled: bool, reps: int, seed, size: float) -> dict:
-    "`k, n, estimate, ci_low, ci_high, method` of one share: exact for one reviewer's ratings, studies resampled when pooled."
+    """`k, n, estimate, ci_low, ci_high, method` of one share: exact for one reviewer's ratings, studies resampled when
+    pooled."""
     k, n = int((num & den).sum()), int(den.sum())
     if n == 0: return {"k": 0, "n": 0, "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "method": "no ratings"}
     if not pooled:
@@ -1626,16 +1771,20 @@ def _share(num, den, units, pooled: bool, reps: int, seed, size: float) -> dict:
         return {"k": k, "n": n, "estimate": e.estimate, "ci_low": e.ci_low, "ci_high": e.ci_high, "method": e.method}
     if k in (0, n):   # resamples cannot vary: count each study once, which cannot overstate the evidence
         s = len(set(units[den])); e = exact_binomial_ci(s if k else 0, s, size)
-        return {"k": k, "n": n, "estimate": k / n, "ci_low": e.ci_low, "ci_high": e.ci_high, "method": "Clopper-Pearson exact over studies"}
-    lo, hi = _over_studies(proportion_stats((num & den).astype(float), den.astype(float)), "proportion", units, reps, seed, size)
+        return {"k": k, "n": n, "estimate": k / n, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                "method": "Clopper-Pearson exact over studies"}
+    lo, hi = _over_studies(proportion_stats((num & den).astype(float), den.astype(float)), "proportion", units, reps,
+                           seed, size)
     return {"k": k, "n": n, "estimate": k / n, "ci_low": lo, "ci_high": hi, "method": _BY_STUDY.format(reps)}
 
 def _mean_difference(d: np.ndarray, units: np.ndarray, reps: int, seed, size: float) -> dict:
     "The mean realism difference (rewrite minus original) with an interval that resamples studies."
     ok = np.isfinite(d)
-    if not ok.any(): return {"k": None, "n": 0, "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "method": "no ratings"}
+    if not ok.any():
+        return {"k": None, "n": 0, "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "method": "no ratings"}
     lo, hi = _over_studies(mean_stats(d[ok]), "mean", units[ok], reps, seed, size)
-    return {"k": None, "n": int(ok.sum()), "estimate": float(d[ok].mean()), "ci_low": lo, "ci_high": hi, "method": _BY_STUDY.format(reps)}
+    return {"k": None, "n": int(ok.sum()), "estimate": float(d[ok].mean()), "ci_low": lo, "ci_high": hi,
+            "method": _BY_STUDY.format(reps)}
 
 # %% ../nbs/13_review.ipynb #8fdb53cd
 def _selected(D: pd.DataFrame, variant: str, who: str) -> np.ndarray:
@@ -1650,8 +1799,11 @@ def _reref_proportions(D: pd.DataFrame, cb: Codebook, variants: list, reps: int,
         for who in [*revs, _POOLED]:
             sel, head = _selected(D, variant, who), {"variant": variant, "reviewer": who}
             units, pooled = D.study_id.to_numpy()[sel], who == _POOLED and len(revs) > 1
-            rows += [{**head, "metric": m, **_share(num[sel], den[sel], units, pooled, reps, seed, size)} for m, (num, den) in ind.items()]
-            if d is not None: rows.append({**head, "metric": "realism_difference", **_mean_difference(d[sel], units, reps, seed, size)})
+            rows += [{**head, "metric": m, **_share(num[sel], den[sel], units, pooled, reps, seed, size)} for m,
+                     (num, den) in ind.items()]
+            if d is not None:
+                rows.append({**head, "metric": "realism_difference",
+                             **_mean_difference(d[sel], units, reps, seed, size)})
     return pd.DataFrame(rows).astype({"k": "Int64"})
 
 def _reref_distribution(D: pd.DataFrame, cb: Codebook, variants: list) -> pd.DataFrame:
@@ -1668,7 +1820,8 @@ def _reref_distribution(D: pd.DataFrame, cb: Codebook, variants: list) -> pd.Dat
 def _agreement_endpoints(D: pd.DataFrame, cb: Codebook) -> list[tuple[str, str, list]]:
     "`(column, measures, categories)` of each decoded end point: the guess is nominal, the scores ordinal."
     eps = [("outcome", "binary", ["identified", "missed", "cannot tell"])]
-    if "realism_original" in D: eps += [(c, "ordinal", list(cb.get(1, "realism_a")["labels"])) for c in ("realism_original", "realism_rewrite")]
+    if "realism_original" in D:
+        eps += [(c, "ordinal", list(cb.get(1, "realism_a")["labels"])) for c in ("realism_original", "realism_rewrite")]
     return eps + [("equivalence", "ordinal", list(cb.get(1, "equivalence")["labels"]))]
 
 def _wide(D: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -1689,23 +1842,27 @@ def _fleiss_kappa(sums):
 
 def _fleiss_row(W: pd.DataFrame, cats: list, reps: int, seed, size: float) -> dict:
     S = _fleiss_stats(np.column_stack([(W == c).sum(axis=1).to_numpy() for c in cats]).astype(float))
-    lo, hi = bootstrap(S, _fleiss_kappa, reps=reps, seed=seed, size=size).conf_int() if len(S) >= 2 else (np.nan, np.nan)
-    return {"metric": "fleiss_kappa", "estimate": float(_fleiss_kappa(S.sum(0))), "ci_low": float(lo), "ci_high": float(hi), "n": len(S),
-            "method": f"bootstrap percentile ({reps} reps)"}
+    lo, hi = bootstrap(S, _fleiss_kappa, reps=reps, seed=seed,
+                       size=size).conf_int() if len(S) >= 2 else (np.nan, np.nan)
+    return {"metric": "fleiss_kappa", "estimate": float(_fleiss_kappa(S.sum(0))), "ci_low": float(lo),
+            "ci_high": float(hi), "n": len(S), "method": f"bootstrap percentile ({reps} reps)"}
 
 # %% ../nbs/13_review.ipynb #1e9b5b1d
 _PATTERNS = ("unanimous", "majority", "no majority")
 
 def _reref_agreement(D: pd.DataFrame, cb: Codebook, reps: int, seed, size: float) -> pd.DataFrame:
-    "Agreement per decoded end point: every pair of reviewers (`stats.rater_agreement`) and, with three or more, Fleiss' κ."
+    """Agreement per decoded end point: every pair of reviewers (`stats.rater_agreement`) and, with three or more,
+    Fleiss' κ."""
     rows = []
     for col, kind, cats in _agreement_endpoints(D, cb):
         W = _wide(D, col)
         for a, b in itertools.combinations(W.columns, 2):
-            res = rater_agreement(W[a].tolist(), W[b].tolist(), kind=kind, categories=cats, reps=reps, seed=seed, size=size)
+            res = rater_agreement(W[a].tolist(), W[b].tolist(), kind=kind, categories=cats, reps=reps, seed=seed,
+                                  size=size)
             rows += [{"endpoint": col, "raters": f"{a} vs {b}", **r} for r in res.to_dict("records")]
         if W.shape[1] >= 3: rows.append({"endpoint": col, "raters": "all", **_fleiss_row(W, cats, reps, seed, size)})
-    return pd.DataFrame(rows).reindex(columns=["endpoint", "raters", "metric", "estimate", "ci_low", "ci_high", "n", "method"])
+    return pd.DataFrame(rows).reindex(columns=["endpoint", "raters", "metric", "estimate", "ci_low", "ci_high", "n",
+                                               "method"])
 
 def _pair_patterns(D: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
     "Per pair and end point: every reviewer's value and whether all, a majority, or no majority of them agree."
@@ -1749,9 +1906,11 @@ class RerefValidation:
 
     def patterns(self) -> pd.DataFrame:
         "Per end point: pairs on which all reviewers agree, a majority agrees, or none does."
-        c = self.pairs.groupby("endpoint", sort=False).pattern.value_counts().unstack(fill_value=0).reindex(columns=list(_PATTERNS), fill_value=0)
+        c = self.pairs.groupby("endpoint",
+                               sort=False).pattern.value_counts().unstack(fill_value=0).reindex(columns=list(_PATTERNS), fill_value=0)
         long = c.stack().rename("count").reset_index()
-        return long.assign(share=long["count"] / long.groupby("endpoint")["count"].transform("sum"), reviewers=len(self.reviewers))
+        return long.assign(share=long["count"] / long.groupby("endpoint")["count"].transform("sum"),
+                           reviewers=len(self.reviewers))
 
     def disagreements(self) -> pd.DataFrame:
         "The pairs and end points on which the reviewers do not all agree (for a further reviewer), with the variant."
@@ -1760,19 +1919,23 @@ class RerefValidation:
 
     def save(self, out_dir: str | os.PathLike # folder for the tables and manifest.json
             ) -> dict[str, Path]:
-        "Write the decoded ratings, shares, equivalence distribution, agreement, pair patterns and summary as CSV, with a manifest."
+        """Write the decoded ratings, shares, equivalence distribution, agreement, pair patterns and summary as CSV,
+        with a manifest."""
         out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-        tables = {"ratings": self.ratings, "shares": self.proportions, "equivalence": self.equivalence, "agreement": self.agreement,
-                  "pairs": self.pairs, "summary": self.summary()}
+        tables = {"ratings": self.ratings, "shares": self.proportions, "equivalence": self.equivalence,
+                  "agreement": self.agreement, "pairs": self.pairs, "summary": self.summary()}
         paths = {n: write_table(t, out / f"{n}.csv") for n, t in tables.items()}
-        write_manifest(out / "manifest.json", inputs={"key": self.key}, outputs=paths, command="reref validation analyse",
-                       params={"reps": self.reps, "seed": self.seed, "size": self.size, "rewriter": self.rewriter, "simulated": self.simulated})
+        write_manifest(out / "manifest.json", inputs={"key": self.key}, outputs=paths,
+                       command="reref validation analyse",
+                       params={"reps": self.reps, "seed": self.seed, "size": self.size, "rewriter": self.rewriter,
+                               "simulated": self.simulated})
         return {**paths, "manifest": out / "manifest.json"}
 
 # %% ../nbs/13_review.ipynb #5a28b865
 @patch
 def summary(self: RerefValidation) -> pd.DataFrame:
-    "Per variant (and `all`): pairs, the pooled shares as `k/n (share; interval)`, the mean realism difference, equivalence counts."
+    """Per variant (and `all`): pairs, the pooled shares as `k/n (share; interval)`, the mean realism difference,
+    equivalence counts."""
     p = self.proportions[self.proportions.reviewer == _POOLED]
     w = p.assign(cell=[_share_text(r) for r in p.itertuples()]).pivot(index="variant", columns="metric", values="cell")
     e = self.equivalence[self.equivalence.reviewer == _POOLED].sort_values("level", ascending=False, kind="stable")
@@ -1782,11 +1945,13 @@ def summary(self: RerefValidation) -> pd.DataFrame:
     out = w.reindex(index=order, columns=list(dict.fromkeys(p.metric))).rename_axis(index="variant", columns=None)
     out.insert(0, "pairs", pairs.to_numpy())
     levels = "/".join(map(str, sorted(self.codebook.get(1, "equivalence")["labels"], reverse=True)))
-    return out.assign(**{f"equivalence {levels}": counts.to_numpy()}, rewriter=self.rewriter, ratings=self.source).reset_index()
+    return out.assign(**{f"equivalence {levels}": counts.to_numpy()}, rewriter=self.rewriter,
+                      ratings=self.source).reset_index()
 
 @patch
 def to_frame(self: RerefValidation) -> pd.DataFrame:
-    "Shares (`part = share`) and agreement (`part = agreement`) in one long table, with the rewriter and the ratings' source."
+    """Shares (`part = share`) and agreement (`part = agreement`) in one long table, with the rewriter and the ratings'
+    source."""
     df = pd.concat([self.proportions.assign(part="share"), self.agreement.assign(part="agreement")], ignore_index=True)
     return df[["part", *[c for c in df.columns if c != "part"]]].assign(rewriter=self.rewriter, ratings=self.source)
 
@@ -1796,9 +1961,10 @@ def headline(self: RerefValidation) -> str:
     lead = "**SIMULATED ratings: no person reviewed these pairs.** " if self.simulated else ""
     p = self.proportions[(self.proportions.variant == "all") & (self.proportions.reviewer == _POOLED)].set_index("metric")
     i, e, mj = p.loc["identified"], p.loc["equivalent"], p.loc["major_discrepancy"]
-    return (lead + f"{len(self.key)} pairs over {self.key.variant.nunique()} variant(s), rewrites by {self.rewriter}, rated by "
-            f"{' and '.join(self.reviewers)}: the original was named in {i.k} of the {i.n} ratings that named a version "
-            f"({i.estimate:.0%}; 50% = indistinguishable); {e.k} of {e.n} ratings found the two equivalent and {mj.k} a major discrepancy.")
+    return (lead + f"{len(self.key)} pairs over {self.key.variant.nunique()} variant(s), rewrites by {self.rewriter}, "
+            f"rated by {' and '.join(self.reviewers)}: the original was named in {i.k} of the {i.n} ratings that named "
+            f"a version ({i.estimate:.0%}; 50% = indistinguishable); {e.k} of {e.n} ratings found the two equivalent "
+            f"and {mj.k} a major discrepancy.")
 
 @patch
 def _repr_markdown_(self: RerefValidation): return self.headline() + "\n\n" + md_table(self.summary())
@@ -1807,31 +1973,44 @@ def _repr_markdown_(self: RerefValidation): return self.headline() + "\n\n" + md
 def _realism_chart(alt, result: RerefValidation, y):
     p = result.proportions
     p = p[(p.metric == "identified") & (p.reviewer == _POOLED) & (p.n > 0)]
-    x = alt.X("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="share of ratings naming the original (dashed: 50%, chance)")
+    x = alt.X("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="share of ratings naming the original (dashed: "
+                                                                "50%, chance)")
     return (alt.Chart(pd.DataFrame({"chance": [0.5]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="chance:Q")
             + alt.Chart(p).mark_rule(strokeWidth=2).encode(y=y, x=x, x2="ci_high:Q")
-            + alt.Chart(p).mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=["variant", "k", "n", "estimate", "ci_low", "ci_high"])
-           ).properties(width=300, height=alt.Step(16)), "Could the reviewers tell the original? (pooled ratings, 95% intervals)"
+            + alt.Chart(p).mark_point(filled=True, size=50).encode(y=y, x="estimate:Q",
+                                                                   tooltip=["variant", "k", "n", "estimate", "ci_low",
+                                                                            "ci_high"])
+           ).properties(width=300, height=alt.Step(16)), ("Could the reviewers tell the original? (pooled ratings, 95% "
+                                                          "intervals)")
 
 def _equivalence_chart(alt, result: RerefValidation, y):
     e = result.equivalence[result.equivalence.reviewer == _POOLED]
     e = e.assign(rating=e.label.str.split(":").str[0])
     names = [v.split(":")[0] for _, v in sorted(result.codebook.get(1, "equivalence")["labels"].items(), reverse=True)]
     return alt.Chart(e).mark_bar().encode(
-        y=y, x=alt.X("count:Q", stack="normalize", title="share of ratings"), order=alt.Order("level:Q", sort="descending"),
+        y=y, x=alt.X("count:Q", stack="normalize", title="share of ratings"),
+        order=alt.Order("level:Q", sort="descending"),
         color=alt.Color("rating:N", sort=names, title=None, legend=alt.Legend(orient="bottom")),
-        tooltip=["variant", "rating", "count", "share"]).properties(width=300, height=alt.Step(16)), "Clinical equivalence of original and rewrite (pooled ratings)"
+        tooltip=["variant", "rating", "count", "share"]).properties(width=300,
+                                                                    height=alt.Step(16)), ("Clinical equivalence of "
+                                                                                           "original and rewrite "
+                                                                                           "(pooled ratings)")
 
 def _agreement_chart(alt, result: RerefValidation):
     a = result.agreement.dropna(subset=["estimate"])
     a = a.assign(item=a.endpoint + " (" + a.raters + ")")
     y, x = alt.Y("item:N", title=None), alt.X("ci_low:Q", scale=alt.Scale(domain=[-1, 1]), title="agreement")
     layer = alt.layer(alt.Chart().mark_rule(strokeWidth=2).encode(y=y, x=x, x2="ci_high:Q"),
-                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q", tooltip=["item", "metric", "estimate", "ci_low", "ci_high", "n"]), data=a)
-    return layer.properties(width=120, height=alt.Step(16)).facet(column=alt.Column("metric:N", title=None)), "Agreement between reviewers (95% intervals)"
+                      alt.Chart().mark_point(filled=True, size=50).encode(y=y, x="estimate:Q",
+                                                                          tooltip=["item", "metric", "estimate",
+                                                                                   "ci_low", "ci_high", "n"]), data=a)
+    return layer.properties(width=120, height=alt.Step(16)).facet(column=alt.Column("metric:N",
+                                                                                    title=None)), ("Agreement between "
+                                                                                                   "reviewers (95% "
+                                                                                                   "intervals)")
 
 def plot_reref_validation(result: RerefValidation,   # from `read_reref_validation`
-                          kind: str = "realism",     # "realism" (share naming the original), "equivalence" or "agreement"
+                          kind: str = "realism",   # "realism" (share naming the original), "equivalence" or "agreement"
                           title: str | None = None   # chart title (default: says what is drawn)
                          ):
     "A figure of the ReRef validation; its subtitle names the rewriter and says whether the ratings are simulated."
@@ -1853,17 +2032,19 @@ def plot(self: RerefValidation, kind: str = "realism", # "realism", "equivalence
 
 # %% ../nbs/13_review.ipynb #d6c7b266
 def read_reref_validation(paths,                    # the returned sheets: files, folders, or {sheet name: table}
-                          key,                      # the private key: `RerefPackets`, its table, or `key/reref_key.csv` (or .xlsx)
+                          key,           # the private key: `RerefPackets`, its table, or `key/reref_key.csv` (or .xlsx)
                           codebook=None,            # a `Codebook`, JSON file or dict (default: `load_reref_codebook()`)
                           reps: int = 2000,         # resamples of the bootstrap intervals
                           seed: int = DEFAULT_SEED, # random seed of the resamples
                           size: float = 0.95        # interval coverage
                          ) -> RerefValidation:
-    "Check the returned sheets against the key, decode A and B, and measure realism, clinical equivalence and agreement."
+    """Check the returned sheets against the key, decode A and B, and measure realism, clinical equivalence and
+    agreement."""
     cb, K = load_reref_codebook(codebook), _reref_key(key)
     D = _reref_decoded(read_ratings(paths, key=K, codebook=cb), K, cb)
     variants = list(dict.fromkeys(K.variant))
     rw = sorted(set(K.rewriter.astype(str))) if "rewriter" in K else []
-    return RerefValidation(D, K, _reref_proportions(D, cb, variants, reps, seed, size), _reref_distribution(D, cb, variants),
-                           _reref_agreement(D, cb, reps, seed, size), _pair_patterns(D, cb), cb, " / ".join(rw) or "not stated",
+    return RerefValidation(D, K, _reref_proportions(D, cb, variants, reps, seed, size),
+                           _reref_distribution(D, cb, variants), _reref_agreement(D, cb, reps, seed, size),
+                           _pair_patterns(D, cb), cb, " / ".join(rw) or "not stated",
                            int(reps), int(seed), size, bool(D.comment.astype(str).str.startswith("SIMULATED").any()))

@@ -51,13 +51,14 @@ def _positive(v, what: str) -> int:
 # %% ../nbs/04_stats.ipynb #652bf40f
 def _own_units(labels: np.ndarray, df, key: str | None, what: str, given: bool) -> np.ndarray:
     "Rows without a label become their own cluster, named after their unit (`key`, else `study_id`)."
-    miss = np.array([is_missing(v) or (isinstance(v, str) and not v.strip()) for v in labels], dtype=bool) if labels.ndim == 1 else None
+    miss = np.array([is_missing(v) or (isinstance(v, str) and not v.strip()) for v in labels],
+                    dtype=bool) if labels.ndim == 1 else None
     if df is None or miss is None or not miss.any(): return labels
     unit = key if key is not None and key in df.columns else ("study_id" if "study_id" in df.columns else None)
     if unit is None: return labels   # no unit to fall back on: `cluster_codes` names the row
     if given and miss.all():
-        raise InputError(f"{what}: no row of the table got a cluster label from the labels given (is the mapping keyed by "
-                         f"`{unit}` values such as {df[unit].iloc[0]!r}?)")
+        raise InputError(f"{what}: no row of the table got a cluster label from the labels given (is the mapping "
+                         f"keyed by `{unit}` values such as {df[unit].iloc[0]!r}?)")
     out = labels.copy()
     out[miss] = [f"({unit} {v})" for v in df[unit].to_numpy()[miss]]
     return out
@@ -67,7 +68,8 @@ def resolve_clusters(clusters,          # None, a column name of `table`, a mapp
                      key: str | None = None, # column of `table` looked up in a mapping (e.g. "study_id")
                      what: str = "clusters" # named in error messages
                     ) -> np.ndarray | None:
-    "One cluster label per row of `table` (object array), or None for unit resampling; a row without a label is its own cluster."
+    """One cluster label per row of `table` (object array), or None for unit resampling; a row without a label is its
+    own cluster."""
     if clusters is None: return None
     df = None if table is None else as_pandas(table)
     if isinstance(clusters, str):
@@ -93,14 +95,15 @@ def resampling_unit(table,                   # the table resampled (studies, or 
     "Which unit `resolve_clusters` resamples in this table, in words: patients, studies, or patients where known."
     df = as_pandas(table)
     units = df[key].nunique() if key in df.columns else len(df)
-    if clusters is None or clusters not in df.columns: return f"studies ({units:,}; no `{clusters}` column)" if clusters else f"studies ({units:,})"
+    if clusters is None or clusters not in df.columns:
+        return f"studies ({units:,}; no `{clusters}` column)" if clusters else f"studies ({units:,})"
     per = df.drop_duplicates(key) if key in df.columns else df
     known = per[clusters].map(lambda v: not (is_missing(v) or (isinstance(v, str) and not v.strip())))
     n_pat = per.loc[known, clusters].nunique()
     if not known.any(): return f"studies ({units:,}; the table gives no `{clusters}`)"
     if known.all(): return f"patients (`{clusters}`: {n_pat:,} patients, {units:,} studies)"
-    return (f"patients where known (`{clusters}`: {n_pat:,} patient{'s' if n_pat != 1 else ''}), otherwise the study itself "
-            f"({int((~known).sum()):,} of {units:,} studies have no `{clusters}`)")
+    return (f"patients where known (`{clusters}`: {n_pat:,} patient{'s' if n_pat != 1 else ''}), otherwise the "
+            f"study itself ({int((~known).sum()):,} of {units:,} studies have no `{clusters}`)")
 
 # %% ../nbs/04_stats.ipynb #133baf21
 def cluster_codes(clusters,   # one label per unit (patient, case, ...); None for unit resampling
@@ -145,7 +148,8 @@ def weight_chunks(units: int,      # number of units (columns of the weight matr
                  ):
     "Yield `(first_row, W)` for consecutive chunks of the `(reps × units)` weight matrix."
     g, starts = rng(seed), range(0, reps, rows)
-    bar = None if len(starts) >= 8 else False   # a bar (on a terminal) only when the weights fill several chunks: a slow run
+    # a bar (on a terminal) only when the weights fill several chunks: a slow run
+    bar = None if len(starts) >= 8 else False
     for lo in progress(starts, f"resamples, {rows:,} per step", unit="step", enabled=bar):
         k = min(rows, reps - lo)
         cnt = _fill_counts(g.integers(0, n_codes, size=(k, n_codes)), n_codes, np.empty((k, n_codes), dtype))
@@ -335,7 +339,8 @@ def corpus_bleu(sums # summed `[m_1..m_N, t_1..t_N, hyp_len, ref_len]`, shape (.
 
 # %% ../nbs/04_stats.ipynb #b81a586a
 VALUES: dict[str, Callable] = {f.__name__: f for f in (ratio, mean, proportion, micro_precision, micro_recall,
-                                                        micro_f1, macro_precision, macro_recall, macro_f1, corpus_bleu)}  # agreement measures join below
+                                                        # agreement measures join below
+                                                        micro_f1, macro_precision, macro_recall, macro_f1, corpus_bleu)}
 
 def _value_fn(value) -> tuple[Callable, str]:
     "The value function and its display name."
@@ -441,10 +446,12 @@ def _bca(R: np.ndarray, est: np.ndarray, J: np.ndarray, size: float) -> np.ndarr
 def _interval(R, est, J, method: str, size: float) -> np.ndarray:
     "`(s × 2)` lower and upper bounds for `s` rows of replicates; `nan` (with a warning) below 2 resampling units."
     size = _check_size(size)
-    if method not in ("percentile", "bca"): raise InputError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
+    if method not in ("percentile", "bca"):
+        raise InputError(f"unknown interval method {method!r}; use 'percentile' or 'bca'")
     if np.shape(J)[-1] < 2:
-        warnings.warn(f"a bootstrap interval needs at least 2 resampling units (units or clusters), got {np.shape(J)[-1]}: "
-                      "every resample repeats the same data, so the interval is nan", DegenerateIntervalWarning, stacklevel=3)
+        warnings.warn("a bootstrap interval needs at least 2 resampling units (units or clusters), got "
+                      f"{np.shape(J)[-1]}: every resample repeats the same data, so the interval is nan",
+                      DegenerateIntervalWarning, stacklevel=3)
         return np.full((len(R), 2), np.nan)
     return _percentile(R, size) if method == "percentile" else _bca(R, est, J, size)
 
@@ -609,8 +616,8 @@ def check_reps(reps: int,              # resamples B
     "Warn (`UnderpoweredWarning`) and return False when `reps` resamples cannot make any of `comparisons` significant."
     floor = p_value_floor(reps, comparisons, p_convention)
     if floor < _check_size(alpha, "alpha"): return True
-    warnings.warn(f"{what}: with {int(reps):,} resamples and {int(comparisons)} comparisons no Holm-adjusted p can be below "
-                  f"{floor:.2g}, so none can be significant at {alpha:g}; use reps >= "
+    warnings.warn(f"{what}: with {int(reps):,} resamples and {int(comparisons)} comparisons no Holm-adjusted p can "
+                  f"be below {floor:.2g}, so none can be significant at {alpha:g}; use reps >= "
                   f"{reps_needed(comparisons, alpha, p_convention):,}", UnderpoweredWarning, stacklevel=2)
     return False
 
@@ -668,7 +675,8 @@ class PairedResult:
     def to_frame(self, method: CIMethod | None = None, # interval method (default: the result's own)
                  size: float | None = None        # coverage and alpha = 1 − size (default: the result's own)
                 ) -> pd.DataFrame:
-        "One row per comparison: `first, second, metric, estimate, ci_low, ci_high, p, p_holm, win_prob, significant` (Holm), ..."
+        """One row per comparison: `first, second, metric, estimate, ci_low, ci_high, p, p_holm, win_prob, significant`
+        (Holm), ..."""
         key = (_given(method, self.method), _given(size, self.size))      # built once per interval setting, then copied
         if key not in self._frames: self._frames[key] = self._frame(*key)
         return self._frames[key].copy()
@@ -696,7 +704,8 @@ class PairedResult:
                       size: float | None = None        # coverage (default: the result's own)
                      ) -> pd.DataFrame:
         "One row per system: its own estimate and interval (as `BootstrapResult.to_frame`)."
-        key = ("systems", _given(method, self.method), _given(size, self.size))      # built once per interval setting, then copied
+        # built once per interval setting, then copied
+        key = ("systems", _given(method, self.method), _given(size, self.size))
         if key not in self._frames: self._frames[key] = self._systems_frame(*key[1:])
         return self._frames[key].copy()
 
@@ -707,8 +716,8 @@ class PairedResult:
             warnings.simplefilter("ignore", RuntimeWarning)
             se = np.where(valid > 1, np.nanstd(self.replicates, axis=1, ddof=1), np.nan)
         return pd.DataFrame({"system": list(self.systems), "metric": self.metric, "estimate": self.estimates,
-                             "ci_low": ci[:, 0], "ci_high": ci[:, 1], "se": se, "n": self.n, "n_clusters": self.n_clusters,
-                             "reps": self.replicates.shape[1], "n_valid_reps": valid,
+                             "ci_low": ci[:, 0], "ci_high": ci[:, 1], "se": se, "n": self.n,
+                             "n_clusters": self.n_clusters, "reps": self.replicates.shape[1], "n_valid_reps": valid,
                              "method": _given(method, self.method), "size": _given(size, self.size)})
 
     def win_matrix(self) -> pd.DataFrame:
@@ -739,8 +748,8 @@ def _pairs(names: Sequence, baseline=None, pairs=None) -> tuple:
     if baseline is not None: return tuple((at(baseline), i) for i in range(len(names)) if i != at(baseline))
     return tuple(combinations(range(len(names)), 2))
 
-def bootstrap_metrics(metrics: Mapping,          # metric name -> (systems: {name: stats}, value); names label the results
-                      reps: int = 5000,          # number of resamples
+def bootstrap_metrics(metrics: Mapping,  # metric name -> (systems: {name: stats}, value); names label the results
+                      reps: int = 5000,  # number of resamples
                       seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
                       clusters=None,             # one cluster label per unit (same units for every system)
                       baseline=None,             # compare every system with this one (baseline first)
@@ -794,14 +803,16 @@ def holm_family(results: Mapping,              # key (e.g. metric) -> PairedResu
                ) -> pd.DataFrame:
     "All comparisons in one table, `p_holm` adjusted over the whole family and `significant = p_holm < 1 − size`."
     if not len(results): raise InputError("holm_family: no results to adjust")
-    frames = [(r.to_frame(method, size) if hasattr(r, "to_frame") else require_columns(r, ["p"], f"{key} {k!r}")).assign(**{key: k})
+    frames = [(r.to_frame(method, size) if hasattr(r, "to_frame")
+               else require_columns(r, ["p"], f"{key} {k!r}")).assign(**{key: k})
               for k, r in results.items()]
     df = pd.concat(frames, ignore_index=True)
     df["p_holm"] = holm(df["p"])
     if size is None: size = df["size"].iloc[0] if "size" in df and len(df) else 0.95
     alpha = 1 - _check_size(size)
     df["significant"] = df["p_holm"] < alpha
-    if "reps" in df and len(df): check_reps(int(df["reps"].min()), int(df["p"].notna().sum()), alpha, f"holm_family over {key}s")
+    if "reps" in df and len(df):
+        check_reps(int(df["reps"].min()), int(df["p"].notna().sum()), alpha, f"holm_family over {key}s")
     return df[[key] + [c for c in df.columns if c != key]]
 
 # %% ../nbs/04_stats.ipynb #f3382d60
@@ -858,20 +869,22 @@ class ComparisonFamily:
         step, mult = _holm_steps(p, self.alpha)
         ci = _inverted_interval(D, np.ones(len(D)), self.alpha, self.p_convention)
         adj = _inverted_interval(D, mult, self.alpha, self.p_convention)
-        df = df.assign(ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, p_holm=holm(p), holm_step=step, holm_level=1 - self.alpha / mult,
-                       ci_low_holm=adj[:, 0], ci_high_holm=adj[:, 1])
+        df = df.assign(ci_low=ci[:, 0], ci_high=ci[:, 1], p=p, p_holm=holm(p), holm_step=step,
+                       holm_level=1 - self.alpha / mult, ci_low_holm=adj[:, 0], ci_high_holm=adj[:, 1])
         df["significant"] = df.p_holm < self.alpha
-        cols = ["metric", "comparison", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "ci_low_holm",
-                "ci_high_holm", "holm_level", "holm_step", "significant", "n_valid_reps"]
+        cols = ["metric", "comparison", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm",
+                "ci_low_holm", "ci_high_holm", "holm_level", "holm_step", "significant", "n_valid_reps"]
         return df[cols].assign(reps=self.reps, size=self.size, p_convention=self.p_convention)
 
     def to_frame(self) -> pd.DataFrame:
-        "One row per comparison: estimate, unadjusted and Holm-adjusted intervals, p, p_holm, Holm step and level, significant, ..."
+        """One row per comparison: estimate, unadjusted and Holm-adjusted intervals, p, p_holm, Holm step and level,
+        significant, ..."""
         return self._table.copy()
 
     def summary(self) -> pd.DataFrame:
         "The short table of the paper: metric, comparison, estimate, Holm-adjusted interval, p_holm, significant."
-        return self._table[["metric", "comparison", "estimate", "ci_low_holm", "ci_high_holm", "p_holm", "significant"]].copy()
+        return self._table[["metric", "comparison", "estimate", "ci_low_holm", "ci_high_holm", "p_holm",
+                            "significant"]].copy()
 
     def compare(self, metric: str # one of the family's metrics
                ) -> PairedResult:
@@ -882,28 +895,30 @@ class ComparisonFamily:
     def note(self) -> str:
         "The p-value convention, its floors over this family, and how the adjusted intervals are made."
         return (p_value_note(self.reps, len(self._table), self.alpha, self.p_convention)
-                + " Holm-adjusted intervals: step i of m at coverage 1 − alpha/(m − i + 1), frozen at the first step not "
-                "rejected; an adjusted interval excludes 0 exactly when p_holm < alpha.")
+                + " Holm-adjusted intervals: step i of m at coverage 1 − alpha/(m − i + 1), frozen at the first "
+                "step not rejected; an adjusted interval excludes 0 exactly when p_holm < alpha.")
 
     def __repr__(self):
-        return f"ComparisonFamily({len(self._table)} comparisons of {list(self.results)}, reps={self.reps}, p={self.p_convention})"
+        return (f"ComparisonFamily({len(self._table)} comparisons of {list(self.results)}, reps={self.reps}, "
+                f"p={self.p_convention})")
 
     def _repr_markdown_(self):
         return "**Comparison family**, first − second\n\n" + md_table(self.summary()) + f"\n\n{self.note()}"
 
 # %% ../nbs/04_stats.ipynb #6250c3b2
-def comparison_family(metrics: Mapping,           # metric name -> ({configuration: per-unit statistics}, value function or name)
+def comparison_family(metrics: Mapping,  # metric name -> ({configuration: per-unit statistics}, value function or name)
                       comparisons: Sequence,      # (first, second) configuration pairs; effects are first − second
                       reps: int = 5000,           # number of resamples, shared by every metric and comparison
                       seed: int | np.random.Generator | None = DEFAULT_SEED, # int, Generator or None (see `core.rng`)
-                      clusters=None,              # None, one label per unit, or a column name / mapping resolved on `units`
-                      units=None,                 # the table whose rows are the units (for a column name or mapping in `clusters`)
+                      clusters=None,          # None, one label per unit, or a column name / mapping resolved on `units`
+                      units=None,      # the table whose rows are the units (for a column name or mapping in `clusters`)
                       key: str | None = None,     # column of `units` that a `clusters` mapping is keyed by
                       size: float = 0.95,         # interval coverage; alpha = 1 − size
                       p_convention: PConvention = "add_one", # "add_one" (package) or "floored" (paper 004's floor)
                       chunk: int | None = None    # rows of the weight matrix per chunk
                      ) -> ComparisonFamily:
-    "A family of paired comparisons on shared (clustered) resamples, Holm over the whole family, with Holm-adjusted intervals."
+    """A family of paired comparisons on shared (clustered) resamples, Holm over the whole family, with Holm-adjusted
+    intervals."""
     _p_from_counts(0, 1, p_convention)
     if not len(comparisons): raise InputError("comparison_family: no comparisons")
     labels = resolve_clusters(clusters, units, key, "clusters")
@@ -915,7 +930,7 @@ def comparison_family(metrics: Mapping,           # metric name -> ({configurati
 def systems_from_scores(scores,                   # long table: unit, system, metric, stat_* columns
                         metric: str,              # which metric to take
                         unit: str = "sample_id",  # column naming the shared unit (e.g. study_id)
-                        clusters=None             # column of `scores` with each unit's cluster, or a mapping unit -> cluster
+                        clusters=None        # column of `scores` with each unit's cluster, or a mapping unit -> cluster
                        ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     "`({system: (units × k) stats}, clusters)` for one metric of a long `scores` table."
     df = require_columns(scores, ["system", "metric", unit], "scores")
@@ -924,8 +939,11 @@ def systems_from_scores(scores,                   # long table: unit, system, me
     cols = [c for c in d.columns if str(c).startswith("stat_") and d[c].notna().any()]
     if not cols: raise InputError(f"scores: metric {metric!r} has no stat_* columns")
     dup = d.duplicated(["system", unit])
-    if dup.any(): raise InputError(f"scores: {metric!r} has unit {d.loc[dup, unit].iloc[0]!r} twice for system {d.loc[dup, 'system'].iloc[0]!r}")
-    who, names = pd.factorize(d["system"]); where, order = pd.factorize(d[unit], use_na_sentinel=False)   # first-seen order
+    if dup.any():
+        raise InputError(f"scores: {metric!r} has unit {d.loc[dup, unit].iloc[0]!r} twice for system "
+                         f"{d.loc[dup, 'system'].iloc[0]!r}")
+    # first-seen order
+    who, names = pd.factorize(d["system"]); where, order = pd.factorize(d[unit], use_na_sentinel=False)
     values = d[cols].to_numpy(dtype=float) if all(pd.api.types.is_numeric_dtype(d[c]) for c in cols) else None
     out = {}
     for i, s in enumerate(names):
@@ -933,11 +951,14 @@ def systems_from_scores(scores,                   # long table: unit, system, me
         if len(rows) < len(order):
             missing = set(order) - set(d[unit].iloc[rows])
             raise InputError(f"scores: system {s!r} has no {metric!r} row for unit {sorted(map(str, missing))[0]!r}")
-        take = rows[np.argsort(where[rows])]            # this system's rows in unit order (each unit once: checked above)
-        S = d[cols].iloc[take] if values is None else values[take] if values.flags.c_contiguous else np.asfortranarray(values[take])
-        out[s] = as_stats(S, f"scores {metric!r}/{s!r}")   # same memory layout as the table's: column sums agree to the last bit
+        take = rows[np.argsort(where[rows])]  # this system's rows in unit order (each unit once: checked above)
+        S = (d[cols].iloc[take] if values is None else values[take] if values.flags.c_contiguous
+             else np.asfortranarray(values[take]))
+        # same memory layout as the table's: column sums agree to the last bit
+        out[s] = as_stats(S, f"scores {metric!r}/{s!r}")
     if clusters is None: return out, None
-    return out, resolve_clusters(clusters, d.iloc[np.unique(where, return_index=True)[1]].reset_index(drop=True), key=unit)
+    return out, resolve_clusters(clusters, d.iloc[np.unique(where, return_index=True)[1]].reset_index(drop=True),
+                                 key=unit)
 
 # %% ../nbs/04_stats.ipynb #6e6cf441
 def incidence(items_per_unit: Iterable[Iterable[Hashable]] # for each unit, the items it contains (repeats allowed)
@@ -980,7 +1001,8 @@ def distinct_replicates(matrix,                   # (units × items) incidence m
     return _distinct_and_sums(_binary(matrix), None, reps, seed, clusters, chunk)[0]
 
 def _distinct_and_sums(X, S, reps: int, seed, clusters, chunk) -> tuple[np.ndarray, np.ndarray | None]:
-    "Distinct items of each resample and, when `S` (units × k) is given, its column sums (`replicate_sums`), from one draw of the weights."
+    """Distinct items of each resample and, when `S` (units × k) is given, its column sums (`replicate_sums`), from one
+    draw of the weights."""
     n = X.shape[0]
     codes, m = cluster_codes(clusters, n)
     single, shared = _split_items(X)
@@ -1010,7 +1032,7 @@ def bootstrap_distinct(matrix,                # (units × items) incidence matri
     if scheme != "recount": raise InputError(f"scheme must be 'shares' or 'recount', got {scheme!r}")
     X = _binary(matrix); n = X.shape[0]; size = _check_size(size)
     tot = distinct_stats(X, totals)[:, 1]
-    d, sums = _distinct_and_sums(X, as_stats(tot[:, None]), reps, seed, clusters, chunk)   # the same weights, drawn once
+    d, sums = _distinct_and_sums(X, as_stats(tot[:, None]), reps, seed, clusters, chunk)  # the same weights, drawn once
     den = sums[:, 0]
     codes, m = cluster_codes(clusters, n)
     Xg = sparse.csc_matrix(_group_sums(X, codes, m)); Xg.data[:] = 1     # which unit/cluster has which item
@@ -1021,8 +1043,8 @@ def bootstrap_distinct(matrix,                # (units × items) incidence matri
 
 # %% ../nbs/04_stats.ipynb #127ff751
 def _rank_min(X) -> np.ndarray:
-    """scipy's `rankdata(X, method="min", axis=-1)` (ranks 1..k along the last axis, ties share the lowest, a row holding a
-    NaN all NaN), without importing scipy.stats (~0.5 s) for it."""
+    """scipy's `rankdata(X, method="min", axis=-1)` (ranks 1..k along the last axis, ties share the lowest, a row
+    holding a NaN all NaN), without importing scipy.stats (~0.5 s) for it."""
     X = np.asarray(X, dtype=float)
     order = np.argsort(X, axis=-1, kind="mergesort")
     xs = np.take_along_axis(X, order, axis=-1)
@@ -1047,7 +1069,8 @@ def _shared_first(R: np.ndarray) -> np.ndarray:
 def rank_ci(result: PairedResult,     # a paired result of several systems
             size: float | None = None # interval coverage (default: the result's own)
            ) -> pd.DataFrame:
-    "Per system: `metric`, `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first` (k systems tied first share it: 1/k each)."
+    """Per system: `metric`, `value`, rank `estimate`, rank interval `ci_low`/`ci_high`, `mean_rank`, `p_first` (k
+    systems tied first share it: 1/k each)."""
     size = _check_size(_given(size, result.size)); a = (1 - size) / 2
     R = replicate_ranks(result)
     e = result.estimates
@@ -1059,7 +1082,9 @@ def rank_ci(result: PairedResult,     # a paired result of several systems
 
 # %% ../nbs/04_stats.ipynb #4f174e9d
 def _pair_table(r, method=None, size=None) -> pd.DataFrame:
-    df = r.to_frame(method, size) if hasattr(r, "to_frame") else require_columns(r, ["first", "second", "estimate", "ci_low", "ci_high"], "comparisons")
+    df = r.to_frame(method, size) if hasattr(r, "to_frame") else require_columns(r,
+                                                                                 ["first", "second", "estimate",
+                                                                                  "ci_low", "ci_high"], "comparisons")
     sig = df["significant"] if "significant" in df else (df.ci_low > 0) | (df.ci_high < 0)
     metric = df["metric"] if "metric" in df else getattr(r, "metric", None)
     return df.assign(verdict=np.where(sig, np.sign(df.estimate), 0).astype(int), metric=metric)
@@ -1073,10 +1098,12 @@ def ranking_reversals(before,           # PairedResult (or its to_frame table) u
     return _reversals(_pair_table(before, method, size), _pair_table(after, method, size))
 
 def _matched(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list, list, list]:
-    "Rows of `a` as (metric, first, second), and per row (estimate, verdict) before and after, from two pair tables (`_pair_table`)."
+    """Rows of `a` as (metric, first, second), and per row (estimate, verdict) before and after, from two pair tables
+    (`_pair_table`)."""
     by_metric = a["metric"].notna().all() and b["metric"].notna().all()
     key = (lambda m, f, s: (m, f, s)) if by_metric else (lambda m, f, s: (f, s))
-    other = {key(m, f, s): (e, v) for m, f, s, e, v in zip(b["metric"], b["first"], b["second"], b["estimate"], b["verdict"])}
+    other = {key(m, f, s): (e, v) for m, f, s, e,
+             v in zip(b["metric"], b["first"], b["second"], b["estimate"], b["verdict"])}
     names, before, after = [], [], []
     for m, f, s, e, v in zip(a["metric"], a["first"], a["second"], a["estimate"], a["verdict"]):
         if key(m, f, s) in other: e2, v2 = other[key(m, f, s)]
@@ -1095,7 +1122,8 @@ def _outcomes(before: list, after: list) -> tuple[np.ndarray, np.ndarray, np.nda
 def _reversals(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     "`ranking_reversals` of two pair tables (`_pair_table`)."
     names, before, after = _matched(a, b)
-    df = pd.DataFrame([{"metric": m, "first": f, "second": s, "estimate_before": x[0], "estimate_after": y[0], "verdict_before": x[1],
+    df = pd.DataFrame([{"metric": m, "first": f, "second": s, "estimate_before": x[0], "estimate_after": y[0],
+                        "verdict_before": x[1],
                         "verdict_after": y[1]} for (m, f, s), x, y in zip(names, before, after)])
     df["flip"], df["verdict_change"], df["significant_flip"] = _outcomes(before, after)
     return df
@@ -1141,7 +1169,8 @@ class Estimate:
 # %% ../nbs/04_stats.ipynb #9d8f9746
 def _pair_arrays(x, y, what: str) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1: raise InputError(f"{what}: expected two equal-length 1-D sequences, got {x.shape} and {y.shape}")
+    if x.shape != y.shape or x.ndim != 1:
+        raise InputError(f"{what}: expected two equal-length 1-D sequences, got {x.shape} and {y.shape}")
     bad = ~(np.isfinite(x) & np.isfinite(y))
     if bad.any(): raise InputError(f"{what}: row {int(np.flatnonzero(bad)[0])} is missing")
     if len(x) < 2: raise InputError(f"{what}: need at least 2 pairs of scores, got {len(x)}")
@@ -1162,7 +1191,8 @@ def _orderings(n: int) -> np.ndarray:
     return np.fromiter(chain.from_iterable(permutations(range(n))), dtype=np.int8).reshape(-1, n)
 
 def _spearman(x: np.ndarray, y: np.ndarray):
-    "Spearman's rho with its two-sided p-value: exact over all n! orderings for n <= EXACT_SPEARMAN_MAX_N, else scipy's t approximation."
+    """Spearman's rho with its two-sided p-value: exact over all n! orderings for n <= EXACT_SPEARMAN_MAX_N, else
+    scipy's t approximation."""
     from scipy import stats as sps
     r = sps.spearmanr(x, y)
     n = len(x)
@@ -1170,10 +1200,12 @@ def _spearman(x: np.ndarray, y: np.ndarray):
     rx, ry = sps.rankdata(x) - (n + 1) / 2, sps.rankdata(y) - (n + 1) / 2
     sxy = np.sqrt((rx @ rx) * (ry @ ry))
     null = np.abs(ry[_orderings(n)] @ rx) / sxy                 # |rho| under every ordering of the second ranking
-    return r.statistic, float(np.mean(null >= abs(r.statistic) - 1e-12)), f"exact permutation p over all {math.factorial(n):,} orderings"
+    return r.statistic, float(np.mean(null >= abs(r.statistic) - 1e-12)), ("exact permutation p over all "
+                                                                           f"{math.factorial(n):,} orderings")
 
 def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: int, doc: str):
-    "A public rank correlation `name`: scipy's `correlate` and its p-value, with a Fisher-z interval of variance `var_num/(n-lost)`."
+    """A public rank correlation `name`: scipy's `correlate` and its p-value, with a Fisher-z interval of variance
+    `var_num/(n-lost)`."""
     def correlation(first,            # one score per object (system) under the first evaluation
                     second,           # the same objects' scores under the second evaluation
                     size: float = 0.95 # interval coverage
@@ -1187,7 +1219,8 @@ def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: i
     return correlation
 
 spearman = _rank_correlation("spearman", "spearman_rho", _spearman, 1.06, 3,
-                             "Spearman's rho with an exact permutation p-value for up to 10 pairs (asymptotic above) and a Fisher-z interval.")
+                             "Spearman's rho with an exact permutation p-value for up to 10 pairs (asymptotic above) "
+                             "and a Fisher-z interval.")
 
 # %% ../nbs/04_stats.ipynb #d7b0b55b
 def _kendall(x: np.ndarray, y: np.ndarray):
@@ -1242,8 +1275,10 @@ def _rater_labels(rater_a, rater_b) -> tuple[list, list]:
     if not a: raise InputError("rater agreement: no items (both label lists are empty)")
     for who, labels in (("a", a), ("b", b)):
         miss = [k for k, v in enumerate(labels) if is_missing(v)]
-        if miss: raise InputError(f"rater agreement: row {miss[0]}: rater {who}'s label is missing ({len(miss)} row(s) affected); "
-                                  "drop the items a rater left unrated first, e.g. ratings.dropna(subset=[...])")
+        if miss:
+            raise InputError(f"rater agreement: row {miss[0]}: rater {who}'s label is missing ({len(miss)} row(s) "
+                                  "affected); drop the items a rater left unrated first, e.g. "
+                                  "ratings.dropna(subset=[...])")
     return a, b
 
 def _categories(a: list, b: list, categories) -> list:
@@ -1267,7 +1302,8 @@ def _cross_cells(rater_a, rater_b, categories) -> tuple[np.ndarray, list]:
     S = np.zeros((len(a), q * q))
     for k, (u, v) in enumerate(zip(a, b)):
         for who, val in (("a", u), ("b", v)):
-            if val not in pos: raise InputError(f"rater agreement: row {k}: rater {who} label {val!r} is not one of {cats}")
+            if val not in pos:
+                raise InputError(f"rater agreement: row {k}: rater {who} label {val!r} is not one of {cats}")
         S[k, pos[u] * q + pos[v]] = 1
     return S, cats
 
@@ -1351,8 +1387,10 @@ def exact_binomial_ci(successes: int,                # number of successes k (a 
                      ) -> Estimate:
     "A proportion with its Clopper–Pearson exact interval."
     k, n = _count(successes, "exact_binomial_ci: successes"), _count(trials, "exact_binomial_ci: trials")
-    if n < 1 or not 0 <= k <= n: raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
-    a = (1 - _check_size(size)) / 2   # the closed form: beta quantiles (scipy's binomtest finds the same bounds by root search, ~100x slower)
+    if n < 1 or not 0 <= k <= n:
+        raise InputError(f"exact_binomial_ci: need 0 <= successes <= trials and trials >= 1, got {k}/{n}")
+    # the closed form: beta quantiles (scipy's binomtest finds the same bounds by root search, ~100x slower)
+    a = (1 - _check_size(size)) / 2
     from scipy import special
     lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, a))     # = scipy.stats.beta.ppf(a, k, n - k + 1)
     hi = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1 - a))
@@ -1370,7 +1408,8 @@ def binomial_cis(df,                 # table with one count pair per row
     for i, (k, n) in enumerate(zip(df[successes], df[trials])):
         try: est.append(exact_binomial_ci(k, n, size))
         except InputError as err: raise InputError(f"binomial_cis: row {i}: {err}") from None
-    return df.assign(estimate=[e.estimate for e in est], ci_low=[e.ci_low for e in est], ci_high=[e.ci_high for e in est])
+    return df.assign(estimate=[e.estimate for e in est], ci_low=[e.ci_low for e in est],
+                     ci_high=[e.ci_high for e in est])
 
 # %% ../nbs/04_stats.ipynb #8ffd2e7a
 _MEASURES = {"binary": ("percent_agreement", "cohen_kappa", "gwet_ac1"),
@@ -1449,20 +1488,25 @@ def plot_forest(result,                     # PairedResult, or a comparisons tab
     alt = enable_theme(svg=False)
     df = _frame_of(result, method, size)
     df["comparison"] = df["first"].astype(str) + " − " + df["second"].astype(str)
-    yes, no = ("significant (Holm)", "not significant") if "significant" in df else ("CI excludes 0 (unadjusted)", "CI includes 0")
+    yes, no = ("significant (Holm)", "not significant") if "significant" in df else ("CI excludes 0 (unadjusted)",
+                                                                                     "CI includes 0")
     if "significant" not in df: df["significant"] = (df.ci_low > 0) | (df.ci_high < 0)
     df["verdict"] = np.where(df["significant"], yes, no)
     keep = ["comparison", "estimate", "ci_low", "ci_high", "verdict"] + [c for c in ("p_holm", facet) if c in df]
     df = df[keep]
     base = alt.Chart().encode(y=alt.Y("comparison:N", sort=None, title=None))
-    color = alt.Color("verdict:N", scale=alt.Scale(domain=[yes, no], range=["#222222", "#9E9E9E"]), title=None)  # greys: colours name systems
+    # greys: colours name systems
+    color = alt.Color("verdict:N", scale=alt.Scale(domain=[yes, no], range=["#222222", "#9E9E9E"]), title=None)
     tip = [alt.Tooltip(c) for c in keep if c != "verdict"]
     layers = alt.layer(alt.Chart().mark_rule(color="#888", strokeDash=[4, 3]).encode(x=alt.datum(0)),
                        base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title="difference (first − second)"),
                                                             x2="ci_high:Q", color=color),
                        base.mark_point(filled=True, size=60).encode(x="estimate:Q", color=color, tooltip=tip))
-    name = title or (f"{result.metric}: paired differences" if isinstance(result, PairedResult) else "Paired differences")
-    if facet in df: return layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row(f"{facet}:N", title=None), data=df, title=name).resolve_scale(y="independent")
+    name = title or (f"{result.metric}: paired differences" if isinstance(result, PairedResult)
+                     else "Paired differences")
+    if facet in df:
+        return layers.properties(width=320, height=alt.Step(22)).facet(row=alt.Row(f"{facet}:N", title=None), data=df,
+                                                                       title=name).resolve_scale(y="independent")
     return alt.layer(*layers.layer, data=df).properties(width=360, height=alt.Step(24), title=name)
 
 # %% ../nbs/04_stats.ipynb #567bc93d
@@ -1476,9 +1520,13 @@ def plot_win_probability(result: PairedResult,    # a paired result of several s
     df["label"] = df.win_prob.map("{:.2f}".format)
     order = list(result.systems)
     enc = dict(x=alt.X("column:N", sort=order, title="column system"), y=alt.Y("row:N", sort=order, title="row system"))
-    heat = alt.Chart(df).mark_rect().encode(**enc, color=alt.Color("win_prob:Q", scale=alt.Scale(domain=[0, 1], scheme="blueorange"),
-                                                                   title="P(win)"), tooltip=["row", "column", "win_prob"])
+    heat = alt.Chart(df).mark_rect().encode(**enc,
+                                            color=alt.Color("win_prob:Q",
+                                                            scale=alt.Scale(domain=[0, 1], scheme="blueorange"),
+                                                                   title="P(win)"),
+                                            tooltip=["row", "column", "win_prob"])
     text = alt.Chart(df).mark_text(fontSize=11).encode(**enc, text="label:N",
-                                                        color=alt.condition("abs(datum.win_prob - 0.5) > 0.35", alt.value("white"), alt.value("black")))
+                                                        color=alt.condition("abs(datum.win_prob - 0.5) > 0.35",
+                                                                            alt.value("white"), alt.value("black")))
     return (heat + text).properties(width=alt.Step(48), height=alt.Step(32),
                                     title=title or f"{result.metric}: P(row better than column)")

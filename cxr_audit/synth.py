@@ -65,7 +65,8 @@ def load_phrases(phrases: str | os.PathLike | Mapping | None = None # None (pack
     return _check_phrases(base, what)
 
 # %% ../nbs/02a_synth.ipynb #2e2bb7af
-FINDING_MODEL = {  # observation: (start, onset, scale, (left, right, bilateral) or None, (resolve, worsen, improve, stay), uncertain)
+# observation: (start, onset, scale, (left, right, bilateral) or None, (resolve, worsen, improve, stay), uncertain)
+FINDING_MODEL = {
     "Enlarged Cardiomediastinum": (0.04, 0.02, "degree", None, (0.05, 0.10, 0.10, 0.75), 0.0),
     "Cardiomegaly":               (0.15, 0.03, "degree", None, (0.02, 0.15, 0.08, 0.75), 0.0),
     "Lung Opacity":               (0.12, 0.10, "degree", (0.35, 0.40, 0.25), (0.35, 0.15, 0.20, 0.30), 0.0),
@@ -139,7 +140,8 @@ def _step(f: Finding, g: np.random.Generator) -> tuple[Finding | None, str]:
     up = move == "worsened"
     if f.level is not None: return replace(f, level=f.level + (1 if up else -1)), move
     s, k = f.size_cm, float(g.uniform(1.2, 1.5) if up else g.uniform(0.6, 0.85))
-    return replace(f, size_cm=max(round(s * k, 1), round(s + 0.1, 1)) if up else max(0.3, min(round(s * k, 1), round(s - 0.1, 1)))), move
+    return replace(f, size_cm=max(round(s * k, 1), round(s + 0.1, 1)) if up
+                   else max(0.3, min(round(s * k, 1), round(s - 0.1, 1)))), move
 
 # %% ../nbs/02a_synth.ipynb #af947b33
 def simulate_patient(n_visits: int,              # number of studies, at least 1
@@ -268,7 +270,8 @@ def render_mention(mention: Mention,                # what the sentence is about
     vals, _ = _mention_values(mention, ob, style, generator, phrases)
     frames = [t for t in ob.get("frames", {}).get(mention.kind, {}).get(fs) or phrases["frames"][mention.kind][fs]
               if all(vals.get(k) is not None for k in _fields(t))]
-    if not frames: raise InputError(f"phrase bank: no usable '{mention.kind}' frame for {mention.observation} in style {fs!r}")
+    if not frames:
+        raise InputError(f"phrase bank: no usable '{mention.kind}' frame for {mention.observation} in style {fs!r}")
     return _cap(_fill(_pick(generator, frames), vals))
 
 def _phrase_sev(f: Finding, ob: Mapping) -> str | None:
@@ -283,7 +286,8 @@ def _normal_sentences(units, covered: set, g) -> list[tuple[str, str, list]]:
     for u in units:
         if g.random() >= u.get("p", 1.0): continue
         free = [o for o in u["negates"] if o not in covered]
-        if not covered & (set(u["negates"]) | set(u.get("clear", ()))): out.append((u["system"], _pick(g, u["all"]), free))
+        if not covered & (set(u["negates"]) | set(u.get("clear", ()))):
+            out.append((u["system"], _pick(g, u["all"]), free))
         else: out += [(u["system"], _pick(g, u["each"][o]), [o]) for o in free if o in u.get("each", {})]
     return out
 
@@ -308,7 +312,8 @@ def render_findings(mentions: list[Mention],         # the study's mentions (see
     return [s for *_, s in sorted(items)], denied
 
 # %% ../nbs/02a_synth.ipynb #7e87f106
-_IMPRESSION_ORDER = {"new": 0, "new_uncertain": 1, "worsened": 2, "static": 3, "uncertain": 4, "improved": 5, "no change": 6, "resolved": 7}
+_IMPRESSION_ORDER = {"new": 0, "new_uncertain": 1, "worsened": 2, "static": 3, "uncertain": 4, "improved": 5,
+                     "no change": 6, "resolved": 7}
 
 def _impression(mentions, style, g, phrases) -> list[str]:
     keep = [m for m in mentions if m.observation != "Support Devices" or m.kind in ("new", "resolved")]
@@ -318,10 +323,12 @@ def _impression(mentions, style, g, phrases) -> list[str]:
 
 def _indication(style, g, phrases, sex: str, devices: bool, follow_up: bool) -> str:
     ind = phrases["indications"]
-    pool = ind["devices"] if devices and g.random() < 0.6 else ind["follow_up"] if follow_up and g.random() < 0.3 else ind["any"]
+    pool = (ind["devices"] if devices and g.random() < 0.6 else ind["follow_up"] if follow_up and g.random() < 0.3
+            else ind["any"])
     c = _pick(g, pool)
     return _fill(_pick(g, phrases["indication_formats"][style]),
-                 {"deid": phrases["deid"][style], "sex": phrases["sex"][style][sex], "sx": sex, "complaint": c, "Complaint": _cap(c)})
+                 {"deid": phrases["deid"][style], "sex": phrases["sex"][style][sex], "sx": sex, "complaint": c,
+                  "Complaint": _cap(c)})
 
 # %% ../nbs/02a_synth.ipynb #dce24f8f
 _DATE_FORMAT = {"prose": "%m/%d/%Y", "terse": "%Y-%m-%d"}
@@ -344,7 +351,8 @@ def render_report(current: dict,                   # {observation: Finding} at t
     sents, denied = render_findings(ms, style, g, P)
     date = P["deid"][style] if prior_time is None or g.random() < 0.2 else prior_time.strftime(_DATE_FORMAT[style])
     r = {"indication": _indication(style, g, P, sex, "Support Devices" in current, prior is not None),
-         "comparison": _pick(g, P["comparison"][style]["none"]) if prior is None else _fill(_pick(g, P["comparison"][style]["prior"]), {"date": date}),
+         "comparison": _pick(g, P["comparison"][style]["none"]) if prior is None
+         else _fill(_pick(g, P["comparison"][style]["prior"]), {"date": date}),
          "technique": _pick(g, P["technique"][style][_TECHNIQUE_OF_VIEWS[tuple(views)]]),
          "findings": " ".join(sents)}
     imp = _impression(ms, style, g, P)
@@ -354,7 +362,8 @@ def render_report(current: dict,                   # {observation: Finding} at t
 
 def _layout(r: Mapping, style: str) -> str:
     heads = ("indication", "comparison", "technique", "findings", "impression")
-    if style == "prose": return "\n\n".join(f"{h.upper()}:{chr(10) if h in ('findings', 'impression') else ' '}{r[h]}" for h in heads)
+    if style == "prose":
+        return "\n\n".join(f"{h.upper()}:{chr(10) if h in ('findings', 'impression') else ' '}{r[h]}" for h in heads)
     return "\n".join(f"{h.upper()}:{chr(10) if h == 'impression' else ' '}{r[h]}" for h in heads)
 
 # %% ../nbs/02a_synth.ipynb #fbe7c5ea
@@ -395,7 +404,8 @@ def _gen_verbose(ms, g, P):
 
 def _gen_terse(ms, g, P):
     r = SYSTEM_RATES["sim-terse"]
-    ms = [replace(m, collapse_side=bool(g.random() < r["collapse_side"]), collapse_sev=bool(g.random() < r["collapse_sev"])) for m in ms]
+    ms = [replace(m, collapse_side=bool(g.random() < r["collapse_side"]),
+                  collapse_sev=bool(g.random() < r["collapse_sev"])) for m in ms]
     return " ".join(render_findings(ms, "terse", g, P)[0]), [], [], []
 
 def _gen_omit(ms, g, P):
@@ -422,7 +432,8 @@ def _gen_template_b4(ms, g, P):
     text, true = _pick(g, texts, w), [m for m in ms if m.current is not None]
     if true and g.random() < SYSTEM_RATES["sim-template"]["b4_add_finding"]:
         m = _pick(g, true)
-        return text + " " + render_mention(m, "terse", g, P), [o for o in _true_findings(ms) if o != m.observation], [], []
+        return text + " " + render_mention(m, "terse", g,
+                                           P), [o for o in _true_findings(ms) if o != m.observation], [], []
     return text, _true_findings(ms), [], []
 
 def _gen_template_k50(ms, g, P):
@@ -439,8 +450,9 @@ def _gen_template_k50(ms, g, P):
         omitted = [o for o in omitted if o != m.observation]
     return " ".join(sents), omitted, [], []
 
-GENERATORS = {("sim-verbose", "B4"): _gen_verbose, ("sim-terse", "B4"): _gen_terse, ("sim-template", "B4"): _gen_template_b4,
-              ("sim-template", "K50"): _gen_template_k50, ("sim-omit", "B4"): _gen_omit}
+GENERATORS = {("sim-verbose", "B4"): _gen_verbose, ("sim-terse", "B4"): _gen_terse,
+              ("sim-template", "B4"): _gen_template_b4, ("sim-template", "K50"): _gen_template_k50,
+              ("sim-omit", "B4"): _gen_omit}
 
 # %% ../nbs/02a_synth.ipynb #83c806c7
 def _cap_tokens(text: str) -> tuple[str, int, bool]:
@@ -472,7 +484,8 @@ class DemoCorpus:
 
     def tables(self) -> dict:
         "The four tables by name."
-        return {"studies": self.studies, "findings": self.findings, "progression": self.progression, "generations": self.generations}
+        return {"studies": self.studies, "findings": self.findings, "progression": self.progression,
+                "generations": self.generations}
 
     def write(self, folder: str | os.PathLike # where `<name>.parquet` files go
              ) -> dict:
@@ -495,7 +508,8 @@ _SITES = {"prose": ("synthetic-site-a", "prose"), "terse": ("synthetic-site-b", 
 _VIEW_SETS = (("PA", "LATERAL"), ("PA",), ("AP",), ("LATERAL", "PA"))
 
 def _visit_times(g, n: int) -> list[_dt.datetime]:
-    t = _dt.datetime(2010, 1, 1) + _dt.timedelta(days=int(g.integers(0, 8 * 365)), minutes=int(g.integers(7 * 60, 19 * 60)))
+    t = _dt.datetime(2010, 1, 1) + _dt.timedelta(days=int(g.integers(0, 8 * 365)),
+                                                 minutes=int(g.integers(7 * 60, 19 * 60)))
     out = [t]
     for _ in range(n - 1):
         days = int(g.integers(1, 15)) if g.random() < 0.4 else int(g.integers(21, 241))
@@ -517,7 +531,8 @@ def _findings_rows(sid: str, state: dict, denied: set, P) -> list[dict]:
             rows.append({"study_id": sid, "observation": o, "status": f.status, "laterality": f.laterality,
                          "severity": f.severity, "size_cm": f.size_cm, "device": f.device})
         elif o in denied: rows.append({"study_id": sid, "observation": o, "status": "absent"})
-    for r in rows: r["keyword"] = P["observations"][r["observation"]]["keyword"] if r["observation"] != "No Finding" else None
+    for r in rows:
+        r["keyword"] = P["observations"][r["observation"]]["keyword"] if r["observation"] != "No Finding" else None
     return rows
 
 FINDINGS_COLUMNS = ("study_id", "observation", "status", "laterality", "severity", "size_cm", "device", "keyword")
@@ -538,16 +553,20 @@ def _patient(i: int, g, P, first_study: int) -> dict:
         prior, ch = (states[v - 1], changes[v - 1]) if v else (None, None)
         rep = render_report(states[v], style, g_rep, prior=prior, changes=ch, prior_time=times[v - 1] if v else None,
                             views=views, sex=sex, phrases=P)
-        out["studies"].append({"study_id": sid, "patient_id": pid, "dataset": _SITES[style][0], "split": split, "view": views[0],
+        out["studies"].append({"study_id": sid, "patient_id": pid, "dataset": _SITES[style][0], "split": split,
+                               "view": views[0],
                                "image_paths": [f"synthetic/images/{sid}_{k}.png" for k in range(len(views))],
-                               "study_time": times[v], **{k: rep[k] for k in ("indication", "comparison", "technique", "findings", "impression", "text")},
+                               "study_time": times[v],
+                               **{k: rep[k] for k in ("indication", "comparison", "technique", "findings", "impression",
+                                                      "text")},
                                "restricted": False, "style": style})
         out["findings"] += _findings_rows(sid, states[v], rep["denied"], P)
         out["mentions"].append(mentions_of(states[v], prior, ch))
         for o in (OBSERVATIONS[1:] if v else ()):
             if o in ch:
-                out["progression"].append({"patient_id": pid, "study_id": sid, "prior_study_id": f"synth-s{first_study + v - 1:06d}",
-                                           "observation": o, "keyword": P["observations"][o]["keyword"],
+                out["progression"].append({"patient_id": pid, "study_id": sid,
+                                           "prior_study_id": f"synth-s{first_study + v - 1:06d}", "observation": o,
+                                           "keyword": P["observations"][o]["keyword"],
                                            "change": ch[o], "progression": PROGRESSION_OF_CHANGE[ch[o]]})
     out["generations"] = [[GENERATORS[run](ms, gs, P) for ms in out["mentions"]] for run, gs in zip(RUNS, g_sys)]
     return out
@@ -569,8 +588,9 @@ def _generations(patients: list[dict], seed: int, g_inv, P) -> pd.DataFrame:
         invalid = _invalid_outputs(len(outs), g_inv, P) if run == ("sim-template", "K50") else {}
         for k, (sid, (text, omitted, halluc, altered)) in enumerate(zip(sids, outs)):
             hyp, n_tok, trunc = invalid.get(k) or _cap_tokens(text)
-            rows.append({"study_id": sid, "system": run[0], "policy": run[1], "seed": seed, "hypothesis": hyp, "n_tokens": n_tok,
-                         "truncated": trunc, "omitted": omitted, "hallucinated": halluc, "altered": altered})
+            rows.append({"study_id": sid, "system": run[0], "policy": run[1], "seed": seed, "hypothesis": hyp,
+                         "n_tokens": n_tok, "truncated": trunc, "omitted": omitted, "hallucinated": halluc,
+                         "altered": altered})
     return to_generations(pd.DataFrame(rows))
 
 # %% ../nbs/02a_synth.ipynb #ce13c093

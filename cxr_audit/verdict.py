@@ -38,11 +38,13 @@ __all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'VERDICT_COLORS', 'NOT_ASKED',
 CHECKS = ("stability", "concentration", "labels", "section", "references", "longitudinal")
 LABEL_METRICS = {"chexpert_f1_14": CHEXPERT_14, "chexpert_f1_5": CHEXPERT_5}
 VERDICTS = ("holds", "fragile", "not shown")
-VERDICT_COLORS = dict(zip(VERDICTS, ("#1A1A1A", "#8A6D3B", "#C8C8C8")))   # never a system's colour (core.PALETTE, EXTRA_COLORS)
+# never a system's colour (core.PALETTE, EXTRA_COLORS)
+VERDICT_COLORS = dict(zip(VERDICTS, ("#1A1A1A", "#8A6D3B", "#C8C8C8")))
 NOT_ASKED = "not run: not asked for"
 
 def _oriented(comparisons: pd.DataFrame) -> pd.DataFrame:
-    "The comparisons with `first` the configuration ahead (higher score), the difference and its interval turned with it."
+    """The comparisons with `first` the configuration ahead (higher score), the difference and its interval turned with
+    it."""
     c = comparisons.copy()
     flip = c["estimate"] < 0
     c.loc[flip, ["first", "second"]] = c.loc[flip, ["second", "first"]].to_numpy()
@@ -68,7 +70,8 @@ def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
 
 def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str],
                 labeler, other) -> dict:
-    "Micro-F1 gap first − second under `labeler`, under `other`, and without the label of most of the first's true positives."
+    """Micro-F1 gap first − second under `labeler`, under `other`, and without the label of most of the first's true
+    positives."""
     def states(lab, texts): return to_binary(label_state_matrix(list(texts), lab, labels)).astype(bool)
     R, A, B = states(labeler, refs), states(labeler, first), states(labeler, second)
     tp = (R & A).sum(0)
@@ -111,7 +114,8 @@ def _chosen_pairs(configs: Sequence[str], pairs) -> list[tuple[str, str]] | None
         if isinstance(p, str) or len(p) != 2:
             raise InputError(f"verdict: pairs[{i}] must be two configurations (first, second), got {p!r}")
         unknown = [c for c in p if c not in configs]
-        if unknown: raise InputError(f"verdict: pairs[{i}] names {unknown[0]!r}, not a configuration; they are {list(configs)}")
+        if unknown:
+            raise InputError(f"verdict: pairs[{i}] names {unknown[0]!r}, not a configuration; they are {list(configs)}")
         out.append((str(p[0]), str(p[1])))
     return out
 
@@ -151,7 +155,8 @@ def _seed_estimates(g: pd.DataFrame, studies, scored: list, ref_section: str) ->
     return e.assign(config=e["_run"].map(run["config"]), seed=e["_run"].map(run["seed"])).drop(columns="_run")
 
 def _distinct_clusters(texts: pd.Series, patients: pd.Series | None = None) -> pd.Series:
-    "Unit -> cluster: units whose texts are the same (after collapsing whitespace), or whose patient is the same, share one."
+    """Unit -> cluster: units whose texts are the same (after collapsing whitespace), or whose patient is the same,
+    share one."""
     n = len(texts)
     t = pd.factorize(texts.fillna("").astype(str).str.split().str.join(" "))[0]
     rows, cols = [np.arange(n)], [n + t]
@@ -178,11 +183,13 @@ def _rewrites(studies, s: dict):
     return refs if "backend" in refs.columns else refs.assign(backend=backend_label(loop[0]))
 
 def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict) -> tuple[pd.DataFrame, str]:
-    "Every pair's gap under each applicable variation (`metric, variant, first, second, estimate, ci_low, ci_high, significant`)."
+    """Every pair's gap under each applicable variation (`metric, variant, first, second, estimate, ci_low, ci_high,
+    significant`)."""
     refs = _rewrites(studies, s)
     if "meteor" in scored:   # one paraphrase table for every variation's words: the jar is not restarted per variation
         start_meteor(texts=[*refs["findings"].dropna(), *refs["impression"].dropna(), *g["hypothesis"].dropna()])
-    scores = score_references(_by_config(g), refs, scored, studies=studies, section=s["ref_section"]).assign(dataset="all")
+    scores = score_references(_by_config(g), refs, scored, studies=studies,
+                              section=s["ref_section"]).assign(dataset="all")
     cl = s["cluster_map"]
     parts = []
     for m in pd.unique(scores["metric"]):
@@ -223,18 +230,21 @@ def _check_stability(r, ctx: dict) -> tuple[str, str]:
             gap = (e[r.first] - e[r.second]).dropna()
             lost = gap[gap < 0]
             why += (f"; ahead with {len(gap) - len(lost)} of {len(gap)} seeds"
-                    + (f" (behind with seed {', '.join(map(str, lost.index))}: {_gap(lost.iloc[0])})" if len(lost) else ""))
+                    + (f" (behind with seed {', '.join(map(str, lost.index))}: {_gap(lost.iloc[0])})" if len(lost)
+                       else ""))
             if len(lost): return "fail", why
     return ("pass" if r.win_prob >= ctx["min_win_prob"] else "fail"), why
 
 def _distinct_lead(r, ctx: dict) -> tuple[bool, str]:
-    "Does the lead stay significant when the leader's identical reports (and one patient's studies) are one resampling unit?"
+    """Does the lead stay significant when the leader's identical reports (and one patient's studies) are one
+    resampling unit?"""
     a, b = ctx["texts"][r.first], ctx["texts"][r.second]
     units = a.index.intersection(b.index)
     cl = _distinct_clusters(a.loc[units, "hypothesis"], ctx["patients"])
     n = cl.nunique()
     if n < ctx["min_distinct"]:
-        return False, f"its reports are {n} distinct text{'s' * (n != 1)}, too few to resample (needs {ctx['min_distinct']})"
+        return False, (f"its reports are {n} distinct text{'s' * (n != 1)}, too few to resample (needs "
+                       f"{ctx['min_distinct']})")
     g = ctx["g"]
     two = g[g["config"].isin([r.first, r.second]) & g["study_id"].isin(units)]
     res, _ = _quiet(score_systems, _by_config(two.assign(_distinct=two["study_id"].map(cl).to_numpy())), ctx["studies"],
@@ -260,12 +270,13 @@ def _check_concentration(r, ctx: dict) -> tuple[str, str]:
 
 # %% ../nbs/13a_verdict.ipynb #82d376a0
 def _check_labels(r, ctx: dict) -> tuple[str, str]:
-    "For label metrics: the lead under the other labeler profile and without the label of most of the leader's true positives."
+    """For label metrics: the lead under the other labeler profile and without the label of most of the leader's true
+    positives."""
     if r.metric not in LABEL_METRICS: return "not run: not a label metric", ""
     a, b = ctx["texts"][r.first], ctx["texts"][r.second]
     units = a.index.intersection(b.index)
-    lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""), b.loc[units, "hypothesis"].fillna(""),
-                     LABEL_METRICS[r.metric], ctx["lab"], ctx["other"])
+    lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""),
+                     b.loc[units, "hypothesis"].fillna(""), LABEL_METRICS[r.metric], ctx["lab"], ctx["other"])
     parts = [f"under `{ctx['other'].source}` the gap is {_gap(lg['gap_other'])}"]
     if lg["top_label"] is not None:
         nf = "" if lg["top_label"] == "No Finding" else f" ({lg['no_finding_share']:.0%} No Finding)"
@@ -275,7 +286,8 @@ def _check_labels(r, ctx: dict) -> tuple[str, str]:
     return ("fail" if flipped else "pass"), "; ".join(parts)
 
 def _check_section(r, ctx: dict) -> tuple[str, str]:
-    "The lead keeps its sign with the other reference section (findings + impression, or findings when that was scored)."
+    """The lead keeps its sign with the other reference section (findings + impression, or findings when that was
+    scored)."""
     moved = ctx["est"].get((r.metric, r.first), np.nan) - ctx["est"].get((r.metric, r.second), np.nan)
     if not np.isfinite(moved): return "not run: no estimate with the other section", ""
     return ("pass" if moved > 0 else "fail"), f"with the reference `{ctx['alt_section']}` the gap is {_gap(moved)}"
@@ -288,8 +300,9 @@ def _reversals(frame: pd.DataFrame, r, label: str) -> tuple[str, str]:
     lowest = "" if low is None else f"; the smallest gap {_gap(low.estimate)} ({low[label]})"
     if len(rev):
         w = rev.loc[rev["estimate"].idxmin()]
-        return "fail", (f"significantly reversed under {len(rev)} of {len(rows)} ({', '.join(rev[label].astype(str))}): "
-                        f"{_gap(w.estimate)} [{_gap(w.ci_low)}, {_gap(w.ci_high)}] under {w[label]}")
+        return "fail", (f"significantly reversed under {len(rev)} of {len(rows)} "
+                        f"({', '.join(rev[label].astype(str))}): {_gap(w.estimate)} [{_gap(w.ci_low)}, "
+                        f"{_gap(w.ci_high)}] under {w[label]}")
     return "pass", f"no significant reversal{lowest}"
 
 def _check_references(r, ctx: dict) -> tuple[str, str]:
@@ -310,7 +323,8 @@ def _check_longitudinal(r, ctx: dict) -> tuple[str, str]:
     w = rows.iloc[0]
     bad = bool(w.estimate < 0 and w.significant)
     return ("fail" if bad else "pass"), (f"on {about}, the progression-F1 gap is {_gap(w.estimate)} "
-                                         f"[{_gap(w.ci_low)}, {_gap(w.ci_high)}]{', significantly reversed' if bad else ''}")
+                                         f"[{_gap(w.ci_low)}, "
+                                         f"{_gap(w.ci_high)}]{', significantly reversed' if bad else ''}")
 
 _CHECK_FUNCTIONS = dict(zip(CHECKS, (_check_stability, _check_concentration, _check_labels, _check_section,
                                      _check_references, _check_longitudinal)))
@@ -320,16 +334,17 @@ _CHECK_FUNCTIONS = dict(zip(CHECKS, (_check_stability, _check_concentration, _ch
 @dataclass(frozen=True, eq=False)
 class Verdict:
     "What `verdict` returns: per metric and pair, the difference, its interval, Holm's p, the checks and the verdict."
-    table: pd.DataFrame                          # one row per metric and compared pair (`first` ahead)
-    evidence: pd.DataFrame                       # one row per comparison and check: status and what it found, in words
-    params: dict = field(default_factory=dict)   # what produced it: reps, seed, clusters, labeler, back ends, thresholds
+    table: pd.DataFrame                         # one row per metric and compared pair (`first` ahead)
+    evidence: pd.DataFrame                      # one row per comparison and check: status and what it found, in words
+    params: dict = field(default_factory=dict)  # what produced it: reps, seed, clusters, labeler, back ends, thresholds
 
     def to_frame(self) -> pd.DataFrame:
         "The tidy table: every column, one check per column."
         return self.table.copy()
     def summary(self) -> pd.DataFrame:
         "The short table: `metric, first, second, estimate, ci_low, ci_high, p_holm, verdict, reasons`."
-        return self.table[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict", "reasons"]].copy()
+        return self.table[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p_holm", "verdict",
+                           "reasons"]].copy()
     def explain(self, metric: str, # a metric of the table
                 first: str,        # the configuration ahead
                 second: str        # the other one
@@ -348,8 +363,9 @@ class Verdict:
                 "and every check that ran passes; `fragile`: significant, but a check fails; `not shown`: not "
                 f"significant. {p['reps']:,} paired resamples of {p['clusters'] or 'studies'} (seed {p['seed']}); "
                 f"references: `{p['ref_section']}`; labels: `{p['labeler']}` (swap: `{p['other_labeler']}`); reference "
-                f"rewrites: {p['references']}; longitudinal: {p['longitudinal']}; a reversal counts when significant by "
-                f"the `{p['rule']}` rule" + (f"; settings of preset {p['preset']}" if p.get("preset") else "") + ".")
+                f"rewrites: {p['references']}; longitudinal: {p['longitudinal']}; a reversal counts when "
+                f"significant by the `{p['rule']}` rule" + (f"; settings of preset {p['preset']}" if p.get("preset")
+                                                            else "") + ".")
     def headline(self) -> str:
         "One sentence: how many comparisons hold, are fragile, are not shown."
         n = self.table["verdict"].value_counts()
@@ -361,7 +377,8 @@ class Verdict:
         alt = enable_theme()
         d = self.table.assign(pair=self.table["first"] + " − " + self.table["second"])
         colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=list(VERDICT_COLORS.values())))
-        shape = alt.Shape("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=["circle", "triangle-up", "square"]))
+        shape = alt.Shape("verdict:N", scale=alt.Scale(domain=list(VERDICTS),
+                                                       range=["circle", "triangle-up", "square"]))
         base = alt.Chart(d).encode(y=alt.Y("pair:N", title=None), color=colour, shape=shape)
         bars = base.mark_rule().encode(x=alt.X("ci_low:Q", title="difference"), x2="ci_high:Q")
         tips = ["metric", "pair", "estimate", "p_holm", "verdict", "failed"]
@@ -410,7 +427,8 @@ _PRESET_FIELDS = {"reps": "reps", "seed": "seed", "size": "size", "labeler": "la
                   "ref_section": "reference_section", "rule": "significance", "variations": "variations"}
 
 def _enough_reps(comparisons: int, size: float) -> int:
-    "Resamples that let the smallest two-sided p (2 / (B + 1)) pass Holm over `comparisons` with room to spare: at least 1,000."
+    """Resamples that let the smallest two-sided p (2 / (B + 1)) pass Holm over `comparisons` with room to spare: at
+    least 1,000."""
     return int(max(1000, np.ceil(4 * comparisons / (1 - size) / 1000) * 1000))
 
 def _settings(preset, given: dict) -> dict:
@@ -447,10 +465,12 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     other, _ = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=0, ref_section=alt,
                       by=("system",), clusters=None)
     ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt)
-    ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()), s["ref_section"]) if "stability" in s["checks"] else None
+    ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()),
+                                   s["ref_section"]) if "stability" in s["checks"] else None
     ctx["ref_gaps"], ctx["long_gaps"] = (None, NOT_ASKED), (None, NOT_ASKED)
     if "references" in s["checks"]:
-        _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'} and rescored")
+        _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'} and "
+                    "rescored")
         ctx["ref_gaps"] = _reference_gaps(g, st, list(scored.values()), chosen, s)
     if "longitudinal" in s["checks"]:
         _say(p, t0, "longitudinal sentences annotated, progression F1 compared")
@@ -461,7 +481,8 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
 def _resolved_reps(reps: int | None, comparisons: int, size: float) -> int:
     "The resamples to draw: those asked for (at least 1), else enough for Holm over `comparisons`."
     if reps is not None and int(reps) < 1:
-        raise InputError(f"verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), got {reps}")
+        raise InputError("verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), "
+                         f"got {reps}")
     return int(reps or _enough_reps(comparisons, size))
 
 
@@ -514,8 +535,8 @@ def verdict(studies,                                    # studies: study_id, fin
     res, caught = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=s["reps"], seed=s["seed"],
                          ref_section=s["ref_section"], by=("system",), clusters=clusters, size=s["size"])
     ctx = _context(g_all, g, st, scored, chosen, s, t0)
-    ctx.update(lab=lab, other=other, reps=s["reps"], seed=s["seed"], size=s["size"], ref_section=s["ref_section"],
-               checks=s["checks"], patients=s["cluster_map"], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
+    ctx.update({k: s[k] for k in ("reps", "seed", "size", "ref_section", "checks")}, lab=lab, other=other,
+               patients=s["cluster_map"], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
                max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct))
     _say(s["progress"], t0, "checks of each comparison")
     done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]

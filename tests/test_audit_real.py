@@ -1,6 +1,8 @@
-"""The whole audit on a real public benchmark (issue: "The whole audit on a real public benchmark, with no patient IDs").
+"""The whole audit on a real public benchmark (issue: "The whole audit on a real public benchmark, with no patient
+IDs").
 
-Real IU X-ray studies (the 50 of tests/fixtures/iu_real, from ReXrank's JSON; IU X-ray gives no patient IDs), two systems
+Real IU X-ray studies (the 50 of tests/fixtures/iu_real, from ReXrank's JSON; IU X-ray gives no patient IDs), two
+systems
 made from the real text (a random-report system: each study gets another study's findings; a template system: one fixed
 normal report for every study), run through the three commands of the README: `cxr-audit load`, `cxr-audit validate`,
 `cxr-audit audit`. Then the one resampling-unit rule on tables with no, some and all patient IDs, and a failing stage.
@@ -36,7 +38,8 @@ def cli(*args, cwd=None):
 
 
 def two_systems(studies: pd.DataFrame) -> pd.DataFrame:
-    "A random-report system (another study's findings, a fixed derangement) and a one-template system, as a user's CSV has them."
+    """A random-report system (another study's findings, a fixed derangement) and a one-template system, as a user's
+    CSV has them."""
     ids, findings = studies.study_id.tolist(), studies.findings.fillna("").tolist()
     shift = np.roll(np.arange(len(ids)), 7)
     rows = [{"study_id": s, "system": "random-report", "hypothesis": findings[shift[i]]} for i, s in enumerate(ids)]
@@ -59,7 +62,8 @@ def iu_run(tmp_path_factory):
     # the outputs name their studies by the JSON's own keys, as the README says (`load` keeps them as `source_id`)
     two_systems(studies.assign(study_id=studies.source_id)).to_csv(d / "outputs.csv", index=False)
     check = cli("validate", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv")
-    audit = cli("audit", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv", "--out", d / "audit", "--reps", 200)
+    audit = cli("audit", "--studies", d / "studies.parquet", "--generations", d / "outputs.csv", "--out", d / "audit",
+                "--reps", 200)
     return d, load, check, audit, studies
 
 
@@ -73,8 +77,9 @@ def test_the_three_commands_write_a_complete_report(iu_run):
     assert "These tables have no test partition (splits: val)" in page_text(d / "audit" / "report.html")
     assert len(studies) == 50 and studies.patient_id.isna().all()        # IU X-ray: no patient identifiers
     text = page_text(d / "audit" / "report.html")
-    for title in ("Corpus overview", "Cohort", "Decoding policies", "Concentration", "Uncertainty", "Reference-based metrics",
-                  "Reference sensitivity (ReRef)", "Longitudinal progression", "Labels and traceability"):
+    for title in ("Corpus overview", "Cohort", "Decoding policies", "Concentration", "Uncertainty",
+                  "Reference-based metrics", "Reference sensitivity (ReRef)", "Longitudinal progression",
+                  "Labels and traceability"):
         assert title in text, title
     assert "has no results here" not in text and "Incomplete run" not in text
     assert "could not run" not in text and "No longitudinal evaluation was possible" not in text
@@ -88,19 +93,22 @@ def test_the_template_system_is_maximally_concentrated(iu_run):
     gens = two_systems(studies)
     a = audit_concentration(gens, by=("system",), reps=50)
     s = a.summary().set_index("system")
-    # one unique report of 50; the prefix rule counts it (it opens with a listed normal prefix); the random system does not collapse
+    # one unique report of 50; the prefix rule counts it (it opens with a listed normal prefix); the random system does
+    # not collapse
     assert s.loc["template", "unique_report_ratio"] == 1 / 50 and s.loc["template", "top_5_share"] == 1.0
     assert s.loc["template", "prefix_rate"] == 1.0 and s.loc["template", "duplicate_rate"] == 1.0
     assert s.loc["random-report", "unique_report_ratio"] > 0.9 and s.loc["random-report", "prefix_rate"] < 0.5
 
 
 def test_normal_wording_gives_no_positive_label(iu_run):
-    # the template is all normal wording: the labeler finds no pathology in it, only No Finding (as documented in `labels`)
+    # the template is all normal wording: the labeler finds no pathology in it, only No Finding (as documented in
+    # `labels`)
     lab = label_reports([TEMPLATE])
     positive = lab.loc[lab.state == 1, "label"].tolist()
     negated = set(lab.loc[lab.state == 0, "label"])
     assert positive == ["No Finding"], positive
-    assert {"Cardiomegaly", "Pneumothorax", "Pleural Effusion"} <= negated   # normal statements read as negations, not triggers
+    # normal statements read as negations, not triggers
+    assert {"Cardiomegaly", "Pneumothorax", "Pleural Effusion"} <= negated
 
 
 @pytest.mark.parametrize("patients", ["none", "some", "all"])
@@ -110,7 +118,8 @@ def test_one_resampling_unit_rule(patients, tmp_path):
     if patients == "all": studies["patient_id"] = [f"p{i // 2}" for i in range(24)]
     unit = resampling_unit(studies)
     expected = {"none": "studies (24; the table gives no `patient_id`)",
-                "some": "patients where known (`patient_id`: 6 patients), otherwise the study itself (12 of 24 studies have no `patient_id`)",
+                "some": "patients where known (`patient_id`: 6 patients), otherwise the study itself (12 of 24 studies "
+                        "have no `patient_id`)",
                 "all": "patients (`patient_id`: 12 patients, 24 studies)"}[patients]
     assert unit == expected
     path = run_audit(studies, two_systems(studies), tmp_path, params={"reps": 50},
@@ -124,7 +133,8 @@ def test_one_resampling_unit_rule(patients, tmp_path):
 
 
 def test_a_failing_stage_keeps_the_others_and_fails_the_command(tmp_path, monkeypatch, capsys):
-    # a stage that raises is a stand-in registered for the test (no real stage fails on this input); the CLI runs in-process
+    # a stage that raises is a stand-in registered for the test (no real stage fails on this input); the CLI runs
+    # in-process
     studies = load_rexrank(IU_JSON).head(12)
     two_systems(studies).to_csv(tmp_path / "outputs.csv", index=False)
     studies.to_parquet(tmp_path / "studies.parquet")
@@ -135,7 +145,8 @@ def test_a_failing_stage_keeps_the_others_and_fails_the_command(tmp_path, monkey
         run_audit(studies, two_systems(studies), tmp_path / "lib", stages=["corpus", "broken", "policies"])
     assert e.value.failed == ("broken",) and Path(e.value.output).is_file()
     text = page_text(Path(e.value.output))
-    assert "Corpus overview" in text and "Decoding policies" in text and "the stand-in stage cannot run" in text and "Incomplete run" in text
+    assert ("Corpus overview" in text and "Decoding policies" in text and "the stand-in stage cannot run" in text
+            and "Incomplete run" in text)
     rc = main(["audit", "--studies", str(tmp_path / "studies.parquet"), "--generations", str(tmp_path / "outputs.csv"),
                "--out", str(tmp_path / "cli"), "--stages", "corpus", "broken"])
     err = capsys.readouterr().err
@@ -150,7 +161,8 @@ def test_an_unknown_cohort_recipe_stops_before_any_stage(tmp_path):
 
 
 def _without_svg(path: Path) -> str:
-    "The page with its inline SVG charts removed (chart ids are numbered in drawing order, which differs between the two runs)."
+    """The page with its inline SVG charts removed (chart ids are numbered in drawing order, which differs between the
+    two runs)."""
     return re.sub(r"<svg.*?</svg>", "<svg/>", path.read_text(encoding="utf-8"), flags=re.S)
 
 
@@ -158,7 +170,7 @@ def test_a_second_process_gives_the_same_report_and_sees_the_cohort(tmp_path, mo
     # labels and review run in a second process with workers=2; they must analyse the cohort the cohort stage kept (the
     # stage narrows the tables), and a stage replaced in STAGES must run in this process, where the replacement exists
     studies = load_rexrank(IU_JSON).head(30)
-    studies["split"] = ["test"] * 20 + ["train"] * 10                        # the 000_test cohort keeps the 20 test studies
+    studies["split"] = ["test"] * 20 + ["train"] * 10  # the 000_test cohort keeps the 20 test studies
     gens = two_systems(studies)
     params = {"reps": 50, "cohort_recipe": "000_test"}
     stages = ["corpus", "cohort", "labels", "review", "policies"]
@@ -187,5 +199,6 @@ def test_the_report_opens_with_verdicts_that_never_crown_the_template(iu_run, tm
     t = pd.read_csv(tmp_path / "v" / "verdict.csv")
     led = t[t["first"].str.startswith("template") & t.metric.isin(["bleu_4", "rouge_l"])]
     assert len(led) and (led.verdict != "holds").all() and led.failed.fillna("").str.contains("concentration").all()
-    assert set(pd.read_csv(tmp_path / "v" / "evidence.csv").check) == {"stability", "concentration", "labels", "section",
+    assert set(pd.read_csv(tmp_path / "v" / "evidence.csv").check) == {"stability", "concentration", "labels",
+                                                                       "section",
                                                                          "references", "longitudinal"}

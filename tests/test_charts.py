@@ -1,7 +1,7 @@
 """Charts a reviewer reads at a glance (issue 21): every chart of the demo report, rendered to a Vega scenegraph offline
 (vl-convert), has no axis or legend label that reads like another one of the same axis/legend, no label cut with "…",
-no empty facet, and one colour per system across all charts. The charts are captured while the real `run_demo` writes its
-report (a spy on the renderer the report uses; nothing is mocked)."""
+no empty facet, and one colour per system across all charts. The charts are captured while the real `run_demo` writes
+its report (a spy on the renderer the report uses; nothing is mocked)."""
 import re
 import xml.etree.ElementTree as ET
 
@@ -29,7 +29,8 @@ def nodes(n, role=None):
 
 def texts(mark) -> list[str]:
     "The strings a text mark draws (a multi-line label is joined)."
-    return [" ".join(t) if isinstance(t, list) else str(t) for t in (it.get("text", "") for it in mark.get("items", []))]
+    return [" ".join(t) if isinstance(t, list) else str(t)
+            for t in (it.get("text", "") for it in mark.get("items", []))]
 
 
 def _svg_texts(el) -> list[str]:
@@ -44,7 +45,8 @@ def label_problems(svg: str) -> list[str]:
     groups += [g for g in root.iter(f"{SVG}g") if g.get("class", "").endswith("role-legend")]
     for g in groups:
         labels = _svg_texts(g) if "axis" in g.get("class") else [t for x in g.iter(f"{SVG}g")
-                                                                  if "role-legend-label" in x.get("class", "") for t in _svg_texts(x)]
+                                                                  if "role-legend-label" in x.get("class", "")
+                                                                 for t in _svg_texts(x)]
         out += [f"label cut: {t!r}" for t in labels if "…" in t or t.endswith("...")]
         dup = sorted({t for t in labels if t and labels.count(t) > 1})
         out += [f"labels read the same: {dup}"] if dup else []
@@ -93,22 +95,26 @@ def empty_facets(sg) -> list[str]:
 
 
 def color_clashes(charts: list[tuple]) -> list[str]:
-    "Names of systems/configurations shown in two colours across charts (a bare system follows its first configuration)."
+    """Names of systems/configurations shown in two colours across charts (a bare system follows its first
+    configuration)."""
     seen: dict[str, set] = {}
     for _, spec, sg, *_ in charts:
-        for name, col in {**scale_colors(spec), **legend_colors(sg)}.items(): seen.setdefault(name, set()).add(str(col).upper())
+        for name, col in {**scale_colors(spec), **legend_colors(sg)}.items():
+            seen.setdefault(name, set()).add(str(col).upper())
     configs = sorted(n for n in seen if CONFIG_SEP in n)
     for n in list(seen):
         first = next((c for c in configs if c.split(CONFIG_SEP, 1)[0] == n), None)
         if first: seen[n] = seen[n] | seen[first]
-    return [f"{n}: {sorted(c)}" for n, c in seen.items() if len(c) > 1 and (CONFIG_SEP in n or any(x.startswith(n + CONFIG_SEP) for x in configs))]
+    return [f"{n}: {sorted(c)}" for n, c in seen.items() if len(c) > 1
+            and (CONFIG_SEP in n or any(x.startswith(n + CONFIG_SEP) for x in configs))]
 
 
 # ---- the demo report's charts --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    "A small real demo report: its HTML and (title, spec, scenegraph, svg) of every chart in it (drawn during the run or at the end)."
+    """A small real demo report: its HTML and (title, spec, scenegraph, svg) of every chart in it (drawn during the run
+    or at the end)."""
     drawn = []
     real_svg, real_submit = audit.chart_svg, audit.submit_chart
     def spy_svg(chart):
@@ -159,7 +165,8 @@ def test_no_two_entries_of_one_legend_share_a_colour(demo_charts):
     bad = {}
     for t, _, sg, _ in demo_charts:
         for entry in nodes(sg, "legend-entry"):
-            cols = [str(it.get("fill") or it.get("stroke")).upper() for m in nodes(entry, "legend-symbol") for it in m.get("items", [])]
+            cols = [str(it.get("fill") or it.get("stroke")).upper() for m in nodes(entry, "legend-symbol")
+                    for it in m.get("items", [])]
             if len(set(cols)) < len(cols): bad[t] = cols
     assert not bad, bad   # e.g. the 12 ReRef variations drawn with the 8 theme colours
 
@@ -175,9 +182,10 @@ def test_the_checks_catch_a_cut_label_an_empty_facet_and_a_second_colour():
     cut = alt.Chart(d).mark_bar().encode(y=alt.Y("system:N", axis=alt.Axis(labelLimit=120)), x="v:Q")
     found = label_problems(chart_svg(cut))   # the old forest plot: two comparisons cut to "sim-omit+B4 − sim-temp…"
     assert any("cut" in p for p in found) and any("read the same" in p for p in found)
-    assert not label_problems(chart_svg(alt.Chart(d).mark_bar().encode(y=alt.Y("system:N", axis=alt.Axis(labelLimit=0)), x="v:Q")))
+    assert not label_problems(chart_svg(alt.Chart(d).mark_bar().encode(y=alt.Y("system:N", axis=alt.Axis(labelLimit=0)),
+                                                                       x="v:Q")))
     facets = pd.DataFrame({"system": list("abcde"), "v": range(5)})
-    wrapped = alt.Chart(facets).mark_bar().encode(x="v:Q").facet(facet="system:N", columns=3)   # the old per-label chart
+    wrapped = alt.Chart(facets).mark_bar().encode(x="v:Q").facet(facet="system:N", columns=3)  # the old per-label chart
     assert empty_facets(_sg(wrapped)[1])
     assert not empty_facets(_sg(wrapped.resolve_axis(x="independent"))[1])
     a = pd.DataFrame({"system": ["sim-a+B4", "sim-b+B4"], "v": [1, 2]})
@@ -191,10 +199,11 @@ def test_the_checks_catch_a_cut_label_an_empty_facet_and_a_second_colour():
 
 
 def test_a_facet_one_row_high_shows_its_name_above_it_unturned():
-    "Row labels of faceted charts sit above their facet, horizontal: a one-bar facet cannot squeeze its name into its height."
+    """Row labels of faceted charts sit above their facet, horizontal: a one-bar facet cannot squeeze its name into its
+    height."""
     from cxr_audit.stats import plot_forest
     df = pd.DataFrame({"metric": ["cider", "chexpert_f1_5", "chexpert_f1_5"], "first": "a", "second": ["b", "b", "c"],
-                       "estimate": [0.1, 0.2, -0.1], "ci_low": [0, 0.1, -0.2], "ci_high": [0.2, 0.3, 0.0], "p_holm": [0.01, 0.02, 0.3],
-                       "significant": [True, True, False]})
+                       "estimate": [0.1, 0.2, -0.1], "ci_low": [0, 0.1, -0.2], "ci_high": [0.2, 0.3, 0.0],
+                       "p_holm": [0.01, 0.02, 0.3], "significant": [True, True, False]})
     labels = re.findall(r'<text([^>]*)>(cider|chexpert_f1_5)</text>', chart_svg(plot_forest(df)))
     assert len(labels) == 2 and not any("rotate" in attrs for attrs, _ in labels)

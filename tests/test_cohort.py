@@ -53,14 +53,16 @@ def test_recipes_on_the_loader_fixtures():
     iu = load_iu_xray(FIX / "iu_xray/csv")
     ri = run_recipe("004_iu", iu)
     assert len(ri) == 1 and ri.check().empty
-    assert run_recipe("000_test", load_iu_xray(FIX / "iu_xray/rexrank"), split=None).studies.study_id.tolist() == ["CXR3", "CXR1"]
+    assert run_recipe("000_test", load_iu_xray(FIX / "iu_xray/rexrank"),
+                      split=None).studies.study_id.tolist() == ["CXR3", "CXR1"]
 
 
 def test_004_mimic_scans_images_in_metadata_order():
     # two studies whose images interleave in the metadata file; the cap must follow metadata order
     t = pd.DataFrame({"study_id": ["s1", "s2"], "split": "test", "findings": "Lungs are clear without effusion.",
                       "impression": "No acute cardiopulmonary process.",
-                      "image_paths": [["a", "b", "c"], ["d", "e"]], "image_views": [["PA", "AP", "LATERAL"], ["AP", "PA"]],
+                      "image_paths": [["a", "b", "c"], ["d", "e"]],
+                      "image_views": [["PA", "AP", "LATERAL"], ["AP", "PA"]],
                       "dicom_ids": [["d1", "d2", "d3"], ["d4", "d5"]], "metadata_rows": [[0, 2, 4], [1, 3]]})
     c = recipe_004_mimic(t, n=3)
     assert c.studies.entry_id.tolist() == ["s1/d1", "s2/d4", "s1/d2"]
@@ -96,7 +98,9 @@ def test_split_is_disjoint_and_respects_fractions(demo, by):
     counts = s.drop_duplicates(by).split.value_counts().to_dict()
     assert counts == allocate(demo[by].nunique(), fr)
     big = pd.DataFrame({"study_id": [f"x{i}" for i in range(1000)]})
-    assert Cohort(big).split("study_id", fr, seed=1).studies.split.value_counts().to_dict() == {"train": 700, "test": 200, "validate": 100}
+    assert Cohort(big).split("study_id", fr,
+                             seed=1).studies.split.value_counts().to_dict() == {"train": 700, "test": 200,
+                                                                                "validate": 100}
 
 
 def test_impossible_split_is_refused_before_anything_runs(demo):
@@ -112,7 +116,8 @@ def test_impossible_split_is_refused_before_anything_runs(demo):
 
 
 def test_bad_input_names_step_row_and_columns(demo):
-    with pytest.raises(InputError, match=r"step 'odd': the predicate failed on row 3 \(study_id='synth-s000004'\): ZeroDivisionError"):
+    with pytest.raises(InputError, match=r"step 'odd': the predicate failed on row 3 \(study_id='synth-s000004'\): "
+                                         r"ZeroDivisionError"):
         Cohort(demo).filter("odd", lambda r: 1 / (int(r["study_id"][-1]) - 4) > 0)
     with pytest.raises(InputError, match=r"recipe '004_mimic' needs: missing column\(s\) 'split', 'findings'"):
         run_recipe("004_mimic", demo.drop(columns=["split", "findings"]))
@@ -156,16 +161,19 @@ def test_entry_ids_stay_the_same_when_a_later_step_drops_entries():
     text = "Heart size is normal. The lungs are clear without effusion or pneumothorax."
     studies = pd.DataFrame({"study_id": ["s1", "s2"], "split": ["test", "test"],
                             "image_paths": [["s1/ap.jpg", "s1/lat.jpg", "s1/pa.jpg"], ["s2/pa.jpg"]],
-                            "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text], "impression": ["", ""]})
+                            "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text],
+                            "impression": ["", ""]})
     full = recipe_004_mimic(studies).studies
-    assert full.entry_id.tolist() == ["s1/0", "s1/2", "s2/0"] and full.image_path.tolist() == ["s1/ap.jpg", "s1/pa.jpg", "s2/pa.jpg"]
+    assert full.entry_id.tolist() == ["s1/0", "s1/2",
+                                      "s2/0"] and full.image_path.tolist() == ["s1/ap.jpg", "s1/pa.jpg", "s2/pa.jpg"]
     assert recipe_004_mimic(studies, n=1).studies.entry_id.tolist() == ["s1/0"]
     assert recipe_004_mimic(studies.iloc[::-1]).studies.set_index("entry_id").image_path.sort_index().equals(
         full.set_index("entry_id").image_path.sort_index())
 
 
 def test_a_rexrank_file_that_is_one_split_is_kept_whole(tmp_path):
-    "Paper 004's IU recipe draws a seeded split of a whole collection; a benchmark file that already is the test split stays whole."
+    """Paper 004's IU recipe draws a seeded split of a whole collection; a benchmark file that already is the test
+    split stays whole."""
     from cxr_audit.corpus import load_rexrank
     from cxr_audit.papers import PAPER_004
     sample = Path(__file__).parent / "fixtures" / "iu_real" / "iu_valid_rexrank_sample.json"

@@ -19,8 +19,8 @@ import polars as pl
 import pytest
 
 import cxr_audit.stats as stats
-from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _codes, _Corpus, _dense, _distinct_per, _normalize,
-                                     audit_concentration, distinct_n, has_repeated_ngram,
+from cxr_audit.concentration import (REASONS, VALIDITY_RULES, ConcentrationAudit, _codes, _Corpus, _dense,
+                                     _distinct_per, _normalize, audit_concentration, distinct_n, has_repeated_ngram,
                                      normalize_for_matching, surface_validity, tokenize)
 from cxr_audit.core import sha256_frame
 from cxr_audit.stats import resample_indices
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load_plain():
     "The plain-Python reference of the per-report rules, shared with the benchmark's baseline."
-    spec = importlib.util.spec_from_file_location("_plain_concentration", ROOT / "benchmarks" / "_plain_concentration.py")
+    spec = importlib.util.spec_from_file_location("_plain_concentration",
+                                                  ROOT / "benchmarks" / "_plain_concentration.py")
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     return mod
 
@@ -58,7 +59,8 @@ def ref_audit(texts, groups, k=5, prefixes=("no acute cardiopulmonary process",)
         top = {x for x, _ in sorted(cnt.items(), key=lambda kv: (-kv[1], kv[0]))[:k]}
         toks = {i: ref_tokens(texts[i]) for i in idx}
         n = len(idx)
-        rep = {i: len(list(zip(*[toks[i][j:] for j in range(4)]))) > len(set(zip(*[toks[i][j:] for j in range(4)]))) for i in idx}
+        rep = {i: len(list(zip(*[toks[i][j:] for j in range(4)]))) > len(set(zip(*[toks[i][j:] for j in range(4)])))
+               for i in idx}
         pre = {i: any(norm[i].startswith(p) for p in prefixes) for i in idx}
         reasons = {i: ref_reasons(texts[i]) for i in idx}
         d = {}
@@ -66,18 +68,20 @@ def ref_audit(texts, groups, k=5, prefixes=("no acute cardiopulmonary process",)
             grams = [gr for i in idx for gr in zip(*[toks[i][j:] for j in range(m)])]
             d[m] = len(set(grams)) / len(grams) if grams else float("nan")
         lens = [len(toks[i]) for i in idx]
-        summary[g] = {"n": n, "validity_rate": sum(reasons[i] == "" for i in idx) / n, "unique_report_ratio": len(cnt) / n,
-                      "duplicate_rate": sum(v for v in cnt.values() if v > 1) / n, f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n,
-                      "prefix_rate": sum(pre.values()) / n, "repeated_4gram_rate": sum(rep.values()) / n, "distinct_1": d[1],
-                      "distinct_2": d[2], "length_median": ref_quantile(lens, 0.5),
+        summary[g] = {"n": n, "validity_rate": sum(reasons[i] == "" for i in idx) / n,
+                      "unique_report_ratio": len(cnt) / n, "duplicate_rate": sum(v for v in cnt.values() if v > 1) / n,
+                      f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n,
+                      "prefix_rate": sum(pre.values()) / n, "repeated_4gram_rate": sum(rep.values()) / n,
+                      "distinct_1": d[1], "distinct_2": d[2], "length_median": ref_quantile(lens, 0.5),
                       "length_iqr": ref_quantile(lens, 0.75) - ref_quantile(lens, 0.25)}
         for i in idx:
             flags[i] = (reasons[i] == "", reasons[i], ids[i], cnt[ids[i]], ids[i] in top, pre[i], rep[i], len(toks[i]))
     return summary, flags
 
 
-WORDS = ["No", "acute", "cardiopulmonary", "process", "effusion", "pleural", "left", "right", "4.2", "cm", "Épanchement",
-         "naïve", "x_y", "<unk>", "</s>", "[PAD]", "<|im_end|>", "\ufffd", "heart", "size", "normal", "...", "", "no"]
+WORDS = ["No", "acute", "cardiopulmonary", "process", "effusion", "pleural", "left", "right", "4.2", "cm",
+         "Épanchement", "naïve", "x_y", "<unk>", "</s>", "[PAD]", "<|im_end|>", "\ufffd", "heart", "size", "normal",
+         "...", "", "no"]
 SEPS = [" ", "  ", ". ", ".", "\n", "\t", ", ", " . "]
 
 
@@ -87,11 +91,12 @@ def random_corpus(seed, n=400, groups=("A", "B", "C")):
     for _ in range(n // 3):
         k = g.integers(0, 14)
         pool.append("".join(str(g.choice(WORDS)) + str(g.choice(SEPS)) for _ in range(k)))
-    pool += ["No acute cardiopulmonary process.", "no acute cardiopulmonary process", "", "   ", "The heart is normal. " * 6,
-             "No acute cardiopulmonary process. Small left effusion."]
+    pool += ["No acute cardiopulmonary process.", "no acute cardiopulmonary process", "", "   ",
+             "The heart is normal. " * 6, "No acute cardiopulmonary process. Small left effusion."]
     texts = [pool[i] for i in g.integers(0, len(pool), n)]
     for i in g.choice(n, 12, replace=False): texts[i] = [None, float("nan"), 3, ["x"], b"bytes", pd.NA][i % 6]
-    return pd.DataFrame({"system": [groups[i] for i in g.integers(0, len(groups), n)], "hypothesis": pd.Series(texts, dtype=object)})
+    return pd.DataFrame({"system": [groups[i] for i in g.integers(0, len(groups), n)],
+                         "hypothesis": pd.Series(texts, dtype=object)})
 
 
 # ---------------------------------------------------------------- exact agreement with the reference
@@ -107,7 +112,8 @@ def test_summary_and_flags_equal_plain_python_reference(seed):
     f = a.flags
     assert f.reasons.tolist() == [x[1] for x in flags]
     assert f.valid.tolist() == [x[0] for x in flags]
-    assert f.duplicate_group.tolist() == [x[2] for x in flags] and f.duplicate_group_size.tolist() == [x[3] for x in flags]
+    assert (f.duplicate_group.tolist() == [x[2] for x in flags]
+            and f.duplicate_group_size.tolist() == [x[3] for x in flags])
     assert f.in_top_5.tolist() == [x[4] for x in flags] and f.prefix_hit.tolist() == [x[5] for x in flags]
     assert f.repeated_4gram.tolist() == [x[6] for x in flags] and f.length.tolist() == [x[7] for x in flags]
 
@@ -121,7 +127,8 @@ def test_single_functions_equal_reference():
     assert surface_validity(texts).reasons.tolist() == [ref_reasons(t) for t in texts]
     for n in (2, 4, 5):
         assert has_repeated_ngram(texts, n).tolist() == [
-            len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) > len(set(zip(*[ref_tokens(t)[j:] for j in range(n)]))) for t in texts]
+            len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) > len(set(zip(*[ref_tokens(t)[j:]
+                                                                                   for j in range(n)]))) for t in texts]
     assert [normalize_for_matching(t) for t in texts] == [ref_norm(t) for t in texts]
     assert [tokenize(t) for t in texts] == [ref_tokens(t) for t in texts]
     assert set(REASONS) >= {"missing", "not_text", "empty", "looping", "token_limit"}
@@ -156,7 +163,8 @@ def naive_measures(texts, idx, k=5):
     norm = [ref_norm(texts[i]) for i in idx]; toks = [ref_tokens(texts[i]) for i in idx]; n = len(idx)
     cnt = Counter(norm); lens = [len(t) for t in toks]
     out = {"unique_report_ratio": len(cnt) / n, "duplicate_rate": sum(v for v in cnt.values() if v > 1) / n,
-           f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n, "validity_rate": sum(ref_reasons(texts[i]) == "" for i in idx) / n,
+           f"top_{k}_share": sum(sorted(cnt.values())[-k:]) / n,
+           "validity_rate": sum(ref_reasons(texts[i]) == "" for i in idx) / n,
            "prefix_rate": sum(x.startswith("no acute cardiopulmonary process") for x in norm) / n,
            "length_median": ref_quantile(lens, 0.5), "length_iqr": ref_quantile(lens, 0.75) - ref_quantile(lens, 0.25)}
     for m in (1, 2):
@@ -218,7 +226,8 @@ def test_coverage_shares_vs_recount(K, N, a):
 
     def measures(v):
         c = np.bincount(v, minlength=K); c = c[c > 0]
-        return {"duplicate_rate": c[c >= 2].sum() / N, "top_5_share": np.sort(c)[-5:].sum() / N, "unique_report_ratio": len(c) / N}
+        return {"duplicate_rate": c[c >= 2].sum() / N, "top_5_share": np.sort(c)[-5:].sum() / N,
+                "unique_report_ratio": len(c) / N}
     sims = [measures(g.choice(K, N, p=p)) for _ in range(3000)]
     truth = {m: np.mean([s[m] for s in sims]) for m in sims[0]}
     D, cover = 80, Counter()
@@ -230,7 +239,8 @@ def test_coverage_shares_vs_recount(K, N, a):
             for m in truth:
                 lo, hi = res[m].conf_int(); cover[(m, s)] += lo <= truth[m] <= hi
     for m in truth: assert cover[(m, "shares")] / D >= 0.85, (m, cover)
-    assert cover[("duplicate_rate", "recount")] / D <= 0.1 and cover[("unique_report_ratio", "recount")] / D <= 0.1, cover
+    assert cover[("duplicate_rate", "recount")] / D <= 0.1 and cover[("unique_report_ratio",
+                                                                      "recount")] / D <= 0.1, cover
 
 
 # ---------------------------------------------------------------- engine fallbacks for large vocabularies
@@ -249,10 +259,11 @@ def test_dense_and_distinct_fallback_paths_agree_with_numpy():
 def test_repeats_fallback_when_packing_does_not_fit(monkeypatch):
     import cxr_audit.concentration as conc
     texts = ["a b c d a b c d e", "x y z w", "p q p q p q", None] * 3
-    want = [[len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) - len(set(zip(*[ref_tokens(t)[j:] for j in range(n)])))
+    want = [[len(list(zip(*[ref_tokens(t)[j:] for j in range(n)]))) - len(set(zip(*[ref_tokens(t)[j:]
+                                                                                    for j in range(n)])))
              for t in _Corpus.of(texts).uniq] for n in (2, 4, 6)]
     chunked = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
-    monkeypatch.setattr(conc, "_CHUNK_MIN_BITS", 64)      # no room for raw token ids: packed halves (dense (n/2)-gram ids)
+    monkeypatch.setattr(conc, "_CHUNK_MIN_BITS", 64)  # no room for raw token ids: packed halves (dense (n/2)-gram ids)
     packed = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
     monkeypatch.setattr(conc, "_PACK_BITS", 0)            # force the dense n-gram ids instead of packed halves
     fallback = [_Corpus.of(texts).repeats(n).tolist() for n in (2, 4, 6)]
@@ -265,7 +276,8 @@ def load_bench():
     import sys
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        spec = importlib.util.spec_from_file_location("bench_concentration", ROOT / "benchmarks" / "bench_concentration.py")
+        spec = importlib.util.spec_from_file_location("bench_concentration",
+                                                      ROOT / "benchmarks" / "bench_concentration.py")
         mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     finally: sys.path.remove(str(ROOT / "benchmarks"))
     return mod
@@ -279,7 +291,8 @@ def test_codes_are_first_appearance_numbers_even_when_hashes_collide():
     at = [vals.index(v) for v in first]
     codes, pos = _codes(pl.Series(vals))
     assert codes.tolist() == want and pos.tolist() == at
-    few = pl.Series(np.arange(len(vals)) % 3, dtype=pl.UInt64)        # 3 hash values for hundreds of strings: the exact fallback
+    # 3 hash values for hundreds of strings: the exact fallback
+    few = pl.Series(np.arange(len(vals)) % 3, dtype=pl.UInt64)
     codes, pos = _codes(pl.Series(vals), few)
     assert codes.tolist() == want and pos.tolist() == at
 
@@ -288,12 +301,14 @@ def test_whitespace_precheck_equals_the_regex_on_every_code_point():
     # the normalization runs its regular expression only on texts with a tab-like control, two spaces, or non-ASCII text
     chars = [chr(i) for i in range(0x3100) if not 0xD800 <= i < 0xE000] + ["\U0001F600", "\uFEFF"]
     texts = pl.Series([f" A{c}b{c}{c}C {c}" for c in chars] + [f"x{c}y" for c in chars])
-    full = texts.str.to_lowercase().str.replace_all(r"\s{2,}|[^\S ]", " ").str.strip_chars().str.strip_chars_end(".,;:!? \t\n\r\f\v")
+    full = texts.str.to_lowercase().str.replace_all(r"\s{2,}|[^\S ]",
+                                                    " ").str.strip_chars().str.strip_chars_end(".,;:!? \t\n\r\f\v")
     assert _normalize(texts).to_list() == full.to_list()
 
 
 def test_benchmark_corpus_equals_both_baselines():
-    # the benchmark's synthetic corpus (a slice) through the fast path, the plain-Python reference and the polars baseline
+    # the benchmark's synthetic corpus (a slice) through the fast path, the plain-Python reference and the polars
+    # baseline
     bench = load_bench()
     table = bench.make_generations(6000, seed=3)
     a = audit_concentration(table)
@@ -301,12 +316,13 @@ def test_benchmark_corpus_equals_both_baselines():
     texts = table["hypothesis"].astype(object).where(table["hypothesis"].notna(), None).tolist()
     summary, flags = bench.baseline(texts, list(zip(table.system, table.policy)), table.truncated.tolist())
     assert all(mine.loc[g, m] == pytest.approx(v, abs=1e-12) for g, row in summary.items() for m, v in row.items())
-    assert a.flags.reasons.tolist() == [x[1] for x in flags] and a.flags.duplicate_group.tolist() == [x[2] for x in flags]
+    assert (a.flags.reasons.tolist() == [x[1] for x in flags]
+            and a.flags.duplicate_group.tolist() == [x[2] for x in flags])
     psum, pflags = bench.polars_baseline(table)
     psum = psum.set_index(["system", "policy"])
     assert all(mine.loc[g, m] == pytest.approx(psum.loc[g, m], abs=1e-12) for g in mine.index for m in mine.columns)
-    for col, p in (("valid", "valid"), ("duplicate_group_size", "size"), ("in_top_5", "top"), ("prefix_hit", "prefix_hit"),
-                   ("repeated_4gram", "repeated"), ("length", "length")):
+    for col, p in (("valid", "valid"), ("duplicate_group_size", "size"), ("in_top_5", "top"),
+                   ("prefix_hit", "prefix_hit"), ("repeated_4gram", "repeated"), ("length", "length")):
         assert np.array_equal(a.flags[col].to_numpy(), pflags[p].to_numpy()), col
 
 
@@ -334,13 +350,15 @@ def test_save_with_a_cluster_column_recount_and_a_baseline(tmp_path):
     assert paths["top_k_share.svg"].read_text().lstrip().startswith("<svg")
 
 
-# ---------------------------------------------------------------- the result object and the numbers of the release before it
+# ---------------------------------------------------------------- the result object and the numbers of the release
+# before it
 def test_demo_intervals_equal_those_before_the_one_call_api():
     # recorded with the release before issue 16 (`concentration_report_blocks` on the demo, seed 2026, 2,000 resamples,
     # patients as clusters): the one call with the same seed gives the same estimates and intervals, to the last bit
     demo = make_demo_corpus(n_patients=60, seed=0)
     pid = demo.studies.set_index("study_id").patient_id
-    iv = audit_concentration(demo.generations, reps=2000, seed=2026, clusters=pid).to_frame().set_index(["group", "metric"])
+    iv = audit_concentration(demo.generations, reps=2000, seed=2026,
+                             clusters=pid).to_frame().set_index(["group", "metric"])
     before = {("sim-template+B4", "top_5_share"): (0.9047619047619048, 0.8604651162790697, 0.9473684210526315),
               ("sim-template+B4", "unique_report_ratio"): (0.12169312169312171, 0.079356164392188, 0.16411421340876553),
               ("sim-template+B4", "distinct_2"): (0.028114521537271047, 0.02079564910081992, 0.03593394283241876),
@@ -362,7 +380,8 @@ def test_result_protocol():
     assert set(a.comparisons) == {"validity_rate", "prefix_rate"}
     assert all(type(r).__name__ == "PairedResult" for r in a.comparisons.values())
     t = a.comparison_table()
-    assert np.allclose(t.p_holm, stats.holm(t.p)) and (t.significant == (t.p_holm < 0.05)).all() and not t.ci_adjusted.any()
+    assert np.allclose(t.p_holm,
+                       stats.holm(t.p)) and (t.significant == (t.p_holm < 0.05)).all() and not t.ci_adjusted.any()
     assert isinstance(a.compare("duplicate_rate"), stats.PairedResult)
     for kind in ("top_k", "profile", "distinct_n", "forest"):
         assert type(a.plot(kind)).__module__.startswith("altair"), kind
@@ -370,7 +389,8 @@ def test_result_protocol():
     assert a.seed == 4 and audit_concentration(demo.generations).seed == 0     # core.DEFAULT_SEED
 
 
-# ---------------------------------------------------------------- paper 004: exact-text groups and the surface-validity rule
+# ---------------------------------------------------------------- paper 004: exact-text groups and the surface-validity
+# rule
 @pytest.mark.parametrize("seed", [0, 3])
 def test_exact_grouping_equals_plain_counter_of_raw_text(seed):
     df = random_corpus(seed)
@@ -386,8 +406,8 @@ def test_exact_grouping_equals_plain_counter_of_raw_text(seed):
         assert got.loc[g, "top_5_share"] == pytest.approx(sum(sorted(cnt.values())[-5:]) / n, abs=1e-12)
         assert a.flags.duplicate_group_size.iloc[idx].tolist() == [cnt[key[i]] for i in idx]
     normalized = audit_concentration(df, by="system").summary().set_index("system")
-    assert (got.prefix_rate == normalized.prefix_rate).all()                  # the prefix rule still normalizes
-    assert (got.unique_report_ratio > normalized.unique_report_ratio).all()   # the variants are apart only under "exact"
+    assert (got.prefix_rate == normalized.prefix_rate).all()                 # the prefix rule still normalizes
+    assert (got.unique_report_ratio > normalized.unique_report_ratio).all()  # the variants are apart only under "exact"
     assert a.params["grouping"] == "exact" and normalized.shape == got.shape
 
 
@@ -409,7 +429,8 @@ def test_flag_columns_and_the_surface_validity_rule(seed):
     assert (paper.flags.valid != strict.flags.valid).any()                     # the random corpus has flagged outputs
     sv = surface_validity(df.hypothesis, truncated=df.truncated, validity_rule="surface")
     assert sv.valid.tolist() == paper.flags.valid.tolist()
-    with pytest.raises(Exception, match="validity_rule must be one of"): audit_concentration(df, by="system", validity_rule="paper")
+    with pytest.raises(Exception, match="validity_rule must be one of"):
+        audit_concentration(df, by="system", validity_rule="paper")
 
 
 def _corpus_with_counts(sizes, seed):

@@ -1,19 +1,21 @@
-"""The docs site: every notebook renders offline, and no rendered link goes to a host that does not exist or to a file missing
-from the site. The checks over the whole site (`check_rendered_pages`, `check_no_dead_links`) run at the end of
-tests/test_notebooks.py, on the pages rendered from the notebook tests' own executions (the `docs_site` fixture): that file
-runs on one pytest-xdist worker (`--dist loadfile`), so each notebook is executed once per run."""
+"""The docs site: every notebook renders offline, and no rendered link goes to a host that does not exist or to a file
+missing from the site. The checks over the whole site (`check_rendered_pages`, `check_no_dead_links`) run at the end of
+tests/test_notebooks.py, on the pages rendered from the notebook tests' own executions (the `docs_site` fixture): that
+file runs on one pytest-xdist worker (`--dist loadfile`), so each notebook is executed once per run."""
 import importlib.util
 import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
-# hosts that exist and that pages may link to (libraries' docs, papers); a project host (cxr-audit.*) is never one of them
+# hosts that exist and that pages may link to (libraries' docs, papers); a project host (cxr-audit.*) is never one of
+# them
 REAL_HOSTS = {"fastcore.fast.ai", "nbdev.fast.ai", "docs.python.org", "github.com", "arxiv.org", "doi.org", "pypi.org",
               "huggingface.co", "physionet.org", "openi.nlm.nih.gov", "stanfordmlgroup.github.io", "www.nltk.org",
               "pandas.pydata.org", "numpy.org", "vega.github.io", "altair-viz.github.io", "pola.rs", "docs.pola.rs",
               "aclanthology.org", "platform.openai.com", "learn.microsoft.com", "stanfordnlp.github.io", "quarto.org",
-              "www.cs.cmu.edu", "scikit-learn.org", "docs.scipy.org", "www.statsmodels.org", "pytorch.org", "jupyter.org"}
+              "www.cs.cmu.edu", "scikit-learn.org", "docs.scipy.org", "www.statsmodels.org", "pytorch.org",
+              "jupyter.org"}
 NO_HOSTS = re.compile(r"cxr[-_]audit\.github\.io|github\.com/cxr[-_]audit", re.I)
 
 
@@ -24,7 +26,8 @@ def load_renderer():
 
 
 def dead_links(site: Path) -> list[tuple[str, str, str]]:
-    "(page, link, why) for every href/src of the site's pages that goes to an unknown host, a missing file or a missing anchor."
+    """(page, link, why) for every href/src of the site's pages that goes to an unknown host, a missing file or a
+    missing anchor."""
     site, bad = site.resolve(), []
     pages = {f.resolve(): f.read_text(encoding="utf-8") for f in sorted(site.rglob("*.html"))}
     ids = {f: set(re.findall(r'\bid="([^"]+)"', text)) for f, text in pages.items()}
@@ -43,35 +46,42 @@ def _why_dead(link, page, site, ids):
     target = (page.parent / unquote(u.path)).resolve() if u.path else page
     if not target.is_relative_to(site): return "leaves the site"
     if not target.is_file(): return "missing file"
-    if u.fragment and target.suffix == ".html" and unquote(u.fragment) not in ids.get(target, set()): return "missing anchor"
+    if u.fragment and target.suffix == ".html" and unquote(u.fragment) not in ids.get(target, set()):
+        return "missing anchor"
     return None
 
 
 def test_dead_links_finds_what_it_should(tmp_path):
     # the checker itself, on a hand-made site: the dead links of the old builds, and links that are fine
     (tmp_path / "papers").mkdir()
-    (tmp_path / "core.html").write_text('<h2 id="x">X</h2><a href="https://cxr-audit.github.io/cxr_audit/core.html#x">x</a>'
-                                        '<a href="#x">here</a><a href="#y">y</a>'
-                                        '<a href="papers/reref.html">r</a><a href="https://github.com/cxr-audit/cxr_audit/blob/main/x.py#L1">s</a>')
+    (tmp_path / "core.html").write_text('<h2 id="x">X</h2><a '
+                                        'href="https://cxr-audit.github.io/cxr_audit/core.html#x">x</a><a '
+                                        'href="#x">here</a><a href="#y">y</a><a href="papers/reref.html">r</a><a '
+                                        'href="https://github.com/cxr-audit/cxr_audit/blob/main/x.py#L1">s</a>')
     (tmp_path / "papers" / "reref.html").write_text('<a href="../core.html#x">x</a><a href="../core.html#X">case</a>'
                                                     '<a href="reref.html">me</a><a href="llm.html">gone</a>'
-                                                    '<a href="https://docs.python.org/3/">py</a><a href="../../outside.html">o</a>')
+                                                    '<a href="https://docs.python.org/3/">py</a><a '
+                                                    'href="../../outside.html">o</a>')
     got = {(p, link, why) for p, link, why in dead_links(tmp_path)}
     assert {(p, why) for p, _, why in got} == {
-        ("core.html", "a project host that does not exist"), ("core.html", "missing anchor"), ("papers/reref.html", "missing file"),
-        ("papers/reref.html", "leaves the site"), ("papers/reref.html", "missing anchor")}, got
-    assert ("core.html", "#y", "missing anchor") in got and ("papers/reref.html", "../core.html#X", "missing anchor") in got
+        ("core.html", "a project host that does not exist"), ("core.html", "missing anchor"),
+        ("papers/reref.html", "missing file"), ("papers/reref.html", "leaves the site"),
+        ("papers/reref.html", "missing anchor")}, got
+    assert ("core.html", "#y", "missing anchor") in got and ("papers/reref.html", "../core.html#X",
+                                                             "missing anchor") in got
 
 
 def test_broken_fragments_are_mended_to_the_anchor_they_meant(tmp_path):
     rd = load_renderer()
     (tmp_path / "core.html").write_text('<h3 id="InputError">InputError</h3><h3 id="PairedResult">PairedResult</h3>'
                                         '<a href="#inputerror">a</a><a href="#nothing">b</a>')
-    (tmp_path / "stats.html").write_text('<a href="core.html#pairedresult.to_frame">c</a><a href="core.html#_path">d</a>'
-                                         '<a href="core.html#InputError">e</a><a href="https://docs.python.org/3/#x">f</a>')
+    (tmp_path / "stats.html").write_text('<a href="core.html#pairedresult.to_frame">c</a><a '
+                                         'href="core.html#_path">d</a><a href="core.html#InputError">e</a><a '
+                                         'href="https://docs.python.org/3/#x">f</a>')
     assert rd.fix_anchors(tmp_path) == 4
     assert '<a href="#InputError">a</a><a href="#">b</a>' in (tmp_path / "core.html").read_text()
-    assert ('href="core.html#PairedResult"' in (s := (tmp_path / "stats.html").read_text()) and 'href="core.html">d' in s
+    assert ('href="core.html#PairedResult"' in (s := (tmp_path / "stats.html").read_text())
+            and 'href="core.html">d' in s
             and 'href="core.html#InputError">e' in s and 'docs.python.org/3/#x' in s)
     assert not dead_links(tmp_path)
 
@@ -86,8 +96,9 @@ def test_warnings_print_as_category_and_message_without_the_builders_path():
 
 def test_search_indexes_the_text_under_each_heading_without_the_pilcrow(tmp_path):
     rd = load_renderer()
-    (tmp_path / "stats.html").write_text('<h2 id="Holm">Holm adjustment<a class="anchor-link" href="#Holm">&#182;</a></h2>'
-                                         '<p>A difference is <strong>significant</strong> after Holm.</p>')
+    (tmp_path / "stats.html").write_text('<h2 id="Holm">Holm adjustment<a class="anchor-link" '
+                                         'href="#Holm">&#182;</a></h2><p>A difference is <strong>significant</strong> '
+                                         'after Holm.</p>')
     js = rd.search_js(tmp_path, [("stats.html", "stats", "")])
     assert '"Holm adjustment"' in js and "&#182;" not in js and "significant after holm" in js
 
@@ -95,24 +106,28 @@ def test_search_indexes_the_text_under_each_heading_without_the_pilcrow(tmp_path
 def test_links_are_made_local():
     # nbdev's symbol and "source" links (absolute under the old settings, relative under the new) and notebook links
     rd = load_renderer()
-    bases = [("https://github.com/cxr-audit/cxr_audit/blob/main/cxr_audit/", "source/"), ("blob/main/cxr_audit/", "source/"),
-             ("https://cxr-audit.github.io/cxr_audit/", "")]
+    bases = [("https://github.com/cxr-audit/cxr_audit/blob/main/cxr_audit/", "source/"),
+             ("blob/main/cxr_audit/", "source/"), ("https://cxr-audit.github.io/cxr_audit/", "")]
     paper = rd.NBS / "papers" / "004_crossdomain.ipynb"
     body = ('<a href="https://cxr-audit.github.io/cxr_audit/core.html#inputerror">a</a><a href="core.html#x">b</a>'
-            '<a href="blob/main/cxr_audit/core.py#L89">c</a><a href="../08_llm.ipynb">d</a><a href="https://docs.python.org/3/">e</a>')
+            '<a href="blob/main/cxr_audit/core.py#L89">c</a><a href="../08_llm.ipynb">d</a><a '
+            'href="https://docs.python.org/3/">e</a>')
     assert re.findall(r'href="([^"]*)"', rd.localize(body, paper, bases)) == [
-        "../core.html#inputerror", "../core.html#x", "../source/core.py.html#L89", "../llm.html", "https://docs.python.org/3/"]
+        "../core.html#inputerror", "../core.html#x", "../source/core.py.html#L89", "../llm.html",
+        "https://docs.python.org/3/"]
     assert rd.page_path(rd.NBS / "00_core.ipynb") == "core.html" and rd.page_path(paper) == "papers/crossdomain.html"
 
 
 def test_a_page_renders_without_an_optional_package(tmp_path, monkeypatch):
     # `make docs` has no torch (the docs extra): such a page still renders, the cells that need the package say so and
-    # the rest run; the tests (strict, as nbdev_test) still fail on it. A package that is really absent stands in for torch.
+    # the rest run; the tests (strict, as nbdev_test) still fail on it. A package that is really absent stands in for
+    # torch.
     import nbformat
     rd = load_renderer()
     monkeypatch.setattr(rd, "OPTIONAL", rd.OPTIONAL + ("no_such_package_here",))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in
-                                         ("import os\nimport no_such_package_here\nx = 1", "no_such_package_here.f()", "print(x + 1)")])
+                                         ("import os\nimport no_such_package_here\nx = 1", "no_such_package_here.f()",
+                                          "print(x + 1)")])
     path = tmp_path / "x.ipynb"; nbformat.write(nb, path)
     assert rd.missing_optional(path) == ["no_such_package_here"]
     ok, done, _ = rd.execute(path, strict=False)
@@ -129,7 +144,8 @@ def test_settings_name_no_host_that_does_not_exist():
 
 
 def test_quarto_sidebar_lists_every_notebook():
-    # custom_sidebar = True: nbs/sidebar.yml is written by hand, so it must name every notebook, the papers under "Papers"
+    # custom_sidebar = True: nbs/sidebar.yml is written by hand, so it must name every notebook, the papers under
+    # "Papers"
     import yaml
     rd = load_renderer()
     side = yaml.safe_load((ROOT / "nbs" / "sidebar.yml").read_text())["website"]["sidebar"]["contents"]
@@ -149,17 +165,18 @@ def check_rendered_pages(docs_site):
         assert "show_doc(" not in page, name                              # doc cells show output only
         assert 'href="index.html"' in page or 'href="../index.html"' in page, name
         assert "not run in this build of the docs" not in page, name      # the test environment has every extra
-        assert str(ROOT) not in page and not re.search(r"\.py:\d+: \w*Warning", page), name   # no machine path, no raw warning
+        # no machine path, no raw warning
+        assert str(ROOT) not in page and not re.search(r"\.py:\d+: \w*Warning", page), name
     core = pages["00_core"]
     assert "<h1" in core and "sha256_frame" in core and "write_manifest" in core
-    assert "from fastcore.test import" not in core                        # hidden cells removed
-    assert 'href="source/core.py.html#L' in core                          # "source" links go to the site's own source pages
+    assert "from fastcore.test import" not in core  # hidden cells removed
+    assert 'href="source/core.py.html#L' in core    # "source" links go to the site's own source pages
     assert "data:image/svg+xml" in pages["14_audit"] or "<svg" in pages["14_audit"]  # figures are inline
     paper = pages["004_crossdomain"]                                      # nbs/papers/ renders under "Papers"
     assert '<div class="section">Papers</div>' in pages["index"] and 'href="papers/crossdomain.html"' in pages["index"]
     assert 'href="../core.html"' in paper and 'src="../search.js"' in paper
     assert "SIMULATED" in paper and ("data:image/svg+xml" in paper or "<svg" in paper)
-    reref = pages["000_reref"]                                            # paper 000: the back end and infeasible variations are stated
+    reref = pages["000_reref"]  # paper 000: the back end and infeasible variations are stated
     assert 'href="papers/reref.html"' in pages["index"] and "references: <code>rules</code>" in reref
     assert "not applicable with this back end" in reref and ("data:image/svg+xml" in reref or "<svg" in reref)
 

@@ -29,11 +29,13 @@ def one_clear_line(r, *needles):
 @pytest.fixture
 def files(tmp_path):
     "A tiny studies table (three patients) and generations of two systems, as CSV files."
-    s = pd.DataFrame({"study_id": ["s1", "s2", "s3", "s4"], "patient_id": ["p1", "p1", "p2", "p3"], "dataset": "iu-xray",
+    s = pd.DataFrame({"study_id": ["s1", "s2", "s3", "s4"], "patient_id": ["p1", "p1", "p2", "p3"],
+                      "dataset": "iu-xray",
                       "findings": ["The heart is normal. No effusion.", "Mild cardiomegaly. Small left effusion.",
                                    "Lungs are clear.", "Pneumothorax on the right."], "impression": "Normal."})
     g = pd.DataFrame({"study_id": ["s1", "s2", "s3", "s4"] * 2, "system": ["A"] * 4 + ["B"] * 4, "policy": "B4",
-                      "hypothesis": ["The heart is normal.", "Small effusion.", "Lungs clear.", "No pneumothorax."] * 2})
+                      "hypothesis": ["The heart is normal.", "Small effusion.", "Lungs clear.",
+                                     "No pneumothorax."] * 2})
     s.to_csv(tmp_path / "studies.csv", index=False); g.to_csv(tmp_path / "gens.csv", index=False)
     return tmp_path, s, g
 
@@ -48,15 +50,17 @@ def test_header_only_score_input_is_refused(files):
 def test_labels_with_no_matching_generations(files):
     d, _, g = files
     g.assign(study_id=g.study_id + "x").to_csv(d / "nomatch.csv", index=False)
-    one_clear_line(cli("labels", "--references", d / "studies.csv", "--predictions", d / "nomatch.csv", "--out", d / "o", "--reps", 10),
+    one_clear_line(cli("labels", "--references", d / "studies.csv", "--predictions", d / "nomatch.csv", "--out",
+                       d / "o", "--reps", 10),
                    "no study_id of", "nothing to align")
     assert not (d / "o").exists()       # refused before anything is written
 
 
 @pytest.mark.parametrize("args, flag", [(["concentration", "{d}/gens.csv", "--reps", "-5"], "--reps"),
-                                        (["score", "{d}/gens.csv", "--studies", "{d}/studies.csv", "--reps", "-1"], "--reps"),
-                                        (["review", "prepare", "--studies", "{d}/studies.csv", "--generations", "{d}/gens.csv",
-                                          "--n-cases", "-1"], "--n-cases"),
+                                        (["score", "{d}/gens.csv", "--studies", "{d}/studies.csv", "--reps", "-1"],
+                                         "--reps"),
+                                        (["review", "prepare", "--studies", "{d}/studies.csv", "--generations",
+                                          "{d}/gens.csv", "--n-cases", "-1"], "--n-cases"),
                                         (["demo", "--n-patients", "-3"], "--n-patients")])
 def test_negative_counts_are_refused(files, args, flag):
     d = files[0]
@@ -72,13 +76,15 @@ def test_zero_is_refused_not_the_default(files, opt, msg):
 
 def test_audit_reps_zero_is_refused(files):
     d = files[0]
-    one_clear_line(cli("audit", "--studies", d / "studies.csv", "--generations", d / "gens.csv", "--out", d / "o", "--reps", 0),
+    one_clear_line(cli("audit", "--studies", d / "studies.csv", "--generations", d / "gens.csv", "--out", d / "o",
+                       "--reps", 0),
                    "--reps must be >= 1")
 
 
 def test_score_reps_zero_means_estimates_only(files):
     d = files[0]
-    r = cli("score", d / "gens.csv", "--studies", d / "studies.csv", "--metrics", "bleu_4", "--reps", 0, "--out", d / "o")
+    r = cli("score", d / "gens.csv", "--studies", d / "studies.csv", "--metrics", "bleu_4", "--reps", 0, "--out",
+            d / "o")
     assert r.returncode == 0, r.stderr
     assert "0 resamples" in r.stdout
 
@@ -86,7 +92,8 @@ def test_score_reps_zero_means_estimates_only(files):
 def test_concentration_out_is_an_existing_file(files):
     d = files[0]
     (d / "taken.txt").write_text("mine")
-    one_clear_line(cli("concentration", d / "gens.csv", "--reps", 10, "--out", d / "taken.txt"), "is a file; give a folder")
+    one_clear_line(cli("concentration", d / "gens.csv", "--reps", 10, "--out", d / "taken.txt"),
+                   "is a file; give a folder")
     assert (d / "taken.txt").read_text() == "mine"
 
 
@@ -138,7 +145,8 @@ def test_truncated_no_keeps_reports_valid_on_the_command_line(files):
     n_invalid = lambda out: out.split(" not surface-valid")[0].rsplit(" ", 1)[-1]
     assert n_invalid(r.stdout) == n_invalid(plain.stdout) == "6", (r.stdout, plain.stdout)   # "no" used to flag all 8
     g.assign(seed="x").to_csv(d / "x.csv", index=False)
-    for cmd in (["validate", "--generations", d / "x.csv"], ["score", d / "x.csv", "--studies", d / "studies.csv", "--out", d / "o"],
+    for cmd in (["validate", "--generations", d / "x.csv"],
+                ["score", d / "x.csv", "--studies", d / "studies.csv", "--out", d / "o"],
                 ["concentration", d / "x.csv", "--out", d / "o"]):
         one_clear_line(cli(*cmd), "x.csv: row 0: column 'seed': not an integer: 'x'")
 
@@ -159,14 +167,17 @@ def test_score_refuses_duplicate_reference_studies(files):
 
 
 def test_mask_only_texts_are_flagged_by_score(files):
-    d, s, g = files    # all-XXXX texts used to score BLEU/ROUGE-L 1.0 without a word, then were flagged but still averaged
+    # all-XXXX texts used to score BLEU/ROUGE-L 1.0 without a word, then were flagged but still averaged
+    d, s, g = files
     g.assign(hypothesis=["XXXX XXXX."] + g.hypothesis.tolist()[1:]).to_csv(d / "m.csv", index=False)
     s.assign(findings=["XXXX."] + s.findings.tolist()[1:]).to_csv(d / "ms.csv", index=False)
     r = cli("score", d / "m.csv", "--studies", d / "ms.csv", "--metrics", "bleu_4", "--reps", 0, "--out", d / "o")
     assert r.returncode == 0, r.stderr
     assert "Left out of every average: 1 study whose reference is empty or only de-identification masks (1 masked; s1)" in r.stdout
-    assert "Flagged, scored as written: 1 generated report(s) empty or only de-identification masks (A+B4 1)" not in r.stdout  # s1 is out
-    plain = cli("score", d / "gens.csv", "--studies", d / "studies.csv", "--metrics", "bleu_4", "--reps", 0, "--out", d / "o2")
+    # s1 is out
+    assert "Flagged, scored as written: 1 generated report(s) empty or only de-identification masks (A+B4 1)" not in r.stdout
+    plain = cli("score", d / "gens.csv", "--studies", d / "studies.csv", "--metrics", "bleu_4", "--reps", 0, "--out",
+                d / "o2")
     assert "Flagged" not in plain.stdout and "Left out" not in plain.stdout
 
 
@@ -181,17 +192,19 @@ def test_mask_only_references_are_left_out_of_every_average(files):
     g.assign(hypothesis=g.hypothesis.where(g.study_id != "s1", "XXXX XXXX.")).to_csv(d / "m.csv", index=False)
     s.assign(findings=s.findings.where(s.study_id != "s1", "XXXX XXXX.")).to_csv(d / "ms.csv", index=False)
     g[g.study_id != "s1"].to_csv(d / "without_s1.csv", index=False)
-    run = lambda gens, out, *extra: cli("score", gens, "--studies", d / "ms.csv", "--metrics", "rouge_l", "chexpert_f1_14",
-                                        "--reps", 0, "--out", d / out, *extra)
+    run = lambda gens, out, *extra: cli("score", gens, "--studies", d / "ms.csv", "--metrics", "rouge_l",
+                                        "chexpert_f1_14", "--reps", 0, "--out", d / out, *extra)
     r, kept, ref = run(d / "m.csv", "o"), run(d / "m.csv", "k", "--keep-flagged"), run(d / "without_s1.csv", "w")
     assert r.returncode == kept.returncode == ref.returncode == 0, (r.stderr, kept.stderr, ref.stderr)
-    assert "on 3 studies" in r.stdout and "Left out of every average: 1 study" in r.stdout and "see flagged.csv" in r.stdout
+    assert ("on 3 studies" in r.stdout and "Left out of every average: 1 study" in r.stdout
+            and "see flagged.csv" in r.stdout)
     assert estimates(d / "o") == pytest.approx(estimates(d / "w"))          # as if s1 were not there
     flagged = pd.read_csv(d / "o" / "flagged.csv")
     assert flagged[["sample_id", "text", "reason", "excluded"]].values.tolist() == [
         ["s1", "reference", "masked", True], ["s1", "hypothesis", "masked", True], ["s1", "hypothesis", "masked", True]]
     # --keep-flagged: the old behaviour, s1 scored as written with a perfect ROUGE-L
-    assert "on 4 studies" in kept.stdout and "Flagged, scored as written (--keep-flagged): 1 reference(s) only masks." in kept.stdout
+    assert ("on 4 studies" in kept.stdout
+            and "Flagged, scored as written (--keep-flagged): 1 reference(s) only masks." in kept.stdout)
     sc = pd.read_parquet(d / "k" / "scores.parquet").query("sample_id == 's1' and metric == 'rouge_l'")
     assert sc.value.tolist() == [1.0, 1.0]
     old, new = estimates(d / "k"), estimates(d / "o")
@@ -202,14 +215,16 @@ def test_mask_only_references_are_left_out_of_every_average(files):
 def test_only_masked_references_is_one_clear_line(files):
     d, s, g = files
     s.assign(findings="XXXX XXXX.").to_csv(d / "all_masked.csv", index=False)
-    one_clear_line(cli("score", d / "gens.csv", "--studies", d / "all_masked.csv", "--metrics", "rouge_l", "--reps", 0, "--out", d / "o"),
+    one_clear_line(cli("score", d / "gens.csv", "--studies", d / "all_masked.csv", "--metrics", "rouge_l", "--reps", 0,
+                       "--out", d / "o"),
                    "only de-identification masks", "keep_flagged=True")
 
 
 @pytest.mark.parametrize("command", [["score", "--studies", "{d}/studies.csv", "--metrics", "bleu_4", "--reps", "0"],
                                      ["concentration", "--reps", "10"]])
 def test_duplicate_sample_ids_are_refused_by_every_command(files, command):
-    # `validate`, `labels` and `audit` refused a sample_id given twice; `score` and `concentration` read the table as it was
+    # `validate`, `labels` and `audit` refused a sample_id given twice; `score` and `concentration` read the table as it
+    # was
     d, _, g = files
     g.assign(sample_id=["x0", "x1", "x2", "x3", "x4", "x5", "x6", "x0"]).to_csv(d / "dup.csv", index=False)
     args = [command[0], d / "dup.csv", *[a.format(d=d) for a in command[1:]], "--out", d / "o"]
@@ -220,7 +235,8 @@ def test_duplicate_sample_ids_are_refused_by_every_command(files, command):
 @pytest.mark.parametrize("command", [["reref", "--variations", "negation:implicit"],
                                      ["review", "prepare", "--generations", "{d}/gens.csv", "--n-cases", "2"]])
 def test_blank_study_id_is_refused_by_reref_and_review(files, command):
-    # these read the studies table as written: a blank study_id silently merged or dropped a study ("3 studies" of 4 rows)
+    # these read the studies table as written: a blank study_id silently merged or dropped a study ("3 studies" of 4
+    # rows)
     d, s, _ = files
     s.assign(study_id=[None, "s2", "s3", "s4"]).to_csv(d / "blank_id.csv", index=False)
     n = 2 if command[0] == "review" else 1

@@ -40,7 +40,8 @@ class BadServer(ScriptedStub):
         if step == "echokey":  # a 200 answer whose text repeats the key and the URL credentials
             return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "stub", "choices": [{
                 "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"your key is {KEY}; "
-                f"auth {headers.get('Authorization')}; user pw {PW}"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, []
+                f"auth {headers.get('Authorization')}; user pw {PW}"}}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, []
         if step == "garbage":
             return 200, b"<html>proxy error</html>", []
         choices = [] if step == "nochoices" else [{"index": 0, "finish_reason": "stop", "message": {
@@ -100,7 +101,8 @@ def test_url_credentials_quoted_by_a_server_never_reach_the_outputs(bad, tmp_pat
     "A credential in the base URL travels as `Authorization: Basic`; a server that quotes it lands nowhere at rest."
     srv = bad({"*": ["echo500"]})
     url = srv.base_url.replace("http://", f"http://alice:{PW}@")
-    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=False, retries=0, progress=False).to_frame()
+    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=False, retries=0,
+                    progress=False).to_frame()
     text = out.to_json()
     assert out.status[0] == "failed" and "HTTP 500" in out.error[0]
     for secret in (PW, KEY, _basic("alice", PW)):
@@ -112,7 +114,8 @@ def test_an_echoed_key_is_masked_in_the_answer_and_never_stored(bad, tmp_path):
     srv = bad({"*": ["echokey"]})
     url = srv.base_url.replace("http://", f"http://alice:{PW}@")
     cache = ChatCache(tmp_path / "cache.sqlite")
-    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=cache, retries=0, progress=False).to_frame()
+    out = run_batch(_reqs(["a"]), OpenAIChat("stub", base_url=url, api_key=KEY), cache=cache, retries=0,
+                    progress=False).to_frame()
     assert out.status[0] == "ok" and "your key is <redacted>" in out.text[0] and PW not in out.text[0]
     cache._conn().execute("PRAGMA wal_checkpoint(FULL)")
     for f in tmp_path.iterdir():   # every file the cache wrote (database, WAL, shared memory)
@@ -142,7 +145,8 @@ def test_guard_uses_the_url_the_client_calls():
     with pytest.raises(AttributeError):
         llm.endpoint = "http://127.0.0.1:8080/v1"  # no longer a way around the guard
     llm.client()
-    llm.__dict__["_endpoint"] = "http://127.0.0.1:8080/v1"  # even a private change: the client still calls the remote host
+    # even a private change: the client still calls the remote host
+    llm.__dict__["_endpoint"] = "http://127.0.0.1:8080/v1"
     with pytest.raises(RestrictedDataError, match="llm.example.org"):
         check_restricted(llm, 1)
 
@@ -157,7 +161,8 @@ def test_restricted_by_dataset_blank_or_missing_column():
         with pytest.raises(RestrictedDataError) as e:
             run_batch(reqs, remote, cache=False, progress=False, restricted_datasets=ds)
         assert isinstance(e.value, InputError) and "request_id='s1'" in str(e.value)
-    assert run_batch([{"request_id": "s", "messages": "hi", "dataset": "iu-xray"}], remote, cache=False, progress=False).n_ok == 1
+    assert run_batch([{"request_id": "s", "messages": "hi", "dataset": "iu-xray"}], remote, cache=False,
+                     progress=False).n_ok == 1
     assert is_restricted([{"dataset": "mimic-cxr", "restricted": False}]) == [True]
 
 
@@ -186,7 +191,8 @@ def test_unusable_200_reply_retried_then_failed_readably(bad, tmp_path, step):
     srv = bad({"a": [step], "b": [step, "ok"]})
     llm = OpenAIChat("stub", base_url=srv.base_url)
     cache = tmp_path / "c.sqlite"
-    out = run_batch(_reqs("ab"), llm, cache=cache, retries=2, backoff_s=0.01, progress=False).to_frame().set_index("request_id")
+    out = run_batch(_reqs("ab"), llm, cache=cache, retries=2, backoff_s=0.01,
+                    progress=False).to_frame().set_index("request_id")
     assert srv.received == {"a": 3, "b": 2}
     assert out.status.to_dict() == {"a": "failed", "b": "ok"} and out.text["b"] == "fine"
     assert out.error["a"].startswith("LLMReplyError: ") and "object has no attribute" not in out.error["a"]
@@ -202,7 +208,8 @@ def test_unreachable_server_stops_the_batch(tmp_path):
     llm = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1")
     t0 = time.monotonic()
     with pytest.raises(BatchAbortedError, match="first 5 requests all failed .*LLMConnectionError"):
-        run_batch(_reqs([f"q{i}" for i in range(200)]), llm, cache=False, retries=1, backoff_s=0.01, max_concurrency=2, progress=False)
+        run_batch(_reqs([f"q{i}" for i in range(200)]), llm, cache=False, retries=1, backoff_s=0.01, max_concurrency=2,
+                  progress=False)
     assert time.monotonic() - t0 < 30
 
 
@@ -210,9 +217,11 @@ def test_same_error_at_start_stops_the_batch_and_sends_no_more(bad):
     srv = bad({"*": ["echo401"]})
     llm = OpenAIChat("stub", base_url=srv.base_url, api_key=KEY)
     with pytest.raises(BatchAbortedError) as e:
-        run_batch(_reqs([f"q{i}" for i in range(100)]), llm, cache=False, max_concurrency=1, fail_fast=3, progress=False)
+        run_batch(_reqs([f"q{i}" for i in range(100)]), llm, cache=False, max_concurrency=1, fail_fast=3,
+                  progress=False)
     assert sum(srv.received.values()) == 3 and KEY not in str(e.value) and isinstance(e.value, InputError)
-    out = run_batch(_reqs([f"q{i}" for i in range(6)]), llm, cache=False, max_concurrency=1, fail_fast=0, progress=False)
+    out = run_batch(_reqs([f"q{i}" for i in range(6)]), llm, cache=False, max_concurrency=1, fail_fast=0,
+                    progress=False)
     assert out.n_failed == 6 and out.nothing_succeeded and "6 failed" in out.headline()
 
 
@@ -269,7 +278,8 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
         sent_after = proxy.user_texts()
         lost = int((out.status != "ok").sum())
         repeated = len(set(sent_before) & set(sent_after))
-        print(f"kill -9 resume: {len(done_before)} cached before the kill, {len(sent_before)} sent before, lost={lost}, repeated={repeated}")
+        print(f"kill -9 resume: {len(done_before)} cached before the kill, {len(sent_before)} sent before, "
+              f"lost={lost}, repeated={repeated}")
         assert lost == 0 and run.n_ok == 24 and out.cached.sum() == len(done_before)
         assert repeated <= 3, f"{repeated} requests were sent twice (at most the 3 in flight may be)"
         assert len(sent_after) == 24 - len(done_before)
@@ -278,8 +288,10 @@ def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
 
 
 def test_a_server_that_never_answers_fails_the_cli_run_within_the_timeout_asked(tmp_path):
-    """A STUB listener that accepts connections and never replies: with --timeout 2 the run ends, clearly, exit 1 (a request
-    that times out before the server answered anything is not retried); with --budget the whole run stops when it is spent."""
+    """A STUB listener that accepts connections and never replies: with --timeout 2 the run ends, clearly, exit 1 (a
+    request
+    that times out before the server answered anything is not retried); with --budget the whole run stops when it is
+    spent."""
     import pandas as pd
     srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(16)
     held = []
@@ -289,14 +301,17 @@ def test_a_server_that_never_answers_fails_the_cli_run_within_the_timeout_asked(
             except OSError: return
     import threading
     threading.Thread(target=accept, daemon=True).start()
-    pd.DataFrame({"study_id": ["s1"], "dataset": ["iu-xray"], "findings": ["Small left pleural effusion. Heart size is normal."],
+    pd.DataFrame({"study_id": ["s1"], "dataset": ["iu-xray"], "findings": ["Small left pleural effusion. Heart size "
+                                                                           "is normal."],
                   "impression": ["Small effusion."]}).to_csv(tmp_path / "st.csv", index=False)
     def reref(out, *waiting):
-        return subprocess.run([sys.executable, "-c", "from cxr_audit.cli import main; raise SystemExit(main())", "reref", "--studies",
-                               str(tmp_path / "st.csv"), "--out", str(tmp_path / out), "--backend", "openai", "--model", "m",
-                               "--base-url", f"http://127.0.0.1:{srv.getsockname()[1]}/v1", "--variations", "negation:implicit",
-                               *waiting, "--cache", str(tmp_path / "c.sqlite")],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "OPENAI_API_KEY": "sk-test"})
+        return subprocess.run([sys.executable, "-c", "from cxr_audit.cli import main; raise SystemExit(main())",
+                               "reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / out),
+                               "--backend", "openai", "--model", "m",
+                               "--base-url", f"http://127.0.0.1:{srv.getsockname()[1]}/v1", "--variations",
+                               "negation:implicit", *waiting, "--cache", str(tmp_path / "c.sqlite")],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "OPENAI_API_KEY": "sk-test"})
     r = reref("o", "--timeout", "2")
     budgeted = reref("b", "--timeout", "600", "--budget", "2")   # one 600 s wait would outlast this test's 120 s limit
     srv.close()
@@ -304,8 +319,11 @@ def test_a_server_that_never_answers_fails_the_cli_run_within_the_timeout_asked(
     assert r.returncode == 1 and "none of" in r.stderr and "LLM calls succeeded" in r.stderr, r.stderr[-2000:]
     import pandas as pd
     errors = pd.read_parquet(tmp_path / "o" / "rounds.parquet").error.dropna()
-    assert len(errors) and errors.str.startswith("LLMTimeoutError: no answer from").all()   # --timeout reached the client
+    # --timeout reached the client
+    assert len(errors) and errors.str.startswith("LLMTimeoutError: no answer from").all()
     assert budgeted.returncode == 1 and "none of" in budgeted.stderr, budgeted.stderr[-2000:]
     assert pd.read_parquet(tmp_path / "b" / "rounds.parquet").error.dropna().str.startswith("LLMTimeoutError").all()
-    assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--budget", "-1"]) == 2
-    assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--timeout", "0"]) == 2
+    assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--budget",
+                     "-1"]) == 2
+    assert cli_main(["reref", "--studies", str(tmp_path / "st.csv"), "--out", str(tmp_path / "x"), "--timeout",
+                     "0"]) == 2

@@ -40,12 +40,14 @@ print(json.dumps({"seconds": time.process_time() - t, "sentences": n}))
 @pytest.mark.parametrize("splitter", ["regex", "pysbd", "default"])
 @pytest.mark.parametrize("field", ["report", "section_findings"])
 def test_split_sentences_1mb_finishes(tmp_path, splitter, field):
-    # section_findings has no headers: the whole MB is one segment (pysbd took 63 s on 100 KB of it, minutes on 1 MB, as the
+    # section_findings has no headers: the whole MB is one segment (pysbd took 63 s on 100 KB of it, minutes on 1 MB, as
+    # the
     # old quadratic code did); run in a child so that such code fails by the 60 s limit instead of hanging the suite. No
     # assertion on the time (the machine is shared: ~0.5 s of CPU, 1.05 s once on a busy run): what keeps it linear is
     # checked below, and the CPU time is in the message
     f = tmp_path / "long.txt"; f.write_text(long_text(field), encoding="utf-8")
-    out = subprocess.run([sys.executable, "-c", TIMED_SPLIT, str(f), splitter], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", TIMED_SPLIT, str(f), splitter], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert r["sentences"] > 15_000, r
@@ -53,7 +55,8 @@ def test_split_sentences_1mb_finishes(tmp_path, splitter, field):
 
 @pytest.mark.parametrize("field", ["report", "section_findings"])
 def test_no_splitter_call_sees_more_than_the_long_segment_limit(field):
-    # the linear bound: a long segment is cut at its sentence ends first, so the splitter (pysbd's cost grows with the square
+    # the linear bound: a long segment is cut at its sentence ends first, so the splitter (pysbd's cost grows with the
+    # square
     # of its input) is only ever given pieces of at most `_LONG_SEGMENT` characters; a piece still longer is kept whole
     seen = []
     def spy(piece):
@@ -97,8 +100,8 @@ def test_split_sentences_normal_reports_unchanged():
 
 @pytest.mark.parametrize("name", ["r2gen", "r2gen_iu"])
 def test_metric_tokenisation_1mb_linear(name):
-    # ten times the text takes about ten times the CPU, not a hundred: a ratio within one run (the best of three of each, as
-    # the machine is shared), never an absolute time
+    # ten times the text takes about ten times the CPU, not a hundred: a ratio within one run (the best of three of
+    # each, as the machine is shared), never an absolute time
     import time
     text, tok = long_text(sep="\n"), tokenizer(name)
     assert len(tok(text)) > 0.9 * MB
@@ -126,7 +129,8 @@ def test_meteor_1mb_hypothesis_is_capped_not_a_crash():
     plain = run_meteor(refs, hyps, max_tokens=None)           # normal inputs: the same statistics as without a cap
     np.testing.assert_array_equal(run.stats[:3], plain.stats)
     assert plain.capped.tolist() == [False] * 3
-    assert METEOR_MAX_TOKENS <= run.stats[3][0] < 1.05 * METEOR_MAX_TOKENS   # the jar saw the first 1,000 (its -norm splits a few more)
+    # the jar saw the first 1,000 (its -norm splits a few more)
+    assert METEOR_MAX_TOKENS <= run.stats[3][0] < 1.05 * METEOR_MAX_TOKENS
 
 
 @needs_java
@@ -143,7 +147,8 @@ def test_meteor_metric_warns_naming_capped_rows():
 # --- review sheets ------------------------------------------------------------------------------------------------
 
 def hostile_demo():
-    "The demo corpus with study IDs and a system name a spreadsheet would read as formulas, and one 40,000-character report."
+    """The demo corpus with study IDs and a system name a spreadsheet would read as formulas, and one 40,000-character
+    report."""
     from cxr_audit.synth import make_demo_corpus
     demo = make_demo_corpus(12, seed=4)
     studies = demo.studies.assign(study_id="@" + demo.studies.study_id)
@@ -159,7 +164,8 @@ def test_review_key_is_formula_neutralised(tmp_path):
     studies, gens = hostile_demo()
     cases = sample_cases(studies[["study_id", "dataset"]], 2, seed=2026, strata="dataset")
     P = make_review_packets(cases, gens, studies, seed=2026, out_dir=tmp_path)
-    with open(tmp_path / "key" / "review_key.csv", newline="", encoding="utf-8-sig") as f: rows = list(csv.DictReader(f))
+    with open(tmp_path / "key" / "review_key.csv", newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
     assert rows and all(r["study_id"].startswith("'@") for r in rows)
     assert any(r["system"] == "'=cmd" for r in rows)
     assert not any(v.startswith(("=", "+", "-", "@")) for r in rows for v in r.values())
@@ -173,7 +179,8 @@ def test_xlsx_cut_at_excel_cell_limit_is_flagged(tmp_path):
     from cxr_audit.review import XLSX_CELL_LIMIT, XLSX_CUT_NOTE, prepare_review
     studies, gens = hostile_demo()
     long_id = gens.study_id.iloc[0]
-    with pytest.warns(UserWarning, match=r"cell limit were cut in R\d_phase1\.xlsx \(R\d_phase1 row \d+ column generated_report"):
+    with pytest.warns(UserWarning, match=r"cell limit were cut in R\d_phase1\.xlsx \(R\d_phase1 row \d+ column "
+                                         r"generated_report"):
         prepare_review(studies[studies.study_id == long_id], gens[gens.study_id == long_id], 1, seed=2026,
                        strata="dataset", out_dir=tmp_path, formats=("csv", "xlsx"))
     folder = tmp_path / "phase1" / "R1"

@@ -53,8 +53,8 @@ def images(tmp_path_factory):
 @pytest.fixture(scope="module")
 def studies(images):
     inds = ["Cough.", "", "Chest pain and shortness of breath.", None, "Fever.", "Line placement."]
-    return pd.DataFrame({"study_id": [f"s{i}" for i in range(6)], "image_paths": [[str(images / f"{i}.png")] for i in range(6)],
-                         "indication": inds})
+    return pd.DataFrame({"study_id": [f"s{i}" for i in range(6)],
+                         "image_paths": [[str(images / f"{i}.png")] for i in range(6)], "indication": inds})
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,8 @@ def test_sampling_does_not_depend_on_batch_size_or_order(request, studies, kind)
         t = generate_table(gen, st, pols, seeds=[0, 5], use_indication=True, batch_size=bs, progress=False)
         pd.testing.assert_series_equal(by(t), ref)
     # a subset run (different batch composition) gives the same reports for the samples it shares
-    sub = by(generate_table(gen, studies.iloc[[1, 4]], pols, seeds=[5], use_indication=True, batch_size=2, progress=False))
+    sub = by(generate_table(gen, studies.iloc[[1, 4]], pols, seeds=[5], use_indication=True, batch_size=2,
+                            progress=False))
     pd.testing.assert_series_equal(sub, ref[sub.index])
 
 
@@ -135,7 +136,8 @@ def test_truncated_exactly_when_the_cap_is_reached(ved, studies, base):
     # cross-check against the raw token ids of model.generate (deterministic policies)
     if not p.do_sample:
         pv = ved.image_processor([load_image(s[0]) for s in studies.image_paths], return_tensors="pt")["pixel_values"]
-        seq = ved.model.generate(pixel_values=pv, **p.to_generate_kwargs(ved.tokenizer, prompt_length=1), pad_token_id=0, eos_token_id=3)
+        seq = ved.model.generate(pixel_values=pv, **p.to_generate_kwargs(ved.tokenizer, prompt_length=1),
+                                 pad_token_id=0, eos_token_id=3)
         no_eos = [3 not in row[1:] for row in seq.tolist()]
         assert t.truncated.tolist() == no_eos
 
@@ -174,9 +176,11 @@ def _raw(gen, policy, n=4):
     prompts = ["the lungs", "heart size is", "no acute", "there is"][:n]
     seqs = [gen.tokenizer(p)["input_ids"] for p in prompts]
     L = max(map(len, seqs))
-    ids = torch.tensor([[0] * (L - len(s)) + s for s in seqs]); mask = (torch.arange(L) >= torch.tensor([L - len(s) for s in seqs])[:, None]).long()
-    out = gen.model.generate(input_ids=ids, attention_mask=mask, **policy.to_generate_kwargs(gen.tokenizer, prompt_length=L),
-                             pad_token_id=0, eos_token_id=3)
+    ids = torch.tensor([[0] * (L - len(s)) + s
+                        for s in seqs]); mask = (torch.arange(L) >= torch.tensor([L - len(s) for s in seqs])[:, None]).long()
+    out = gen.model.generate(input_ids=ids, attention_mask=mask,
+                             **policy.to_generate_kwargs(gen.tokenizer, prompt_length=L), pad_token_id=0,
+                             eos_token_id=3)
     return [row[L:] for row in out.tolist()]
 
 
@@ -191,16 +195,20 @@ def test_processors_move_a_tiny_gpt2_in_the_expected_direction(gpt2):
     rep1 = lambda rows: sum(a == b for r in rows for a, b in zip(r, r[1:]))
     rep2 = lambda rows: sum(a == c for r in rows for a, c in zip(r, r[2:]))
     assert rep1(base) > 0
-    assert rep1(_raw(gpt2, DecodingPolicy("g", max_new_tokens=20, processors=[never_stop, RecurrencePenalty(lag1=math.inf, lag2=0)]))) == 0
-    assert rep2(_raw(gpt2, DecodingPolicy("g", max_new_tokens=20, processors=[never_stop, RecurrencePenalty(lag1=0, lag2=math.inf)]))) == 0
+    assert rep1(_raw(gpt2, DecodingPolicy("g", max_new_tokens=20,
+                                          processors=[never_stop, RecurrencePenalty(lag1=math.inf, lag2=0)]))) == 0
+    assert rep2(_raw(gpt2, DecodingPolicy("g", max_new_tokens=20,
+                                          processors=[never_stop, RecurrencePenalty(lag1=0, lag2=math.inf)]))) == 0
     # template phrase: a bigram the model writes disappears when its continuation is banned
     bigram = tuple(base[0][:2])
     bigrams = lambda rows: sum(tuple(r[i:i + 2]) == bigram for r in rows for i in range(len(r) - 1))
     assert bigrams(base) > 0
-    pen = _raw(gpt2, DecodingPolicy("g", max_new_tokens=20, processors=[never_stop, TemplatePhrasePenalty(phrases=[bigram], penalty=math.inf)]))
+    pen = _raw(gpt2, DecodingPolicy("g", max_new_tokens=20,
+                                    processors=[never_stop, TemplatePhrasePenalty(phrases=[bigram], penalty=math.inf)]))
     assert bigrams(pen) == 0
     # end token: forced early stop, held off by early-EOS suppression; a weight > 1 shortens, < 1 lengthens
-    lens = lambda procs: [len(_until_eos(r)) for r in _raw(gpt2, DecodingPolicy("g", max_new_tokens=20, processors=procs))]
+    lens = lambda procs: [len(_until_eos(r)) for r in _raw(gpt2,
+                                                           DecodingPolicy("g", max_new_tokens=20, processors=procs))]
     assert lens([EOSReweight(1e9)]) == [0] * 4
     assert lens([EOSReweight(1e9), EarlyEOSSuppression(min_tokens=6)]) == [6] * 4
     assert sum(lens([EOSReweight(1e3)])) < sum(lens([EOSReweight(1.0)])) <= sum(lens([EOSReweight(1e-3)]))
@@ -228,9 +236,11 @@ def test_save_and_load_from_a_local_folder(tmp_path, images, kind):
     assert gen.kind == kind and gen.system == "m"
     # the same weights, generation settings and tokenizer came back
     sd = model.state_dict()
-    assert all(torch.equal(sd[k], v) for k, v in gen.model.state_dict().items()) and set(sd) == set(gen.model.state_dict())
+    assert all(torch.equal(sd[k], v) for k,
+               v in gen.model.state_dict().items()) and set(sd) == set(gen.model.state_dict())
     keys = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "suppress_tokens")
-    assert [getattr(gen.model.generation_config, k, None) for k in keys] == [getattr(model.generation_config, k, None) for k in keys]
+    assert [getattr(gen.model.generation_config, k, None) for k in keys] == [getattr(model.generation_config, k, None)
+                                                                             for k in keys]
     text = "Indication: cough. The lungs are clear."
     assert gen.tokenizer(text)["input_ids"] == HFReportGenerator(model, proc, kind=kind).tokenizer(text)["input_ids"]
     # and the same reports (compared on their first 10 words: another transformers/torch build may choose a different
@@ -248,7 +258,8 @@ def test_missing_model_folder_is_refused_without_download(tmp_path):
 
 
 def test_multi_image_samples_on_the_chat_model(chat, images):
-    st = pd.DataFrame({"study_id": ["a", "b"], "image_paths": [[str(images / "0.png"), str(images / "1.png")], [str(images / "2.png")]]})
+    st = pd.DataFrame({"study_id": ["a", "b"],
+                       "image_paths": [[str(images / "0.png"), str(images / "1.png")], [str(images / "2.png")]]})
     t = generate_table(chat, st, short("G1"), max_images=2, progress=False)
     assert t.error.isna().all()
     one = generate_table(chat, st, short("G1"), max_images=1, progress=False)
@@ -296,7 +307,8 @@ def test_a_crashed_run_resumes_from_its_checkpoint(tmp_path):
 
     ck = tmp_path / "run.jsonl"
     with pytest.raises(KeyboardInterrupt):
-        generate_table(Crashing("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2, checkpoint=ck, progress=False)
+        generate_table(Crashing("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2, checkpoint=ck,
+                       progress=False)
     saved = len(ck.read_text().splitlines())
     assert saved == 4
 
@@ -304,14 +316,16 @@ def test_a_crashed_run_resumes_from_its_checkpoint(tmp_path):
     class Counting(SimulatedGenerator):
         def generate_batch(self, imgs, indications=None, **kw):
             seen.extend(imgs); return super().generate_batch(imgs, indications, **kw)
-    resumed = generate_table(Counting("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2, checkpoint=ck, progress=False)
-    fresh = generate_table(SimulatedGenerator("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2, progress=False)
+    resumed = generate_table(Counting("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2,
+                             checkpoint=ck, progress=False)
+    fresh = generate_table(SimulatedGenerator("sim-omit", corpus), corpus.studies, "K50", seeds=[0], batch_size=2,
+                           progress=False)
     assert len(seen) == n - 4
     assert sha256_frame(resumed) == sha256_frame(fresh)
     # changed policy settings under the same name do not reuse old rows
     seen.clear()
-    generate_table(Counting("sim-omit", corpus), corpus.studies, dataclasses.replace(POLICIES["K50"], top_k=10), seeds=[0],
-                   checkpoint=ck, progress=False)
+    generate_table(Counting("sim-omit", corpus), corpus.studies, dataclasses.replace(POLICIES["K50"], top_k=10),
+                   seeds=[0], checkpoint=ck, progress=False)
     assert len(seen) == n
 
 
@@ -331,7 +345,8 @@ def two_frontal_studies():
     text = "Heart size is normal. The lungs are clear without effusion or pneumothorax."
     return pd.DataFrame({"study_id": ["s1", "s2"], "patient_id": ["p1", "p2"], "split": ["test", "test"],
                          "image_paths": [["s1/ap.jpg", "s1/lat.jpg", "s1/pa.jpg"], ["s2/pa.jpg"]],
-                         "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text], "impression": ["Normal.", "Normal."]})
+                         "image_views": [["AP", "LATERAL", "PA"], ["PA"]], "findings": [text, text],
+                         "impression": ["Normal.", "Normal."]})
 
 
 def test_two_frontal_entries_of_one_study_give_two_generations_of_their_own_images():
@@ -357,7 +372,8 @@ def test_a_lateral_first_study_is_generated_from_its_frontal_image(iu_real):
     lat_first = iu_real[iu_real.image_views.map(lambda v: list(v[:1]) == ["LATERAL"] and "FRONTAL" in list(v))]
     assert len(lat_first) >= 2                                  # real studies listed [lateral, frontal]
     chosen = Cohort(lat_first).select_views(FRONTAL_VIEWS, prefer="first", fallback="any").studies
-    frontal = [f"Report of {ps[list(vs).index('FRONTAL')]}." for ps, vs in zip(lat_first.image_paths, lat_first.image_views)]
+    frontal = [f"Report of {ps[list(vs).index('FRONTAL')]}." for ps,
+               vs in zip(lat_first.image_paths, lat_first.image_views)]
     assert generate_table(which_image, chosen, progress=False).hypothesis.tolist() == frontal
     # a table without a chosen image keeps the old rule (first listed image), and so does image_column=None
     first = [f"Report of {ps[0]}." for ps in lat_first.image_paths]
@@ -372,15 +388,16 @@ def test_the_real_iu_fixture_runs_through_recipe_004_iu_and_generate_table(iu_re
     cohort = recipe_004_iu(iu_real)
     entries = cohort.studies
     assert 0 < len(entries) < len(iu_real)
-    run = lambda table: generate_table(SimulatedGenerator("sim-template", iu_real), table, ["B4", "G1", "K50"], seeds=[0, 1],
-                                       progress=False)
+    run = lambda table: generate_table(SimulatedGenerator("sim-template", iu_real), table, ["B4", "G1", "K50"],
+                                       seeds=[0, 1], progress=False)
     gen = run(entries)
     assert len(gen) == 4 * len(entries) and gen.error.isna().all() and gen.sample_id.is_unique
     assert (gen.hypothesis.str.strip() != "").all()
-    assert gen.entry_id.tolist() == gen.study_id.tolist() == entries.study_id.tolist() * 4   # study level: entry = study
+    assert gen.entry_id.tolist() == gen.study_id.tolist() == entries.study_id.tolist() * 4  # study level: entry = study
     assert sha256_frame(run(entries)) == sha256_frame(gen)
     # every entry went to the generator with the image the cohort chose
-    assert generate_table(which_image, entries, progress=False).hypothesis.tolist() == [f"Report of {p}." for p in entries.image_path]
+    assert generate_table(which_image, entries,
+                          progress=False).hypothesis.tolist() == [f"Report of {p}." for p in entries.image_path]
     # the cohort as written to disk (what `cxr-audit cohort` writes and `cxr-audit generate` reads) gives the same table
     write_cohort(cohort, tmp_path / "c")
     assert sha256_frame(run(pd.read_parquet(tmp_path / "c/cohort.parquet"))) == sha256_frame(gen)
@@ -390,7 +407,8 @@ def test_every_frontal_image_of_the_real_iu_fixture_is_generated_as_an_entry(iu_
     entries = Cohort(iu_real).explode_images().select_views(FRONTAL_VIEWS, fallback="none").studies
     t = generate_table(SimulatedGenerator("sim-terse", iu_real), entries, "B4", progress=False)
     assert len(t) == len(entries) and t.error.isna().all() and t.entry_id.is_unique
-    assert t.entry_id.tolist() == entries.entry_id.tolist() and t.study_id.tolist() == entries.study_id.astype(str).tolist()
+    assert (t.entry_id.tolist() == entries.entry_id.tolist()
+            and t.study_id.tolist() == entries.study_id.astype(str).tolist())
     sent = generate_table(which_image, entries, progress=False).hypothesis
     assert sent.tolist() == [f"Report of {p}." for p in entries.image_path]
 
@@ -443,6 +461,7 @@ def test_module_imports_without_torch_and_transformers():
 
 
 def test_importing_the_module_does_not_import_torch():
-    code = "import sys, cxr_audit.generate; print(sorted(m for m in ('torch', 'transformers', 'PIL', 'yaml') if m in sys.modules))"
+    code = ("import sys, cxr_audit.generate; print(sorted(m for m in ('torch', 'transformers', 'PIL', 'yaml') if m in "
+            "sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -11,7 +11,8 @@ from cxr_audit.stats import holm
 
 
 def test_csv_ids_keep_their_leading_zeros(tmp_path):
-    (tmp_path / "g.csv").write_text("study_id,patient_id,system,hypothesis,n\n001,007,a,Clear lungs.,3\n010,070,a,Effusion.,4\n")
+    (tmp_path / "g.csv").write_text("study_id,patient_id,system,hypothesis,n\n001,007,a,Clear "
+                                    "lungs.,3\n010,070,a,Effusion.,4\n")
     t = read_table(tmp_path / "g.csv")
     assert t.study_id.tolist() == ["001", "010"] and t.patient_id.tolist() == ["007", "070"]
     assert t.n.tolist() == [3, 4]   # other columns are still typed
@@ -26,20 +27,24 @@ def test_csv_ids_keep_their_leading_zeros(tmp_path):
     (lambda: rng(1e30), "seed must be a whole number"),
     (lambda: rng("abc"), "seed must be a whole number"),
     (lambda: rng(-1), "seed must be >= 0"),
-    (lambda: score_systems(pd.DataFrame({"reference": ["a b"], "hypothesis": ["a"], "system": ["x"]}), method="bogus", reps=0),
+    (lambda: score_systems(pd.DataFrame({"reference": ["a b"], "hypothesis": ["a"], "system": ["x"]}), method="bogus",
+                           reps=0),
      "method must be one of"),
 ])
 def test_out_of_range_values_are_one_clear_input_error(call, message):
-    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")",
+                                                                             r"\)").replace("[", r"\[").replace("]", r"\]")):
         call()
     assert holm([0.01, math.nan, 0.04]).tolist()[0] == pytest.approx(0.02)   # nan stays out of the family
 
 
 def test_csv_outputs_quote_formulas_and_read_back_unchanged(tmp_path):
     from cxr_audit.core import write_table
-    t = pd.DataFrame({"system": ["=cmd|' /C calc'!A0", "@SUM(A1)"], "hypothesis": ["+1 cm nodule.", "- small effusion"], "n": [-1, 2]})
+    t = pd.DataFrame({"system": ["=cmd|' /C calc'!A0", "@SUM(A1)"], "hypothesis": ["+1 cm nodule.", "- small effusion"],
+                      "n": [-1, 2]})
     raw = write_table(t, tmp_path / "t.csv").read_text()
-    assert all(not cell.startswith(("=", "+", "@", "-")) for line in raw.splitlines()[1:] for cell in line.split(",")[:2])
+    assert all(not cell.startswith(("=", "+", "@", "-")) for line in raw.splitlines()[1:]
+               for cell in line.split(",")[:2])
     pd.testing.assert_frame_equal(read_table(tmp_path / "t.csv"), t)
 
 
@@ -48,7 +53,8 @@ def test_repeated_column_names_list_cells_and_spaced_ids_are_refused(tmp_path):
     (tmp_path / "dup.csv").write_text("study_id,dataset,findings,findings\na,iu-xray,Lungs clear.,Heart big.\n")
     with pytest.raises(InputError, match="'findings' appear more than once"):
         read_table(tmp_path / "dup.csv")
-    pd.DataFrame({"study_id": ["a"], "dataset": "iu-xray", "findings": [["Lungs clear.", "No effusion."]]}).to_parquet(tmp_path / "l.parquet")
+    pd.DataFrame({"study_id": ["a"], "dataset": "iu-xray",
+                  "findings": [["Lungs clear.", "No effusion."]]}).to_parquet(tmp_path / "l.parquet")
     with pytest.raises(InputError, match="column 'findings' holds a list of texts"):
         to_studies(read_table(tmp_path / "l.parquet"), "l.parquet")
     with pytest.raises(InputError, match="differ only in the spaces"):
@@ -69,7 +75,8 @@ def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
     with pytest.raises(IncompleteRunError, match="1 configuration\\(s\\) set aside") as e:
         run_audit(d.studies, g, tmp_path / "a", stages=["corpus"], progress=False, workers=1)
     page = (tmp_path / "a" / "report.html").read_text()
-    assert "Incomplete run." in page and "lonely+B4" in page and "set aside" in page and list(e.value.failed) == ["coverage"]
+    assert ("Incomplete run." in page and "lonely+B4" in page and "set aside" in page
+            and list(e.value.failed) == ["coverage"])
     mixed = d.studies.assign(dataset=["iu-xray"] + ["synthetic-site-a"] * (len(d.studies) - 1))
     run_audit(mixed, d.generations, tmp_path / "m", stages=["corpus"], progress=False, workers=1)
     page = (tmp_path / "m" / "report.html").read_text()
@@ -81,7 +88,8 @@ def test_requests_that_cannot_be_honoured_are_refused_not_answered_with_zeros():
     from cxr_audit.longitudinal import progression_evaluation
     from cxr_audit.verdict import verdict
     st = pd.DataFrame({"study_id": ["a", "b", "c"], "findings": ["", " ", ""], "impression": ""})
-    g = pd.DataFrame({"study_id": ["a", "b", "c"] * 2, "system": ["m1"] * 3 + ["m2"] * 3, "hypothesis": ["Effusion.", "Clear.", "Edema."] * 2})
+    g = pd.DataFrame({"study_id": ["a", "b", "c"] * 2, "system": ["m1"] * 3 + ["m2"] * 3,
+                      "hypothesis": ["Effusion.", "Clear.", "Edema."] * 2})
     with pytest.raises(InputError, match="every reference report is empty"):
         label_audit(st, g, reps=10)
     full = st.assign(findings=["Stable effusion.", "Lungs clear.", "Edema has improved."])

@@ -1,4 +1,5 @@
-"Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, readers, the entry points."
+("Integration tests of `cxr_audit.labels`: fixture accuracy, heart-size wording, trigger detection, alignment, "
+ "readers, the entry points.")
 import json
 from pathlib import Path
 
@@ -8,10 +9,12 @@ import pytest
 
 from cxr_audit.core import InputError, config_label, sha256_frame
 from cxr_audit.corpus import to_generations
-from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, FileLabeler, LabelAudit, Labeler, default_labeler, TraceAudit, align_labels,
-                              check_text_provenance, exclusion_sensitivity, findings_to_labels, from_wide, label_audit,
-                              label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler, probe_summary,
-                              read_chexbert_csv, read_chexpert_csv, reference_texts, run_names, state_accuracy, to_binary, to_wide, trace_audit,
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, FileLabeler, LabelAudit, Labeler,
+                              default_labeler, TraceAudit, align_labels, check_text_provenance, exclusion_sensitivity,
+                              findings_to_labels, from_wide, label_audit,
+                              label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler,
+                              probe_summary, read_chexbert_csv, read_chexpert_csv, reference_texts, run_names,
+                              state_accuracy, to_binary, to_wide, trace_audit,
                               trace_label_triggers, get_labeler, reference_profile)
 from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.synth import make_demo_corpus
@@ -40,12 +43,12 @@ def test_fixture_size_and_coverage(sentences, reports):
     assert len(sentences) >= 200 and len(reports) >= 50
     assert reports.text.str.count(r"\.").ge(2).mean() > 0.9          # multi-sentence reports
     exp = parse_expected(sentences.expected, ids=sentences.sentence_id)
-    for lab in CHEXPERT_13:                                             # every observation positive, negative and uncertain
+    for lab in CHEXPERT_13:  # every observation positive, negative and uncertain
         assert {1.0, 0.0, -1.0} <= set(exp[lab].dropna()), lab
 
 
-# The fixture's expected states are what the sentences mean: the clinical profile reads them (the chexpert profile departs
-# from them where the official labeler's definitions do; see the profile tests below).
+# The fixture's expected states are what the sentences mean: the clinical profile reads them (the chexpert profile
+# departs from them where the official labeler's definitions do; see the profile tests below).
 CLINICAL = Labeler(profile="clinical")
 
 
@@ -57,7 +60,8 @@ def test_sentence_accuracy(sentences):
 
 
 def test_report_accuracy(reports):
-    acc = state_accuracy(CLINICAL(reports.text, ids=reports.report_id), parse_expected(reports.expected, ids=reports.report_id))
+    acc = state_accuracy(CLINICAL(reports.text, ids=reports.report_id),
+                         parse_expected(reports.expected, ids=reports.report_id))
     assert (acc.accuracy >= 0.9).all(), acc
     assert acc.set_index("label").loc["No Finding", "n"] >= 10
 
@@ -65,17 +69,19 @@ def test_report_accuracy(reports):
 def test_accuracy_threshold_can_fail(sentences):
     # a labeler that negates nothing must fall below the thresholds the tests above use
     blind = Labeler(triggers={"negation": {"forward": [], "backward": [], "bidirectional": []}})
-    acc = state_accuracy(blind(sentences.text, ids=sentences.sentence_id), parse_expected(sentences.expected, ids=sentences.sentence_id),
-                         labels_order=CHEXPERT_13)
+    acc = state_accuracy(blind(sentences.text, ids=sentences.sentence_id),
+                         parse_expected(sentences.expected, ids=sentences.sentence_id), labels_order=CHEXPERT_13)
     assert (acc.accuracy < 0.9).any()
 
 
 # --- normal heart-size wording -------------------------------------------------------------------------------------
 
-NORMAL_HEART = ["The heart size is within normal limits.", "Heart size is within normal limits.", "The heart is normal in size.",
-                "Normal cardiac silhouette.", "Heart size is normal.", "Heart size normal.", "Normal heart size.",
+NORMAL_HEART = ["The heart size is within normal limits.", "Heart size is within normal limits.",
+                "The heart is normal in size.", "Normal cardiac silhouette.", "Heart size is normal.",
+                "Heart size normal.", "Normal heart size.",
                 "The cardiac silhouette is normal in size.", "The heart is not enlarged.", "Heart size normal XXXX.",
-                "The cardiomediastinal silhouette is within normal limits.", "Normal heart size and mediastinal contours.",
+                "The cardiomediastinal silhouette is within normal limits.",
+                "Normal heart size and mediastinal contours.",
                 "FINDINGS: The heart size is within normal limits. The lungs are clear.\nIMPRESSION: No acute process."]
 
 
@@ -90,7 +96,7 @@ def test_heart_wording_with_real_findings():
                                "The heart size is within normal limits. Moderate cardiomegaly on the lateral view.",
                                "Borderline heart size."]))
     assert w.loc[0, ["Cardiomegaly", "Pleural Effusion"]].tolist() == [0.0, 1.0]
-    assert w.loc[1, "Cardiomegaly"] == 1.0                 # a positive mention wins over normal wording (documented precedence)
+    assert w.loc[1, "Cardiomegaly"] == 1.0  # a positive mention wins over normal wording (documented precedence)
     assert w.loc[2, "Cardiomegaly"] == -1.0
 
 
@@ -143,7 +149,7 @@ def test_alignment_counts_by_hand():
     al = align_labels(ref, {"s": pred}, labels=["Cardiomegaly", "Edema"])
     pl = al.per_label().set_index("label")
     assert pl.loc["Cardiomegaly", ["tp", "fp", "fn", "tn"]].tolist() == [1, 1, 1, 1]
-    assert pl.loc["Edema", ["tp", "fp", "fn", "tn"]].tolist() == [1, 1, 1, 1]    # ref -1 is negative; pred -1 is negative
+    assert pl.loc["Edema", ["tp", "fp", "fn", "tn"]].tolist() == [1, 1, 1, 1]  # ref -1 is negative; pred -1 is negative
     sm = al.summary(reps=50).set_index("metric")
     assert sm.loc["micro_f1", "estimate"] == pytest.approx(2 * 2 / (2 * 2 + 2 + 2))
     alu = align_labels(ref, {"s": pred}, labels=["Edema"], uncertain_positive=True).per_label().iloc[0]
@@ -172,11 +178,13 @@ def test_chexpert5_and_binary_mapping():
 
 def test_exclusion_sensitivity_sign_flip():
     idx = [f"s{i}" for i in range(40)]
-    ref = pd.DataFrame(0.0, index=idx, columns=list(CHEXPERT_5)); ref.iloc[:30, ref.columns.get_loc("Cardiomegaly")] = 1.0
+    ref = pd.DataFrame(0.0, index=idx, columns=list(CHEXPERT_5)); ref.iloc[:30,
+                                                                           ref.columns.get_loc("Cardiomegaly")] = 1.0
     ref.iloc[5:25, ref.columns.get_loc("Pleural Effusion")] = 1.0
     a = pd.DataFrame(0.0, index=idx, columns=ref.columns); a["Cardiomegaly"] = 1.0
     b = pd.DataFrame(0.0, index=idx, columns=ref.columns); b.iloc[5:25:3, b.columns.get_loc("Pleural Effusion")] = 1.0
-    es = exclusion_sensitivity(align_labels(ref, {"a": a, "b": b}, labels=CHEXPERT_5), compare=("a", "b"), reps=200, seed=1)
+    es = exclusion_sensitivity(align_labels(ref, {"a": a, "b": b}, labels=CHEXPERT_5), compare=("a", "b"), reps=200,
+                               seed=1)
     assert es.difference[0] > 0 > es.difference[1]
     assert es.sign_flip.tolist() == [False, True]
     # no flip when the excluded label does not drive the difference
@@ -196,7 +204,8 @@ def test_read_chexpert_csv():
 
 def test_read_chexbert_csv_both_encodings(tmp_path):
     cb = to_wide(read_chexbert_csv(FIX / "chexbert_labeled.csv"))
-    assert cb.loc[0, ["Cardiomegaly", "No Finding", "Edema"]].tolist()[:2] == [0.0, 1.0] and np.isnan(cb.loc[0, "Edema"])
+    assert cb.loc[0, ["Cardiomegaly", "No Finding", "Edema"]].tolist()[:2] == [0.0,
+                                                                               1.0] and np.isnan(cb.loc[0, "Edema"])
     assert cb.loc[1, ["Cardiomegaly", "Edema", "Pleural Effusion"]].tolist() == [1.0, -1.0, 0.0]
     # the same labels in the CheXpert encoding read the same
     raw = pd.read_csv(FIX / "chexbert_labeled.csv")
@@ -214,7 +223,8 @@ def test_provenance_check():
     given = pd.read_csv(FIX / "chexpert_texts.csv", keep_default_na=False)
     prov = check_text_provenance(read_chexpert_csv(FIX / "chexpert_labeled.csv", ids=given.text_id), given)
     assert prov.status.tolist().count("different") == 1
-    ws = check_text_provenance({"a": "No  effusion.", "b": "x"}, {"a": "No effusion.", "c": "y"}).set_index("text_id").status
+    ws = check_text_provenance({"a": "No  effusion.", "b": "x"},
+                               {"a": "No effusion.", "c": "y"}).set_index("text_id").status
     assert ws.to_dict() == {"a": "whitespace only", "b": "missing", "c": "missing"}
 
 
@@ -224,7 +234,8 @@ def test_bad_inputs_are_flagged_not_raised():
     texts = [None, float("nan"), "", "   \n", 42, ["a list"], b"bytes", "<unk>", "[PAD] <pad>", "No effusion."]
     lab = label_reports(texts)
     flags = [None if pd.isna(f) else f for f in lab.drop_duplicates("text_id").flag]
-    assert flags == ["missing", "missing", "empty", "empty", "not text", "not text", "not text", "no words", "no words", None]
+    assert flags == ["missing", "missing", "empty", "empty", "not text", "not text", "not text", "no words", "no words",
+                     None]
     bad = lab[lab.text_id < 9]
     assert bad.state.isna().all() and bad.flag.notna().all()
     good = to_wide(lab).loc[9]
@@ -265,7 +276,8 @@ def test_label_audit_equals_its_steps(demo, audit):
     # the entry point gives exactly what the lower-level functions give with the same reps and seed
     assert isinstance(audit, LabelAudit)
     ref_lab = label_reports(reference_texts(demo.studies))
-    al = align_labels(ref_lab, label_generations(demo.generations), case_map=demo.generations[["sample_id", "study_id"]])
+    al = align_labels(ref_lab, label_generations(demo.generations),
+                      case_map=demo.generations[["sample_id", "study_id"]])
     by_hand = al.summary(reps=100, seed=3)
     mine = audit.to_frame().query("reference == 'reference-report labels' and labels == '14'")
     assert mine[["system", "metric", "estimate", "ci_low", "ci_high"]].values.tolist() == \
@@ -274,10 +286,12 @@ def test_label_audit_equals_its_steps(demo, audit):
                          label_generations(demo.generations), case_map=demo.generations[["sample_id", "study_id"]])
     five = audit.summary().query("reference == 'ground truth' and labels == '5'")
     by_hand5 = truth.summary(reps=100, seed=3, labels=CHEXPERT_5).query("metric == 'micro_f1'")
-    assert five[["estimate", "ci_low", "ci_high"]].values.tolist() == by_hand5[["estimate", "ci_low", "ci_high"]].values.tolist()
+    assert five[["estimate", "ci_low", "ci_high"]].values.tolist() == by_hand5[["estimate", "ci_low",
+                                                                                "ci_high"]].values.tolist()
     assert set(audit.to_frame().metric) == set(SCORES) and set(audit.summary().metric) == {"micro_f1"}
     # the contrast labeler finds the trigger, ours does not; the exclusion flips only under the contrast labeler
-    assert audit.contrast.trace.flagged().label.eq("Cardiomegaly").any() and audit.trace.flags.normal_wording_positives.sum() == 0
+    assert (audit.contrast.trace.flagged().label.eq("Cardiomegaly").any()
+            and audit.trace.flags.normal_wording_positives.sum() == 0)
     ex = audit.exclusion
     assert ex.labeler.tolist() == ["naive-mention"] * 2 + ["cxr_audit:chexpert"] * 2
     assert bool(ex.sign_flip.iloc[1]) and not bool(ex.sign_flip.iloc[3])
@@ -285,7 +299,7 @@ def test_label_audit_equals_its_steps(demo, audit):
 
 def test_label_audit_compare_is_holm_consistent(audit):
     with pytest.warns(UnderpoweredWarning):
-        res = audit.compare()                                       # 10 pairs, 100 resamples: nothing can be significant
+        res = audit.compare()  # 10 pairs, 100 resamples: nothing can be significant
     t = res.to_frame()
     assert (t.significant == (t.p_holm < 0.05)).all() and not t.significant.any()
     with pytest.warns(UnderpoweredWarning):
@@ -307,7 +321,8 @@ def test_label_audit_is_deterministic_and_seeded(demo):
     b = label_audit(demo.studies, small, reps=50, seed=7).to_frame()
     c = label_audit(demo.studies, small, reps=50).to_frame()            # DEFAULT_SEED
     pd.testing.assert_frame_equal(a, b)
-    assert np.array_equal(a.estimate, c.estimate, equal_nan=True) and not np.array_equal(a.ci_low, c.ci_low, equal_nan=True)
+    assert np.array_equal(a.estimate, c.estimate, equal_nan=True) and not np.array_equal(a.ci_low, c.ci_low,
+                                                                                         equal_nan=True)
 
 
 def test_trace_audit_of_the_official_csv(tmp_path):
@@ -316,10 +331,12 @@ def test_trace_audit_of_the_official_csv(tmp_path):
     assert isinstance(ta, TraceAudit) and "1 different" in ta.headline() and "Cardiomegaly" in ta.headline()
     assert ta.summary().label.tolist() == ["Cardiomegaly"]
     files = ta.save(tmp_path)
-    assert files["chart"].name == "trigger_phrases.svg" and pd.read_csv(files["provenance"]).status.eq("different").sum() == 1
+    assert (files["chart"].name == "trigger_phrases.svg"
+            and pd.read_csv(files["provenance"]).status.eq("different").sum() == 1)
     with pytest.raises(InputError, match="pass id_column"):
         trace_audit(FIX / "chexpert_labeled.csv", given.head(3))
-    assert ta.trace.min_positives == 3 and (ta.trace.dominance, ta.trace.by) == (0.5, "sentence")  # trace_label_triggers' defaults
+    # trace_label_triggers' defaults
+    assert ta.trace.min_positives == 3 and (ta.trace.dominance, ta.trace.by) == (0.5, "sentence")
     with pytest.raises(TypeError):
         trace_audit(FIX / "chexpert_labeled.csv", given, None, 0.5)       # its options are keyword-only
 
@@ -342,19 +359,22 @@ PATHOLOGY = [lab for lab in CHEXPERT_13 if lab != "Support Devices"]
 @pytest.fixture(scope="module")
 def iu_texts():
     raw = json.loads(IU.read_text())
-    return reference_texts(pd.DataFrame({"study_id": list(raw), "findings": [v["section_findings"] for v in raw.values()],
+    return reference_texts(pd.DataFrame({"study_id": list(raw),
+                                         "findings": [v["section_findings"] for v in raw.values()],
                                          "impression": [v["section_impression"] for v in raw.values()]}))
 
 
 # normal or stability statements about normal anatomy, written after real wording: never positive or uncertain
 STABLE_NORMAL = ["Stable cardiomediastinal silhouette.", "Stable cardiomediastinal silhouette with normal heart size.",
                  "The cardiomediastinal silhouette is unchanged.", "Heart size and mediastinal contours are stable.",
-                 "The mediastinum is stable.", "Unchanged mediastinal contours.", "Mediastinal contours appear similar to the prior.",
-                 "No interval change in the cardiac silhouette.", "No interval change.", "Stable appearance of the chest.",
+                 "The mediastinum is stable.", "Unchanged mediastinal contours.",
+                 "Mediastinal contours appear similar to the prior.", "No interval change in the cardiac silhouette.",
+                 "No interval change.", "Stable appearance of the chest.",
                  "Heart size normal.", "Heart size and pulmonary vascular markings appear within limits of normal."]
 # stability of an abnormality is still the abnormality
 STABLE_ABNORMAL = [("Stable cardiomegaly.", "Cardiomegaly"), ("Stable enlarged heart.", "Cardiomegaly"),
-                   ("Unchanged small left effusion.", "Pleural Effusion"), ("Stable prominent mediastinal contours.", "Enlarged Cardiomediastinum"),
+                   ("Unchanged small left effusion.", "Pleural Effusion"),
+                   ("Stable prominent mediastinal contours.", "Enlarged Cardiomediastinum"),
                    ("Mild cardiomegaly, unchanged from prior.", "Cardiomegaly"),
                    # a stability word first, the abnormality after it in the same clause
                    ("Cardiac silhouette is unchanged and enlarged.", "Cardiomegaly"),
@@ -387,7 +407,8 @@ def test_probes_cover_every_label_and_all_pass():
 
 def test_probes_catch_stability_read_as_doubt():
     # the rule the labeler had before issue 17: stability wording as uncertain cardiomegaly
-    doubt = Labeler(profile="clinical", phrases={"observations": {"Cardiomegaly": {"stable": [], "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
+    doubt = Labeler(profile="clinical", phrases={"observations": {"Cardiomegaly": {"stable": [],
+                                                                                   "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
     ps = probe_summary(probe_labeler(doubt)).set_index("label")
     assert ps.loc["Cardiomegaly", "triggers"] >= 2 and ps.drop("Cardiomegaly").triggers.sum() == 0
 
@@ -402,7 +423,8 @@ def test_real_reports_trace_shows_no_normal_or_stability_trigger(iu_texts):
 
 def test_trace_catches_stability_read_as_doubt_on_real_reports(iu_texts):
     back = ["<STABLE>(?: appearance of)?(?: the)? <CM>", "<CM>(?: <BE>)? <STABLE>"]
-    doubt = Labeler(profile="clinical", phrases={"observations": {"Enlarged Cardiomediastinum": {"stable": [], "uncertain": back}}})
+    doubt = Labeler(profile="clinical",
+                    phrases={"observations": {"Enlarged Cardiomediastinum": {"stable": [], "uncertain": back}}})
     tr = trace_label_triggers(doubt(iu_texts), texts=iu_texts, min_positives=5)
     row = tr.flagged().set_index("label").loc["Enlarged Cardiomediastinum"]
     assert row.normal_wording_uncertain >= 5 and "stability wording" in row.verdict
@@ -434,7 +456,8 @@ def test_agreement_with_the_official_labelers_sample():
     wo, wu = to_wide(official), to_wide(ours)
     differ = ~((wo == wu) | (wo.isna() & wu.isna()))
     cells = sorted((i, lab) for i, lab in zip(*np.nonzero(differ.to_numpy())))
-    assert [(int(i), wo.columns[j]) for i, j in cells] == [(0, "Lung Opacity"), (0, "Consolidation"), (3, "Lung Opacity"), (3, "Consolidation")]
+    assert [(int(i), wo.columns[j]) for i, j in cells] == [(0, "Lung Opacity"), (0, "Consolidation"),
+                                                           (3, "Lung Opacity"), (3, "Consolidation")]
     d = differ.to_numpy()
     assert np.isnan(wo.to_numpy()[d]).all() and (wu.to_numpy()[d] == 0.0).all()      # blank there, 0 here
 
@@ -452,12 +475,13 @@ def test_chexpert_profile_other_findings_block_no_finding(text):
 
 
 def test_chexpert_profile_follows_the_official_definitions():
-    w = to_wide(label_reports(["Stable cardiomediastinal silhouette.", "Findings of CHF.", "Heart size at the upper limits of normal.",
-                               "Bibasilar scarring.", "Increased interstitial markings.", "Sternotomy wires.", "Right PICC line."])).to_numpy()
+    w = to_wide(label_reports(["Stable cardiomediastinal silhouette.", "Findings of CHF.",
+                               "Heart size at the upper limits of normal.", "Bibasilar scarring.",
+                               "Increased interstitial markings.", "Sternotomy wires.", "Right PICC line."])).to_numpy()
     col = {l: i for i, l in enumerate(CHEXPERT_14)}
     assert w[0, col["Enlarged Cardiomediastinum"]] == -1.0 and np.isnan(w[0, col["No Finding"]])   # stability is doubt
     assert w[1, col["Edema"]] == 1.0 and w[1, col["Cardiomegaly"]] == -1.0                      # the chf rule
-    assert w[2, col["Cardiomegaly"]] == 0.0                                                      # upper limits of normal
+    assert w[2, col["Cardiomegaly"]] == 0.0  # upper limits of normal
     assert w[3, col["Lung Opacity"]] == 1.0 and w[4, col["Lung Opacity"]] == 1.0                # its opacity vocabulary
     assert np.isnan(w[5, col["Support Devices"]]) and w[6, col["Support Devices"]] == 1.0      # its device vocabulary
 
@@ -488,10 +512,12 @@ def test_profiles_name_every_label_table(demo):
 
 
 def test_real_reports_no_finding_follows_the_official_rule(iu_texts):
-    "chexpert: No Finding exactly when no observation but Support Devices, and no other finding, is positive or uncertain."
+    """chexpert: No Finding exactly when no observation but Support Devices, and no other finding, is positive or
+    uncertain."""
     lab = default_labeler()
     w = to_wide(lab(iu_texts))
-    other = [any(m.label == "Other Finding" and m.state != 0.0 for m, _, _ in lab._report_mentions(t)) for t in iu_texts]
+    other = [any(m.label == "Other Finding" and m.state != 0.0 for m, _, _ in lab._report_mentions(t))
+             for t in iu_texts]
     blocked = w[PATHOLOGY].isin([1.0, -1.0]).any(axis=1).to_numpy() | np.array(other)
     assert ((w["No Finding"] == 1.0).to_numpy() == ~blocked).all()
     assert sum(other) >= 5 and (w["No Finding"] == 1.0).sum() < (to_wide(CLINICAL(iu_texts))["No Finding"] == 1.0).sum()
@@ -503,21 +529,23 @@ def _entry_generations(studies, texts):
     "Two runs over every image entry of `studies` (one row per entry, `entry_id` as the cohort gives it)."
     from cxr_audit.cohort import Cohort
     e = Cohort(studies).explode_images().studies
-    rows = [{"sample_id": f"m/{p}/0/{r.entry_id}", "study_id": r.study_id, "entry_id": r.entry_id, "system": "m", "policy": p,
-             "hypothesis": texts(p, r)} for p in ("B4", "K50") for r in e.itertuples()]
+    rows = [{"sample_id": f"m/{p}/0/{r.entry_id}", "study_id": r.study_id, "entry_id": r.entry_id, "system": "m",
+             "policy": p, "hypothesis": texts(p, r)} for p in ("B4", "K50") for r in e.itertuples()]
     return to_generations(pd.DataFrame(rows)), e
 
 
 def test_two_entries_of_one_study_are_both_scored():
     refs = pd.Series({"s1": "Mild cardiomegaly. No effusion.", "s2": "Small left pleural effusion."})
-    g = to_generations(pd.DataFrame({"sample_id": ["a", "b", "c"], "study_id": ["s1", "s1", "s2"], "entry_id": ["s1/0", "s1/1", "s2/0"],
-                                     "system": "m", "policy": "B4",
-                                     "hypothesis": ["The heart is enlarged.", "No acute disease.", "Small left pleural effusion."]}))
+    g = to_generations(pd.DataFrame({"sample_id": ["a", "b", "c"], "study_id": ["s1", "s1", "s2"],
+                                     "entry_id": ["s1/0", "s1/1", "s2/0"], "system": "m", "policy": "B4",
+                                     "hypothesis": ["The heart is enlarged.", "No acute disease.",
+                                                    "Small left pleural effusion."]}))
     ref_lab, gen_lab = label_reports(refs), label_generations(g)
     cmap = g[["sample_id", "study_id"]]
     al = align_labels(ref_lab, gen_lab, case_map=cmap)
     assert al.by_entry and al.matching.status.tolist() == ["matched"] * 3
-    assert al.matching.entry_id.tolist() == ["s1/0", "s1/1", "s2/0"] and al.matching.reference_id.tolist() == ["s1", "s1", "s2"]
+    assert al.matching.entry_id.tolist() == ["s1/0", "s1/1",
+                                             "s2/0"] and al.matching.reference_id.tolist() == ["s1", "s1", "s2"]
     ec = al.entry_counts(by_label=False).set_index("entry_id")
     # the second entry of s1 misses the cardiomegaly; the first finds it; s2 finds its effusion
     assert ec.loc["s1/0", ["tp", "fn"]].tolist() == [1, 0] and ec.loc["s1/1", "fn"] == 1 and ec.loc["s2/0", "tp"] == 1
@@ -528,7 +556,8 @@ def test_two_entries_of_one_study_are_both_scored():
     assert old.summary(reps=50).n_cases.iloc[0] == 2
     # the same entry twice is still a duplicate
     twice = pd.concat([gen_lab, gen_lab[gen_lab.text_id == "a"].assign(text_id="a2")])
-    st = align_labels(ref_lab, twice, case_map={**dict(zip(cmap.sample_id, cmap.study_id)), "a2": "s1"}).matching.status.tolist()
+    st = align_labels(ref_lab, twice, case_map={**dict(zip(cmap.sample_id, cmap.study_id)),
+                                                "a2": "s1"}).matching.status.tolist()
     assert st == ["matched", "matched", "matched", "duplicate prediction"]
 
 
@@ -555,8 +584,10 @@ def test_entry_counts_sum_to_the_micro_f1_and_resample_by_study():
     # the references as hypotheses score 1 on every entry; clustering by study widens nothing away from 1
     assert audit.summary().query("system == 'm+B4'").estimate.eq(1.0).all()
     # clustered by study: one cluster per study, so the interval differs from resampling entries one by one
-    by_entry_ci = al.summary(reps=200, seed=2026).query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
-    by_study_ci = al.summary(reps=200, seed=2026, clusters="reference_id").query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
+    by_entry_ci = al.summary(reps=200,
+                             seed=2026).query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
+    by_study_ci = al.summary(reps=200, seed=2026, clusters="reference_id").query("system == 'm+K50' and metric == "
+                                                                                 "'micro_f1'")[["ci_low", "ci_high"]].values
     assert not np.allclose(by_entry_ci, by_study_ci)
 
 
@@ -569,11 +600,13 @@ def test_one_uncertain_convention_stated_on_every_f1_table(demo, audit):
         assert inspect.signature(f).parameters["uncertain_positive"].default is UNCERTAIN_POSITIVE, f
     note = uncertain_note(False)
     assert note == "uncertain (-1) counted as negative" and uncertain_note(True) == "uncertain (-1) counted as positive"
-    for table in (audit.to_frame(), audit.summary(), audit.exclusion, audit.alignment.per_label(), audit.alignment.summary(reps=20)):
+    for table in (audit.to_frame(), audit.summary(), audit.exclusion, audit.alignment.per_label(),
+                  audit.alignment.summary(reps=20)):
         assert set(table.convention) == {note}
     assert note in audit.headline() and note in audit.alignment._repr_markdown_()
-    flipped = align_labels(from_wide(pd.DataFrame({"Edema": [-1.0]}, index=["s1"])), from_wide(pd.DataFrame({"Edema": [1.0]}, index=["s1"])),
-                           labels=["Edema"], uncertain_positive=True)
+    flipped = align_labels(from_wide(pd.DataFrame({"Edema": [-1.0]}, index=["s1"])),
+                           from_wide(pd.DataFrame({"Edema": [1.0]}, index=["s1"])), labels=["Edema"],
+                           uncertain_positive=True)
     assert flipped.per_label()[["tp", "fp", "convention"]].values.tolist() == [[1, 0, uncertain_note(True)]]
 
 
@@ -582,7 +615,8 @@ def test_one_uncertain_convention_stated_on_every_f1_table(demo, audit):
 def _pivot_case_stats(al, system, labels, cases):
     "The former `case_stats` matrices: one pivot table per count, reindexed on the cases and labels."
     c = al.counts[(al.counts.system == system) & al.counts.label.isin(labels)]
-    return {k: c.pivot_table(index=al._key, columns="label", values=k, aggfunc="sum").reindex(index=cases, columns=labels).to_numpy(float)
+    return {k: c.pivot_table(index=al._key, columns="label", values=k,
+                             aggfunc="sum").reindex(index=cases, columns=labels).to_numpy(float)
             for k in ("tp", "fp", "fn")}
 
 
@@ -598,9 +632,10 @@ def test_case_stats_equal_the_pivot_tables(demo):
             got = _case_label_sums(c[c.label.isin(labs)], al._key, cases, labs, ("tp", "fp", "fn"))
             for k in ref: np.testing.assert_array_equal(got[k], ref[k])
     s, cases = al.systems[0], al._cases([al.systems[0]])
-    few = cases[:3] + cases[:2] + ["no such case"]                      # repeated and unknown cases, as reindex gave them
+    few = cases[:3] + cases[:2] + ["no such case"]  # repeated and unknown cases, as reindex gave them
     ref = _pivot_case_stats(al, s, ["Edema", "Cardiomegaly"], few)
-    got = _case_label_sums(al.counts[al.counts.system == s], al._key, few, ["Edema", "Cardiomegaly"], ("tp", "fp", "fn"))
+    got = _case_label_sums(al.counts[al.counts.system == s], al._key, few, ["Edema", "Cardiomegaly"],
+                           ("tp", "fp", "fn"))
     for k in ref: np.testing.assert_array_equal(got[k], ref[k])
     with pytest.raises(InputError, match="lacks some of the requested cases"): al.case_stats(s, cases=few)
 
@@ -613,7 +648,8 @@ def test_flag_table_equals_the_per_key_filter(demo):
     rows, phrases, group = t.rows, t.phrases, t._group
     ref = []
     for key, g in rows[rows["state"] != 0.0].groupby(group + ["label"], sort=False):
-        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c, v in zip(group + ["label"], key)])]
+        top = phrases[(phrases["state"] == 1.0) & np.logical_and.reduce([phrases[c] == v for c,
+                                                                         v in zip(group + ["label"], key)])]
         ref.append({**dict(zip(group + ["label"], key)), **_flag_row(g, top.iloc[0] if len(top) else None)})
     ref = pd.DataFrame(ref)
     pd.testing.assert_frame_equal(t.flags[ref.columns].reset_index(drop=True), ref, check_dtype=False)
@@ -631,7 +667,8 @@ def test_label_text_is_cached_per_text_and_equal_uncached(demo):
     assert cached.label_text(texts[0]) == first[0]
 
 
-# --- labels from the official labeler's file, used like a labeler; every label-based table names its labels -----------------
+# --- labels from the official labeler's file, used like a labeler; every label-based table names its labels
+# -----------------
 
 def test_file_labeler_reads_the_official_states_by_text(tmp_path):
     off = pd.read_csv(FIX / "chexpert_official_sample.csv")
@@ -651,7 +688,8 @@ def test_file_labeler_reads_the_official_states_by_text(tmp_path):
 
 def test_get_labeler_names_and_errors(tmp_path):
     assert get_labeler(None) is default_labeler()
-    assert get_labeler("clinical").name == "cxr_audit:clinical" and get_labeler("cxr_audit:chexpert+quirks").official_quirks
+    assert (get_labeler("clinical").name == "cxr_audit:clinical"
+            and get_labeler("cxr_audit:chexpert+quirks").official_quirks)
     custom = Labeler(profile="clinical")
     assert get_labeler(custom) is custom
     with pytest.raises(InputError, match="is not one of chexpert, clinical, chexpert\\+quirks"):
@@ -695,9 +733,11 @@ def test_normal_wording_is_flagged_by_its_share_with_the_counts_stated():
     real = ["Mild cardiomegaly.", "Moderate cardiomegaly.", "The heart is enlarged.", "Enlarged cardiac silhouette."]
     def labels(n_normal):
         texts = [real[i % 4] for i in range(24 - n_normal)] + ["Heart size is within normal limits."] * n_normal
-        return pd.DataFrame({"text_id": [f"t{i}" for i in range(24)], "label": "Cardiomegaly", "state": 1.0, "text": texts})
+        return pd.DataFrame({"text_id": [f"t{i}" for i in range(24)], "label": "Cardiomegaly", "state": 1.0,
+                             "text": texts})
     one = trace_label_triggers(labels(1)).flags.set_index("label").loc["Cardiomegaly"]
     assert one.normal_wording_positives == 1 and one.verdict == "-" and not one.normal_flag
     five = trace_label_triggers(labels(5)).flags.set_index("label").loc["Cardiomegaly"]
     assert five.verdict == "positives from normal wording (5 of 24)" and five.normal_flag
-    assert trace_label_triggers(labels(1), normal_share=0.01).flags.verdict.iloc[0] == "positives from normal wording (1 of 24)"
+    assert trace_label_triggers(labels(1), normal_share=0.01).flags.verdict.iloc[0] == ("positives from normal wording "
+                                                                                        "(1 of 24)")

@@ -71,7 +71,8 @@ def test_analysis_modules_hold_no_presentation_code(module):
 def long_functions(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [f"{path.name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
 
 
 def test_no_function_is_longer_than_60_lines():
@@ -88,14 +89,17 @@ def test_the_length_check_can_fail(tmp_path):
 def test_ruff():
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is part of the dev extra (settings.ini dev_requirements)"
-    res = subprocess.run([ruff, "check", "cxr_audit", "tests", "benchmarks", ".ci"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run([ruff, "check", "cxr_audit", "tests", "benchmarks", ".ci"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_heavy_modules_are_imported_only_when_used():
-    "Every `cxr-audit` command, side process and chart process imports the package: scipy.stats (~0.5 s) waits for its first use."
+    """Every `cxr-audit` command, side process and chart process imports the package: scipy.stats (~0.5 s) waits for
+    its first use."""
     code = ("import sys, cxr_audit.audit, cxr_audit.cli; print('scipy.stats' in sys.modules); "
-            "from cxr_audit.stats import spearman; spearman([1, 2, 3, 4], [1, 3, 2, 4]); print('scipy.stats' in sys.modules)")
+            "from cxr_audit.stats import spearman; spearman([1, 2, 3, 4], [1, 3, 2, 4]); print('scipy.stats' in "
+            "sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]

@@ -128,9 +128,11 @@ def test_structured_json_object_schema(server):
     r = llm.chat(msg, schema=Triage, max_tokens=64)
     assert isinstance(r.parsed, Triage)
     assert Triage.model_validate_json(r.text) == r.parsed
-    # the server fact behind the modes: llama.cpp refuses json_schema with HTTP 500, so auto mode settles on json_object_schema
+    # the server fact behind the modes: llama.cpp refuses json_schema with HTTP 500, so auto mode settles on
+    # json_object_schema
     with pytest.raises(LLMHTTPError, match="HTTP 500"):
-        OpenAIChat("smollm2", base_url=server.base_url, structured="json_schema").chat(msg, schema=Triage, max_tokens=64)
+        OpenAIChat("smollm2", base_url=server.base_url, structured="json_schema").chat(msg, schema=Triage,
+                                                                                       max_tokens=64)
     auto = OpenAIChat("smollm2", base_url=server.base_url)
     assert isinstance(auto.chat(msg, schema=Triage, max_tokens=64).parsed, Triage)
     assert auto.structured_mode_ == "json_object_schema"
@@ -138,9 +140,11 @@ def test_structured_json_object_schema(server):
 
 def test_second_batch_served_from_cache_with_server_stopped(served_gguf, tmp_path):
     # a server of its own, so that it can be stopped without disturbing the other tests
-    reqs = _requests(5) + [{"request_id": "t", "messages": "Is the effusion new? 'New right effusion.'", "schema": Triage, "max_tokens": 64}]
+    reqs = _requests(5) + [{"request_id": "t", "messages": "Is the effusion new? 'New right effusion.'",
+                            "schema": Triage, "max_tokens": 64}]
     with local_llama_server(served_gguf) as srv:
-        assert srv.process.args[srv.process.args.index("--logits_all") + 1] == "false"   # prompts read without every token's logits
+        # prompts read without every token's logits
+        assert srv.process.args[srv.process.args.index("--logits_all") + 1] == "false"
         llm = OpenAIChat("smollm2", base_url=srv.base_url, structured="json_object_schema")
         first = run_batch(reqs, llm, cache=tmp_path / "c.sqlite", max_tokens=8, progress=False).to_frame()
     assert srv.process.poll() is not None  # the server is gone
@@ -170,14 +174,18 @@ def test_concurrency(server, proxy, tmp_path):
 def test_timeouts(server):
     llm = OpenAIChat("smollm2", base_url=server.base_url)
     slow = [{"request_id": "slow", "messages": "Write a long story about a lighthouse."}]
-    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False, fail_fast=0).to_frame()
+    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False,
+                    fail_fast=0).to_frame()
     assert (out.status[0], out.attempts[0]) == ("failed", 2)
-    assert out.error[0].startswith("LLMTimeoutError: no answer from http://127.0.0.1") and "within 0.02 s" in out.error[0]
+    assert (out.error[0].startswith("LLMTimeoutError: no answer from http://127.0.0.1")
+            and "within 0.02 s" in out.error[0])
     # by default a request that timed out before the server answered anything is not asked again (it may never answer)
-    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32, progress=False).to_frame()
+    out = run_batch(slow, llm, cache=False, timeout_s=0.02, retries=1, backoff_s=0.01, max_tokens=32,
+                    progress=False).to_frame()
     assert (out.status[0], out.attempts[0]) == ("failed", 1)
     # a run's budget caps each attempt's time limit, and no attempt starts once it is spent
-    out = run_batch(slow, llm, cache=False, timeout_s=60, budget_s=0.05, max_tokens=32, progress=False, fail_fast=0).to_frame()
+    out = run_batch(slow, llm, cache=False, timeout_s=60, budget_s=0.05, max_tokens=32, progress=False,
+                    fail_fast=0).to_frame()
     assert out.status[0] == "failed" and out.error[0].startswith("LLMTimeoutError")
     assert llm.chat("Say yes.", max_tokens=4, timeout_s=120).text  # the server still answers afterwards
 
@@ -220,7 +228,8 @@ def test_crash_and_resume(server, proxy, tmp_path):
     assert 8 <= len(done_before) < 30
 
     # The rerun sends exactly the requests whose answers were not committed before the kill. What the server receives
-    # is counted by the relay in front of it (CountingProxy): every request body that reaches llama.cpp passes through it.
+    # is counted by the relay in front of it (CountingProxy): every request body that reaches llama.cpp passes through
+    # it.
     with proxy.lock:
         proxy.bodies.clear()
     llm = OpenAIChat("smollm2", base_url=proxy.base_url)
@@ -249,7 +258,8 @@ def test_ctrl_c_and_resume(tmp_path):
     # and the rerun calls the back end only for the rest. A rule back end stands in for a server here.
     cache_path, script = tmp_path / "int.sqlite", tmp_path / "batch.py"
     script.write_text(textwrap.dedent(INTERRUPT_SCRIPT))
-    proc = subprocess.Popen([sys.executable, str(script), str(cache_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(script), str(cache_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     t_end = time.monotonic() + 120
     while len(_cached_keys(cache_path)) < 20:
         assert proc.poll() is None and time.monotonic() < t_end, proc.stderr.read().decode()
@@ -262,7 +272,8 @@ def test_ctrl_c_and_resume(tmp_path):
     assert 20 <= len(done_before) < 200
     calls = []
     rule = RuleChat(lambda m, s: calls.append(1) or m[-1]["content"].upper(), name="slow-upper")
-    res = run_batch([{"request_id": i, "messages": f"item {i}"} for i in range(200)], rule, cache=cache_path, progress=False).to_frame()
+    res = run_batch([{"request_id": i, "messages": f"item {i}"} for i in range(200)], rule, cache=cache_path,
+                    progress=False).to_frame()
     assert (res.status == "ok").all() and res.cached.sum() == len(done_before) and len(calls) == 200 - len(done_before)
     assert res.text.tolist() == [f"ITEM {i}" for i in range(200)]
 
@@ -276,7 +287,8 @@ class ScriptedStub:
     bytes, extra headers)."""
 
     def __init__(self, scripts: dict):
-        self.scripts, self.received, self.lock, stub = {k: list(v) for k, v in scripts.items()}, {}, threading.Lock(), self
+        self.scripts, self.received, self.lock, stub = {k: list(v) for k,
+                                                        v in scripts.items()}, {}, threading.Lock(), self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -328,7 +340,8 @@ class FaultStub(ScriptedStub):
             return int(step), {"error": {"message": f"stub error {step}"}}, []
         content = FaultStub.VALID if step == "ok" else '{"is_longitudinal": tru'
         return 200, {"id": "stub", "object": "chat.completion", "created": 0, "model": "stub-model",
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                  "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}}, []
 
 
@@ -358,8 +371,10 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
 
         # a rerun sends only the failed requests again
         stub.scripts.update({"B": ["ok"], "C": ["ok"], "D": ["ok"]})
-        again = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01, progress=False).to_frame().set_index("request_id")
-        assert (again.status == "ok").all() and again.cached.to_dict() == {"A": True, "B": False, "C": False, "D": False, "E": True}
+        again = run_batch(reqs, llm, cache=tmp_path / "s.sqlite", retries=3, backoff_s=0.01,
+                          progress=False).to_frame().set_index("request_id")
+        assert (again.status == "ok").all() and again.cached.to_dict() == {"A": True, "B": False, "C": False,
+                                                                           "D": False, "E": True}
         assert stub.received == {"A": 4, "B": 5, "C": 2, "D": 5, "E": 1}
     finally:
         stub.close()
@@ -368,21 +383,26 @@ def test_retries_and_failure_rows_against_stub(tmp_path):
 # --- the in-process model ----------------------------------------------------------------------------------------
 
 def test_the_served_model_is_the_packaged_one(gguf, served_gguf):
-    # the servers load a Q8_0 re-encoding of the packaged Q4_1 file (tests/conftest.py: prompts read faster): the same tensors,
+    # the servers load a Q8_0 re-encoding of the packaged Q4_1 file (tests/conftest.py: prompts read faster): the same
+    # tensors,
     # vocabulary and settings, and every weight within 1% of its tensor's largest weight (measured: 0.4% at worst)
     gguf_module = pytest.importorskip("gguf")
     from gguf.quants import dequantize
-    plain = _plain_gguf_reader(gguf_module.GGUFReader)   # the reader TransformersChat loads with: the same fields and tensors
+    # the reader TransformersChat loads with: the same fields and tensors
+    plain = _plain_gguf_reader(gguf_module.GGUFReader)
     a, b, slow = plain(gguf), plain(served_gguf), gguf_module.GGUFReader(gguf)
     assert type(a.data) is np.ndarray and type(slow.data) is np.memmap
-    assert [(t.name, t.tensor_type, bytes(t.data)) for t in a.tensors] == [(t.name, t.tensor_type, bytes(t.data)) for t in slow.tensors]
-    assert all(len(a.fields[k].parts) == len(slow.fields[k].parts) and all(np.array_equal(u, v) for u, v in zip(a.fields[k].parts, slow.fields[k].parts))
+    assert [(t.name, t.tensor_type, bytes(t.data)) for t in a.tensors] == [(t.name, t.tensor_type, bytes(t.data))
+                                                                           for t in slow.tensors]
+    assert all(len(a.fields[k].parts) == len(slow.fields[k].parts)
+               and all(np.array_equal(u, v) for u, v in zip(a.fields[k].parts, slow.fields[k].parts))
                for k in slow.fields) and a.fields.keys() == slow.fields.keys()
     ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
     assert ta.keys() == tb.keys() and all(list(ta[k].shape) == list(tb[k].shape) for k in ta)
     assert {t.tensor_type.name for t in b.tensors} == {"Q8_0", "F32"}
     assert a.fields.keys() == b.fields.keys()
-    tokens = lambda r: [bytes(r.fields["tokenizer.ggml.tokens"].parts[i]) for i in r.fields["tokenizer.ggml.tokens"].data]
+    tokens = lambda r: [bytes(r.fields["tokenizer.ggml.tokens"].parts[i])
+                        for i in r.fields["tokenizer.ggml.tokens"].data]
     assert tokens(a) == tokens(b)
     for k in ta:
         x, y = dequantize(ta[k].data, ta[k].tensor_type), dequantize(tb[k].data, tb[k].tensor_type)
@@ -455,7 +475,8 @@ def test_cache_shared_by_processes_and_threads(tmp_path):
     script.write_text(textwrap.dedent(WRITER_SCRIPT))
     path = tmp_path / "shared.sqlite"
     # three processes with four threads each; their ranges overlap by 100 so that some keys are written twice
-    procs = [subprocess.Popen([sys.executable, str(script), str(s), str(path)], stderr=subprocess.PIPE) for s in (0, 200, 400)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(s), str(path)], stderr=subprocess.PIPE)
+             for s in (0, 200, 400)]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read().decode()
     cache = ChatCache(path)
@@ -466,7 +487,8 @@ def test_cache_shared_by_processes_and_threads(tmp_path):
 
 
 def test_auto_mode_does_not_probe_a_failing_server_three_times():
-    "HTTP 500 that says nothing about the response format is a failing server: one request, not one per structured mode."
+    """HTTP 500 that says nothing about the response format is a failing server: one request, not one per structured
+    mode."""
     stub = FaultStub({"A": ["500"]})
     try:
         llm = OpenAIChat("stub-model", base_url=stub.base_url)   # structured="auto"

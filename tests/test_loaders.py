@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import InputError, sha256_frame
-from cxr_audit.corpus import (LOAD_FLAGS, STUDIES_COLUMNS, VIEW_STATUS, LoadReport, load_chexpert_plus, load_generations,
-                              load_iu_xray, load_mimic_cxr, load_report, load_rexgradient, load_rexrank, load_table,
+from cxr_audit.corpus import (LOAD_FLAGS, STUDIES_COLUMNS, VIEW_STATUS, LoadReport, load_chexpert_plus,
+                              load_generations, load_iu_xray, load_mimic_cxr, load_report, load_rexgradient,
+                              load_rexrank, load_table,
                               normalize_view)
 
 FIX = Path(__file__).parent / "fixtures"
@@ -18,7 +19,8 @@ MESSY, REAL = FIX / "messy", FIX / "iu_real" / "iu_valid_rexrank_sample.json"
 def _aligned(df):
     "Every study has one view per image and `view` is the first one."
     assert list(df.columns[:len(STUDIES_COLUMNS)]) == list(STUDIES_COLUMNS)
-    views_of = df.image_views if "image_views" in df.columns else [[None] * len(p) for p in df.image_paths]  # load_table without views
+    # load_table without views
+    views_of = df.image_views if "image_views" in df.columns else [[None] * len(p) for p in df.image_paths]
     for paths, views, view in zip(df.image_paths, views_of, df.view):
         assert isinstance(paths, list) and isinstance(views, list) and len(paths) == len(views)
         assert view == (views[0] if views else None) or "image_views" not in df.columns
@@ -40,7 +42,8 @@ def test_mimic_rows_follow_metadata_order():
 def test_mimic_ids_paths_times_views():
     m = load_mimic_cxr(MIMIC).set_index("study_id")
     assert m.loc["s50100003", "patient_id"] == "p10000032"
-    assert m.loc["s50100003", "image_paths"] == ["files/p10/p10000032/s50100003/3c4d5e6f-7a8b9c0d-1e2f3a4b-5c6d7e8f-9a0b1c2d.jpg"]
+    assert m.loc["s50100003",
+                 "image_paths"] == ["files/p10/p10000032/s50100003/3c4d5e6f-7a8b9c0d-1e2f3a4b-5c6d7e8f-9a0b1c2d.jpg"]
     assert m.loc["s50100001", "study_time"] == pd.Timestamp("2180-06-23 08:52:50.343")
     assert m.loc["s50200002", "image_views"] == ["LATERAL", "PA", None]
     assert m.loc["s50200002", "view"] == "LATERAL"
@@ -51,7 +54,8 @@ def test_mimic_ids_paths_times_views():
 def test_mimic_report_csv_matches_files_and_splits_filter():
     files = load_mimic_cxr(MIMIC)
     csv = load_mimic_cxr(MIMIC, reports_csv=MIMIC / "mimic_cxr_sectioned.csv")
-    pd.testing.assert_frame_equal(files[["findings", "impression", "comparison"]], csv[["findings", "impression", "comparison"]])
+    pd.testing.assert_frame_equal(files[["findings", "impression", "comparison"]],
+                                  csv[["findings", "impression", "comparison"]])
     test = load_mimic_cxr(MIMIC, splits=["test"])
     assert test.study_id.tolist() == ["s50200001", "s50200002"] and set(test.split) == {"test"}
 
@@ -73,14 +77,16 @@ def test_mimic_errors_name_file_column_row(tmp_path):
 
 def test_mimic_is_restricted_whatever_the_flag_says():
     assert load_mimic_cxr(MIMIC).restricted.all()
-    assert load_mimic_cxr(MIMIC, restricted=False).restricted.all()   # by what the data is: only the LLM opt-in lets it leave
+    # by what the data is: only the LLM opt-in lets it leave
+    assert load_mimic_cxr(MIMIC, restricted=False).restricted.all()
 
 
 # ---------------------------------------------------------------- IU X-ray
 @pytest.mark.parametrize("path,fmt", [(IU / "csv", "csv"), (IU / "csv/indiana_reports.csv", "csv"),
                                       (IU / "ecgen-radiology", "openi"), (IU / "ecgen-radiology/2.xml", "openi"),
                                       (IU, "openi"), (IU / "r2gen", "r2gen"), (IU / "r2gen/annotation.json", "r2gen"),
-                                      (IU / "rexrank", "rexrank"), (IU / "rexrank/ReXRank_IUXray_test.json", "rexrank")])
+                                      (IU / "rexrank", "rexrank"),
+                                      (IU / "rexrank/ReXRank_IUXray_test.json", "rexrank")])
 def test_iu_auto_detection_equals_explicit_format(path, fmt):
     auto, explicit = load_iu_xray(path), load_iu_xray(path, format=fmt)
     pd.testing.assert_frame_equal(auto, explicit)
@@ -105,7 +111,8 @@ def test_iu_formats_agree_on_ids_and_text():
 
 def test_iu_views_order_and_splits():
     csv = load_iu_xray(IU / "csv")
-    assert csv.image_views.tolist() == [["FRONTAL", "LATERAL"], ["FRONTAL", "LATERAL"], ["LATERAL", "FRONTAL"], ["LATERAL"]]
+    assert csv.image_views.tolist() == [["FRONTAL", "LATERAL"], ["FRONTAL", "LATERAL"], ["LATERAL", "FRONTAL"],
+                                        ["LATERAL"]]
     assert load_iu_xray(IU / "ecgen-radiology").study_id.tolist() == ["CXR1", "CXR2", "CXR3", "CXR10"]
     assert load_iu_xray(IU / "r2gen").split.tolist() == ["train", "train", "val", "test"]
 
@@ -131,7 +138,8 @@ def test_iu_malformed_inputs_name_file_and_row(tmp_path):
     with pytest.raises(InputError, match=r"indiana_reports\.csv: missing column\(s\) 'impression'"):
         load_iu_xray(tmp_path)
     (tmp_path / "indiana_reports.csv").write_text("uid,findings,impression\n1,a,b\n1,c,d\n")
-    with pytest.raises(InputError, match=r"rows 0 and 1 \(study_id='CXR1'\): the same study given twice with different findings"):
+    with pytest.raises(InputError, match=r"rows 0 and 1 \(study_id='CXR1'\): the same study given twice with different "
+                                         r"findings"):
         load_iu_xray(tmp_path)
 
 
@@ -147,7 +155,8 @@ def test_rexrank_mimic_ids_match_mimic_loader():
 
 
 def test_rexrank_chexpert_ids_match_chexpert_loader(tmp_path):
-    entry = {"image_path": ["train/patient00001/study1/view1_frontal.jpg", "train/patient00001/study1/view2_lateral.jpg"],
+    entry = {"image_path": ["train/patient00001/study1/view1_frontal.jpg",
+                            "train/patient00001/study1/view2_lateral.jpg"],
              "frontal_lateral": ["Frontal", "Lateral"], "ap_pa": ["PA", float("nan")], "section_findings": float("nan"),
              "section_impression": "No acute disease.", "context": "Age:60.0.Gender:F.Indication:nanComparison: None.",
              "report": "Findings: None. Impression: No acute disease."}
@@ -188,7 +197,8 @@ def test_rexgradient_json_csv_and_folder_agree():
         load_rexgradient(REXG / "metadata/test_metadata.csv")
     _aligned(root)
     pd.testing.assert_frame_equal(root, js)
-    keep = ["study_id", "patient_id", "split", "view", "image_paths", "image_views", "study_time", "findings", "impression"]
+    keep = ["study_id", "patient_id", "split", "view", "image_paths", "image_views", "study_time", "findings",
+            "impression"]
     pd.testing.assert_frame_equal(js[keep], csv[keep])
     assert root.restricted.all() and root.split.unique().tolist() == ["test"]
 
@@ -196,7 +206,8 @@ def test_rexgradient_json_csv_and_folder_agree():
 def test_rexgradient_column_mapping_and_errors(tmp_path):
     pd.DataFrame({"uid": ["a", "b"], "F": ["x", "y"], "I": ["u", "v"], "When": ["2020-01-02", "20200103"]}) \
         .to_csv(tmp_path / "train_metadata.csv", index=False)
-    r = load_rexgradient(tmp_path, columns={"study_id": "uid", "findings": "F", "impression": "I", "study_time": "When"})
+    r = load_rexgradient(tmp_path, columns={"study_id": "uid", "findings": "F", "impression": "I",
+                                            "study_time": "When"})
     assert r.study_id.tolist() == ["a", "b"] and r.split.tolist() == ["train", "train"]
     assert r.study_time.tolist() == [pd.Timestamp("2020-01-02"), pd.Timestamp("2020-01-03")]
     with pytest.raises(InputError, match=r"train_metadata\.csv: missing column\(s\) 'id', 'Findings', 'Impression'"):
@@ -205,11 +216,12 @@ def test_rexgradient_column_mapping_and_errors(tmp_path):
 
 # ---------------------------------------------------------------- generic tables
 def test_load_table_csv_per_image_parquet_and_restricted(tmp_path):
-    t = load_table(FIX / "table/studies.csv", columns={"study_id": "accession", "text": "report_text", "image_paths": "images"},
-                   dataset="inhouse")
+    t = load_table(FIX / "table/studies.csv",
+                   columns={"study_id": "accession", "text": "report_text", "image_paths": "images"}, dataset="inhouse")
     assert t.restricted.tolist() == [False, True, False]
     assert t.image_paths[0] == ["img/A1001_pa.png", "img/A1001_lat.png"]
-    assert load_table(FIX / "table/studies.csv", columns={"study_id": "accession"}, dataset="x", restricted=True).restricted.all()
+    assert load_table(FIX / "table/studies.csv", columns={"study_id": "accession"}, dataset="x",
+                      restricted=True).restricted.all()
     pd.DataFrame({"study_id": ["a", "a", "b"], "image_path": ["1", "2", "3"], "image_view": ["pa", "lat", None],
                   "text": ["t", "t", "u"]}).to_parquet(tmp_path / "p.parquet")
     p = load_table(tmp_path / "p.parquet", dataset="x")
@@ -220,7 +232,8 @@ def test_load_table_csv_per_image_parquet_and_restricted(tmp_path):
 
 
 def test_load_generations_mapping():
-    g = load_generations(FIX / "table/generations.csv", columns={"study_id": "accession", "hypothesis": "generated_report",
+    g = load_generations(FIX / "table/generations.csv",
+                         columns={"study_id": "accession", "hypothesis": "generated_report",
                                                                "truncated": "hit_limit"}, system="toy")
     assert g.truncated.tolist() == [False, True, False] and g.system.unique().tolist() == ["toy"]
 
@@ -238,9 +251,11 @@ def test_normalize_view_vocabulary():
 # ---------------------------------------------------------------- every loader flags the same way
 @pytest.mark.parametrize("load", [lambda: load_mimic_cxr(MIMIC), lambda: load_iu_xray(IU / "csv"),
                                   lambda: load_iu_xray(IU / "ecgen-radiology"), lambda: load_iu_xray(IU / "r2gen"),
-                                  lambda: load_iu_xray(IU / "rexrank"), lambda: load_chexpert_plus(CHEX / "df_chexpert_plus_240401.csv"),
+                                  lambda: load_iu_xray(IU / "rexrank"),
+                                  lambda: load_chexpert_plus(CHEX / "df_chexpert_plus_240401.csv"),
                                   lambda: load_rexgradient(REXG), lambda: load_table(FIX / "table/studies.csv",
-                                                                                     columns={"study_id": "accession"}, dataset="x")])
+                                                                                     columns={"study_id": "accession"},
+                                                                                     dataset="x")])
 def test_every_loader_adds_view_status_and_load_flags(load):
     df = load()
     _aligned(df)
@@ -270,7 +285,8 @@ def test_real_iu_fixture_loads_every_study_and_flags_view_mismatches():
         given = {normalize_view(v) for v in row.frontal_lateral}
         assert all(v is None or v in given for v in row.image_views)
     rep = load_report(df)
-    assert rep.headline() == "50 studies loaded; 22 flagged: 11 with fewer views than images, 11 with more views than images"
+    assert rep.headline() == ("50 studies loaded; 22 flagged: 11 with fewer views than images, 11 with more views "
+                              "than images")
     assert rep.to_frame().flag.tolist() == ["view_mismatch"] and rep.to_frame().n_studies.tolist() == [22]
 
 
@@ -287,20 +303,27 @@ def test_messy_rexrank_bom_lists_masks_repeats():
     df = load_iu_xray(MESSY / "rexrank_messy.json")            # starts with a UTF-8 BOM
     _aligned(df)
     got = df.set_index("study_id")
-    assert df.study_id.tolist() == ["CXR9001", "CXR9002", "CXR9003", "CXR9004", "CXR9005", "CXR9006"]   # the repeat kept once
+    # the repeat kept once
+    assert df.study_id.tolist() == ["CXR9001", "CXR9002", "CXR9003", "CXR9004", "CXR9005", "CXR9006"]
     assert got.loc["CXR9001", "load_flags"] == ["duplicate_id"]
     assert got.loc["CXR9002", "view_status"] == "fewer_views" and got.loc["CXR9002", "image_views"] == [None, None]
     assert got.loc["CXR9003", "view_status"] == "more_views" and got.loc["CXR9003", "image_views"] == ["FRONTAL", None]
-    assert got.loc["CXR9004", "image_paths"] == ["CXR9004_IM-9004/0.png", "CXR9004_IM-9004/1.png"]   # list literals as text
-    assert got.loc["CXR9004", "image_views"] == ["FRONTAL", "LATERAL"] and got.loc["CXR9004", "load_flags"] == ["masked_findings"]
-    assert got.loc["CXR9005", "image_paths"] == [] and got.loc["CXR9005", "load_flags"] == ["no_images", "empty_impression", "bad_list"]
+    # list literals as text
+    assert got.loc["CXR9004", "image_paths"] == ["CXR9004_IM-9004/0.png", "CXR9004_IM-9004/1.png"]
+    assert got.loc["CXR9004", "image_views"] == ["FRONTAL", "LATERAL"] and got.loc["CXR9004",
+                                                                                   "load_flags"] == ["masked_findings"]
+    assert got.loc["CXR9005", "image_paths"] == [] and got.loc["CXR9005",
+                                                               "load_flags"] == ["no_images", "empty_impression",
+                                                                                 "bad_list"]
     rep = load_report(df)
     assert rep.n_flagged == 6
-    assert dict(zip(rep.summary().view_status, rep.summary().n_studies)) == {"ok": 2, "fewer_views": 1, "more_views": 2, "no_images": 1}
+    assert dict(zip(rep.summary().view_status, rep.summary().n_studies)) == {"ok": 2, "fewer_views": 1, "more_views": 2,
+                                                                             "no_images": 1}
 
 
 def test_messy_json_conflicts_and_broken_files_are_refused_with_names():
-    with pytest.raises(InputError, match=r"rexrank_conflict\.json: key 'CXR9002_IM-9002' appears twice with different content \(items 1 and 2"):
+    with pytest.raises(InputError, match=r"rexrank_conflict\.json: key 'CXR9002_IM-9002' appears twice with different "
+                                         r"content \(items 1 and 2"):
         load_iu_xray(MESSY / "rexrank_conflict.json")
     with pytest.raises(InputError, match=r"broken\.json: not valid JSON \(.*line 4, column 1\)"):
         load_rexrank(MESSY / "broken.json")
@@ -318,7 +341,8 @@ def test_messy_table_encoding_bom_lists_and_repeats():
     assert got.loc["A2", "load_flags"] == ["view_mismatch", "encoding_repaired"]
     assert got.loc["A3", "load_flags"] == ["no_images", "bad_list"]
     assert got.loc["A4", "load_flags"] == ["empty_report"]
-    with pytest.raises(InputError, match=r"studies_conflict\.csv: rows 0 and 2 \(study_id='B1'\): the same study given twice with different text"):
+    with pytest.raises(InputError, match=r"studies_conflict\.csv: rows 0 and 2 \(study_id='B1'\): the same study given "
+                                         r"twice with different text"):
         load_table(MESSY / "studies_conflict.csv", columns={"study_id": "accession", "text": "report"}, dataset="x")
 
 
@@ -330,14 +354,17 @@ def test_messy_iu_csv_pair_r2gen_chexpert_rexgradient():
     assert iu.loc["CXR2", "load_flags"] == ["masked_impression", "duplicate_id", "encoding_repaired"]
     assert iu.loc["CXR3", "load_flags"] == ["no_images", "empty_findings"] and iu.loc["CXR1", "load_flags"] == []
     r2 = load_iu_xray(MESSY / "r2gen_annotation.json").set_index("study_id")
-    assert r2.loc["CXR9102", "load_flags"] == ["no_images", "bad_list"] and r2.loc["CXR9103", "load_flags"] == ["no_images", "empty_report"]
-    assert r2.loc["CXR9101", "view_status"] == "no_views" and r2.loc["CXR9101", "load_flags"] == []   # no impression in R2Gen: not flagged
+    assert r2.loc["CXR9102", "load_flags"] == ["no_images", "bad_list"] and r2.loc["CXR9103",
+                                                                                   "load_flags"] == ["no_images", "empty_report"]
+    # no impression in R2Gen: not flagged
+    assert r2.loc["CXR9101", "view_status"] == "no_views" and r2.loc["CXR9101", "load_flags"] == []
     cx = load_chexpert_plus(MESSY / "chexpert_plus_messy.csv").set_index("study_id")
     assert cx.loc["patient90001_study1", "image_paths"] == ["train/patient90001/study1/view1_frontal.jpg"]
     assert cx.loc["patient90001_study1", "load_flags"] == ["empty_findings", "duplicate_id"]
     assert cx.loc["patient90002_study1", "load_flags"] == ["empty_findings", "masked_impression"]
     rg = load_rexgradient(MESSY / "test_metadata.json", restricted=False)
-    assert rg.study_id.tolist() == ["GRDN9_A", "GRDN9_B"] and rg.load_flags.tolist() == [["duplicate_id"], ["view_mismatch"]]
+    assert rg.study_id.tolist() == ["GRDN9_A", "GRDN9_B"] and rg.load_flags.tolist() == [["duplicate_id"],
+                                                                                         ["view_mismatch"]]
     assert rg.view_status.tolist() == ["ok", "fewer_views"]
 
 

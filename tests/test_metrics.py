@@ -1,4 +1,5 @@
-"Integration tests of `cxr_audit.metrics`: equality with pycocoevalcap, METEOR's corpus value, resampling, CheXpert F1, RadEval."
+("Integration tests of `cxr_audit.metrics`: equality with pycocoevalcap, METEOR's corpus value, resampling, CheXpert "
+ "F1, RadEval.")
 import importlib
 import json
 import os
@@ -14,10 +15,11 @@ import pytest
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, align_labels, label_reports
-from cxr_audit.metrics import (AVAILABILITY_COLUMNS, BRIDGED_METRICS, LIGHT_METRICS, Bleu, CheXbertF1, CheXpertF1, Meteor, Metric,
-                               RadEvalError, RadEvalMetric, bundle_metrics, chexbert_counts, coco_bleu, compare_with_pycocoevalcap,
-                               get_metric, list_metrics, meteor_value, metric_availability, metric_kind, negated, radeval_metric,
-                               radeval_values, sample_stats, score, tokenizer)
+from cxr_audit.metrics import (AVAILABILITY_COLUMNS, BRIDGED_METRICS, LIGHT_METRICS, Bleu, CheXbertF1, CheXpertF1,
+                               Meteor, Metric, RadEvalError, RadEvalMetric, bundle_metrics, chexbert_counts, coco_bleu,
+                               compare_with_pycocoevalcap,
+                               get_metric, list_metrics, meteor_value, metric_availability, metric_kind, negated,
+                               radeval_metric, radeval_values, sample_stats, score, tokenizer)
 from cxr_audit.metrics import _pid_alive   # private: the liveness check the stale-subset clean-up uses
 from cxr_audit.stats import bootstrap, resample_indices, resample_weights, systems_from_scores
 
@@ -97,7 +99,8 @@ def test_meteor_equals_pycocoevalcap_and_the_jar(pairs, coco_meteor, our_meteor)
 
 @needs_java
 def test_meteor_stats_and_value_of_weighted_sums_equal_rerunning_the_jar(pairs, coco_meteor, our_meteor):
-    "`Meteor.stats` gives the same rows, and a bootstrap replicate `value(w @ S)` is pycocoevalcap on the resampled pairs."
+    """`Meteor.stats` gives the same rows, and a bootstrap replicate `value(w @ S)` is pycocoevalcap on the resampled
+    pairs."""
     sub = pairs.iloc[:40]
     S = Meteor().stats(sub.reference, sub.hypothesis)
     np.testing.assert_array_equal(S, our_meteor.stats[:40])
@@ -151,7 +154,8 @@ def test_chexpert_counts_match_label_alignment(pairs, labels, uncertain):
 
 def test_registry_and_errors():
     names = list_metrics()
-    assert names == ["bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_14", "chexpert_f1_5"]
+    assert names == ["bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "meteor", "cider", "chexpert_f1_14",
+                     "chexpert_f1_5"]
     assert all(isinstance(get_metric(n), Metric) for n in list_metrics(radeval=True))
     with pytest.raises(InputError, match="unknown metric 'bleu'"):
         get_metric("bleu")
@@ -194,7 +198,8 @@ def test_radeval_bleu_is_coco_bleu4_on_raw_text(pairs):
     assert abs(bridged.corpus(refs, hyps) - np.mean(per_sample)) < 1e-12 and abs(np.mean(per_sample) - corpus) > 1e-3
     # and RadEval's public, rounded aggregate agrees with the native corpus value
     from radeval import RadEval
-    assert abs(RadEval(metrics=["bleu"], show_progress=False)(refs=refs, hyps=hyps)["bleu"] - native.corpus(refs, hyps)) <= 5e-5
+    assert abs(RadEval(metrics=["bleu"], show_progress=False)(refs=refs,
+                                                              hyps=hyps)["bleu"] - native.corpus(refs, hyps)) <= 5e-5
 
 
 def test_radeval_rouge_through_the_bridge(pairs):
@@ -230,7 +235,8 @@ def test_radeval_errors_are_one_line_with_radevals_own_error():
 
 
 def test_uncertain_convention_the_issues_example_both_ways():
-    # issue 18: the same two cases score F1 0.5 when uncertain counts as positive and 0.0 under the default (the paper's)
+    # issue 18: the same two cases score F1 0.5 when uncertain counts as positive and 0.0 under the default (the
+    # paper's)
     refs = ["Possible left basilar atelectasis.", "Small right pleural effusion. No edema."]
     hyps = ["Left basilar atelectasis.", "Possible mild edema."]
     assert CheXpertF1().corpus(refs, hyps) == 0.0
@@ -273,13 +279,15 @@ def test_bleu_2_equals_pycocoevalcap_on_real_iu_reports(iu_pairs, tokenize):
     idx = resample_indices(100, 1, seed=5)[0]
     w = np.bincount(idx, minlength=100).astype(float)
     gts_b, res_b = {k: [t(refs[j])] for k, j in enumerate(idx)}, {k: [t(hyps[j])] for k, j in enumerate(idx)}
-    assert abs(float(m.value(w @ m.stats(refs, hyps))) - CocoBleu(2).compute_score(gts_b, res_b, verbose=0)[0][1]) < 1e-12
+    assert abs(float(m.value(w @ m.stats(refs, hyps))) - CocoBleu(2).compute_score(gts_b, res_b,
+                                                                                   verbose=0)[0][1]) < 1e-12
 
 
 # --- the RadEval bridge: mapping RadEval's real per-sample output to the papers' quantities ---------------------------
 
 def radeval_with(name, scorer):
-    """A real `radeval.RadEval` (per-sample mode) whose `name` adapter is RadEval's real class; only the scorer inside it,
+    """A real `radeval.RadEval` (per-sample mode) whose `name` adapter is RadEval's real class; only the scorer inside
+    it,
     the part that needs model weights (absent here, never downloaded), is a stand-in returning numbers in that scorer's
     own return shape. So RadEval's real adapter code builds the real output dict the bridge reads."""
     from radeval import RadEval
@@ -354,14 +362,15 @@ def test_radeval_values_checks_the_shape():
 
 
 def tiny_chexbert(texts, seed=0):
-    "RadEval's real CheXbert evaluator code (BaseCheXbertEvaluator, BaseBertLabeler) around a random tiny BERT: no weights."
+    """RadEval's real CheXbert evaluator code (BaseCheXbertEvaluator, BaseBertLabeler) around a random tiny BERT: no
+    weights."""
     torch = pytest.importorskip("torch")
     from transformers import BertConfig, BertModel, BertTokenizer
     from radeval.metrics._chexbert_base import BaseBertLabeler, BaseCheXbertEvaluator
     torch.manual_seed(seed)
     words = sorted({w for t in texts for w in t.lower().replace(".", " ").replace(",", " ").split()})
-    backbone = BertModel(BertConfig(vocab_size=len(words) + 5, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                    intermediate_size=32, initializer_range=0.5))
+    backbone = BertModel(BertConfig(vocab_size=len(words) + 5, hidden_size=16, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=32, initializer_range=0.5))
     state = {f"bert.{k}": v for k, v in backbone.state_dict().items()}
     for i in range(14):
         k = 4 if i < 13 else 2
@@ -370,8 +379,9 @@ def tiny_chexbert(texts, seed=0):
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words))
 
     class TinyCheXbert(BaseCheXbertEvaluator):
-        CONDITION_NAMES = ["Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema", "Consolidation",
-                           "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other", "Fracture", "Support Devices"]
+        CONDITION_NAMES = ["Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema",
+                           "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion",
+                           "Pleural Other", "Fracture", "Support Devices"]
         NO_FINDING, TOP5 = "No Finding", ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
 
         def __init__(self):
@@ -382,7 +392,8 @@ def tiny_chexbert(texts, seed=0):
 
 
 def test_chexbert_f1_is_radevals_micro_f1_over_5_labels_per_report(iu_pairs):
-    "RadEval's f1chexbert_5_micro_f1 is scikit-learn's micro average over the labels of all reports; the per-report counts sum to it."
+    """RadEval's f1chexbert_5_micro_f1 is scikit-learn's micro average over the labels of all reports; the per-report
+    counts sum to it."""
     from radeval import RadEval
     from sklearn.metrics import classification_report
     refs, hyps = iu_pairs[0][:40], iu_pairs[1][:40]
@@ -399,27 +410,31 @@ def test_chexbert_f1_is_radevals_micro_f1_over_5_labels_per_report(iu_pairs):
     theirs5 = classification_report(R[:, top5], H[:, top5], output_dict=True, zero_division=0)["micro avg"]["f1-score"]
     theirs14 = classification_report(R, H, output_dict=True, zero_division=0)["micro avg"]["f1-score"]
     assert abs(m5.corpus(refs, hyps) - theirs5) < 1e-12 and abs(m14.corpus(refs, hyps) - theirs14) < 1e-12
-    accuracy = (R[:, top5] == H[:, top5]).mean(1).mean()             # RadEval's per-sample f1chexbert_sample_acc_5, averaged
+    accuracy = (R[:, top5] == H[:, top5]).mean(1).mean()  # RadEval's per-sample f1chexbert_sample_acc_5, averaged
     assert abs(accuracy - theirs5) > 1e-3                             # ... is another quantity
     # a bootstrap replicate = scikit-learn on the resampled reports
     idx = resample_indices(40, 1, seed=2)[0]
     w = np.bincount(idx, minlength=40).astype(float)
-    rep = classification_report(R[idx][:, top5], H[idx][:, top5], output_dict=True, zero_division=0)["micro avg"]["f1-score"]
+    rep = classification_report(R[idx][:, top5], H[idx][:, top5], output_dict=True,
+                                zero_division=0)["micro avg"]["f1-score"]
     assert abs(float(m5.value(w @ S5)) - rep) < 1e-12
 
 
 def test_the_paper_names_and_what_they_read():
     assert BRIDGED_METRICS["radgraph_f1"] == ("radgraph", "radgraph_partial")
     assert BRIDGED_METRICS["chexbert_f1_5"] == ("f1chexbert", "f1chexbert_5_micro_f1")
-    assert [m.key for m in bundle_metrics(["f1chexbert"], check=False)] == ["f1chexbert_5_micro_f1", "f1chexbert_all_micro_f1"]
+    assert [m.key for m in bundle_metrics(["f1chexbert"], check=False)] == ["f1chexbert_5_micro_f1",
+                                                                            "f1chexbert_all_micro_f1"]
     assert "chexbert_f1_5" not in list_metrics() and "chexbert_f1_5" in list_metrics(radeval=True)
-    assert isinstance(get_metric("radeval_f1chexbert_sample_acc_5"), RadEvalMetric)      # the accuracy stays readable by name
+    # the accuracy stays readable by name
+    assert isinstance(get_metric("radeval_f1chexbert_sample_acc_5"), RadEvalMetric)
     assert "ACCURACY" in get_metric("radeval_f1chexbert_sample_acc_5").note
 
 
 # --- what can run here: one line each ------------------------------------------------------------------------------
 
-PAPER_000 = ["crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l", "bertscore"]
+PAPER_000 = ["crimson", "green", "radgraph_f1", "ratescore", "radcliq_v1_neg", "chexbert_f1_5", "bleu_2", "rouge_l",
+             "bertscore"]
 
 
 def test_metric_availability_of_paper_000s_set_here():
@@ -428,7 +443,8 @@ def test_metric_availability_of_paper_000s_set_here():
     native = av.set_index("metric").loc[["bleu_2", "rouge_l"]]
     assert native.available.all() and (native.kind == "native").all() and (native.radeval_key == "").all()
     bridged = av[av.kind == "bridged"]
-    assert bridged.radeval_key.tolist() == ["crimson", "green", "radgraph_partial", "ratescore", "radcliq_v1", "f1chexbert_5_micro_f1", "bertscore"]
+    assert bridged.radeval_key.tolist() == ["crimson", "green", "radgraph_partial", "ratescore", "radcliq_v1",
+                                            "f1chexbert_5_micro_f1", "bertscore"]
     for r in bridged.itertuples():
         assert r.note.startswith("RadEval ") and r.radeval_key in r.note
         if not r.available:
@@ -442,12 +458,13 @@ def test_a_metric_whose_weights_are_absent_says_so_in_one_line(monkeypatch, tmp_
     import huggingface_hub.constants as c
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
     static = metric_availability(["bertscore"]).iloc[0]
-    assert static.reason == ("not available here, because its weights (distilbert-base-uncased) are not in the local Hugging Face cache, "
-                             "and nothing is downloaded here"), static.reason
+    assert static.reason == ("not available here, because its weights (distilbert-base-uncased) are not in the local "
+                             "Hugging Face cache, and nothing is downloaded here"), static.reason
     with pytest.raises(RadEvalError) as e:
         get_metric("bertscore").stats(["No effusion."], ["No effusion."])
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("RadEval metric 'bertscore' not available here, because its weights (distilbert-base-uncased)")
+    assert "\n" not in msg and msg.startswith("RadEval metric 'bertscore' not available here, because its weights "
+                                              "(distilbert-base-uncased)")
     assert "[RadEval: " in msg                                                       # RadEval's own error, kept
     loaded = metric_availability(["bertscore"], load=True).iloc[0]
     assert not loaded.available and loaded.reason == e.value.reason
@@ -465,7 +482,8 @@ def test_api_key_metrics_need_a_key(monkeypatch):
 
 @pytest.mark.parametrize("tokenize", ["r2gen", None])
 def test_fast_metrics_equal_pycocoevalcap_to_1e12_on_real_iu_pairs(pairs, iu_pairs, tokenize):
-    "The numpy/rapidfuzz paths against pycocoevalcap itself, per sample and corpus, on real IU wording and the edge fixture."
+    """The numpy/rapidfuzz paths against pycocoevalcap itself, per sample and corpus, on real IU wording and the edge
+    fixture."""
     from pycocoevalcap.bleu.bleu import Bleu as CocoBleu
     from pycocoevalcap.cider.cider import Cider as CocoCider
     from pycocoevalcap.rouge.rouge import Rouge as CocoRouge
@@ -494,7 +512,8 @@ def test_fast_bleu_stats_are_the_pairwise_definition(pairs):
     t = tokenizer("r2gen")
     refs, hyps = [t(x) for x in pairs.reference], [t(x) for x in pairs.hypothesis]
     for n in (1, 2, 4):
-        np.testing.assert_array_equal(bleu_stats(refs, hyps, n), np.array([bleu_pair_stats(r, h, n) for r, h in zip(refs, hyps)], float))
+        np.testing.assert_array_equal(bleu_stats(refs, hyps, n),
+                                      np.array([bleu_pair_stats(r, h, n) for r, h in zip(refs, hyps)], float))
 
 
 def _jvm_pids():
@@ -518,16 +537,18 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
     pids = _jvm_pids()
     assert len(pids) == 1 and _alive(pids[0])
     args = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
-    assert all(o.encode() in args for o in metrics.METEOR_JVM_OPTIONS)     # the quick compiler and one GC thread (metrics.meteor_jvm_options)
+    # the quick compiler and one GC thread (metrics.meteor_jvm_options)
+    assert all(o.encode() in args for o in metrics.METEOR_JVM_OPTIONS)
     b = m.jar_scores(["the heart is normal ."], ["heart normal ."])
     c = run_meteor(["the heart is normal ."], ["heart normal ."], evaluate=True)
-    assert _jvm_pids() == pids                                            # three calls with words the jar covers, one JVM
+    assert _jvm_pids() == pids  # three calls with words the jar covers, one JVM
     assert 0 < a.corpus_score < 1
     assert abs(float(meteor_value(b.stats.sum(0))) - b.corpus_score) < 1e-12 and c.corpus_score == b.corpus_score
-    d = run_meteor(["mild cardiomegaly ."], ["the heart is enlarged ."])  # new words: a replacement jar, the old one ended
+    # new words: a replacement jar, the old one ended
+    d = run_meteor(["mild cardiomegaly ."], ["the heart is enlarged ."])
     (new,) = _jvm_pids()
     assert new != pids[0] and not _alive(pids[0])
-    e = run_meteor(["heart normal ."], ["the heart is normal ."])         # old words: the replacement's table is the union
+    e = run_meteor(["heart normal ."], ["the heart is normal ."])  # old words: the replacement's table is the union
     assert _jvm_pids() == [new] and d.stats.shape == e.stats.shape == (1, 23)
     m.close()
     assert _jvm_pids() == [] and not _alive(new)
@@ -536,7 +557,8 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
 
 @needs_java
 def test_a_long_meteor_batch_shared_over_two_jars_gives_the_same_statistics(monkeypatch):
-    "Above METEOR_SPLIT new pairs, two jars score alternate pairs at once; the statistics equal one jar's, pair for pair."
+    """Above METEOR_SPLIT new pairs, two jars score alternate pairs at once; the statistics equal one jar's, pair for
+    pair."""
     from cxr_audit import metrics
     from cxr_audit.metrics import close_meteor, run_meteor
     refs = [f"the heart is normal . no effusion in case {i} ." for i in range(40)]
@@ -567,7 +589,7 @@ def test_meteor_jvm_options_change_no_statistic(monkeypatch):
     ours = run_meteor(refs, hyps, evaluate=True)
     monkeypatch.setenv("CXR_AUDIT_METEOR_JVM_OPTIONS", "")
     assert meteor_jvm_options() == []
-    plain = run_meteor(refs, hyps, evaluate=True)                        # another command line: its own jar, no kept answers
+    plain = run_meteor(refs, hyps, evaluate=True)  # another command line: its own jar, no kept answers
     assert _jvm_pids() and len(_jvm_pids()) == 2
     close_meteor()
     np.testing.assert_array_equal(ours.stats, plain.stats)
@@ -576,8 +598,9 @@ def test_meteor_jvm_options_change_no_statistic(monkeypatch):
     assert meteor_jvm_options() == ["-Xss4m", "-XX:+UseSerialGC"]
 
 
-AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremarkable.", "Café-au-lait naïve ÉTUDE – “quoted” … 5,000 cm³",
-           "AP/PA views (2) & lateral: no acute disease!?", "1.5cm nodule at the right-sided base, well-defined_edge",
+AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremarkable.",
+           "Café-au-lait naïve ÉTUDE – “quoted” … 5,000 cm³", "AP/PA views (2) & lateral: no acute disease!?",
+           "1.5cm nodule at the right-sided base, well-defined_edge",
            "There is &quot;mild&quot; edema &amp; small effusions... don't / don’t", "Heart size within normal limits.",
            "the heart is of normal size , the lungs are clear", "no evidence of pneumothorax or pleural effusion",
            "Tubes: ET tube 5 cm above the carina\tNG tube in the stomach", "LUNGS ARE HYPERINFLATED BUT CLEAR"]
@@ -585,7 +608,9 @@ AWKWARD = ["The patient\u2019s heart size is normal; cardiac silhouette unremark
 
 @needs_java
 def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
-    "Every pair's 23 statistics with the paraphrase subset equal those with the jar's full table: real IU X-ray reports crossed with each other, and awkward text (Unicode, entities, punctuation, numbers), raw and R2Gen-tokenized."
+    """Every pair's 23 statistics with the paraphrase subset equal those with the jar's full table: real IU X-ray
+    reports crossed with each other, and awkward text (Unicode, entities, punctuation, numbers), raw and
+    R2Gen-tokenized."""
     from cxr_audit import metrics
     from cxr_audit.metrics import close_meteor, paraphrase_index, run_meteor
     data = json.loads(IU_JSON.read_text())
@@ -598,28 +623,32 @@ def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
     subset = [run_meteor(r, h, paraphrase="subset").stats for r, h in cases]
     close_meteor()
     full = [run_meteor(r, h, paraphrase="full").stats for r, h in cases]
-    assert [j.words for j in metrics._METEOR_JVMS.values()] == [None]     # a full-table jar answered (not answers kept from the subset)
+    # a full-table jar answered (not answers kept from the subset)
+    assert [j.words for j in metrics._METEOR_JVMS.values()] == [None]
     close_meteor()
     for a, b in zip(subset, full): np.testing.assert_array_equal(a, b)
-    para = 4 + 4 * 3                                                      # stage 4 (paraphrase) content matches, test side
-    assert (full[0][:, para] > 0).sum() >= 3                             # the paraphrase stage matched: the subset kept those entries
-    assert len(paraphrase_index()) > 5_000_000                           # the index is the whole table
+    para = 4 + 4 * 3  # stage 4 (paraphrase) content matches, test side
+    assert (full[0][:, para] > 0).sum() >= 3    # the paraphrase stage matched: the subset kept those entries
+    assert len(paraphrase_index()) > 5_000_000  # the index is the whole table
 
 
 def test_paraphrase_index_is_built_once_by_concurrent_processes(tmp_path):
-    "Two processes asking for the index of one table at once: one builds it, both load the same arrays; later calls load it."
+    """Two processes asking for the index of one table at once: one builds it, both load the same arrays; later calls
+    load it."""
     import gzip
     jar = tmp_path / "meteor" / "meteor-1.5.jar"
     (jar.parent / "data").mkdir(parents=True); jar.write_bytes(b"")
     with gzip.open(jar.parent / "data" / "paraphrase-en.gz", "wt", encoding="utf-8") as f:
         f.write("".join(f"0.{i + 1}\nword{i} common\nother{i}\n" for i in range(3000)))
-    code = ("import sys; from cxr_audit.metrics import paraphrase_index; i = paraphrase_index(sys.argv[1], sys.argv[2]); "
-            "print(len(i), i.entries({'word7', 'common', 'other7'}).tolist())")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(jar), str(tmp_path / "idx")], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    code = ("import sys; from cxr_audit.metrics import paraphrase_index; i = paraphrase_index(sys.argv[1], "
+            "sys.argv[2]); print(len(i), i.entries({'word7', 'common', 'other7'}).tolist())")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(jar), str(tmp_path / "idx")], stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0].strip() for p in procs]
     assert outs == ["3000 [7]", "3000 [7]"] and all(p.returncode == 0 for p in procs)
     built = [d for d in (tmp_path / "idx").iterdir() if d.is_dir()]
-    assert len(built) == 1 and sorted(f.name for f in built[0].iterdir()) == ["ids.npy", "n_para.npy", "n_phrase.npy", "probs.npy", "source.txt", "words.txt"]
+    assert len(built) == 1 and sorted(f.name for f in built[0].iterdir()) == ["ids.npy", "n_para.npy", "n_phrase.npy",
+                                                                              "probs.npy", "source.txt", "words.txt"]
 
 
 @needs_java
@@ -645,7 +674,9 @@ def test_meteor_jvm_ends_when_python_exits():
 
 @needs_java
 def test_meteor_capped_rows_are_noted_in_the_scores_table():
-    refs, hyps = ["no acute process .", "the heart is normal .", "lungs clear ."], ["no acute process .", "one two three four five six seven", "lungs clear ."]
+    refs, hyps = ["no acute process .", "the heart is normal .", "lungs clear ."], ["no acute process .",
+                                                                                    "one two three four five six seven",
+                                                                                    "lungs clear ."]
     m = Meteor(tokenize=None, max_tokens=5)
     with pytest.warns(UserWarning, match=r"rows \[1\]"):
         long = sample_stats(refs, hyps, [m, "bleu_1"])
@@ -663,7 +694,8 @@ def test_meteor_capped_rows_are_noted_in_the_scores_table():
 
 def test_radeval_bleu_says_why_it_is_lower_than_bleu_4():
     "Issue 21: the page showed radeval_bleu 0.000084 beside bleu_4 0.742 without a word; the note now explains it."
-    refs, hyps = ["The heart is normal in size.", "No pleural effusion."], ["Heart is normal in size, stable.", "No pleural effusion."]
+    refs, hyps = ["The heart is normal in size.", "No pleural effusion."], ["Heart is normal in size, stable.",
+                                                                            "No pleural effusion."]
     sc = score(refs, hyps, ["bleu_4", "radeval_bleu"]).set_index("metric")
     assert abs(sc.value["radeval_bleu"] - 8.44e-5) < 1e-7 and abs(sc.value["bleu_4"] - 0.742) < 1e-3
     note = sc.note["radeval_bleu"]

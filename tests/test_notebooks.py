@@ -1,5 +1,7 @@
-"""Run every notebook in nbs/ and nbs/papers/ as a test (one pytest test per notebook), as nbdev_test runs them (the same
-skipped cells, IN_TEST set, stop at the first error). Each notebook is executed once per session: the `docs_site` fixture
+"""Run every notebook in nbs/ and nbs/papers/ as a test (one pytest test per notebook), as nbdev_test runs them (the
+same
+skipped cells, IN_TEST set, stop at the first error). Each notebook is executed once per session: the `docs_site`
+fixture
 renders its page from that same execution, and the last two tests check the whole site with tests/test_docs.py's checks.
 This file must stay on one pytest-xdist worker (`make test` uses `--dist loadfile`)."""
 from pathlib import Path
@@ -8,7 +10,8 @@ import pytest
 from test_docs import check_no_dead_links, check_rendered_pages
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p for pattern in ("*.ipynb", "papers/*.ipynb") for p in (ROOT / "nbs").glob(pattern) if not p.name.startswith("_"))
+NOTEBOOKS = sorted(p for pattern in ("*.ipynb", "papers/*.ipynb") for p in (ROOT / "nbs").glob(pattern)
+                   if not p.name.startswith("_"))
 
 
 def test_every_module_has_a_notebook():

@@ -33,12 +33,13 @@ def test_cli_reads_one_column_of_a_parquet_file(tmp_path):
     exe = str(Path(sys.executable).parent / "cxr-audit")
     st = load_rexrank(IU, "iu-xray")
     st[["study_id", "findings", "impression"]].to_parquet(tmp_path / "refs.parquet")
-    r = subprocess.run([exe, "reference-corpus", tmp_path / "refs.parquet", "--out", tmp_path / "o", "--column", "impression",
-                        "--labeler", "none"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([exe, "reference-corpus", tmp_path / "refs.parquet", "--out", tmp_path / "o", "--column",
+                        "impression", "--labeler", "none"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "reference-corpus:" in r.stdout and "distinct" in r.stdout, r.stderr
     summary = pd.read_csv(tmp_path / "o" / "summary.csv").set_index("measure")["value"]
     assert summary["reports"] == len(st) and not (tmp_path / "o" / "labels.csv").exists()
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["params"]["column"] == "impression"
-    bad = subprocess.run([exe, "reference-corpus", tmp_path / "refs.parquet", "--out", tmp_path / "x", "--column", "text"],
+    bad = subprocess.run([exe, "reference-corpus", tmp_path / "refs.parquet", "--out", tmp_path / "x", "--column",
+                          "text"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no column 'text'" in bad.stderr and "Traceback" not in bad.stderr

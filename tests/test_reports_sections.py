@@ -88,11 +88,13 @@ def test_extract_full_from_mapping():
 def test_headers_override_dict_and_file(tmp_path):
     table = load_section_headers()
     table["impression"] = table["impression"] + ["opinion"]
-    assert parse_sections("FINDINGS: Clear. OPINION: Normal.", headers=table) == {"findings": "Clear.", "impression": "Normal."}
+    assert parse_sections("FINDINGS: Clear. OPINION: Normal.", headers=table) == {"findings": "Clear.",
+                                                                                  "impression": "Normal."}
     assert parse_sections("FINDINGS: Clear. OPINION: Normal.") == {"findings": "Clear. OPINION: Normal."}
     path = tmp_path / "headers.json"
     path.write_text('{"_note": "mine", "findings": ["observations?"], "impression": ["summary"]}')
-    assert parse_sections("OBSERVATIONS: Clear.\nSUMMARY: Normal.", headers=path) == {"findings": "Clear.", "impression": "Normal."}
+    assert parse_sections("OBSERVATIONS: Clear.\nSUMMARY: Normal.", headers=path) == {"findings": "Clear.",
+                                                                                      "impression": "Normal."}
     assert extract_section("FINDINGS: Clear.", "findings", headers=path) == "FINDINGS: Clear."
 
 
@@ -100,8 +102,10 @@ def test_bad_header_tables(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"): parse_sections("x", headers=bad)
-    with pytest.raises(ValueError, match="unknown header key 'summary'"): parse_sections("x", headers={"summary": ["s"]})
-    with pytest.raises(ValueError, match="must be a list of strings"): parse_sections("x", headers={"findings": "findings"})
+    with pytest.raises(ValueError, match="unknown header key 'summary'"):
+        parse_sections("x", headers={"summary": ["s"]})
+    with pytest.raises(ValueError, match="must be a list of strings"):
+        parse_sections("x", headers={"findings": "findings"})
 
 
 def test_packaged_table_has_every_variant_the_brief_names():
@@ -135,7 +139,8 @@ def test_standardize_is_idempotent_and_keeps_content():
     ("drop", "Patient is a -year-old. are intact. Seen."),
 ])
 def test_standardize_deid_modes(deid, expected):
-    assert standardize_report("Patient is a ___-year-old. XXXX XXXX are intact. Seen [**2101-10-5**].", deid=deid) == expected
+    assert standardize_report("Patient is a ___-year-old. XXXX XXXX are intact. Seen [**2101-10-5**].",
+                              deid=deid) == expected
 
 
 def test_standardize_mask_token_and_separator_lines():
@@ -152,7 +157,8 @@ def test_standardize_reports_batch_and_errors():
 # ---------------------------------------------------------------------------------------------- R2Gen cleaning
 def test_clean_iu_convention():
     text = "1. The heart is normal in size.. 2. The lungs are clear; no pneumothorax. 3. XXXX XXXX are intact!"
-    assert clean_report_iu(text) == "the heart is normal in size . the lungs are clear no pneumothorax . xxxx xxxx are intact ."
+    assert clean_report_iu(text) == ("the heart is normal in size . the lungs are clear no pneumothorax . xxxx xxxx "
+                                     "are intact .")
 
 
 def test_clean_r2gen_compatible_keeps_empty_sentences():
@@ -166,11 +172,13 @@ def test_clean_r2gen_compatible_keeps_empty_sentences():
 def test_clean_mimic_newlines_underscores_spaces():
     text = "FINDINGS:\n\n Compared to ___,   the lungs are clear.\n\nIMPRESSION:\n1. No acute process."
     assert clean_report_mimic(text) == "findings compared to the lungs are clear . impression no acute process ."
-    assert clean_report_mimic(text, r2gen_compatible=True) == "findings compared to  the lungs are clear . impression no acute process ."
+    assert clean_report_mimic(text, r2gen_compatible=True) == ("findings compared to  the lungs are clear . impression "
+                                                               "no acute process .")
 
 
 def test_clean_iu_compatible_keeps_inner_double_spaces_and_hyphens():
-    assert clean_report_iu("Normal chest x-ray.  Lungs  clear.", r2gen_compatible=True) == "normal chest x-ray . lungs  clear ."
+    assert clean_report_iu("Normal chest x-ray.  Lungs  clear.", r2gen_compatible=True) == ("normal chest x-ray . "
+                                                                                            "lungs  clear .")
     assert clean_report_iu("Normal chest x-ray.  Lungs  clear.") == "normal chest x-ray . lungs clear ."
 
 
@@ -190,7 +198,8 @@ def test_clean_empty_inputs():
     ("Heart size is normal\nLungs are clear\nNo effusion", ["Heart size is normal", "Lungs are clear", "No effusion"]),
     (" PA and lateral views of the chest provided.  There is no focal consolidation,\n effusion, or pneumothorax.",
      ["PA and lateral views of the chest provided.", "There is no focal consolidation, effusion, or pneumothorax."]),
-    ("                                 FINAL REPORT\n EXAMINATION:  CHEST (PA AND LAT)\n\n IMPRESSION:  Dr. ___ was paged at 3:45 p.m. on ___.",
+    ("                                 FINAL REPORT\n EXAMINATION:  CHEST (PA AND LAT)\n\n IMPRESSION:  Dr. ___ was "
+     "paged at 3:45 p.m. on ___.",
      ["CHEST (PA AND LAT)", "Dr. ___ was paged at 3:45 p.m. on ___."]),
     ("ET tube 4.5 cm above the carina, i.e. appropriately positioned. NG tube in the stomach.",
      ["ET tube 4.5 cm above the carina, i.e. appropriately positioned.", "NG tube in the stomach."]),
@@ -225,7 +234,8 @@ def fake_stanza(monkeypatch):
 def test_stanza_missing_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "stanza", None)   # makes `import stanza` raise ImportError
     reports._stanza_pipeline.cache_clear()
-    with pytest.raises(ImportError, match=r'split_sentences needs the optional package .stanza.*pip install "cxr_audit\[stanza\]"'):
+    with pytest.raises(ImportError, match=r'split_sentences needs the optional package .stanza.*pip install '
+                                          r'"cxr_audit\[stanza\]"'):
         split_sentences("Lungs clear.", splitter="stanza")
 
 

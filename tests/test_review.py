@@ -1,6 +1,7 @@
 """Integration tests of the blinded review kit: the round trip on files (prepare -> simulated filling -> read ->
 agreement -> consensus -> summary), blinding, byte-for-byte reproducible packets, formula neutralisation in CSV and
-XLSX, every validation error of the returned sheets, the one-call entry points, and cross-checks of the agreement numbers."""
+XLSX, every validation error of the returned sheets, the one-call entry points, and cross-checks of the agreement
+numbers."""
 import csv
 import json
 import re
@@ -13,8 +14,9 @@ import pytest
 
 from cxr_audit.core import InputError
 from cxr_audit.review import (FORMULA_PREFIXES, SIMULATED_COMMENT, ReviewAnalysis, agreement_report, apply_consensus,
-                              consensus_queue, load_codebook, make_review_packets, prepare_review, rating_problems, read_ratings,
-                              review_analysis, review_summary, sample_cases, simulate_decisions, simulate_ratings, simulate_review,
+                              consensus_queue, load_codebook, make_review_packets, prepare_review, rating_problems,
+                              read_ratings, review_analysis, review_summary, sample_cases, simulate_decisions,
+                              simulate_ratings, simulate_review,
                               split_reviewers, targeted_panel, write_sheets)
 from cxr_audit.synth import make_demo_corpus
 
@@ -108,7 +110,8 @@ def test_the_public_seed_alone_does_not_recover_ids_or_orders(demo, cases, packe
     assert guess != packets.sheets["R1_phase1"].report_id.tolist()
     # the private content (here: system names) enters the generator: renaming changes every ID
     renamed = demo.generations.assign(system=demo.generations.system.str.replace("sim-", "xx-"))
-    again = make_review_packets(cases, renamed, demo.studies, seed=2026, configs=[c.replace("sim-", "xx-") for c in CONFIGS])
+    again = make_review_packets(cases, renamed, demo.studies, seed=2026,
+                                configs=[c.replace("sim-", "xx-") for c in CONFIGS])
     assert set(again.key.report_id).isdisjoint(packets.key.report_id)
     # position in a sheet says nothing systematic about the configuration: each config is spread over the sheet
     pos = packets.sheets["R1_phase1"].reset_index().merge(packets.key, on="report_id").groupby("system")["index"].mean()
@@ -117,7 +120,8 @@ def test_the_public_seed_alone_does_not_recover_ids_or_orders(demo, cases, packe
     assert len({tuple(o) for o in orders.values()}) == 4              # every reviewer and phase: its own order
     assert all(sorted(o) == sorted(packets.key.report_id) for o in orders.values())
     # phase 1 hides the reference; phase 2 shows it
-    assert "reference_report" not in packets.sheets["R2_phase1"] and packets.sheets["R2_phase2"].reference_report.str.len().gt(0).all()
+    assert ("reference_report" not in packets.sheets["R2_phase1"]
+            and packets.sheets["R2_phase2"].reference_report.str.len().gt(0).all())
 
 
 def test_same_seed_same_bytes_other_seed_other_packets(tmp_path, demo, cases):
@@ -140,7 +144,8 @@ def test_formula_looking_text_is_neutralised_in_csv_and_xlsx(tmp_path, demo, cas
     safe = {("'" + h).replace("\r", "\n") for h in hostile}     # quoted; a carriage return is written as a line feed
     gen = demo.generations.copy()
     gen["hypothesis"] = [hostile[i % len(hostile)] for i in range(len(gen))]
-    studies = demo.studies.assign(findings="", impression="", text="=1+1",   # no sections: the full text is the reference
+    # no sections: the full text is the reference
+    studies = demo.studies.assign(findings="", impression="", text="=1+1",
                                   image_paths=[["@evil.png"]] * len(demo.studies))
     P = make_review_packets(cases, gen, studies, seed=1, configs=CONFIGS, out_dir=tmp_path)
     with open(tmp_path / "phase2" / "R1" / "R1_phase2.csv", newline="", encoding="utf-8-sig") as f:
@@ -211,7 +216,8 @@ def test_errors_across_sheets_and_against_the_key(tmp_path, filled, packets):
     short = filled["R2_phase1"].iloc[1:]
     probs = rating_problems({"a": filled["R1_phase1"], "b": filled["R1_phase1"], "c": short}, key=packets.key)
     assert probs.problem.tolist() == ["reviewer 'R1' phase 1 was already read from a",
-                                      f"1 report(s) of the key are not rated, first {filled['R2_phase1'].report_id.iloc[0]!r}"]
+                                      "1 report(s) of the key are not rated, first "
+                                      f"{filled['R2_phase1'].report_id.iloc[0]!r}"]
     assert probs.sheet.tolist() == ["b", "c"]
     # the packets' own, unfilled sheets: every required cell is reported, the optional ones are not
     empty = rating_problems({"R1_phase1": packets.sheets["R1_phase1"]})
@@ -264,13 +270,15 @@ def test_agreement_matches_statsmodels_and_pingouin(filled, packets):
     r1, r2 = split_reviewers(read_ratings(filled, key=packets.key))
     rep = agreement_report(r1, r2, reps=100)
     a, b = r1[r1.phase == 1], r2[r2.phase == 1]
-    table = pd.crosstab(a.informativeness.to_numpy(), b.informativeness.to_numpy()).reindex(index=range(4), columns=range(4), fill_value=0)
+    table = pd.crosstab(a.informativeness.to_numpy(),
+                        b.informativeness.to_numpy()).reindex(index=range(4), columns=range(4), fill_value=0)
     qk = rep.query("phase == 1 and endpoint == 'informativeness' and metric == 'quadratic_kappa'").estimate.iloc[0]
     assert np.isclose(qk, smir.cohens_kappa(table.to_numpy(), wt="quadratic").kappa)
     pg = pytest.importorskip("pingouin")
     long = pd.DataFrame({"target": np.tile(np.arange(len(a)), 2), "rater": np.repeat(["a", "b"], len(a)),
                          "score": np.concatenate([a.fn.to_numpy(dtype=float), b.fn.to_numpy(dtype=float)])})
-    icc = pg.intraclass_corr(long, targets="target", raters="rater", ratings="score").set_index("Type").loc["ICC(A,1)", "ICC"]
+    icc = pg.intraclass_corr(long, targets="target", raters="rater",
+                             ratings="score").set_index("Type").loc["ICC(A,1)", "ICC"]
     ours = rep.query("phase == 1 and endpoint == 'fn' and metric == 'icc2_1'").estimate.iloc[0]
     assert np.isclose(ours, icc)
 
@@ -278,7 +286,8 @@ def test_agreement_matches_statsmodels_and_pingouin(filled, packets):
 # --- the one-call entry points --------------------------------------------------------------------------------------
 
 def test_prepare_then_analyse_on_files(tmp_path, demo):
-    P = prepare_review(demo.studies, demo.generations, 2, strata="dataset", reviewers=("A", "B"), out_dir=tmp_path / "rev")
+    P = prepare_review(demo.studies, demo.generations, 2, strata="dataset", reviewers=("A", "B"),
+                       out_dir=tmp_path / "rev")
     assert P.key.study_id.nunique() == 4 and len(P.key) == 4 * 5 and P.reviewers == ("A", "B")
     simulate_ratings(P, demo.generations, out_dir=tmp_path / "rev/simulated")
     key = tmp_path / "rev/key/review_key.csv"
@@ -288,7 +297,8 @@ def test_prepare_then_analyse_on_files(tmp_path, demo):
     assert files["consensus_queue_xlsx"].is_file()
     q = pd.read_csv(files["consensus_queue"], encoding="utf-8-sig")
     assert not ((q.kind == "count") & ((q.r1 - q.r2).abs() < 2)).any()
-    second = review_analysis(tmp_path / "rev/simulated", key, simulate_decisions(q, seed=3), rules={"count_gap": 2}, reps=100, panel=None)
+    second = review_analysis(tmp_path / "rev/simulated", key, simulate_decisions(q, seed=3), rules={"count_gap": 2},
+                             reps=100, panel=None)
     assert second.headline().startswith("4 cases, 20 reports, rated by A and B;")
     second.save(tmp_path / "out2")
     assert pd.read_csv(tmp_path / "out2/summary_table.csv").shape[0] == 2 * 5
@@ -303,7 +313,8 @@ def test_review_analysis_equals_its_steps(filled, packets):
     decided = simulate_decisions(consensus_queue(r1, r2), seed=2)
     a = review_analysis(filled, packets.key, decided, reps=150, seed=9)
     pd.testing.assert_frame_equal(a.agreement, agreement_report(r1, r2, reps=150, seed=9))
-    pd.testing.assert_frame_equal(a.results.table(1), review_summary(apply_consensus(r1, r2, decided), packets.key).table(1))
+    pd.testing.assert_frame_equal(a.results.table(1),
+                                  review_summary(apply_consensus(r1, r2, decided), packets.key).table(1))
     assert a.summary().equals(a.results.table(1))
     # a ratings table works as well as the sheets
     b = review_analysis(read_ratings(filled, key=packets.key), packets.key, decided, reps=150, seed=9)
@@ -353,12 +364,13 @@ def test_reref_sheets_do_not_reveal_the_original_and_the_key_does(tmp_path, demo
     assert all(re.fullmatch(r"RR-[A-HJ-NP-Z2-9]{8}", r) for r in P.key.report_id)
     secrets = [s.encode() for s in set(P.key.study_id) | set(P.key.variant) | {RULES}]
     sheet_files = [p for rel, p in P.paths.items() if rel.startswith("sheets/") and p.suffix in (".csv", ".xlsx")]
-    assert len(sheet_files) == 2 * 3                           # per reviewer: the sheet and the codebook as CSV, one workbook
+    assert len(sheet_files) == 2 * 3  # per reviewer: the sheet and the codebook as CSV, one workbook
     for path in sheet_files:
         data = _xlsx_text(path) if path.suffix == ".xlsx" else path.read_bytes()
         assert not any(s in data for s in secrets), path
     for name, sheet in P.sheets.items():
-        assert not {"study_id", "variant", "stratum", "original", "rewriter", "original_report", "rewritten_report"} & set(sheet.columns)
+        assert not {"study_id", "variant", "stratum", "original", "rewriter", "original_report",
+                    "rewritten_report"} & set(sheet.columns)
     # the key, and only the key, says where the original is; it matches the texts the reviewers see
     with open(tmp_path / "key" / "reref_key.csv", newline="", encoding="utf-8-sig") as f:
         key = {r["report_id"]: r for r in csv.DictReader(f)}
@@ -391,7 +403,8 @@ def test_reref_packets_are_byte_identical_per_seed_and_differ_across_seeds(tmp_p
     from cxr_audit.review import _tokens
     assert set(_tokens(len(runs[0].key), rng(2026), "RR-")).isdisjoint(runs[0].key.report_id)
     # the order of the input rows does not matter
-    shuffled = prepare_reref_validation(demo.studies.iloc[::-1], reref_refs.references.iloc[::-1], 3, seed=2026, rewriter=RULES)
+    shuffled = prepare_reref_validation(demo.studies.iloc[::-1], reref_refs.references.iloc[::-1], 3, seed=2026,
+                                        rewriter=RULES)
     pd.testing.assert_frame_equal(shuffled.key, runs[0].key)
     with pytest.raises(InputError, match="already holds a different ReRef validation key"):
         prepare_reref_validation(demo.studies, reref_refs, 3, seed=7, out_dir=tmp_path / "a")
@@ -421,7 +434,8 @@ def _hand_sheets():
                         "variant": ["v1", "v1", "v1", "v2", "v2"], "original": ["A", "B", "A", "B", "A"]})
     def sheet(who, guess, ra, rb, eq):
         return pd.DataFrame({"reviewer": who, "phase": 1, "report_id": key.report_id, "report_a": "x", "report_b": "y",
-                             "original_guess": guess, "realism_a": ra, "realism_b": rb, "equivalence": eq, "comment": ""})
+                             "original_guess": guess, "realism_a": ra, "realism_b": rb, "equivalence": eq,
+                             "comment": ""})
     sheets = {"X_reref": sheet("X", [1, 2, 2, 0, 1], [3, 3, 3, 2, 3], [3, 2, 3, 3, 1], [3, 3, 2, 3, 1]),
               "Y_reref": sheet("Y", [1, 1, 0, 2, 0], [3, 3, 3, 3, 3], [2, 3, 3, 3, 3], [3, 2, 2, 3, 2]),
               "Z_reref": sheet("Z", [0, 2, 1, 1, 1], [2, 3, 3, 3, 3], [3, 3, 3, 3, 3], [3, 3, 1, 2, 1])}
@@ -446,7 +460,8 @@ def test_reref_statistics_by_hand():
     assert s.loc[("v2", "Y", "identified"), ["k", "n"]].tolist() == [1, 1]
     ci = binomtest(3, 4).proportion_ci(0.95, method="exact")
     assert np.allclose(s.loc[("all", "X", "identified"), ["ci_low", "ci_high"]].to_numpy(float), [ci.low, ci.high])
-    # realism (original, rewrite): X (3,3) (2,3) (3,3) (3,2) (3,1): differences 0 +1 0 -1 -2 -> 3 of 5 not less realistic, mean -0.4
+    # realism (original, rewrite): X (3,3) (2,3) (3,3) (3,2) (3,1): differences 0 +1 0 -1 -2 -> 3 of 5 not less
+    # realistic, mean -0.4
     assert s.loc[("all", "X", "not_less_realistic"), ["k", "n"]].tolist() == [3, 5]
     assert np.isclose(s.loc[("all", "X", "realism_difference"), "estimate"], -0.4)
     # Y (3,2) (2,3)... originals: P1 A=3 rew B=2 -> -1; P2 orig B=3 rew A=3 -> 0; then 0, 0, 0 -> 4 of 5
@@ -478,8 +493,10 @@ def test_reref_round_trip_on_files(tmp_path, demo, reref_refs):
     P = prepare_reref_validation(demo.studies, reref_refs, 3, seed=11, out_dir=tmp_path / "v", rewriter=RULES)
     back = simulate_reref_ratings(P, seed=4, out_dir=tmp_path / "back", formats=("csv", "xlsx"))
     assert all((s.comment == REREF_SIMULATED_COMMENT).all() for s in back.values())
-    from_csv = read_reref_validation(sorted((tmp_path / "back").glob("*.csv")), tmp_path / "v/key/reref_key.csv", reps=200, seed=3)
-    from_xlsx = read_reref_validation(sorted((tmp_path / "back").glob("*.xlsx")), tmp_path / "v/key/reref_key.xlsx", reps=200, seed=3)
+    from_csv = read_reref_validation(sorted((tmp_path / "back").glob("*.csv")), tmp_path / "v/key/reref_key.csv",
+                                     reps=200, seed=3)
+    from_xlsx = read_reref_validation(sorted((tmp_path / "back").glob("*.xlsx")), tmp_path / "v/key/reref_key.xlsx",
+                                      reps=200, seed=3)
     from_memory = read_reref_validation(back, P, reps=200, seed=3)
     pd.testing.assert_frame_equal(from_csv.proportions, from_xlsx.proportions)
     pd.testing.assert_frame_equal(from_csv.proportions, from_memory.proportions)
@@ -495,9 +512,11 @@ def test_reref_round_trip_on_files(tmp_path, demo, reref_refs):
     summ = from_csv.summary()
     assert summ.variant.tolist() == [*dict.fromkeys(P.key.variant), "all"] and summ.pairs.iloc[-1] == len(P.key)
     assert (summ.ratings.str.startswith("SIMULATED")).all() and (summ.rewriter == RULES).all()
-    assert from_csv.headline().startswith("**SIMULATED ratings") and "SIMULATED" in json.dumps(from_csv.plot().to_dict())
+    assert (from_csv.headline().startswith("**SIMULATED ratings")
+            and "SIMULATED" in json.dumps(from_csv.plot().to_dict()))
     out = from_csv.save(tmp_path / "out")
-    assert pd.read_csv(out["summary"]).shape[0] == len(summ) and json.loads(out["manifest"].read_text())["params"]["simulated"]
+    assert (pd.read_csv(out["summary"]).shape[0] == len(summ)
+            and json.loads(out["manifest"].read_text())["params"]["simulated"])
     # same seed, same numbers; a rewrite that always gives itself away is always identified
     again = read_reref_validation(back, P, reps=200, seed=3)
     pd.testing.assert_frame_equal(again.summary(), from_memory.summary())
@@ -506,7 +525,8 @@ def test_reref_round_trip_on_files(tmp_path, demo, reref_refs):
     assert row.k == row.n == 2 * len(P.key)
     # a reviewer who always answers "A" is right about half the time (the A/B order is balanced)
     always_a = {n: s.assign(original_guess=1) for n, s in back.items()}
-    half = read_reref_validation(always_a, P, reps=50).proportions.query("variant == 'all' and reviewer == 'R1' and metric == 'identified'").iloc[0]
+    half = read_reref_validation(always_a, P, reps=50).proportions.query("variant == 'all' and reviewer == 'R1' and "
+                                                                         "metric == 'identified'").iloc[0]
     assert abs(half.k - half.n / 2) <= P.key.stratum.nunique() / 2
 
 
@@ -531,14 +551,17 @@ def test_reref_bad_cell_is_named_by_file_row_and_column(tmp_path, reref_packets,
         read_reref_validation(tmp_path, reref_packets.key, reps=50)
     # a pair missing from a sheet, and a key cell that is not A or B
     with pytest.raises(InputError, match=r"R1_reref row -, column report_id: 1 report\(s\) of the key are not rated"):
-        read_reref_validation({"R1_reref": sheets["R1_reref"].iloc[1:], "R2_reref": sheets["R2_reref"]}, reref_packets.key)
+        read_reref_validation({"R1_reref": sheets["R1_reref"].iloc[1:], "R2_reref": sheets["R2_reref"]},
+                              reref_packets.key)
     with pytest.raises(InputError, match="row 2, column original: 'a' is not A or B"):
-        read_reref_validation(sheets, reref_packets.key.assign(original=["a"] + reref_packets.key.original.tolist()[1:]))
+        read_reref_validation(sheets,
+                              reref_packets.key.assign(original=["a"] + reref_packets.key.original.tolist()[1:]))
 
 
 def test_reref_codebook_and_simulation_are_checked(demo, reref_refs, reref_packets):
     cb = load_reref_codebook()
-    assert cb.columns(1) == ["original_guess", "realism_a", "realism_b", "equivalence"] and cb.get(1, "original_guess")["kind"] == "nominal"
+    assert cb.columns(1) == ["original_guess", "realism_a", "realism_b",
+                             "equivalence"] and cb.get(1, "original_guess")["kind"] == "nominal"
     with pytest.raises(InputError, match="phase 1 only"):
         load_reref_codebook(load_codebook())
     # a variation the back end could not apply anywhere: named in the plan, never silently dropped; alone, an error
@@ -546,7 +569,9 @@ def test_reref_codebook_and_simulation_are_checked(demo, reref_refs, reref_packe
     with pytest.raises(InputError, match="nothing to validate"):
         prepare_reref_validation(demo.studies, refs, 3, variants="negation:implicit")
     plan = prepare_reref_validation(demo.studies, refs, 3, variants="negation").plan.set_index("variant")
-    assert plan.loc["negation:implicit", "drawn"] == 0 and plan.loc["negation:implicit", "note"].startswith("not applicable with this back end")
+    assert plan.loc["negation:implicit", "drawn"] == 0 and plan.loc["negation:implicit",
+                                                                    "note"].startswith("not applicable with this "
+                                                                                       "back end")
     assert plan.loc["negation:explicit", "drawn"] == 3 and plan.loc["negation:explicit", "note"] == ""
     # what wrote the rewrites: given, else the references' `backend` column, else said to be unknown
     named = reref_refs.references.assign(backend="llm:test-model")

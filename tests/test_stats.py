@@ -15,8 +15,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from cxr_audit.core import DEFAULT_SEED, InputError, sha256_frame
-from cxr_audit.stats import (DegenerateIntervalWarning, ComparisonFamily, comparison_family, p_value_floor, proportion_stats,
-                             agreement_stats, agreement_table, binomial_cis, bootstrap,
+from cxr_audit.stats import (DegenerateIntervalWarning, ComparisonFamily, comparison_family, p_value_floor,
+                             proportion_stats, agreement_stats, agreement_table, binomial_cis, bootstrap,
                              bootstrap_distinct, bootstrap_metrics, kendall_tau, micro_precision,
                              spearman,
                              cohen_kappa, corpus_bleu, count_reversals, distinct_replicates, distinct_stats,
@@ -210,7 +210,8 @@ def test_icc21_equals_pingouin_icc_a1():
         ref = pg.intraclass_corr(long, targets="t", raters="r", ratings="s").set_index("Type").loc["ICC(A,1)"]
         ours = icc2_1(Y)
         assert np.isclose(ours.estimate, ref["ICC"], atol=1e-10)
-        assert np.isclose(ours.extra["F"], ref["F"], atol=1e-8) and np.isclose(ours.p, ref["pval"], rtol=1e-6, atol=1e-12)
+        assert np.isclose(ours.extra["F"], ref["F"], atol=1e-8) and np.isclose(ours.p, ref["pval"], rtol=1e-6,
+                                                                               atol=1e-12)
         np.testing.assert_allclose(ours.conf_int(), ref["CI95"], atol=0.005 + 1e-9)  # pingouin rounds to 2 decimals
 
 
@@ -265,7 +266,8 @@ def test_ranks_and_reversals():
     ranks = replicate_ranks(res)
     assert ranks.shape == (800, 4) and (np.sort(ranks, 1) == np.arange(1, 5)).mean() > 0.99
     rc = rank_ci(res)
-    assert rc.estimate.tolist() == [1, 2, 3, 4] and (rc.ci_low <= rc.estimate).all() and (rc.estimate <= rc.ci_high).all()
+    assert rc.estimate.tolist() == [1, 2, 3,
+                                    4] and (rc.ci_low <= rc.estimate).all() and (rc.estimate <= rc.ci_high).all()
     same = count_reversals(res, {"same": res})
     assert same.loc[0, ["flips", "significant_flips", "verdict_changes"]].tolist() == [0, 0, 0]
     rev = paired_bootstrap({s: mean_stats(-v[:, 0]) for s, v in sy.items()}, reps=800, seed=0)
@@ -280,7 +282,7 @@ def test_distinct_ratio_coverage_shares_vs_recount(K, N, a):
     # resample is biased downward (repeated units add to the denominator only) and its intervals miss the truth.
     g = np.random.default_rng(K)
     p = 1 / np.arange(1, K + 1) ** a; p /= p.sum()
-    draws = np.sort(g.choice(K, (4000, N), p=p), axis=1)      # 4000 samples of N, the same draws as 4000 calls of size N
+    draws = np.sort(g.choice(K, (4000, N), p=p), axis=1)  # 4000 samples of N, the same draws as 4000 calls of size N
     truth = np.mean((1 + np.count_nonzero(np.diff(draws, axis=1), axis=1)) / N)    # distinct values per sample / N
     shares = recount = 0
     for k in range(200):
@@ -327,7 +329,8 @@ def test_after_dropping_the_missing_row_weighted_kappa_matches_sklearn_and_stats
     T = agreement_stats(a[keep], b[keep], range(4)).sum(0)
     ref = skm.cohen_kappa_score(a[keep], b[keep], weights="quadratic", labels=[0, 1, 2, 3])
     assert abs(quadratic_kappa(T) - ref) < 1e-13
-    assert abs(quadratic_kappa(T) - cohens_kappa(agreement_table(a[keep], b[keep], range(4)).to_numpy(), wt="quadratic").kappa) < 1e-13
+    assert abs(quadratic_kappa(T) - cohens_kappa(agreement_table(a[keep], b[keep], range(4)).to_numpy(),
+                                                 wt="quadratic").kappa) < 1e-13
     assert abs(cohen_kappa(T) - skm.cohen_kappa_score(a[keep], b[keep])) < 1e-13
     t = rater_agreement(a[keep], b[keep], kind="ordinal", categories=[0, 1, 2, 3], reps=200).set_index("metric")
     assert t.loc["quadratic_kappa", "n"] == keep.sum() and abs(t.loc["quadratic_kappa", "estimate"] - ref) < 1e-13
@@ -431,7 +434,8 @@ def _family_inputs(seed=0, n_patients=80):
     valid["ON+K50"] = proportion_stats(g.random(n) > 0.05)               # K50 loses about 5%
     prefix = {"ON+B4": proportion_stats(np.zeros(n)), "OFF+B4": proportion_stats(np.ones(n)),   # every resample decides
               "ON+G1": proportion_stats(g.random(n) < 0.6), "ON+K50": proportion_stats(g.random(n) < 0.4)}
-    metrics = {"surface_valid": (valid, "proportion"), "prefix_hit": (prefix, "proportion"), "micro_f1": (f1, "micro_f1")}
+    metrics = {"surface_valid": (valid, "proportion"), "prefix_hit": (prefix, "proportion"),
+               "micro_f1": (f1, "micro_f1")}
     return metrics, patients
 
 PAIRS = [("ON+B4", "OFF+B4"), ("ON+B4", "ON+G1"), ("ON+B4", "ON+K50")]
@@ -467,19 +471,20 @@ def test_family_recomputes_micro_f1_from_resampled_counts():
     for i, c in enumerate(r.systems): np.testing.assert_allclose(r.replicates[i], naive[c], rtol=1e-12)
     # and every metric uses the same resamples: the validity replicates are the same weights times the 0/1 column
     v = fam.compare("surface_valid"); k = v.systems.index("ON+K50")
-    np.testing.assert_allclose(v.replicates[k], W @ metrics["surface_valid"][0]["ON+K50"][:, 0] / len(patients), rtol=1e-12)
+    np.testing.assert_allclose(v.replicates[k], W @ metrics["surface_valid"][0]["ON+K50"][:, 0] / len(patients),
+                               rtol=1e-12)
 
 @pytest.mark.parametrize("convention", ["add_one", "floored"])
 @pytest.mark.parametrize("seed", range(6))
 def test_holm_adjusted_intervals_are_wider_and_agree_with_p_holm(convention, seed):
     metrics, patients = _family_inputs(seed=seed, n_patients=25 + 10 * seed)
     g = np.random.default_rng(100 + seed); n = len(patients); cfg = ("ON+B4", "OFF+B4", "ON+G1", "ON+K50")
-    for name, qs in (("surface_valid", (0.8, 0.74, 0.86, 0.7)), ("prefix_hit", (0.3, 0.36, 0.24, 0.4))):   # p near alpha
+    for name, qs in (("surface_valid", (0.8, 0.74, 0.86, 0.7)), ("prefix_hit", (0.3, 0.36, 0.24, 0.4))):  # p near alpha
         metrics[name] = ({c: proportion_stats(g.random(n) < q) for c, q in zip(cfg, qs)}, "proportion")
-    sparse_ = np.zeros(n); sparse_[[0, 4]] = 1                            # two reports of two patients: some nan replicates
+    sparse_ = np.zeros(n); sparse_[[0, 4]] = 1  # two reports of two patients: some nan replicates
     metrics["micro_f1"][0]["ON+K50"] = micro_stats(sparse_, sparse_[::-1], np.zeros(n))
-    fam = comparison_family(metrics, PAIRS, reps=400 + 300 * seed, seed=seed, clusters=patients, p_convention=convention,
-                            size=(0.95, 0.9, 0.8)[seed % 3])
+    fam = comparison_family(metrics, PAIRS, reps=400 + 300 * seed, seed=seed, clusters=patients,
+                            p_convention=convention, size=(0.95, 0.9, 0.8)[seed % 3])
     t = fam.to_frame(); ok = t.p.notna()
     assert (t.ci_low_holm[ok] <= t.ci_low[ok]).all() and (t.ci_high_holm[ok] >= t.ci_high[ok]).all()
     excl = (t.ci_low_holm > 0) | (t.ci_high_holm < 0)
@@ -501,7 +506,8 @@ def test_holm_adjusted_interval_is_strictly_wider_before_the_last_step():
 def test_p_convention_changes_the_floor_as_in_the_paper():
     # paper 004: 5,000 resamples, Holm over 9 tests; decisive comparisons print adjusted P = .002
     assert round(9 * 1 / 5000, 3) == 0.002 and round(9 * 2 / 5001, 3) == 0.004
-    assert p_value_floor(5000, 9, "floored") == pytest.approx(0.0018) and p_value_floor(5000, 9) == pytest.approx(18 / 5001)
+    assert p_value_floor(5000, 9, "floored") == pytest.approx(0.0018) and p_value_floor(5000,
+                                                                                        9) == pytest.approx(18 / 5001)
     n = 200; sure = {"a": proportion_stats(np.ones(n)), "b": proportion_stats(np.zeros(n))}
     fams = {c: comparison_family({f"m{i}": (sure, "proportion") for i in range(9)}, [("a", "b")], reps=5000, seed=2026,
                                  p_convention=c).to_frame() for c in ("add_one", "floored")}
@@ -511,10 +517,13 @@ def test_p_convention_changes_the_floor_as_in_the_paper():
 
 def test_family_bad_input():
     metrics, patients = _family_inputs(n_patients=10)
-    with pytest.raises(InputError, match="unknown system 'ON\\+X'"): comparison_family(metrics, [("ON+B4", "ON+X")], reps=10)
-    with pytest.raises(InputError, match="p_convention must be"): comparison_family(metrics, PAIRS, reps=10, p_convention="paper")
+    with pytest.raises(InputError, match="unknown system 'ON\\+X'"):
+        comparison_family(metrics, [("ON+B4", "ON+X")], reps=10)
+    with pytest.raises(InputError, match="p_convention must be"):
+        comparison_family(metrics, PAIRS, reps=10, p_convention="paper")
     with pytest.raises(InputError, match="same units"):
-        comparison_family({"v": ({"a": proportion_stats([1, 0]), "b": proportion_stats([1, 0, 1])}, "proportion")}, [("a", "b")], reps=10)
+        comparison_family({"v": ({"a": proportion_stats([1, 0]), "b": proportion_stats([1, 0, 1])}, "proportion")},
+                          [("a", "b")], reps=10)
     with pytest.raises(InputError, match="not a column"): comparison_family(metrics, PAIRS, reps=10, clusters="patient")
     with pytest.warns(UserWarning, match="no Holm-adjusted p can be below"): comparison_family(metrics, PAIRS, reps=50)
 
@@ -536,10 +545,11 @@ def test_systems_from_scores_equals_the_loc_lookup_to_the_last_bit():
     order = pd.unique(df["sample_id"])
     for s, g in df.groupby("system", sort=False):          # the former formulation: set_index(unit).loc[order, cols]
         ref = g.set_index("sample_id").loc[order, ["stat_0", "stat_1"]].to_numpy(float)
-        assert np.array_equal(out[s], ref) and np.array_equal(out[s].sum(0), ref.sum(0))   # same values, same column sums
+        # same values, same column sums
+        assert np.array_equal(out[s], ref) and np.array_equal(out[s].sum(0), ref.sum(0))
     units = df.drop_duplicates("sample_id").set_index("sample_id").loc[order]
     assert list(cl) == list(units["cl"])
-    assert list(out) == list(pd.unique(df["system"]))     # systems in first-seen order, as groupby(sort=False) gave them
+    assert list(out) == list(pd.unique(df["system"]))  # systems in first-seen order, as groupby(sort=False) gave them
     assert systems_from_scores(df, "m")[1] is None
 
 

@@ -36,7 +36,8 @@ def test_same_seed_gives_identical_bytes(demo, tmp_path):
         b = write_table(again.tables()[name], tmp_path / f"b_{name}.parquet")
         assert a.read_bytes() == b.read_bytes(), name
     paths = demo.write(tmp_path / "w1")
-    assert {k: p.read_bytes() for k, p in paths.items()} == {k: p.read_bytes() for k, p in again.write(tmp_path / "w2").items()}
+    assert {k: p.read_bytes() for k, p in paths.items()} == {k: p.read_bytes() for k,
+                                                             p in again.write(tmp_path / "w2").items()}
 
 
 def test_other_seed_differs(demo):

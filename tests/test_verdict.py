@@ -46,7 +46,8 @@ def test_a_concentrated_leader_whose_lead_survives_distinct_counting_passes(demo
     g = demo.generations[demo.generations.policy == "B4"]
     good = g[g.system == "sim-terse"]
     ids = good.study_id.tolist()
-    shared = good.assign(hypothesis=good.hypothesis.to_numpy()[[i - i % 2 for i in range(len(ids))]])  # pairs of studies share a text
+    # pairs of studies share a text
+    shared = good.assign(hypothesis=good.hypothesis.to_numpy()[[i - i % 2 for i in range(len(ids))]])
     bad = g[g.system == "sim-template"]
     t = verdict(demo.studies, pd.concat([shared, bad]), metrics=("chexpert_f1_14",), seed=0,
                 min_unique_ratio=0.9, checks=("concentration",), clusters=None).to_frame().iloc[0]
@@ -55,11 +56,13 @@ def test_a_concentrated_leader_whose_lead_survives_distinct_counting_passes(demo
 
 def test_a_faithful_label_lead_holds_and_a_no_finding_lead_fails_the_label_check(demo):
     g = demo.generations[demo.generations.policy == "B4"]
-    t = verdict(demo.studies, g[g.system.isin(["sim-terse", "sim-template"])], metrics=("chexpert_f1_14",), seed=0).to_frame()
+    t = verdict(demo.studies, g[g.system.isin(["sim-terse", "sim-template"])], metrics=("chexpert_f1_14",),
+                seed=0).to_frame()
     assert t.iloc[0][["first", "verdict", "labels", "references", "longitudinal"]].tolist() == [
         "sim-terse+B4", "holds", "pass", "pass", "pass"]
     st = demo.studies.drop_duplicates("study_id").reset_index(drop=True)
-    normal = [f"Heart size is normal. The lungs are clear. No pleural effusion or pneumothorax. Case {i}." for i in range(len(st))]
+    normal = [f"Heart size is normal. The lungs are clear. No pleural effusion or pneumothorax. Case {i}."
+              for i in range(len(st))]
     nf = pd.concat([st.assign(system="normal", hypothesis=normal),
                     st.assign(system="wrong", hypothesis=np.roll(st.findings.to_numpy(), 5))]).assign(
         policy="-", sample_id=lambda d: d.system + "/" + d.study_id)
@@ -90,7 +93,8 @@ def test_a_lead_that_needs_one_reference_style_fails_the_references_check(demo):
 
 
 def test_a_lead_with_the_changes_turned_round_fails_the_longitudinal_check(demo):
-    "One system keeps every sentence but says each change went the other way; the other writes only the change sentences."
+    """One system keeps every sentence but says each change went the other way; the other writes only the change
+    sentences."""
     from cxr_audit.longitudinal import RuleAnnotator
     from cxr_audit.reports import split_sentences
     st = demo.studies.drop_duplicates("study_id").reset_index(drop=True)
@@ -100,9 +104,11 @@ def test_a_lead_with_the_changes_turned_round_fails_the_longitudinal_check(demo)
         return [s for s, is_long, _, _ in read if not is_long], [(s, kw, p) for s, is_long, kw, p in read if is_long]
     def turned(text):
         keep, change = parts(text)
-        return " ".join(keep + [f"The {kw} has {'improved' if p == 'worsened' else 'worsened'}." for _, kw, p in change])
+        return " ".join(keep + [f"The {kw} has {'improved' if p == 'worsened' else 'worsened'}." for _, kw,
+                                p in change])
     g = pd.concat([st.assign(system="turned", hypothesis=[turned(t) for t in st.findings]),
-                   st.assign(system="changes", hypothesis=[" ".join(s for s, _, _ in parts(t)[1]) for t in st.findings])]).assign(
+                   st.assign(system="changes",
+                             hypothesis=[" ".join(s for s, _, _ in parts(t)[1]) for t in st.findings])]).assign(
         policy="-", sample_id=lambda d: d.system + "/" + d.study_id)
     v = verdict(st, g, metrics=("bleu_4",), seed=0, checks=("longitudinal", "stability"))
     r = v.to_frame().iloc[0]
@@ -113,7 +119,8 @@ def test_a_lead_with_the_changes_turned_round_fails_the_longitudinal_check(demo)
 
 def test_one_seed_behind_fails_stability(demo):
     g = demo.generations[demo.generations.policy == "B4"]
-    def run_of(system, name, seed): return g[g.system == system].assign(system=name, seed=seed, sample_id=lambda d: d.sample_id + f"/{name}/{seed}")
+    def run_of(system, name, seed):
+        return g[g.system == system].assign(system=name, seed=seed, sample_id=lambda d: d.sample_id + f"/{name}/{seed}")
     seeded = pd.concat([run_of("sim-terse", "lucky", 0), run_of("sim-template", "lucky", 1),
                         run_of("sim-omit", "steady", 0), run_of("sim-omit", "steady", 1)], ignore_index=True)
     r = verdict(demo.studies, seeded, metrics=("chexpert_f1_14",), seed=0, checks=("stability",)).to_frame().iloc[0]
@@ -151,7 +158,8 @@ def test_the_audit_report_opens_with_the_verdicts(demo, tmp_path):
     from cxr_audit.audit import default_stages, run_audit
     assert default_stages(True)[0] == default_stages(False)[0] == "verdict"
     g = demo.generations[demo.generations.policy == "B4"]
-    page = run_audit(demo.studies, g, tmp_path, stages=["verdict", "corpus"], params={"reps": 400}).read_text(encoding="utf-8")
+    page = run_audit(demo.studies, g, tmp_path, stages=["verdict", "corpus"],
+                     params={"reps": 400}).read_text(encoding="utf-8")
     assert page.index("Verdicts") < page.index("Corpus overview") and "comparisons:" in page and "not shown" in page
 
 
