@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
 
 CSS = """
-body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;line-height:1.5}
-.layout{display:flex;min-height:100vh}nav.side{width:230px;flex:none;background:#f5f6f8;padding:20px 16px;border-right:1px solid #e2e2e2}
+body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;\
+color:#1d1d1f;line-height:1.5}
+.layout{display:flex;min-height:100vh}\
+nav.side{width:230px;flex:none;background:#f5f6f8;padding:20px 16px;border-right:1px solid #e2e2e2}
 nav.side a{display:block;color:#0b5cad;text-decoration:none;padding:3px 0}nav.side a.cur{font-weight:700;color:#111}
 nav.side .section{margin-top:14px;font-weight:700;color:#555;text-transform:uppercase;font-size:.8em}
 nav.side .brand{font-size:1.2em;font-weight:700;margin-bottom:12px;color:#111}
@@ -30,11 +32,13 @@ main{flex:1;max-width:980px;padding:24px 40px 80px;overflow-x:auto}
 pre{background:#f6f8fa;padding:10px 12px;border-radius:6px;overflow-x:auto;font-size:.88em}
 code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .jp-OutputArea-output pre{background:#fff;border-left:3px solid #f0b08a}
-table{border-collapse:collapse;font-size:.9em;margin:8px 0}th,td{border-bottom:1px solid #e5e5e5;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;font-size:.9em;margin:8px 0}\
+th,td{border-bottom:1px solid #e5e5e5;padding:3px 8px;text-align:left}
 blockquote{color:#555;font-style:italic;font-size:1.15em;margin-left:0;padding-left:12px;border-left:3px solid #ddd}
 svg{max-width:100%;height:auto}img{max-width:100%}
 #q{width:100%;box-sizing:border-box;margin:0 0 6px;padding:4px 6px}#hits a{font-size:.85em}
-pre.src{background:#fff;font-size:.8em;line-height:1.35}pre.src .ln{color:#999;text-decoration:none}pre.src span:target{background:#fff3b0}
+pre.src{background:#fff;font-size:.8em;line-height:1.35}pre.src .ln{color:#999;text-decoration:none}\
+pre.src span:target{background:#fff3b0}
 """
 
 
@@ -300,8 +304,8 @@ def localize(body, nb_path, bases=None):
     here = Path(page_path(nb_path)).parent
     def fix(m):
         href = m.group(2)
-        if href.startswith(("#", "mailto:", "data:", "javascript:")) or re.match(r"^[a-z]+://",
-                                                                                 href) and not any(href.startswith(b) for b, _ in bases):
+        if href.startswith(("#", "mailto:", "data:", "javascript:")) or (
+                re.match(r"^[a-z]+://", href) and not any(href.startswith(b) for b, _ in bases)):
             return m.group(0)
         url, frag = (href.split("#", 1) + [""])[:2]
         target = _site_target(url, nb_path, bases)
@@ -442,9 +446,13 @@ def search_js(out, pages):
 
 SEARCH_JS = r"""(function(){const q=document.getElementById('q'),out=document.getElementById('hits');if(!q)return;
 const root=document.currentScript.src.replace(/search\.js$/,'');
-q.addEventListener('input',function(){const t=q.value.trim().toLowerCase();out.innerHTML='';if(t.length<2)return;let n=0;
-for(const [p,title,hs] of IDX){if(title.toLowerCase().includes(t)){out.insertAdjacentHTML('beforeend','<a href="'+root+p+'">'+title+'</a>');n++;}
-for(const [id,h,body] of hs){if(n>=30)return;if(h.toLowerCase().includes(t)||body.includes(t)){const a=document.createElement('a');a.href=root+p+'#'+id;a.textContent=h+' ('+title+')';out.appendChild(a);n++;}}}});})();
+q.addEventListener('input',function(){
+const t=q.value.trim().toLowerCase();out.innerHTML='';if(t.length<2)return;let n=0;
+for(const [p,title,hs] of IDX){
+if(title.toLowerCase().includes(t)){out.insertAdjacentHTML('beforeend','<a href="'+root+p+'">'+title+'</a>');n++;}
+for(const [id,h,body] of hs){if(n>=30)return;
+if(h.toLowerCase().includes(t)||body.includes(t)){const a=document.createElement('a');a.href=root+p+'#'+id;
+a.textContent=h+' ('+title+')';out.appendChild(a);n++;}}}});})();
 """
 
 

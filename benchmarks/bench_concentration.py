@@ -60,15 +60,16 @@ TEMPLATES = ["No acute cardiopulmonary process. The heart size is within normal 
              "no pleural effusion or pneumothorax.",
              "No acute cardiopulmonary process. The heart size is within normal limits. The mediastinal contours are "
              "unremarkable.",
-             "The heart size is within normal limits. Lungs are clear bilaterally. No pleural effusion or pneumothorax.",
+             "The heart size is within normal limits. Lungs are clear bilaterally. No pleural effusion or "
+             "pneumothorax.",
              "No acute cardiopulmonary process. Cardiomediastinal silhouette is normal. No focal airspace disease."]
 RARE = [f"finding{i}" for i in range(2000)]
 
 
 def _finding_sentences(g, m):
     "m random finding sentences (vectorized choices, Python formatting)."
-    kind, f, l, s, c = g.integers(0, 6, m), g.integers(0, len(FIND), m), g.integers(0, len(LOC),
-                                                                                    m), g.integers(0, len(SEV), m), g.integers(0, len(CHG), m)
+    kind, f, l, s, c = (g.integers(0, 6, m), g.integers(0, len(FIND), m), g.integers(0, len(LOC), m),
+                        g.integers(0, len(SEV), m), g.integers(0, len(CHG), m))
     num, rare = g.integers(5, 95, m), g.integers(0, len(RARE), m)
     use_rare = g.random(m) < 0.05
     out = []
@@ -103,12 +104,12 @@ def make_generations(n: int, seed: int = 0) -> pd.DataFrame:
             idx = g.integers(0, len(NORMAL), (m, 3)); two = g.random(m) < 0.5
             hyp = [" ".join(NORMAL[j] for j in (r[:2] if t else r)) for r, t in zip(idx, two)]
         elif s == 3:
-            t = g.choice(4, m, p=[0.5, 0.25, 0.15,
-                                  0.1]); add = g.random(m) < 0.15; extra = iter(_finding_sentences(g, int(add.sum())))
+            t = g.choice(4, m, p=[0.5, 0.25, 0.15, 0.1]); add = g.random(m) < 0.15
+            extra = iter(_finding_sentences(g, int(add.sum())))
             hyp = [TEMPLATES[t[i]] + (" " + next(extra) if add[i] else "") for i in range(m)]
         else:
-            t = g.choice(4, m); u = g.random(m); extra = iter(_finding_sentences(g,
-                                                                                 m)); loop = g.integers(0, len(NORMAL), m)
+            t = g.choice(4, m); u = g.random(m); extra = iter(_finding_sentences(g, m))
+            loop = g.integers(0, len(NORMAL), m)
             for i in range(m):
                 e = next(extra)
                 if u[i] < 0.01: hyp.append("")
@@ -186,8 +187,9 @@ def polars_baseline(table: pd.DataFrame, k: int = 5, prefix: str = DEFAULT_PREFI
         .otherwise(pl.col("toks").list.len()))
     n4, u4 = pl.col("n4"), pl.col("u4")
     looping = (n4 >= rules["loop_min_ngrams"]) & (n4 - u4 >= rules["loop_share"] * n4)
-    bad = pl.col("hypothesis").is_null() | pl.col("has_special") | t.str.contains_any(list(rules["bad_characters"])) | (t == "") \
-        | ((pl.col("length") > 0) & (pl.col("words") < rules["min_words"])) | (pl.col("length") == 0) | pl.col("truncated") | looping
+    bad = (pl.col("hypothesis").is_null() | pl.col("has_special") | t.str.contains_any(list(rules["bad_characters"]))
+           | (t == "") | ((pl.col("length") > 0) & (pl.col("words") < rules["min_words"])) | (pl.col("length") == 0)
+           | pl.col("truncated") | looping)
     df = df.with_columns(valid=~bad, repeated=n4 > u4, prefix_hit=pl.col("norm").str.starts_with(prefix),
                          first=pl.col("row").min().over("norm"))
     counts = (df.group_by(keys + ["norm"]).agg(size=pl.len(), first=pl.col("first").first())
@@ -199,8 +201,8 @@ def polars_baseline(table: pd.DataFrame, k: int = 5, prefix: str = DEFAULT_PREFI
                                      prefix_rate=pl.col("prefix_hit").mean(),
                                      repeated_4gram_rate=pl.col("repeated").mean(),
                                      length_median=pl.col("length").median(),
-                                     length_iqr=pl.col("length").quantile(0.75,
-                                                                          "linear") - pl.col("length").quantile(0.25, "linear"))
+                                     length_iqr=pl.col("length").quantile(0.75, "linear")
+                                     - pl.col("length").quantile(0.25, "linear"))
                .join(counts.group_by(keys).agg(distinct_norm=pl.len(),
                                                dup=pl.col("size").filter(pl.col("size") > 1).sum(),
                                                top=pl.col("size").filter(pl.col("rank") < k).sum()), on=keys)

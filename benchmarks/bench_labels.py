@@ -48,12 +48,14 @@ import medspacy
 from medspacy.target_matcher import TargetRule
 rules, texts = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 nlp = medspacy.load()
-nlp.get_pipe("medspacy_target_matcher").add([TargetRule(f"{r['label']}#{i}", r["label"], pattern=r["pattern"], attributes=r.get("attributes"))
+nlp.get_pipe("medspacy_target_matcher").add([TargetRule(f"{r['label']}#{i}", r["label"], pattern=r["pattern"],
+                                                        attributes=r.get("attributes"))
                                              for i, r in enumerate(rules)])
 t = time.perf_counter()
 out = []
 for doc in nlp.pipe(texts, batch_size=256):
-    out.append([[e.label_, bool(e._.is_negated), bool(e._.is_uncertain or e._.is_hypothetical), e.text] for e in doc.ents])
+    out.append([[e.label_, bool(e._.is_negated), bool(e._.is_uncertain or e._.is_hypothetical), e.text]
+                for e in doc.ents])
 dt = time.perf_counter() - t
 json.dump({"seconds": dt, "ents": out, "medspacy": medspacy.__version__}, open(sys.argv[3], "w"))
 '''

@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from _timing import best_of, options, write_result
-from cxr_audit.longitudinal import (LLMAnnotator, RuleAnnotator, annotate_reports, progression_evaluation,
-                                    report_sentences, rule_chat)
+from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator, annotate_reports, report_sentences, rule_chat
+from cxr_audit.longitudinal_eval import progression_evaluation
 from cxr_audit.stats import resample_indices
 from cxr_audit.synth import make_demo_corpus
 

@@ -134,7 +134,8 @@ def test_missing_file_is_one_clear_line(tmp_path):
 
 
 def test_missing_column_is_one_clear_line(demo_runs, tmp_path):
-    pd.read_parquet(demo_runs[0] / "generations.parquet").drop(columns="hypothesis").to_csv(tmp_path / "g.csv", index=False)
+    gens = pd.read_parquet(demo_runs[0] / "generations.parquet")
+    gens.drop(columns="hypothesis").to_csv(tmp_path / "g.csv", index=False)
     r = cli("audit", "--studies", demo_runs[0] / "studies.parquet", "--generations", tmp_path / "g.csv", "--out",
             tmp_path)
     assert r.returncode == 2
@@ -508,7 +509,8 @@ def test_longitudinal_with_unreadable_llm_replies_reports_no_score_and_exits_1(t
 
 def test_annotation_quality_leaves_unreadable_replies_out_and_marks_the_run_incomplete():
     from cxr_audit.llm import LocalEndpoint, OpenAIChat, RuleChat
-    from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator, evaluate_annotators
+    from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator
+    from cxr_audit.longitudinal_eval import evaluate_annotators
     gold = pd.DataFrame({"report_id": ["r1", "r1", "r2", "r3"], "sentence": ["Stable cardiomegaly.", "No effusion.",
                                                                               "The effusion has grown.",
                                                                              "Lungs are clear."],

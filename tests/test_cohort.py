@@ -87,7 +87,8 @@ def test_check_catches_injected_overlap_and_duplicate(demo):
 def test_check_sees_rows_dropped_after_the_split(demo):
     leaky = Cohort(demo).split("study_id", {"train": 0.5, "test": 0.5}, seed=0)      # patients straddle partitions
     test_only = leaky.filter("test only", pl.col("split") == "test")
-    assert (test_only.check().check == "partition_overlap").sum() == (leaky.check().check == "partition_overlap").sum() > 0
+    assert ((test_only.check().check == "partition_overlap").sum()
+            == (leaky.check().check == "partition_overlap").sum() > 0)
 
 
 @pytest.mark.parametrize("by", ["study_id", "patient_id"])

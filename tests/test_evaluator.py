@@ -172,7 +172,8 @@ def test_score_systems_on_impressions_and_save(demo, tmp_path):
     one = demo.generations.query("system == 'sim-omit'")
     ref_of = dict(zip(demo.studies.study_id, refs))
     est = score_pairs([ref_of[s] for s in one.study_id], one.hypothesis, ["bleu_4"]).bleu_4[0]
-    assert sys_.query("config == 'sim-omit+B4' and metric == 'bleu_4'").estimate.iloc[0] == pytest.approx(est, rel=1e-12)
+    omit = sys_.query("config == 'sim-omit+B4' and metric == 'bleu_4'")
+    assert omit.estimate.iloc[0] == pytest.approx(est, rel=1e-12)
     scores = pd.read_parquet(paths["scores"])
     assert len(scores) == 5 * 3 * len(demo.studies)
     # bad input names the table, the column or the row

@@ -246,7 +246,8 @@ CRASH_SCRIPT = """
 import sys
 from cxr_audit.llm import OpenAIChat, run_batch
 base_url, cache = sys.argv[1], sys.argv[2]
-reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]} for i in range(24)]
+reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]}
+        for i in range(24)]
 run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=3, max_tokens=6, progress=False)
 print("finished")
 """

@@ -176,7 +176,8 @@ def test_review_key_is_formula_neutralised(tmp_path):
 
 def test_xlsx_cut_at_excel_cell_limit_is_flagged(tmp_path):
     import openpyxl
-    from cxr_audit.review import XLSX_CELL_LIMIT, XLSX_CUT_NOTE, prepare_review
+    from cxr_audit.sheets import XLSX_CELL_LIMIT, XLSX_CUT_NOTE
+    from cxr_audit.review import prepare_review
     studies, gens = hostile_demo()
     long_id = gens.study_id.iloc[0]
     with pytest.warns(UserWarning, match=r"cell limit were cut in R\d_phase1\.xlsx \(R\d_phase1 row \d+ column "

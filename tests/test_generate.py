@@ -23,7 +23,8 @@ from PIL import Image  # noqa: E402
 from cxr_audit.cohort import FRONTAL_VIEWS, Cohort, recipe_004_iu, recipe_004_mimic, write_cohort  # noqa: E402
 from cxr_audit.core import InputError, sha256_frame  # noqa: E402
 from cxr_audit.corpus import load_iu_xray  # noqa: E402
-from cxr_audit.generate import (POLICIES, DecodingPolicy, EarlyEOSSuppression, EOSReweight, HFReportGenerator,  # noqa: E402
+from cxr_audit.generate import (  # noqa: E402
+                                POLICIES, DecodingPolicy, EarlyEOSSuppression, EOSReweight, HFReportGenerator,
                                 RecurrencePenalty, SimulatedGenerator, TemplatePhrasePenalty,
                                 generate_table, generation_inputs, load_image, policy_summary, sample_seed,
                                 tiny_model)
@@ -176,8 +177,8 @@ def _raw(gen, policy, n=4):
     prompts = ["the lungs", "heart size is", "no acute", "there is"][:n]
     seqs = [gen.tokenizer(p)["input_ids"] for p in prompts]
     L = max(map(len, seqs))
-    ids = torch.tensor([[0] * (L - len(s)) + s
-                        for s in seqs]); mask = (torch.arange(L) >= torch.tensor([L - len(s) for s in seqs])[:, None]).long()
+    ids = torch.tensor([[0] * (L - len(s)) + s for s in seqs])
+    mask = (torch.arange(L) >= torch.tensor([L - len(s) for s in seqs])[:, None]).long()
     out = gen.model.generate(input_ids=ids, attention_mask=mask,
                              **policy.to_generate_kwargs(gen.tokenizer, prompt_length=L), pad_token_id=0,
                              eos_token_id=3)

@@ -1,4 +1,5 @@
-"""The restricted-data guard knows a collection by what it is, not by one spelling (seeded random spellings, no mock)."""
+"""The restricted-data guard knows a collection by what it is, not by one spelling (seeded random spellings, no
+mock)."""
 import os
 import random
 import unicodedata

@@ -1,4 +1,5 @@
-"""Input typing and the error boundary: ids stay text, out-of-range numbers are refused with one clear line (no mock)."""
+"""Input typing and the error boundary: ids stay text, out-of-range numbers are refused with one clear line (no
+mock)."""
 import math
 
 import pandas as pd
@@ -32,8 +33,8 @@ def test_csv_ids_keep_their_leading_zeros(tmp_path):
      "method must be one of"),
 ])
 def test_out_of_range_values_are_one_clear_input_error(call, message):
-    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")",
-                                                                             r"\)").replace("[", r"\[").replace("]", r"\]")):
+    pattern = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(InputError, match=pattern):
         call()
     assert holm([0.01, math.nan, 0.04]).tolist()[0] == pytest.approx(0.02)   # nan stays out of the family
 
@@ -62,7 +63,8 @@ def test_repeated_column_names_list_cells_and_spaced_ids_are_refused(tmp_path):
 
 
 def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
-    """One system with a single report would cut every comparison to that study: it is set aside, said in a banner, exit 1."""
+    """One system with a single report would cut every comparison to that study: it is set aside, said in a banner,
+    exit 1."""
     from cxr_audit.audit import run_audit
     from cxr_audit.core import IncompleteRunError
     from cxr_audit.synth import make_demo_corpus
@@ -85,7 +87,7 @@ def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
 
 def test_requests_that_cannot_be_honoured_are_refused_not_answered_with_zeros():
     from cxr_audit.labels import label_audit
-    from cxr_audit.longitudinal import progression_evaluation
+    from cxr_audit.longitudinal_eval import progression_evaluation
     from cxr_audit.verdict import verdict
     st = pd.DataFrame({"study_id": ["a", "b", "c"], "findings": ["", " ", ""], "impression": ""})
     g = pd.DataFrame({"study_id": ["a", "b", "c"] * 2, "system": ["m1"] * 3 + ["m2"] * 3,

@@ -252,7 +252,8 @@ def test_cues_do_not_hide_phrases(sentences, reports, demo):
     # the cue pre-filter is only a speed-up: without it every sentence gets the same mentions
     no_cues = Labeler(phrases={"observations": {o: {"cues": []} for o in CHEXPERT_13}})
     with_cues = Labeler()
-    texts = list(sentences.text) + list(reports.text) + list(reference_texts(demo.studies)) + list(demo.generations.hypothesis.head(200))
+    texts = (list(sentences.text) + list(reports.text) + list(reference_texts(demo.studies))
+             + list(demo.generations.hypothesis.head(200)))
     assert sha256_frame(with_cues(texts).drop(columns="source")) == sha256_frame(no_cues(texts).drop(columns="source"))
 
 
@@ -407,8 +408,8 @@ def test_probes_cover_every_label_and_all_pass():
 
 def test_probes_catch_stability_read_as_doubt():
     # the rule the labeler had before issue 17: stability wording as uncertain cardiomegaly
-    doubt = Labeler(profile="clinical", phrases={"observations": {"Cardiomegaly": {"stable": [],
-                                                                                   "uncertain": ["<STABLE> (?:the )?<CM>"]}}})
+    doubt_cm = {"stable": [], "uncertain": ["<STABLE> (?:the )?<CM>"]}
+    doubt = Labeler(profile="clinical", phrases={"observations": {"Cardiomegaly": doubt_cm}})
     ps = probe_summary(probe_labeler(doubt)).set_index("label")
     assert ps.loc["Cardiomegaly", "triggers"] >= 2 and ps.drop("Cardiomegaly").triggers.sum() == 0
 
@@ -575,7 +576,8 @@ def test_entry_counts_sum_to_the_micro_f1_and_resample_by_study():
     for system, part in al.entry_counts(by_label=False).groupby("system"):
         assert len(part) == len(e)
         tp, fp, fn = part[["tp", "fp", "fn"]].sum()
-        est = audit.summary().query("system == @system and labels == '14' and reference == 'reference-report labels'").estimate.item()
+        row = "system == @system and labels == '14' and reference == 'reference-report labels'"
+        est = audit.summary().query(row).estimate.item()
         assert abs(2 * tp / (2 * tp + fp + fn) - est) < 1e-12
     # per label, the counts are those of per_label()
     pl = al.per_label().set_index(["system", "label"])[["tp", "fp", "fn"]]
@@ -584,10 +586,9 @@ def test_entry_counts_sum_to_the_micro_f1_and_resample_by_study():
     # the references as hypotheses score 1 on every entry; clustering by study widens nothing away from 1
     assert audit.summary().query("system == 'm+B4'").estimate.eq(1.0).all()
     # clustered by study: one cluster per study, so the interval differs from resampling entries one by one
-    by_entry_ci = al.summary(reps=200,
-                             seed=2026).query("system == 'm+K50' and metric == 'micro_f1'")[["ci_low", "ci_high"]].values
-    by_study_ci = al.summary(reps=200, seed=2026, clusters="reference_id").query("system == 'm+K50' and metric == "
-                                                                                 "'micro_f1'")[["ci_low", "ci_high"]].values
+    k50 = "system == 'm+K50' and metric == 'micro_f1'"
+    by_entry_ci = al.summary(reps=200, seed=2026).query(k50)[["ci_low", "ci_high"]].values
+    by_study_ci = al.summary(reps=200, seed=2026, clusters="reference_id").query(k50)[["ci_low", "ci_high"]].values
     assert not np.allclose(by_entry_ci, by_study_ci)
 
 

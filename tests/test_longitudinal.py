@@ -13,11 +13,12 @@ import pytest
 from cxr_audit.core import InputError, sha256_frame
 from cxr_audit.llm import LocalEndpoint, OpenAIChat
 from cxr_audit.stats import UnderpoweredWarning
-from cxr_audit.longitudinal import (LLMAnnotator, PROGRESSION_CLASSES, RuleAnnotator, annotate_reports,
-                                    annotation_counts, build_lmimic, evaluate_annotators, keyword_terms,
-                                    progression_counts, progression_evaluation,
-                                    progression_instances, ranking_agreement, ranking_stability, read_gold, rule_chat,
-                                    truth_agreement)
+from cxr_audit.longitudinal import (LLMAnnotator, PROGRESSION_CLASSES, RuleAnnotator, annotate_reports, keyword_terms,
+                                    rule_chat)
+from cxr_audit.longitudinal_eval import (annotation_counts, evaluate_annotators, progression_counts,
+                                         progression_evaluation, progression_instances, ranking_agreement,
+                                         ranking_stability, read_gold, truth_agreement)
+from cxr_audit.lmimic import build_lmimic
 from cxr_audit.synth import make_demo_corpus
 
 FIX = Path(__file__).parent / "fixtures" / "longitudinal"
@@ -133,7 +134,8 @@ def test_static_wording_and_recommendations_are_not_longitudinal():
         assert r.annotate_sentence(s)[0] is False, s
     assert r.annotate_sentence("Stable increased lung volumes.") == (True, "low lung volumes", "no change")
     assert r.annotate_sentence("Lung volumes are decreased compared to the prior study.")[2] == "worsened"
-    assert r.annotate_sentence("Previously identified small right pneumothorax is not visualized.") == (True, "pneumothorax", "improved")
+    assert (r.annotate_sentence("Previously identified small right pneumothorax is not visualized.")
+            == (True, "pneumothorax", "improved"))
     assert r.annotate_sentence("The left costophrenic angle is not visualized.")[0] is False
     assert r.annotate_sentence("There is a T12-L1 compression fracture, unchanged.")[1] == "spinal fracture"
 
@@ -145,7 +147,8 @@ def test_real_fixture_normal_statements_and_masks():
     # keyword
     anatomy = s.sentence.str.contains(r"(?i)\b(?:cardiomediastinal|mediastin\w*|heart|cardiac|hil(?:ar|um|a))\b")
     stable = s.sentence.str.contains(r"(?i)\b(?:stable|unchanged|similar|remains?)\b")
-    abnormal = s.sentence.str.contains(r"(?i)enlarg|cardiomegaly|prominen|tortu|widen|large|calcifi|atherosc|ectasia|shift|mild|moderate")
+    abnormal = s.sentence.str.contains(r"(?i)enlarg|cardiomegaly|prominen|tortu|widen|large|calcifi|atherosc|ectasia"
+                                       r"|shift|mild|moderate")
     normal_stable = s[anatomy & stable & ~abnormal]
     assert len(normal_stable) >= 8 and normal_stable.is_longitudinal.all()
     # a device is no disease
@@ -405,7 +408,7 @@ def test_match_is_explicit_and_changes_the_pairing():
 
 
 def test_runs_summary_on_annotation_quality_and_evaluations(gold, demo):
-    from cxr_audit.longitudinal import runs_summary
+    from cxr_audit.longitudinal_eval import runs_summary
     h = gold[gold.split == "heldout"]
     qs = [evaluate_annotators(h, {"q": LLMAnnotator(rule_chat(noise=0.1), decoding="sampling", seed=s, cache=False)},
                               reps=20) for s in (1, 2)]
@@ -420,7 +423,7 @@ def test_runs_summary_on_annotation_quality_and_evaluations(gold, demo):
 
 def test_keyword_distance_by_hand_and_against_scipy():
     from scipy.spatial.distance import jensenshannon
-    from cxr_audit.longitudinal import keyword_distance
+    from cxr_audit.longitudinal_eval import keyword_distance
     a, b = {"x": 3, "y": 1, "z": 0}, {"x": 1, "y": 1, "w": 2}
     kd = keyword_distance(a, b)
     keys = kd.distributions.keyword.tolist()
@@ -431,7 +434,7 @@ def test_keyword_distance_by_hand_and_against_scipy():
 
 
 def test_category_results_by_hand(demo):
-    from cxr_audit.longitudinal import category_results
+    from cxr_audit.longitudinal_eval import category_results
     inst = pd.DataFrame({"system": "m", "keyword": ["pleural effusion", "pleural effusion", "rib fracture"],
                          "reference": ["worsened", "improved", "no change"],
                          "predicted": ["worsened", "worsened", "absent"]})
@@ -449,7 +452,7 @@ def test_category_results_by_hand(demo):
 def test_an_invalid_answer_is_left_out_never_a_negative_in_category_results():
     # an LLM reply that could not be parsed leaves is_longitudinal missing (pd.NA in a nullable column): left out of
     # every measure
-    from cxr_audit.longitudinal import category_results
+    from cxr_audit.longitudinal_eval import category_results
     g = pd.DataFrame({"report_id": ["r1", "r2", "r3"], "sentence": ["a", "b", "c"], "is_longitudinal": [1, 1, 1],
                       "keyword": ["pleural effusion", "pleural effusion", "pleural effusion"],
                       "progression": ["worsened", "worsened", "improved"]})
@@ -472,7 +475,7 @@ def test_an_invalid_answer_is_left_out_never_a_negative_in_category_results():
 
 
 def test_table5_is_one_evaluation_on_one_set_of_resamples(demo):
-    from cxr_audit.longitudinal import TABLE5_METRICS
+    from cxr_audit.longitudinal_eval import TABLE5_METRICS
     ev = progression_evaluation(demo.studies, demo.generations, metrics=("bleu_4",), report_metrics=("bleu_4",),
                                 diagnosis=True, reps=50)
     assert {"report_bleu_4", "bleu_4", "diagnosis_micro_f1", "progression_micro_f1"} <= set(ev.results)
@@ -482,7 +485,8 @@ def test_table5_is_one_evaluation_on_one_set_of_resamples(demo):
     # whole-report BLEU-4 equals the corpus score of the full texts on the evaluated studies
     from cxr_audit.metrics import score
     sys0 = ev.systems[0]; P = ev.pairs[ev.pairs.system == sys0].set_index("study_id").loc[list(ev.units)]
-    ref = demo.studies.assign(study_id=demo.studies.study_id.astype(str)).set_index("study_id").loc[list(ev.units), "findings"]
+    by_id = demo.studies.assign(study_id=demo.studies.study_id.astype(str)).set_index("study_id")
+    ref = by_id.loc[list(ev.units), "findings"]
     val = score(list(ref), list(P.hypothesis), ["bleu_4"]).value.iloc[0]
     assert ev.summary().set_index(["system", "metric"]).estimate[(sys0, "report_bleu_4")] == pytest.approx(val)
     assert ("annotation by `rules`" in ev.provenance() and "matched `exact`" in ev.provenance()
@@ -556,7 +560,7 @@ def test_best_vs_runner_up_follows_the_named_rule(demo):
 
 def test_a_generation_restricted_by_its_own_row_is_guarded():
     "The study is public, but the generated report's own row names a restricted dataset: it does not leave the machine."
-    from cxr_audit.longitudinal import progression_evaluation
+    from cxr_audit.longitudinal_eval import progression_evaluation
 
     class Remote(type(rule_chat())):
         endpoint = "https://llm.example.org/v1"

@@ -304,7 +304,8 @@ HYPS = ["Left effusion.", "Normal heart size.", "Right pneumothorax."]
 
 
 def test_radgraph_f1_reads_the_partial_level():
-    class StandInF1RadGraph:        # F1RadGraph(reward_level="all") returns (means, [simple, partial, complete], annotations...)
+    # F1RadGraph(reward_level="all") returns (means, [simple, partial, complete], annotations...)
+    class StandInF1RadGraph:
         def __call__(self, refs, hyps):
             per = [[0.9, 0.6, 0.3], [0.7, 0.4, 0.1], [0.5, 0.2, 0.0]]
             return tuple(float(np.mean(p)) for p in per), per, None, None
@@ -489,7 +490,8 @@ def test_fast_metrics_equal_pycocoevalcap_to_1e12_on_real_iu_pairs(pairs, iu_pai
     from pycocoevalcap.rouge.rouge import Rouge as CocoRouge
     from cxr_audit.metrics import bleu_stats, cider_d_scores, rouge_l_scores
     t = tokenizer(tokenize)
-    refs, hyps = [t(x) for x in iu_pairs[0] + list(pairs.reference)], [t(x) for x in iu_pairs[1] + list(pairs.hypothesis)]
+    refs = [t(x) for x in iu_pairs[0] + list(pairs.reference)]
+    hyps = [t(x) for x in iu_pairs[1] + list(pairs.hypothesis)]
     gts, res = {i: [r] for i, r in enumerate(refs)}, {i: [h] for i, h in enumerate(hyps)}
     corpus, per = CocoBleu(4).compute_score(gts, res, verbose=0)
     S = bleu_stats(refs, hyps, 4)

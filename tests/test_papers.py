@@ -13,7 +13,8 @@ from statsmodels.stats.multitest import multipletests
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_14
-from cxr_audit.papers import PAPER_000, PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints, primary_family
+from cxr_audit.papers import (PAPER_000, PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints,
+                              primary_family)
 from cxr_audit.stats import comparison_family, micro_stats, proportion_stats
 from cxr_audit.synth import make_demo_corpus
 
@@ -303,7 +304,8 @@ def test_paper_000_reported_numbers_recompute():
     assert v["pairs"] == 4 * 12 * v["pairs per dataset and variation"] == 480
     assert round(100 * v["realism not worse"] / v["pairs"],
                  1) == 92.7 and round(100 * v["major discrepancy"] / v["pairs"], 1) == 1.2
-    assert round(v["equivalent share"] * 480) + round(v["minor discrepancy share"] * 480) + v["major discrepancy"] == 480
+    assert (round(v["equivalent share"] * 480) + round(v["minor discrepancy share"] * 480) + v["major discrepancy"]
+            == 480)
     assert [round(100 * n / 960, 1) for n in v["realism agreement"]] == [59.1, 35.9, 5.0]
     assert [round(100 * n / 480, 1) for n in v["equivalence agreement"]] == [68.5, 29.2, 2.3]
     # Figure 6: under Anatomical Granularity (Low), two systems gain and two lose
@@ -453,7 +455,8 @@ def test_paper_004_generator_arguments():
 
 def test_paper_003_simulation_keeps_the_papers_pattern():
     "The seven SIMULATED stand-ins give Table 5's pattern of paper 003 on a small corpus (the page checks the rest)."
-    from cxr_audit.longitudinal import RuleAnnotator, progression_evaluation
+    from cxr_audit.longitudinal import RuleAnnotator
+    from cxr_audit.longitudinal_eval import progression_evaluation
     from cxr_audit.papers import SIM_003_PROFILES, Paper003Generator, simulated_003_generations
     demo = make_demo_corpus(n_patients=40, seed=6)
     follow = demo.studies[demo.studies.groupby("patient_id").cumcount() > 0]

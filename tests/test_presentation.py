@@ -68,7 +68,8 @@ def test_concentration_command_writes_and_reports_holm(tmp_path):
     iv = pd.read_csv(tmp_path / "out/intervals.csv")
     assert (iv.n_clusters == 12).all() and "metric" in iv
     # a CSV: an empty cell reads as missing; bad input is an InputError with the reason
-    d.generations.head(20).assign(hypothesis=[""] + ["No acute cardiopulmonary process."] * 19).to_csv(tmp_path / "g.csv", index=False)
+    g = d.generations.head(20).assign(hypothesis=[""] + ["No acute cardiopulmonary process."] * 19)
+    g.to_csv(tmp_path / "g.csv", index=False)
     m2 = concentration(str(tmp_path / "g.csv"), out=str(tmp_path / "o2"), reps=50, by=["system"])
     assert "1 not surface-valid" in m2 and pd.read_parquet(tmp_path / "o2/flags.parquet").reasons[0] == "missing"
     with pytest.raises(InputError, match="nope.csv: file not found"): concentration(str(tmp_path / "nope.csv"))
@@ -175,7 +176,8 @@ def test_labels_command(tmp_path):
             "probes.csv"} <= {p.name for p in (tmp_path / "o").iterdir()}
     # same numbers as the entry point
     ref = label_audit(d.studies, d.generations, reps=50, labels=CHEXPERT_5).to_frame()
-    assert pd.read_csv(tmp_path / "o" / "summary.csv").estimate.tolist() == pytest.approx(ref.estimate.tolist(), nan_ok=True)
+    written = pd.read_csv(tmp_path / "o" / "summary.csv")
+    assert written.estimate.tolist() == pytest.approx(ref.estimate.tolist(), nan_ok=True)
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["params"]["seed"] == DEFAULT_SEED
     d.studies[["study_id", "text"]].to_csv(tmp_path / "minimal.csv", index=False)  # a minimal references table
     gens = str(tmp_path / "generations.parquet")
@@ -209,7 +211,8 @@ def test_review_commands(tmp_path):
     tables = {"studies": str(tmp_path / "studies.parquet"), "generations": str(tmp_path / "generations.parquet")}
     msg = review_prepare(**tables, out=str(tmp_path / "rev"), n_cases=2, strata=["dataset"], simulate=True,
                          reviewers=("A", "B"), targeted=[str(tmp_path / "targeted.txt")])
-    assert msg.startswith("review prepare: 4 cases (4 random, 0 targeted) x 5 configurations = 20 reports for A, B"), msg
+    assert msg.startswith("review prepare: 4 cases (4 random, 0 targeted) x 5 configurations = 20 reports for "
+                          "A, B"), msg
     key = str(tmp_path / "rev/key/review_key.csv")
     sheets = [str(tmp_path / "rev/simulated")]
     first = review_analyse(key=key, ratings=sheets, out=str(tmp_path / "out1"), reps=100, rules='{"count_gap": 2}')
@@ -422,7 +425,7 @@ def test_longitudinal_command_options_have_help_and_one_default():
     import argparse
     import inspect
     from cxr_audit.cli import add_arguments
-    from cxr_audit.longitudinal import progression_evaluation
+    from cxr_audit.longitudinal_eval import progression_evaluation
     p = add_arguments(argparse.ArgumentParser(), longitudinal)
     a = p.parse_args(["--studies", "s.csv", "--generations", "g.csv", "--out", "o"])
     entry = inspect.signature(progression_evaluation).parameters

@@ -30,7 +30,8 @@ transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
 from cxr_audit.core import InputError  # noqa: E402
-from cxr_audit.generate import (GENERATOR_RECIPES, MEDGEMMA_PROMPT, SECTIONS_HEADER, TINY_VOCAB, CheXagentInputs,  # noqa: E402
+from cxr_audit.generate import (  # noqa: E402
+                                GENERATOR_RECIPES, MEDGEMMA_PROMPT, SECTIONS_HEADER, TINY_VOCAB, CheXagentInputs,
                                 DecodingPolicy, GeneratorRecipe, HFReportGenerator, Maira2Inputs, call_report_generator,
                                 generate_table, generator_recipe, image_file, load_generator, recipes_frame,
                                 tiny_gemma3, tiny_model, tiny_tokenizer, with_indication)
@@ -227,7 +228,8 @@ def chex_mimic_dir(tmp_path_factory):
     bert = tf.BertConfig(vocab_size=len(TINY_VOCAB), max_position_embeddings=256, is_decoder=True,
                          add_cross_attention=True, pad_token_id=0, **small)
     torch.manual_seed(0)
-    model = tf.VisionEncoderDecoderModel(config=tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(vit, bert)).eval()
+    config = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(vit, bert)
+    model = tf.VisionEncoderDecoderModel(config=config).eval()
     model.generation_config.suppress_tokens = [0, 1, 2, 4]
     model.save_pretrained(d)
     (getattr(tf, "ViTImageProcessorPil", None)
@@ -256,15 +258,15 @@ class StandInMaira2Processor(transformers.LlavaProcessor):
     a record."""
     calls = []
 
-    def format_reporting_input(self, current_frontal, current_lateral, prior_frontal, indication, technique, comparison, prior_report,
-                               get_grounding=False, assistant_text=None):
+    def format_reporting_input(self, current_frontal, current_lateral, prior_frontal, indication, technique, comparison,
+                               prior_report, get_grounding=False, assistant_text=None):
         self.calls.append(dict(frontal=current_frontal.size,
                                lateral=None if current_lateral is None else current_lateral.size, prior=prior_frontal,
                                indication=indication, technique=technique, comparison=comparison,
                                prior_report=prior_report, grounding=get_grounding))
         ims = [current_frontal] + ([current_lateral] if current_lateral is not None else [])
-        msg = [{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": "findings . "
-                                                                                                        f"{indication}"}]}]
+        text = {"type": "text", "text": f"findings . {indication}"}
+        msg = [{"role": "user", "content": [{"type": "image"} for _ in ims] + [text]}]
         return self.apply_chat_template(msg, add_generation_prompt=True, tokenize=False), ims
 
 

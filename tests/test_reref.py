@@ -235,9 +235,8 @@ def test_gaps_and_reversals_equal_direct_bootstraps():
         pd.testing.assert_frame_equal(res.compare(v).to_frame()[cols], direct.to_frame()[cols])
     by_hand = count_reversals(res.compare(), {"negation:implicit": res.compare("negation:implicit")})
     rc = RS.reversal_counts(t, values={"m": "ratio"}, reps=400, seed=3)
-    assert rc[rc.dataset == "d1"][["pairs", "flips",
-                                   "significant_flips"]].values.tolist() == by_hand[["pairs", "flips",
-                                                                                     "significant_flips"]].values.tolist()
+    cols = ["pairs", "flips", "significant_flips"]
+    assert rc[rc.dataset == "d1"][cols].values.tolist() == by_hand[cols].values.tolist()
     gt = res.to_frame()
     assert set(gt.verdict) <= {"first better", "second better", "tie"} and len(gt) == 2 * 3
     # verdicts follow the Holm-consistent `significant`, never the interval alone

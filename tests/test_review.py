@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import InputError
-from cxr_audit.review import (FORMULA_PREFIXES, SIMULATED_COMMENT, ReviewAnalysis, agreement_report, apply_consensus,
-                              consensus_queue, load_codebook, make_review_packets, prepare_review, rating_problems,
-                              read_ratings, review_analysis, review_summary, sample_cases, simulate_decisions,
-                              simulate_ratings, simulate_review,
-                              split_reviewers, targeted_panel, write_sheets)
+from cxr_audit.sheets import FORMULA_PREFIXES, write_sheets
+from cxr_audit.review import (SIMULATED_COMMENT, ReviewAnalysis, agreement_report, apply_consensus, consensus_queue,
+                              load_codebook, make_review_packets, prepare_review, rating_problems, read_ratings,
+                              review_analysis, review_summary, sample_cases, simulate_decisions, simulate_ratings,
+                              simulate_review, split_reviewers, targeted_panel)
 from cxr_audit.synth import make_demo_corpus
 
 CONFIGS = ["sim-template+B4", "sim-template+K50", "sim-omit+B4"]
@@ -101,11 +101,11 @@ def test_sheets_and_files_reveal_no_configuration(tmp_path, demo, cases):
 
 def test_the_public_seed_alone_does_not_recover_ids_or_orders(demo, cases, packets):
     from cxr_audit.core import rng
-    from cxr_audit.review import _tokens
+    from cxr_audit.review import report_ids
     n = len(packets.key)
     # with the seed alone, an observer regenerates neither the IDs nor the orders
     g = rng(2026)
-    assert set(_tokens(n, g)).isdisjoint(packets.key.report_id)
+    assert set(report_ids(n, g)).isdisjoint(packets.key.report_id)
     guess = [packets.key.report_id.tolist()[i] for i in g.permutation(n)]
     assert guess != packets.sheets["R1_phase1"].report_id.tolist()
     # the private content (here: system names) enters the generator: renaming changes every ID
@@ -131,7 +131,8 @@ def test_same_seed_same_bytes_other_seed_other_packets(tmp_path, demo, cases):
     assert any(k.endswith(".xlsx") for k in sheets) and any(k.endswith(".csv") for k in sheets)
     for k in sheets: assert runs[0].paths[k].read_bytes() == runs[1].paths[k].read_bytes(), k
     assert runs[0].paths["key/review_key.csv"].read_bytes() == runs[1].paths["key/review_key.csv"].read_bytes()
-    assert runs[0].paths["phase1/R1/R1_phase1.csv"].read_bytes() != runs[2].paths["phase1/R1/R1_phase1.csv"].read_bytes()
+    sheet = "phase1/R1/R1_phase1.csv"
+    assert runs[0].paths[sheet].read_bytes() != runs[2].paths[sheet].read_bytes()
     assert set(runs[0].key.report_id).isdisjoint(runs[2].key.report_id)
     with pytest.raises(InputError, match="already holds a different review key"):
         make_review_packets(cases, demo.generations, demo.studies, seed=7, configs=CONFIGS, out_dir=tmp_path / "a")
@@ -338,8 +339,8 @@ def test_simulated_review_is_labelled_and_seeded(demo):
 
 from cxr_audit.reref import rewrite_table  # noqa: E402
 from cxr_audit.reref_rules import RuleRewriter, RuleVerifier  # noqa: E402
-from cxr_audit.review import (REREF_SIMULATED_COMMENT, RerefValidation, load_reref_codebook,  # noqa: E402
-                              prepare_reref_validation, read_reref_validation, simulate_reref_ratings)
+from cxr_audit.reref_validation import (REREF_SIMULATED_COMMENT, RerefValidation, load_reref_codebook,  # noqa: E402
+                                        prepare_reref_validation, read_reref_validation, simulate_reref_ratings)
 
 RULES = "rules (RuleRewriter + RuleVerifier)"
 
@@ -400,8 +401,8 @@ def test_reref_packets_are_byte_identical_per_seed_and_differ_across_seeds(tmp_p
     assert runs[0].sheets["R1_reref"].report_a.tolist() != runs[2].sheets["R1_reref"].report_a.tolist()
     # the public seed alone regenerates neither the IDs nor the A/B order
     from cxr_audit.core import rng
-    from cxr_audit.review import _tokens
-    assert set(_tokens(len(runs[0].key), rng(2026), "RR-")).isdisjoint(runs[0].key.report_id)
+    from cxr_audit.review import report_ids
+    assert set(report_ids(len(runs[0].key), rng(2026), "RR-")).isdisjoint(runs[0].key.report_id)
     # the order of the input rows does not matter
     shuffled = prepare_reref_validation(demo.studies.iloc[::-1], reref_refs.references.iloc[::-1], 3, seed=2026,
                                         rewriter=RULES)
