@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from _timing import RESULTS, options, write_result
-from cxr_audit.labels import CHEXPERT_14, Labeler, label_audit, phrase_table, reference_texts, to_wide
+from cxr_audit.labels import CHEXPERT_14, Labeler, phrase_table, to_wide
+from cxr_audit.label_audit import label_audit, reference_texts
 from cxr_audit.synth import make_demo_corpus
 
 VENV = RESULTS / ".medspacy-venv"

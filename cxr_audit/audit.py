@@ -32,7 +32,8 @@ from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
 from .verdict import CHECKS, verdict
-from .labels import SWAP_LABELERS, get_labeler, label_audit, labeler_swap, swap_note
+from .label_audit import SWAP_LABELERS, label_audit, labeler_swap, swap_note
+from .labels import get_labeler
 from .reref_sensitivity import reference_sensitivity
 from .longitudinal_eval import progression_evaluation
 from .generate import plot_policy_summary, policy_summary

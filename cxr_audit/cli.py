@@ -303,18 +303,17 @@ def _declare_public(names) -> list[str]:
         os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
     return names
 
-def _annotator(annotator: str, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
-               n_task_examples, n_change_indicators, n_progression_examples, waiting: dict | None = None):
-    "The annotator the options ask for: the rules, or paper 003's LLM annotator over an OpenAI-compatible server."
+def _annotator(annotator: str, model, base_url, options: dict):
+    "The annotator asked for: the rules, or paper 003's LLM annotator with `options` as its keywords."
     from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator
     if annotator == "rules": return RuleAnnotator()
     if annotator != "openai": raise _error(f"annotator must be 'rules' or 'openai', got {annotator!r}")
     if not model: raise _error("annotator 'openai' needs --model")
     from cxr_audit.llm import OpenAIChat
-    return LLMAnnotator(OpenAIChat(model, base_url=base_url), int(n_task_examples), int(n_change_indicators),
-                        int(n_progression_examples), decoding=decoding, seed=llm_seed, cache=cache,
-                        max_concurrency=int(max_concurrency), allow_remote_restricted=bool(allow_remote_restricted),
-                        progress=True, **(waiting or {}))
+    counts = ("n_task_examples", "n_change_indicators", "n_progression_examples", "max_concurrency")
+    options = {**options, **{k: int(options[k]) for k in counts}}
+    options["allow_remote_restricted"] = bool(options["allow_remote_restricted"])
+    return LLMAnnotator(OpenAIChat(model, base_url=base_url), **options, progress=True)
 
 
 def _longitudinal_batch(ann, st, gens, cache: str | None, section: str) -> str:
@@ -355,6 +354,18 @@ def _save_incomplete(e, out: str, inputs: dict, params: dict) -> None:
     write_manifest(Path(out) / "manifest.json", inputs=inputs, outputs=paths, params={**params, "complete": False},
                    notes=[str(e)])
 
+def _longitudinal_line(ev, ann, units: str, out: str) -> str:
+    "What `longitudinal` prints: studies, systems, annotator, progression micro-F1 per system, notes, output folder."
+    from cxr_audit.longitudinal_eval import unreadable_text
+    unread = unreadable_text(ev.validity())
+    f1 = ev.summary().query("metric == 'progression_micro_f1'")
+    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), "
+            f"annotator {ann.name} ({unread}); "
+            "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                                                 for r in f1.itertuples())
+            + (f". {ev.headline()} {ev.note('progression_micro_f1')}" if len(ev.systems) > 1 else "")
+            + "".join(f" Note: {n}" for n in ev.notes) + units + f" Wrote {out}")
+
 def longitudinal(*, studies: str,                               # studies table (the references; .csv/.parquet)
                  generations: str,                              # generations table (.csv/.parquet)
                  out: str,                                      # output folder
@@ -386,11 +397,13 @@ def longitudinal(*, studies: str,                               # studies table 
     from cxr_audit.core import IncompleteRunError
     from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.longitudinal_eval import (LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation,
-                                             unreadable_text)
+    from cxr_audit.longitudinal_eval import LANGUAGE_METRICS, IncompleteAnnotation, progression_evaluation
     _declare_public(public_dataset)
-    ann = _annotator(annotator, model, base_url, cache, decoding, llm_seed, max_concurrency, allow_remote_restricted,
-                     n_task_examples, n_change_indicators, n_progression_examples, _waiting(timeout, retries, budget))
+    options = dict(n_task_examples=n_task_examples, n_change_indicators=n_change_indicators,
+                   n_progression_examples=n_progression_examples, decoding=decoding, seed=llm_seed, cache=cache,
+                   max_concurrency=max_concurrency, allow_remote_restricted=allow_remote_restricted,
+                   **_waiting(timeout, retries, budget))
+    ann = _annotator(annotator, model, base_url, options)
     chosen = tuple(metrics or LANGUAGE_METRICS)
     st = to_studies(_table(studies), what=str(studies), dataset=UNNAMED_DATASET)
     if batch:
@@ -407,14 +420,7 @@ def longitudinal(*, studies: str,                               # studies table 
                                  output=out) from None
     ev.save(out, inputs={"studies": studies, "generations": generations},
             params={"annotator": repr(ann), "metrics": list(chosen), "match": match, "section": section})
-    unread = unreadable_text(ev.validity())
-    f1 = ev.summary().query("metric == 'progression_micro_f1'")
-    return (f"longitudinal: {len(ev.units)} studies with longitudinal reference content, {len(ev.systems)} system(s), "
-            f"annotator {ann.name} ({unread}); "
-            "progression micro-F1: " + "; ".join(f"{r.system} {r.estimate:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-                                                 for r in f1.itertuples())
-            + (f". {ev.headline()} {ev.note('progression_micro_f1')}" if len(ev.systems) > 1 else "")
-            + "".join(f" Note: {n}" for n in ev.notes) + _unit_line(st, clusters) + f" Wrote {out}")
+    return _longitudinal_line(ev, ann, _unit_line(st, clusters), out)
 
 # %% ../nbs/15_cli.ipynb #03362e3f
 def _list_arg(value) -> list[str]:
@@ -461,7 +467,8 @@ def labels(*, references: str,  # studies-like table: study_id, findings/impress
     "Label references and generated reports, align them on study_id, trace the labels and write the tables."
     from cxr_audit.corpus import UNNAMED_DATASET
     from cxr_audit.corpus import to_generations, to_studies
-    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler, label_audit, reference_texts
+    from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, get_labeler
+    from cxr_audit.label_audit import label_audit, reference_texts
     if str(labels) not in ("14", "5"): raise _error(f"labels: --labels must be 14 or 5, got {labels!r}")
     refs = to_studies(_table(references, str(references)), what=str(references), dataset=UNNAMED_DATASET)
     gens = to_generations(_table(predictions, str(predictions)), what=str(predictions))
@@ -507,7 +514,7 @@ def trace(*, chexpert_csv: str,          # the official labeler's output CSV (Re
           min_positives: int = 10        # ...and it has at least this many positives
          ) -> str:
     "Check that the official CheXpert labeler saw the texts the system wrote, and trace which phrases drive its labels."
-    from cxr_audit.labels import trace_audit
+    from cxr_audit.label_audit import trace_audit
     ta = trace_audit(chexpert_csv, _table(texts, str(texts)), id_column=id_column, dominance=dominance,
                      min_positives=min_positives)
     if out: ta.save(out, inputs={"chexpert_csv": Path(chexpert_csv), "texts": Path(texts)})

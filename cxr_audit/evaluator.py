@@ -21,7 +21,8 @@ from .reports import REFERENCE_SECTIONS, SECTIONS, extract_section
 from .corpus import SECTION_COLUMNS, text_flag
 from .stats import (CIMethod, PairedResult, UnderpoweredWarning, bootstrap_metrics, check_reps, holm_family,
                              p_value_note, plot_forest, plot_win_probability, resolve_clusters)
-from .generate import GENERATOR_RECIPES, accepts_indications, call_report_generator, image_file, load_generator
+from .recipes import GENERATOR_RECIPES, load_generator
+from .generate import accepts_indications, call_report_generator, image_file
 from .metrics import FULL_METRICS, RADEVAL_METRICS, bundle_metrics, get_metric, metric_availability
 
 # %% auto #0

@@ -30,15 +30,14 @@ from .synth import FINDING_MODEL, GENERATORS, SCALES, SYSTEM_RATES, Finding, loa
 
 # %% auto #0
 __all__ = ['POLICIES', 'PROCESSORS', 'INDICATION_FORMAT', 'DEFAULT_PROMPT', 'SECTION_NAMES', 'SECTIONS_HEADER', 'KINDS',
-           'TINY_VOCAB', 'SIM_SYSTEMS', 'ENTRY_ID', 'CHOSEN_IMAGE', 'MEDGEMMA_PROMPT', 'CHEXAGENT_PROMPT',
-           'GENERATOR_RECIPES', 'DecodingPolicy', 'policies_frame', 'policy_from_dict', 'get_policy', 'parse_policies',
-           'load_policies', 'template_phrases', 'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression',
-           'EOSReweight', 'processor_to_dict', 'build_logits_processors', 'sample_seed', 'ReportGenerator',
-           'Generation', 'accepts_indications', 'call_report_generator', 'report_context', 'with_indication',
-           'load_image', 'image_file', 'SeededSampler', 'sampling_processors', 'tiny_tokenizer', 'TinyModel',
-           'tiny_model', 'infer_kind', 'HFReportGenerator', 'simulated_response', 'SimulatedGenerator',
-           'generation_inputs', 'generate_table', 'policy_summary', 'plot_policy_summary', 'Maira2Inputs',
-           'CheXagentInputs', 'GeneratorRecipe', 'generator_recipe', 'recipes_frame', 'load_generator', 'tiny_gemma3']
+           'TINY_VOCAB', 'SIM_SYSTEMS', 'ENTRY_ID', 'CHOSEN_IMAGE', 'DecodingPolicy', 'policies_frame',
+           'policy_from_dict', 'get_policy', 'parse_policies', 'load_policies', 'template_phrases',
+           'TemplatePhrasePenalty', 'RecurrencePenalty', 'EarlyEOSSuppression', 'EOSReweight', 'processor_to_dict',
+           'build_logits_processors', 'sample_seed', 'ReportGenerator', 'Generation', 'accepts_indications',
+           'call_report_generator', 'report_context', 'with_indication', 'load_image', 'image_file', 'SeededSampler',
+           'sampling_processors', 'tiny_tokenizer', 'TinyModel', 'tiny_model', 'infer_kind', 'HFReportGenerator',
+           'image_refs', 'left_pad', 'padding_side', 'model_folder', 'simulated_response', 'SimulatedGenerator',
+           'generation_inputs', 'generate_table', 'policy_summary', 'plot_policy_summary']
 
 # %% ../nbs/11_generate.ipynb #3ca8fa93
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -794,7 +793,7 @@ class HFReportGenerator:
                 f"device={self.device!r})")
 
 # %% ../nbs/11_generate.ipynb #6a314381
-def _refs(x, system: str) -> list:
+def image_refs(x, system: str) -> list:
     "The images of one sample as a list (one image, or several)."
     refs = list(x) if isinstance(x, (list, tuple)) else [x]
     if not refs: raise InputError(f"{system}: a sample has no image")
@@ -803,7 +802,7 @@ def _refs(x, system: str) -> list:
 @patch
 def _images(self: HFReportGenerator, x) -> list:
     "The Pillow images of one sample (one for encoder-decoder models, up to `max_images` for chat models)."
-    refs = _refs(x, self.system)
+    refs = image_refs(x, self.system)
     refs = refs[:1] if self.kind == "encoder-decoder" else refs[:self.max_images] if self.max_images else refs
     return [load_image(r) for r in refs] if self.kind != "text" else []
 
@@ -835,7 +834,7 @@ def _batch(self: HFReportGenerator, imgs, inds, policy, seeds) -> list[Generatio
     return out
 
 # %% ../nbs/11_generate.ipynb #ea5f45d4
-def _left_pad(seqs: Sequence[Sequence[int]], pad: int) -> dict:
+def left_pad(seqs: Sequence[Sequence[int]], pad: int) -> dict:
     "Left-padded `input_ids` and `attention_mask` tensors."
     torch = _torch("HFReportGenerator")
     n = max(len(s) for s in seqs)
@@ -845,7 +844,7 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 @contextmanager
-def _padding_side(tok, side: str):
+def padding_side(tok, side: str):
     "Temporarily set a tokenizer's padding side."
     old = getattr(tok, "padding_side", None)
     tok.padding_side = side
@@ -858,7 +857,7 @@ def _encode_text(self: HFReportGenerator, prompts) -> tuple[dict, int]:
     tok, (eos, pad) = self.tokenizer, self._special_ids()
     start = tok.bos_token_id if tok.bos_token_id is not None else eos[0]
     seqs = [tok(p.rstrip(), add_special_tokens=True)["input_ids"] or [start] for p in prompts]
-    enc = _left_pad(seqs, pad)
+    enc = left_pad(seqs, pad)
     return enc, enc["input_ids"].shape[1]
 
 @patch
@@ -871,7 +870,7 @@ def _encode_chat(self: HFReportGenerator, images, prompts) -> tuple[dict, int]:
     msgs = [sys_msg + [{"role": "user", "content": [{"type": "image"} for _ in ims] + [{"type": "text", "text": p}]}]
             for ims, p in zip(images, prompts)]
     texts = [self.processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in msgs]
-    with _padding_side(self.tokenizer, "left"):   # images nested per sample: what Gemma 3 needs, and LLaVA takes too
+    with padding_side(self.tokenizer, "left"):   # images nested per sample: what Gemma 3 needs, and LLaVA takes too
         enc = self.processor(text=texts, images=[list(ims) for ims in images], return_tensors="pt", padding=True)
     return dict(enc), enc["input_ids"].shape[1]
 
@@ -945,7 +944,7 @@ def generate_batch(self: HFReportGenerator, imgs: Sequence, # images: paths, Pil
     return out
 
 # %% ../nbs/11_generate.ipynb #30bb473b
-def _check_model_dir(path) -> Path:
+def model_folder(path) -> Path:
     "The model folder, or an `InputError` explaining that models load only from a local folder."
     p = Path(path).expanduser()
     hint = ("cxr_audit loads models only from a local folder and never downloads; save one with "
@@ -962,7 +961,7 @@ def from_pretrained(cls: HFReportGenerator, path: str | os.PathLike, # a local f
                     **kwargs  # HFReportGenerator settings (prompt, policy, device, ...)
                    ) -> HFReportGenerator:
     "An `HFReportGenerator` for a model saved in a local folder (never downloads)."
-    p = _check_model_dir(path)
+    p = model_folder(path)
     tf = optional_import("transformers", "generate", "HFReportGenerator.from_pretrained")
     cfg = tf.AutoConfig.from_pretrained(p, local_files_only=True)
     kind = kind or ("encoder-decoder" if getattr(cfg, "is_encoder_decoder", False)
@@ -1312,355 +1311,3 @@ def plot_policy_summary(summary: pd.DataFrame,   # a `policy_summary` table
         xOffset=alt.XOffset("system:N", sort=sorted(set(d.system))),
         y=alt.Y(f"{y}:Q", title=y.replace("_", " ")), color=system_color("config", d.config, title="configuration"),
         tooltip=list(summary.columns))
-
-# %% ../nbs/11_generate.ipynb #04393ffd
-@dataclass(frozen=True)
-class Maira2Inputs:
-    "Model inputs the MAIRA-2 way: its own processor writes the prompt around the images and the report sections."
-    get_grounding: bool = False   # True: ask for findings with boxes (paper 000 used the ungrounded form)
-
-    def call_args(self, refs: Sequence, # the sample's images: frontal, then lateral (optional)
-                  context               # its indication, or a mapping of report sections, or None
-                 ) -> dict:
-        "The keyword arguments of the processor's `format_reporting_input` for one sample."
-        s = report_context(context)
-        return {"current_frontal": load_image(refs[0]),
-                "current_lateral": load_image(refs[1]) if len(refs) > 1 else None, "prior_frontal": None,
-                "indication": s.get("indication"), "technique": s.get("technique"),
-                "comparison": s.get("comparison"), "prior_report": None, "get_grounding": self.get_grounding}
-
-    def __call__(self, gen,              # the HFReportGenerator (its processor and tokenizer)
-                 imgs: Sequence,         # one entry per sample: an image, or [frontal, lateral]
-                 contexts: Sequence      # per sample: an indication, report sections, or None
-                ) -> tuple[dict, int]:
-        "A batch's prompts and images through the processor, left-padded: `(inputs, prompt length)`."
-        proc = gen.processor
-        if not hasattr(proc, "format_reporting_input"):
-            raise InputError(f"{gen.system}: the processor ({type(proc).__name__}) has no format_reporting_input; "
-                             "MAIRA-2's processor is code that ships with the checkpoint: load it with "
-                             "load_generator('maira2', ..., trust_remote_code=True)")
-        texts, images = [], []
-        for x, ctx in zip(imgs, contexts):
-            text, ims = proc.format_reporting_input(**self.call_args(_refs(x, gen.system)[:2], ctx))
-            texts.append(text); images += list(ims)
-        with _padding_side(gen.tokenizer, "left"):
-            enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
-        return dict(enc), enc["input_ids"].shape[1]
-
-# %% ../nbs/11_generate.ipynb #acdedf12
-@dataclass(frozen=True)
-class CheXagentInputs:
-    "Model inputs the CheXagent-2 way: image files named in the prompt (`from_list_format`), in a system/human chat."
-    image_dir: str | None = None                         # where non-plain images are written (None: the cache)
-    system_message: str = "You are a helpful assistant." # the model card's system turn
-    missing: str = ""                                    # fills `{indication}` when a sample has none
-
-    def conversation(self, tokenizer,            # CheXagent-2's tokenizer (it has `from_list_format`)
-                     paths: Sequence[str],       # the sample's image files
-                     prompt: str                 # the instruction, context filled in
-                    ) -> list[dict]:
-        "The system and human turns of one sample; the human turn lists the image files, then the prompt."
-        if not hasattr(tokenizer, "from_list_format"):
-            raise InputError(f"the tokenizer ({type(tokenizer).__name__}) has no from_list_format; CheXagent-2's "
-                             "tokenizer is code that ships with the checkpoint: load it with "
-                             "load_generator('chexagent', ..., trust_remote_code=True)")
-        query = tokenizer.from_list_format([*({"image": p} for p in paths), {"text": prompt}])
-        return [{"from": "system", "value": self.system_message}, {"from": "human", "value": query}]
-
-    def __call__(self, gen,              # the HFReportGenerator (its tokenizer, prompt and max_images)
-                 imgs: Sequence,         # one entry per sample: an image or a list of images
-                 contexts: Sequence      # per sample: an indication, report sections, or None
-                ) -> tuple[dict, int]:
-        "A batch's token ids, left-padded: `(inputs, prompt length)`."
-        seqs = []
-        for x, ctx in zip(imgs, contexts):
-            paths = [image_file(r, self.image_dir) for r in _refs(x, gen.system)[:gen.max_images or None]]
-            conv = self.conversation(gen.tokenizer, paths,
-                                     with_indication(gen.prompt, ctx, gen.indication_format, self.missing))
-            ids = gen.tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
-            seqs.append([int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)])
-        enc = _left_pad(seqs, gen._special_ids()[1])
-        return enc, enc["input_ids"].shape[1]
-
-# %% ../nbs/11_generate.ipynb #573e731c
-@dataclass(frozen=True)
-class GeneratorRecipe:
-    "How to run one published report generator: checkpoint, classes, prompt, images, decoding defaults and environment."
-    name: str                  # registry key and default `system` name
-    title: str                 # the model as the papers name it
-    model_ids: tuple           # Hugging Face checkpoint IDs (you download one once; it is loaded from a local folder)
-    architecture: str          # the model class the checkpoint's configuration names
-    model_class: str           # the transformers class that loads it
-    processor_class: str   # the transformers class that loads its processor ("A+B": an image processor and a tokenizer)
-    kind: str                  # the `HFReportGenerator` kind
-    policy: Any                # decoding defaults (a DecodingPolicy, a preset name or a dict)
-    remote_code: bool = False  # loading runs Python code that ships with the checkpoint (trust_remote_code)
-    prompt: str | None = ""   # instruction with context slots ("": none); None: the model's processor writes the prompt
-    system_prompt: str | None = None # a system message (chat models)
-    indication_format: str = INDICATION_FORMAT # prefix for a prompt without slots ("": no indication)
-    input_builder: Any = None  # builds the model inputs itself (None: the kind's own way)
-    max_images: int = 1        # images per sample the model takes
-    images: str = ""           # which images, in words
-    preprocessing: str = ""    # what happens to an image before the model sees it, in words
-    context: str = ""          # how the indication and other report sections reach the model, in words
-    dtype: str = "bfloat16"    # the weights' dtype on a GPU (on a CPU: float32)
-    batch_size: int = 1        # samples per `generate` call
-    install: str = 'pip install -e ".[generate]"' # what to install, from the cxr_audit source folder
-    transformers: str = ">=5"  # transformers versions the model's code needs
-    sources: str = ""          # where these settings come from
-
-    def __post_init__(self):
-        object.__setattr__(self, "policy", get_policy(self.policy))
-        object.__setattr__(self, "model_ids", tuple(self.model_ids))
-        if self.kind not in KINDS:
-            raise InputError(f"recipe {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        for f in ("max_images", "batch_size"):
-            if not _is_int(getattr(self, f)) or getattr(self, f) < 1:
-                raise InputError(f"recipe {self.name!r}: {f} must be a positive integer")
-
-    def settings(self) -> dict:
-        "The `HFReportGenerator` keyword arguments this recipe implies (`prompt`, `policy`, `kind`, ...)."
-        return {"prompt": "" if self.prompt is None else self.prompt, "policy": self.policy,
-                "batch_size": self.batch_size, "kind": self.kind, "system": self.name,
-                "indication_format": self.indication_format, "max_images": self.max_images,
-                "system_prompt": self.system_prompt, "input_builder": self.input_builder}
-
-    def describe(self) -> str:
-        "The recipe in a few sentences."
-        code = "; loading runs code that ships with the checkpoint" if self.remote_code else ""
-        return (f"{self.title} ({', '.join(self.model_ids)}): {self.architecture}, loaded with {self.model_class} and "
-                f"{self.processor_class}{code}. Images: {self.images}. Context: {self.context}. Decoding: "
-                f"{self.policy.describe()}. Needs transformers {self.transformers}.")
-
-    def _repr_markdown_(self) -> str:
-        prompt = ("written by the model's processor" if self.prompt is None else f"`{self.prompt!r}`" if self.prompt
-                  else "none")
-        rows = [("checkpoint", ", ".join(f"`{m}`" for m in self.model_ids)), ("architecture", self.architecture),
-                ("loaded with", f"`{self.model_class}` + `{self.processor_class}`" + (" (its own code: "
-                                                                                      "`trust_remote_code=True`)"
-                                                                                      if self.remote_code else "")),
-                ("prompt", prompt), ("images", self.images), ("preprocessing", self.preprocessing),
-                ("context", self.context), ("decoding", f"`{self.policy.name}`: {self.policy.describe()}"),
-                ("environment", f"`{self.install}`; transformers {self.transformers}"),
-                ("sources", self.sources)]
-        return f"**Generator recipe `{self.name}`**: {self.title}\n\n" + "\n".join(f"- {k}: {v}" for k, v in rows)
-
-# %% ../nbs/11_generate.ipynb #a1114b54
-MEDGEMMA_PROMPT = ("Write the FINDINGS section of the radiology report for this chest X-ray image.{sections}\n\n"
-                   "Answer with the FINDINGS section alone, without restating any other section.")
-# CheXagent-2's demo prompt
-CHEXAGENT_PROMPT = 'Given the indication: "{indication}", write a structured findings section for the CXR.'
-
-GENERATOR_RECIPES = MappingProxyType({r.name: r for r in (
-    GeneratorRecipe(
-        name="medgemma", title="MedGemma 4B, instruction-tuned",
-        model_ids=("google/medgemma-4b-it", "google/medgemma-1.5-4b-it"), architecture="Gemma3ForConditionalGeneration",
-        model_class="AutoModelForImageTextToText", processor_class="AutoProcessor",
-        kind="chat", prompt=MEDGEMMA_PROMPT, max_images=1, policy=DecodingPolicy("greedy-512", max_new_tokens=512),
-        batch_size=4, images="the frontal view only (the model was built for one image)",
-        preprocessing="Gemma 3's image processor: resized to 896 x 896 and scaled to [-1, 1], 256 image tokens "
-                      "per image",
-        context="the indication, technique and comparison that a study has, listed after the instruction",
-        transformers=">=4.50 (Gemma 3); the generate extra has 5",
-        sources="paper 000 App. D.2 (checkpoint, frontal view only, its own prompt with the three sections); paper 004 "
-                "(MedGemma 1.5 4B at revision 91850547d9f0b2fdd21aa7c5f4f3d1a8a52c243b, one fixed prompt, greedy "
-                "decoding, a 512-token cap, float32 because float16 gave unstable first-token logits on its GPUs); "
-                "paper 001 (the indication as context); model card (classes)"),
-    GeneratorRecipe(
-        name="maira2", title="MAIRA-2", model_ids=("microsoft/maira-2",),
-        architecture="Maira2ForConditionalGeneration (LLaVA-style: RAD-DINO image encoder, Vicuna-7B language model)",
-        model_class="AutoModelForCausalLM", processor_class="AutoProcessor", kind="chat", remote_code=True, prompt=None,
-        input_builder=Maira2Inputs(), max_images=2, policy=DecodingPolicy("greedy-300", max_new_tokens=300),
-        images="the frontal view, then the lateral view when the study has one (a sample's second image is taken as "
-               "the lateral)",
-        preprocessing="its processor makes each image grey and stretches it to 0-255, then RAD-DINO's image processor "
-                      "resizes and crops it to 518 px",
-        context="indication, technique and comparison in the processor's own slots (N/A when missing); ungrounded "
-                "findings",
-        install='pip install -e . "torch>=2.3" "transformers>=4.46,<4.47" accelerate pillow pyyaml   # an environment '
-                'of its own',
-        transformers="4.46 (the release its code was written for; later ones may break it)",
-        sources="paper 000 App. D.1 (official checkpoint, ungrounded findings with the prompts of the MAIRA-2 paper, "
-                "the three sections with N/A when missing, frontal and lateral views); "
-                "paper 001 (the indication slot); model card (classes, trust_remote_code, "
-                "format_and_preprocess_reporting_input, 300 new tokens)"),
-    GeneratorRecipe(
-        name="chexagent", title="CheXagent-2-3b", model_ids=("StanfordAIMI/CheXagent-2-3b",),
-        architecture="CheXagent-2 (a causal language model with an image encoder, both defined by the "
-                     "checkpoint's code)",
-        model_class="AutoModelForCausalLM", processor_class="AutoTokenizer", kind="chat", remote_code=True,
-        prompt=CHEXAGENT_PROMPT, input_builder=CheXagentInputs(), max_images=2,
-        policy=DecodingPolicy("greedy-512", max_new_tokens=512),
-        images="up to two images per study, as files whose paths go into the prompt (other images are saved as "
-               "PNG first)",
-        preprocessing="the model's own code reads each image from its path and prepares it",
-        context="the indication in the prompt's slot (empty when missing)",
-        install='pip install -e . "torch>=2.3" "transformers==4.40.0" accelerate pillow pyyaml   # an environment '
-                'of its own',
-        transformers="==4.40.0 (model card)",
-        sources="paper 000 App. D.5 (checkpoint, the demo's findings prompt with the indication, at most two images); "
-                "paper 001 (the recipe, the indication as context); model card (classes, trust_remote_code, "
-                "from_list_format, system turn, greedy decoding, 512 new tokens, transformers 4.40.0)"),
-    GeneratorRecipe(
-        name="chex-mimic", title="CheX-MIMIC: the CheXpert Plus findings baseline trained on CheXpert Plus and "
-                                 "MIMIC-CXR",
-        model_ids=("IAMJB/chexpert-mimic-cxr-findings-baseline",),
-        architecture="VisionEncoderDecoderModel (ViT encoder, BERT decoder)",
-        model_class="VisionEncoderDecoderModel", processor_class="AutoImageProcessor+AutoTokenizer",
-        kind="encoder-decoder", prompt="", indication_format="", max_images=1,
-        policy=DecodingPolicy("B2-128", num_beams=2, max_new_tokens=128), dtype="float32", batch_size=8,
-        images="the frontal (key) view only",
-        preprocessing="the checkpoint's ViT image processor (resize and normalise)",
-        context="none: the model takes no text", transformers=">=4.40; the generate extra has 5",
-        sources="paper 000 App. D.9 (checkpoint, no prompt, frontal view only); decoding is not given by the papers: "
-                "2-beam search with a 128-token cap, a setting in common use with these baselines"),
-)})
-
-def generator_recipe(name # a key of GENERATOR_RECIPES (any case), or a GeneratorRecipe
-                    ) -> GeneratorRecipe:
-    "One generator recipe by name."
-    if isinstance(name, GeneratorRecipe): return name
-    hit = next((r for k, r in GENERATOR_RECIPES.items() if k == str(name).strip().lower()), None)
-    if hit is None:
-        raise InputError(f"unknown generator recipe {name!r}; known: {', '.join(GENERATOR_RECIPES)} (or give a "
-                         "GeneratorRecipe)")
-    return hit
-
-# %% ../nbs/11_generate.ipynb #30212c04
-def recipes_frame(names=None # recipe names (default: all of GENERATOR_RECIPES)
-                 ) -> pd.DataFrame:
-    "One row per generator recipe: checkpoint, classes, own code, images, context, decoding and environment."
-    rs = [generator_recipe(n) for n in (names or GENERATOR_RECIPES)]
-    return pd.DataFrame([{"name": r.name, "title": r.title, "model_ids": ", ".join(r.model_ids),
-                          "architecture": r.architecture, "model_class": r.model_class,
-                          "processor_class": r.processor_class, "remote_code": r.remote_code,
-                          "max_images": r.max_images, "images": r.images, "context": r.context, "policy": r.policy.name,
-                          "decoding": r.policy.describe(), "dtype": r.dtype, "transformers": r.transformers,
-                          "install": r.install} for r in rs])
-
-# %% ../nbs/11_generate.ipynb #e62c2946
-def _recipe_dir(r: GeneratorRecipe, path) -> Path:
-    "The checkpoint folder, or an `InputError` that says how to get it."
-    try: return _check_model_dir(path)
-    except InputError as e:
-        raise InputError(f"load_generator({r.name!r}): {e}. {r.title} is {' or '.join(r.model_ids)} on the Hugging "
-                         "Face Hub: download it once where there is internet (huggingface-cli download "
-                         f"{r.model_ids[0]} --local-dir <folder>) and pass that folder") from None
-
-def _recipe_imports(r: GeneratorRecipe) -> tuple:
-    "torch and transformers, or an `ImportError` with the recipe's install line."
-    try:
-        return (optional_import("torch", "generate", f"load_generator({r.name!r})"),
-                optional_import("transformers", "generate", f"load_generator({r.name!r})"))
-    except ImportError as e: raise ImportError(f"{e}; from the cxr_audit source folder: {r.install}") from e
-
-def _torch_dtype(torch, dtype, r: GeneratorRecipe, device: str):
-    "A torch dtype from a name or a dtype (None: the recipe's on a GPU, float32 otherwise)."
-    if dtype is None: dtype = r.dtype if str(device).startswith("cuda") else "float32"
-    if isinstance(dtype, str):
-        dt = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dt, torch.dtype):
-            raise InputError(f"load_generator({r.name!r}): unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16' or "
-                             "'float32'")
-        return dt
-    return dtype
-
-def _fill_special_ids(model, tok) -> None:
-    "Set an encoder-decoder's missing decoder start and end tokens from its tokenizer."
-    gc, cfg = model.generation_config, model.config
-    start = next((v for v in (gc.decoder_start_token_id, getattr(cfg, "decoder_start_token_id", None),
-                              getattr(tok, "bos_token_id", None), getattr(tok, "cls_token_id", None)) if v is not None),
-                 None)
-    end = next((v for v in (gc.eos_token_id, getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
-                if v is not None), None)
-    gc.decoder_start_token_id, gc.eos_token_id = start, end
-    if gc.pad_token_id is None: gc.pad_token_id = getattr(tok, "pad_token_id", None)
-
-def _load_parts(tf, r: GeneratorRecipe, p: Path, dtype, trust: bool) -> tuple:
-    "The model and its processor (or image processor and tokenizer) from a local folder."
-    kw = {"local_files_only": True, **({"trust_remote_code": True} if trust else {})}
-    missing = [c for c in [r.model_class, *r.processor_class.split("+")] if getattr(tf, c, None) is None]
-    if missing:
-        raise ImportError(f"load_generator({r.name!r}) needs transformers {r.transformers}, but {tf.__version__} has "
-                          f"no {', '.join(missing)}; from the cxr_audit source folder: {r.install}")
-    model = getattr(tf, r.model_class).from_pretrained(p, **kw,
-                                                       **{"dtype" if int(tf.__version__.split(".")[0]) >= 5
-                                                          else "torch_dtype": dtype})
-    procs = [getattr(tf, c).from_pretrained(p, **kw) for c in r.processor_class.split("+")]
-    if r.kind == "encoder-decoder": _fill_special_ids(model, procs[-1])
-    return model, procs[0] if len(procs) == 1 else tuple(procs)
-
-def load_generator(name,                               # a key of GENERATOR_RECIPES, or a GeneratorRecipe
-                   model_path: str | os.PathLike,      # local checkpoint folder (nothing is downloaded)
-                   device: str | None = None,          # "cuda", "cpu", ... (None: "cuda" when torch sees a GPU)
-                   dtype=None,                         # a name or a torch dtype (None: see above)
-                   *, trust_remote_code: bool = False, # run the checkpoint's own code (see above)
-                   **kwargs                            # HFReportGenerator settings replacing the recipe's
-                  ) -> HFReportGenerator:
-    "A report generator for a published model, loaded from its local checkpoint folder and set up as its recipe says."
-    r = generator_recipe(name)
-    p = _recipe_dir(r, model_path)
-    if r.remote_code and not trust_remote_code:
-        raise InputError(f"load_generator({r.name!r}): {r.title} runs Python code that ships with its checkpoint "
-                         f"({r.architecture}); read the .py files in {p}, then pass trust_remote_code=True to run them")
-    if r.prompt is None and kwargs.get("prompt"):
-        raise InputError(f"load_generator({r.name!r}): the model's processor writes the prompt, so prompt= "
-                         "cannot be used")
-    torch, tf = _recipe_imports(r)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, proc = _load_parts(tf, r, p, _torch_dtype(torch, dtype, r, device), r.remote_code)
-    return HFReportGenerator(model, proc, **{**r.settings(), "device": device, **kwargs})
-
-# %% ../nbs/11_generate.ipynb #d6e4eddf
-_GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>")
-_TINY_GEMMA3_TEMPLATE = ("{{ bos_token }}{% set sys = messages[0]['content'][0]['text'] if messages[0]['role'] == "
-                         "'system' else '' %}{% for m in messages if m['role'] != 'system' %}<start_of_turn>{{ 'model' "
-                         "if m['role'] == 'assistant' else m['role'] }} {% if loop.first and sys %}{{ sys }} {% endif "
-                         "%}{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image> {% else %}{{ "
-                         "c['text'] }} {% endif %}{% endfor %}<end_of_turn> {% endfor %}{% if add_generation_prompt "
-                         "%}<start_of_turn>model {% endif %}")
-
-def _tiny_gemma3_tokenizer():
-    "The tiny word-level tokenizer plus Gemma 3's image and turn markers as special tokens."
-    tokenizers, tf = (optional_import("tokenizers", "generate", "tiny_gemma3"),
-                      optional_import("transformers", "generate", "tiny_gemma3"))
-    vocab = list(TINY_VOCAB) + list(_GEMMA3_TOKENS) + ["model", "system"]
-    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tk.normalizer, tk.pre_tokenizer = tokenizers.normalizers.Lowercase(), tokenizers.pre_tokenizers.Whitespace()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                     eos_token="[EOS]",
-                                     extra_special_tokens=dict(zip(("boi_token", "image_token", "eoi_token"),
-                                                                   _GEMMA3_TOKENS[:3])))
-    tok.add_tokens(list(_GEMMA3_TOKENS[3:]), special_tokens=True)
-    return tok
-
-def tiny_gemma3(seed: int = DEFAULT_SEED, # initialisation seed
-                init: float = 0.5         # weight scale
-               ) -> TinyModel:
-    "A tiny randomly initialised Gemma 3 image-text model (MedGemma's class) with its processor, built offline."
-    torch, tf = _torch("tiny_gemma3"), optional_import("transformers", "generate", "tiny_gemma3")
-    tok = _tiny_gemma3_tokenizer()
-    ids = [tok.convert_tokens_to_ids(t) for t in _GEMMA3_TOKENS]
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    text = tf.Gemma3TextConfig(vocab_size=len(tok), num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
-                               sliding_window=512, max_position_embeddings=512, bos_token_id=2, eos_token_id=3,
-                               pad_token_id=0, initializer_range=init,
-                               tie_word_embeddings=False, **small)
-    cfg = tf.Gemma3Config(vision_config=tf.SiglipVisionConfig(image_size=32, patch_size=8, **small), text_config=text,
-                          mm_tokens_per_image=4, boi_token_index=ids[0], image_token_index=ids[1],
-                          eoi_token_index=ids[2], initializer_range=init,
-                          tie_word_embeddings=False)   # untied: a tiny tied model mostly repeats its last token
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = tf.Gemma3ForConditionalGeneration(cfg).eval()
-        # Gemma 3 starts its image projection at zero, which would hide the image from the tiny model
-        with torch.no_grad():
-            for _, w in (x for x in model.named_parameters() if x[0].endswith("mm_input_projection_weight")):
-                w.normal_(0.0, init)
-    gc = model.generation_config
-    # no markers
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id, gc.suppress_tokens = (
-        2, 3, 0, [0, 1, 2, 4, *ids, *tok.convert_tokens_to_ids(["model", "system"])])
-    ip = (getattr(tf, "Gemma3ImageProcessorPil", None) or tf.Gemma3ImageProcessor)(size={"height": 32, "width": 32})
-    return TinyModel(model, tf.Gemma3Processor(image_processor=ip, tokenizer=tok, chat_template=_TINY_GEMMA3_TEMPLATE,
-                                               image_seq_length=4), "chat")

@@ -746,19 +746,28 @@ def _left(deadline: float | None) -> float | None:
     "Seconds left before the run's deadline (None: no budget)."
     return None if deadline is None else deadline - time.monotonic()
 
-def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: float, max_backoff_s: float,
-             jitter_seed: int, allow: bool, deadline: float | None, watch) -> dict:
+@dataclass(frozen=True)
+class _Retry:
+    "How `run_batch` tries one request: how often, how long to wait between attempts, and its time limits."
+    retries: int             # retries after the first attempt
+    timeout_s: float | None  # time limit of one attempt
+    backoff_s: float         # wait after the first failure, before jitter
+    max_backoff_s: float     # longest wait
+    jitter_seed: int         # seed of the jitter
+    deadline: float | None   # from `run_deadline` (None: no budget)
+
+def _run_one(job: dict, backend, cache, retry: _Retry, allow: bool, watch) -> dict:
     "One request with retries: a success goes to the cache, a failure into its row (never raised)."
-    # no attempt starts after `deadline`; a first attempt that times out while no request of the batch has succeeded
-    # (`watch.open`) is not tried again
+    # no attempt starts after `retry.deadline`; a first attempt that times out while no request of the batch has
+    # succeeded (`watch.open`) is not tried again
     g, attempts, tin, tout, t0 = None, 0, 0, 0, time.perf_counter()  # the jitter generator is made at the first retry
     while True:
         attempts += 1
         try:
-            left = _left(deadline)
+            left = _left(retry.deadline)
             if left is not None and left <= 0:
                 raise LLMTimeoutError("the run's time budget was spent before this request could be answered")
-            limit = timeout_s if left is None else min(timeout_s or left, left)
+            limit = retry.timeout_s if left is None else min(retry.timeout_s or left, left)
             res = backend.chat(job["messages"], schema=job["schema"], **job["params"], timeout_s=limit,
                                restricted=job["restricted"], allow_remote_restricted=allow)
         except Exception as e:
@@ -766,15 +775,17 @@ def _run_one(job: dict, backend, cache, retries: int, timeout_s, backoff_s: floa
             tin, tout = tin + int(usage.get("prompt_tokens") or 0), tout + int(usage.get("completion_tokens") or 0)
             # the server may not answer at all
             unanswered = isinstance(e, LLMTimeoutError) and attempts == 1 and watch.open
-            spent = deadline is not None and _left(deadline) <= 0
-            again = is_retryable(e) and attempts <= retries and not watch.stop.is_set() and not unanswered and not spent
+            spent = retry.deadline is not None and _left(retry.deadline) <= 0
+            stopped = watch.stop.is_set() or unanswered or spent
+            again = is_retryable(e) and attempts <= retry.retries and not stopped
             why = describe_error(e, job["restricted"], _secrets(backend))
             _log.info("request %r attempt %d failed: %s%s", job["request_id"], attempts, why[:200],
                       "; retrying" if again else "")
             if again:
-                if g is None: g = rng(int(job["key"][:15], 16) ^ int(jitter_seed))
-                wait_s = backoff_delay(attempts, backoff_s, max_backoff_s, g, getattr(e, "retry_after", None))
-                left = _left(deadline)   # a Retry-After longer than the budget left is cut to it
+                if g is None: g = rng(int(job["key"][:15], 16) ^ int(retry.jitter_seed))
+                asked = getattr(e, "retry_after", None)
+                wait_s = backoff_delay(attempts, retry.backoff_s, retry.max_backoff_s, g, asked)
+                left = _left(retry.deadline)   # a Retry-After longer than the budget left is cut to it
                 if not watch.stop.wait(wait_s if left is None else max(0.0, min(wait_s, left))): continue
             return {"status": "failed", "attempts": attempts, "error": why, "text": getattr(e, "text", None),
                     "parsed": None, "tokens_in": tin, "tokens_out": tout, "cached": False,
@@ -1064,15 +1075,15 @@ def run_batch(requests,                              # dicts or a table of reque
     defaults = dict(zip(_DECODING_NAMES, (temperature, seed, max_tokens, top_p, top_k)))
     if fail_fast is None or int(fail_fast) < 0:
         raise InputError(f"run_batch: fail_fast must be >= 0 (0: never), got {fail_fast!r}")
-    deadline = run_deadline(budget_s)
+    retry = _Retry(retries, timeout_s, backoff_s, max_backoff_s, jitter_seed, run_deadline(budget_s))
     rows = _batch_rows(requests, backend, defaults, restricted_datasets, public_datasets)
     restricted = [r for r in rows if r["restricted"]]
     check_restricted(backend, len(restricted), allow_remote_restricted,
                      restricted[0]["request_id"] if restricted else None)
     price = price_per_1m(getattr(backend, "model", ""), prices)
     with _open_cache(cache) as c:
-        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retries, timeout_s,
-                                    backoff_s, max_backoff_s, jitter_seed, allow_remote_restricted, deadline)
+        results, bar = _answer_rows(rows, backend, c, progress, max_concurrency, int(fail_fast), retry,
+                                    allow_remote_restricted)
         run = BatchRun(_result_frame(rows, results, price), wall_s=time.perf_counter() - t0)
         if accept is not None and c is not None: _forget_refused(run.rows, c, accept)
     bar.close(run.headline())

@@ -685,8 +685,20 @@ def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: 
     per = {s: stats(binary(hyps[s])) for s in systems}
     return {f"diagnosis_micro_{m}": (per, f"micro_{m}") for m in ("f1", "precision", "recall")}
 
-def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, families, fields: dict,
-              section: str = "findings", report_metrics: Sequence[str] = (), labeler=None) -> ProgressionEvaluation:
+@dataclass(frozen=True, eq=False)
+class _EvalSettings:
+    "What `_evaluate` measures and how it resamples (made by `progression_evaluation`)."
+    metrics: Sequence[str]             # language metrics on the longitudinal sentences
+    reps: int                          # resamples
+    seed: object                       # see core.rng
+    size: float                        # coverage
+    cluster_of: pd.Series | None       # study_id -> cluster (None: studies)
+    families: str | Mapping            # how findings are matched (from `_matching`)
+    section: str = "findings"          # studies column holding the reference text
+    report_metrics: Sequence[str] = () # language metrics on the whole reports
+    labeler: object = None             # the diagnosis labeler (None: no diagnosis measures)
+
+def _evaluate(st, pairs, ref_s, gen_s, settings: _EvalSettings, fields: dict) -> ProgressionEvaluation:
     "Evaluate studies with longitudinal reference content and a report from every system; `fields` go to the result."
     ref_long, gen_long = _joined_longitudinal(ref_s), _joined_longitudinal(gen_s)
     systems = list(dict.fromkeys(pairs["system"]))
@@ -697,29 +709,30 @@ def _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of, fa
              if len(units) < len(set(ref_long) & set(st["study_id"])) else [])
     if not units: raise InputError("no study has longitudinal reference content and a report from every system")
     P = pairs[pairs["study_id"].isin(set(units))]
-    inst = progression_instances(ref_s, gen_s, P, families)
+    inst = progression_instances(ref_s, gen_s, P, settings.families)
     stats = {s: _progression_stats(progression_counts(inst, units, s)) for s in systems}
     blocks = {m: ({s: stats[s][m][0] for s in systems}, stats[systems[0]][m][1])
               for m in PROGRESSION_METRICS + CLASS_METRICS}
     key = P.set_index(["system", "study_id"])["sample_id"]
     order = [(s, u) for s in systems for u in units]
-    scores, lang_notes = _language_stats(metrics, [ref_long[u] for _, u in order],
+    scores, lang_notes = _language_stats(settings.metrics, [ref_long[u] for _, u in order],
                                          [gen_long.get(key[(s, u)], "") for s, u in order], [u for _, u in order],
                                          [s for s, _ in order])
     blocks |= _score_blocks(scores, units, systems)
-    if report_metrics or labeler is not None:   # whole reports: the reference section against the full generated report
-        text = st.set_index("study_id")[section].fillna("").astype(str)
+    # whole reports: the reference section against the full generated report
+    if settings.report_metrics or settings.labeler is not None:
+        text = st.set_index("study_id")[settings.section].fillna("").astype(str)
         hyp = P.set_index(["system", "study_id"])["hypothesis"].fillna("").astype(str)
-        whole, more = _language_stats(report_metrics, [text[u] for _, u in order], [hyp[k] for k in order],
+        whole, more = _language_stats(settings.report_metrics, [text[u] for _, u in order], [hyp[k] for k in order],
                                       [u for _, u in order], [s for s, _ in order])
         blocks |= _score_blocks(whole, units, systems, "report_"); lang_notes += more
         scores = pd.concat([scores, whole.assign(metric="report_" + whole["metric"])] if len(whole) else [scores],
                            ignore_index=True)
-        if labeler is not None:
+        if settings.labeler is not None:
             blocks |= _diagnosis_blocks([text[u] for u in units], {s: [hyp[(s, u)] for u in units] for s in systems},
-                                        units, systems, labeler)
-    clusters = cluster_of.loc[units].to_numpy() if cluster_of is not None else None
-    res = bootstrap_metrics(blocks, reps=reps, seed=seed, clusters=clusters, size=size)
+                                        units, systems, settings.labeler)
+    clusters = settings.cluster_of.loc[units].to_numpy() if settings.cluster_of is not None else None
+    res = bootstrap_metrics(blocks, reps=settings.reps, seed=settings.seed, clusters=clusters, size=settings.size)
     return ProgressionEvaluation(ref_s, gen_s, P.reset_index(drop=True), tuple(units), inst, scores, res,
                                  tuple(notes + lang_notes), **fields)
 
@@ -777,8 +790,9 @@ def progression_evaluation(studies,                       # study_id and the ref
               else splitter_label(splitter),
               "labeler": None if lab is None else f"{type(lab).__name__}:{getattr(lab, 'source', '?')}",
               "max_invalid": float(max_invalid)}
-    return _evaluate(st, pairs, ref_s, gen_s, metrics, reps, seed, size, cluster_of,
-                     _matching(match, families) or "exact", fields, section, report_metrics, lab)
+    settings = _EvalSettings(metrics, reps, seed, size, cluster_of, _matching(match, families) or "exact", section,
+                             report_metrics, lab)
+    return _evaluate(st, pairs, ref_s, gen_s, settings, fields)
 
 # %% ../nbs/10a_longitudinal_eval.ipynb #1f150a81
 @patch

@@ -12,12 +12,13 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from .core import (DEFAULT_SEED, InputError, as_pandas, config_label, is_missing, md_table, patch,
-                            require_columns, rng)
+from .core import (DEFAULT_SEED, REPS_INTERVAL, InputError, as_pandas, config_label, is_missing, md_table,
+                            patch, require_columns, rng)
 from .cohort import IU_004_FRACTIONS, MIMIC_004_VIEWS, Cohort, run_recipe
 from .stats import ComparisonFamily, comparison_family, micro_stats, proportion_stats
 from .concentration import DEFAULT_PREFIXES, FLAG_COLUMNS, audit_concentration
-from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, align_labels, get_labeler
+from .labels import CHEXPERT_5, CHEXPERT_14, UNCERTAIN_POSITIVE, get_labeler
+from .label_audit import align_labels
 from .metrics import metric_availability
 from .evaluator import study_section
 from .synth import render_findings, render_mention
@@ -30,10 +31,10 @@ from .longitudinal import PROGRESSION_CLASSES, LLMAnnotator, keyword_terms
 
 # %% auto #0
 __all__ = ['PAPER_004', 'ENDPOINTS', 'PREFIX_004', 'STOCK_004', 'STOCK_WEIGHTS', 'NORMAL_SENTENCES', 'HEART_LEAD',
-           'SIM_004_RATES', 'PAPER_003', 'SIM_003_PROFILES', 'PAPER_000', 'Preset', 'entry_endpoints',
+           'SIM_004_RATES', 'PAPER_003', 'SIM_003_PROFILES', 'PAPER_000', 'Preset', 'Preset004', 'entry_endpoints',
            'family_from_endpoints', 'primary_family', 'Sim004Rates', 'decoding_kind', 'Paper004Generator',
-           'simulated_004_generations', 'Sim003Profile', 'Paper003Generator', 'simulated_003_generations',
-           'printed_checks']
+           'simulated_004_generations', 'Preset003', 'Sim003Profile', 'Paper003Generator', 'simulated_003_generations',
+           'Preset000', 'printed_checks']
 
 # %% ../nbs/16_papers.ipynb #d688277f
 def _leaves(prefix: str, value, depth: int = 2) -> list[tuple[str, object]]:
@@ -51,61 +52,26 @@ def _show(v) -> str:
 
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Preset:
-    "A paper's protocol as data: resamples, seed, clusters, comparisons, end points, rules, labels and cohorts."
-    name: str                                   # short name of the paper, e.g. "004"
-    title: str = ""                             # the paper's title
-    reps: int = 5000                            # resamples of the primary comparisons
-    seed: int = DEFAULT_SEED                    # seed of those resamples
-    size: float = 0.95                          # coverage; alpha = 1 − size
-    p_convention: str = "add_one"               # bootstrap p-value convention (`stats.PConvention`)
-    clusters: Mapping = field(default_factory=dict)   # direction -> studies column of the resampled clusters
-    comparisons: tuple = ()  # (first, second) configuration pairs; effects first − second
-    endpoints: tuple = ("validity_rate", "prefix_rate", "micro_f1") # end points of the family (keys of `ENDPOINTS`)
-    systems: Mapping = field(default_factory=dict)    # system name -> what it is
-    policies: Mapping = field(default_factory=dict)   # policy name (`generate.POLICIES`) -> settings in words
-    prefixes: tuple = DEFAULT_PREFIXES  # openings of the prefix end point (normalized; text may follow)
-    validity_rule: str = "strict"       # `concentration.surface_validity` rule
-    grouping: str = "normalized"        # duplicate groups of "exact" or "normalized" text
-    uncertain_positive: bool = UNCERTAIN_POSITIVE # binary label mapping: count uncertain (−1) as positive
-    labels: tuple = CHEXPERT_14                 # the observations of the label end points
-    reference_section: str = "both"             # `evaluator.study_section` section used as the reference text
-    cohorts: Mapping = field(default_factory=dict)      # direction -> cohort recipe name (`cohort.RECIPES`)
-    cohort_params: Mapping = field(default_factory=dict) # recipe name -> its parameters
-    cohort_sizes: Mapping = field(default_factory=dict)  # direction -> {"entries": n, "studies": n} the paper reports
-    exclude: tuple = ()                         # labels left out in the exclusion sensitivity analysis
-    second_model: str = ""                      # a model assessed the same way, outside the comparison family
-    official_labeler: Mapping = field(default_factory=dict) # labeler -> the commit the paper names
-    labeler: str = "cxr_audit:chexpert"         # labeler of the paper's numbers (`labels.get_labeler`)
-    top_k: int = 5                              # k of the top-k share
-    distinct: tuple = (1, 2)                    # n of the Distinct-n measures
-    annotator_model: str = ""                   # the LLM that annotates reports (a name in words)
-    prompt_settings: Mapping = field(default_factory=dict) # `LLMAnnotator` prompt arguments (examples, indicators)
-    decoding: Mapping = field(default_factory=dict)        # name (`llm.DECODING`) -> settings in words; first: default
-    runs: int = 1                               # repeated stochastic annotation runs (robustness)
-    keywords: tuple = ()                        # the finding terms annotators choose from
-    classes: tuple = ()                         # the progression classes scored
-    significance: str = "holm"                  # gap significance: "holm" or "ci" (`SIGNIFICANCE_RULES`)
-    rules: Mapping = field(default_factory=dict)  # scoring rules in words
-    match: str = "exact"       # finding matching: `exact` or `families`
-    splitter: str = "default"  # sentence splitter (`reports.split_sentences`)
-    metrics: tuple = ()        # the measures of the paper's main table
-    metric_names: Mapping = field(default_factory=dict) # metric of `metrics` -> the paper's name for it
-    variations: tuple = ()    # reference variations (`reref.resolve_variants` names)
-    rewriter_model: str = ""  # the LLM that rewrites and verifies (a name in words)
-    rewriting: Mapping = field(default_factory=dict)    # `reref.ReRef` settings (temperatures, max tokens, rounds)
-    sensitivity: Mapping = field(default_factory=dict)  # how score shifts are taken, normalized and summarised
-    substitutes: Mapping = field(default_factory=dict)  # what runs offline where the paper's part cannot
-    reported: Mapping = field(default_factory=dict)     # numbers the paper reports, for comparison on its page
-    not_in_paper: tuple = ()                    # fields (or `field.key` paths) the paper does not give
-    not_used: tuple = ()                        # fields that do not apply: left out of `to_frame()`
+    "What every paper's protocol states: statistics settings, clusters, labels, cohorts and reported numbers."
+    name: str                                        # short name of the paper, e.g. "004"
+    title: str = ""                                  # the paper's title
+    reps: int = REPS_INTERVAL                        # bootstrap resamples of the paper's analysis
+    seed: int = DEFAULT_SEED                         # seed of those resamples
+    size: float = 0.95                               # coverage; alpha = 1 − size
+    clusters: Mapping = field(default_factory=dict)  # direction -> studies column of the resampled clusters
+    systems: Mapping = field(default_factory=dict)   # system name -> what it is
+    uncertain_positive: bool = UNCERTAIN_POSITIVE    # count an uncertain label (−1) as positive
+    labels: tuple = CHEXPERT_14                      # the observations of the label measures
+    reference_section: str = "both"                  # `evaluator.study_section` section of the reference
+    cohorts: Mapping = field(default_factory=dict)       # direction -> cohort recipe name (`cohort.RECIPES`)
+    cohort_params: Mapping = field(default_factory=dict) # recipe name or direction -> its parameters
+    cohort_sizes: Mapping = field(default_factory=dict)  # direction -> the sizes the paper reports
+    labeler: str = "cxr_audit:chexpert"              # labeler of the paper's numbers (`labels.get_labeler`)
+    reported: Mapping = field(default_factory=dict)  # numbers the paper reports, for its page to compare
+    not_in_paper: tuple = ()                         # fields (or `field.key` paths) the paper does not give
 
     @property
     def directions(self) -> tuple: return tuple(self.clusters)
-
-    @property
-    def configs(self) -> tuple:
-        "The configurations the comparisons name, in order of first appearance."
-        return tuple(dict.fromkeys(c for pair in self.comparisons for c in pair))
 
     def _source(self, path: str) -> str:
         parts = path.split(".")
@@ -113,9 +79,8 @@ class Preset:
         return "paper" if given else "not given in the paper"
 
     def to_frame(self) -> pd.DataFrame:
-        "One row per field used (mappings opened by key, empty fields left out): `field, value, source`."
-        rows = [(p, v, self._source(p)) for f in fields(self)
-                if f.name not in ("not_in_paper", "not_used", *self.not_used)
+        "One row per field set (mappings opened by key, empty fields left out): `field, value, source`."
+        rows = [(p, v, self._source(p)) for f in fields(self) if f.name != "not_in_paper"
                 and not _empty(getattr(self, f.name)) for p, v in _leaves(f.name, getattr(self, f.name))]
         return pd.DataFrame(rows, columns=["field", "value", "source"])
 
@@ -127,22 +92,6 @@ class Preset:
         return f"Preset({self.name!r}: reps={self.reps}, seed={self.seed}, directions={list(self.directions)})"
 
     def _repr_markdown_(self): return f"**Preset {self.name}**: {self.title}\n\n" + md_table(self.summary())
-
-    def reference_sensitivity(self, studies, # a studies table: study_id, findings, impression, ...
-                              generations,   # a generations table
-                              backend=None,  # None: the rule back end; a chat back end or a `ReRef` (see below)
-                              metrics=None,  # metric names or objects; None: `metric_plan().runs_as`
-                              **kwargs       # arguments of the analysis that replace the preset's
-                             ) -> ReferenceSensitivity:
-        "`reref_sensitivity.reference_sensitivity` with the preset's variations, metrics, ReRef loop and statistics."
-        if not self.variations: raise InputError(f"preset {self.name}: no reference variations")
-        loop = backend if isinstance(backend, ReRef) else self.reref_loop(backend)
-        metrics = metrics or [m for m in dict.fromkeys(self.metric_plan().runs_as) if m]
-        options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size,
-                       section=self.reference_section, level=self.sensitivity.get("level", "study"),
-                       rule=self.significance)
-        # the module function of the same name does the work
-        return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})
 
 # %% ../nbs/16_papers.ipynb #23d6d188
 @patch
@@ -167,8 +116,30 @@ def cohort(self: Preset, direction: str, # one of `directions`
     return run_recipe(recipe, studies, **{**dict(self.cohort_params.get(recipe, {})),
                                           **dict(self.cohort_params.get(key, {})), **overrides})
 
+# %% ../nbs/16_papers.ipynb #5487efbe
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class Preset004(Preset):
+    "Paper 004's protocol: a family of comparisons on end points, the decoding policies and the audit's rules."
+    p_convention: str = "add_one"                   # bootstrap p-value convention (`stats.PConvention`)
+    comparisons: tuple = ()                         # (first, second) configuration pairs; effects first − second
+    endpoints: tuple = ("validity_rate", "prefix_rate", "micro_f1")  # keys of `ENDPOINTS`
+    policies: Mapping = field(default_factory=dict) # policy name (`generate.POLICIES`) -> settings in words
+    prefixes: tuple = DEFAULT_PREFIXES              # openings of the prefix end point (normalized)
+    validity_rule: str = "strict"                   # `concentration.surface_validity` rule
+    grouping: str = "normalized"                    # duplicate groups of "exact" or "normalized" text
+    exclude: tuple = ()                             # labels left out in the exclusion analysis
+    second_model: str = ""                          # a model assessed the same way, outside the family
+    official_labeler: Mapping = field(default_factory=dict)  # labeler -> the commit the paper names
+    top_k: int = 5                                  # k of the top-k share
+    distinct: tuple = (1, 2)                        # n of the Distinct-n measures
+
+    @property
+    def configs(self) -> tuple:
+        "The configurations the comparisons name, in order of first appearance."
+        return tuple(dict.fromkeys(c for pair in self.comparisons for c in pair))
+
 # %% ../nbs/16_papers.ipynb #991c97fb
-PAPER_004 = Preset(
+PAPER_004 = Preset004(
     name="004", title="Cross-domain chest radiograph report generation under dataset shift: a bidirectional audit",
     reps=5000, seed=2026, size=0.95, p_convention="floored",
     clusters={"MIMIC->IU": "study_id", "IU->MIMIC": "patient_id"},
@@ -188,7 +159,7 @@ PAPER_004 = Preset(
     official_labeler={"CheXpert": "44ddeb363149aa657296237f18b5472a73c1756f",
                       "NegBio": "073199e2792824740e89844a59c13d3d40ce4d23"},
     labeler="cxr_audit:chexpert+quirks", top_k=5, distinct=(1, 2),
-    not_in_paper=("cohort_params.004_iu.fractions", "labeler"), not_used=("significance",))
+    not_in_paper=("cohort_params.004_iu.fractions", "labeler"))
 
 # %% ../nbs/16_papers.ipynb #d4987146
 def _generations(generations) -> pd.DataFrame:
@@ -241,7 +212,7 @@ def _label_counts(g: pd.DataFrame, refs: pd.DataFrame, preset: Preset, labeler) 
 def entry_endpoints(generations,  # a generations table of one direction (see above)
                     studies,      # the studies (or cohort) table (see above)
                     *,
-                    preset: Preset = PAPER_004, # the paper's protocol
+                    preset: Preset004 = PAPER_004, # the paper's protocol
                     labeler=None  # see `labels.get_labeler` (None: the preset's)
                    ) -> pd.DataFrame:
     "One row per generation (entry): ids, surface validity and flags, the prefix hit, TP/FP/FN over the labels."
@@ -288,7 +259,7 @@ def _config_rows(e: pd.DataFrame, configs: tuple, what: str) -> dict:
 def family_from_endpoints(endpoints,          # an `entry_endpoints` table of one direction
                           *,
                           direction: str,     # the direction (a key of `preset.clusters`, e.g. "MIMIC->IU")
-                          preset: Preset = PAPER_004, # the paper's protocol
+                          preset: Preset004 = PAPER_004, # the paper's protocol
                           reps: int | None = None, # resamples (None: the preset's)
                           seed: int | None = None  # seed (None: the preset's)
                          ) -> ComparisonFamily:
@@ -312,7 +283,7 @@ def primary_family(generations,            # a generations table of one directio
                    studies,                # the studies (or cohort) table (see `entry_endpoints`)
                    *,
                    direction: str,         # the direction (a key of `preset.clusters`, e.g. "MIMIC->IU")
-                   preset: Preset = PAPER_004, # the paper's protocol
+                   preset: Preset004 = PAPER_004, # the paper's protocol
                    reps: int | None = None, # resamples (None: the preset's)
                    seed: int | None = None, # seed (None: the preset's)
                    labeler=None            # see `labels.get_labeler` (None: the preset's)
@@ -430,8 +401,24 @@ def simulated_004_generations(corpus,                  # a `synth.DemoCorpus` (s
     return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (Paper004Generator)")
 
 
+# %% ../nbs/16_papers.ipynb #aabc06bb
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class Preset003(Preset):
+    "Paper 003's protocol: the LLM annotator of longitudinal findings and how its benchmark is scored."
+    annotator_model: str = ""                       # the LLM that annotates reports (a name in words)
+    prompt_settings: Mapping = field(default_factory=dict)  # `LLMAnnotator` prompt arguments
+    decoding: Mapping = field(default_factory=dict) # name (`llm.DECODING`) -> settings; the first is the default
+    runs: int = 1                                   # repeated stochastic annotation runs (robustness)
+    keywords: tuple = ()                            # the finding terms annotators choose from
+    classes: tuple = ()                             # the progression classes scored
+    significance: str = "holm"                      # a best system's lead: "holm" or "ci" (`SIGNIFICANCE_RULES`)
+    rules: Mapping = field(default_factory=dict)    # scoring rules in words
+    match: str = "exact"                            # finding matching: `exact` or `families`
+    splitter: str = "default"                       # sentence splitter (`reports.split_sentences`)
+    metrics: tuple = ()                             # the measures of the paper's main table
+
 # %% ../nbs/16_papers.ipynb #c670c3a2
-PAPER_003 = Preset(
+PAPER_003 = Preset003(
     name="003", title="Standardizing longitudinal chest X-ray report evaluation via large language model annotation",
     reps=1000, seed=DEFAULT_SEED, size=0.95, clusters={"L-MIMIC": "study_id"},
     systems={"R2Gen": "no prior image or report", "MedVersa": "no prior image or report",
@@ -451,13 +438,11 @@ PAPER_003 = Preset(
     match="exact", splitter="stanza",
     metrics=("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1", "progression_micro_f1",
              "progression_f1_no_change", "progression_f1_improved", "progression_f1_worsened"),
-    not_in_paper=("seed", "match", "labels", "labeler", "uncertain_positive"),
-    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping",
-              "exclude", "second_model", "official_labeler", "top_k", "distinct"))
+    not_in_paper=("seed", "match", "labels", "labeler", "uncertain_positive"))
 
 # %% ../nbs/16_papers.ipynb #d3804850
 @patch
-def llm_annotator(self: Preset, backend,     # a chat back end of `cxr_audit.llm` (OpenAIChat, RuleChat, ...)
+def llm_annotator(self: Preset003, backend,     # a chat back end of `cxr_audit.llm` (OpenAIChat, RuleChat, ...)
                   decoding: str | None = None, # a key of `decoding` (None: the first, the paper's default)
                   seed: int | None = None,     # sampling seed (separates repeated runs)
                   **kwargs                     # further `LLMAnnotator` arguments (cache, max_tokens, ...)
@@ -543,8 +528,38 @@ def simulated_003_generations(corpus,          # a `synth.DemoCorpus` (its studi
     return pd.concat(runs, ignore_index=True).assign(backend="SIMULATED (Paper003Generator)")
 
 
+# %% ../nbs/16_papers.ipynb #f2769b0e
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class Preset000(Preset):
+    "Paper 000's protocol: the reference variations, their rewriting loop, the metrics and how shifts are summarised."
+    significance: str = "holm"                         # a gap between systems: "holm" or "ci" (`SIGNIFICANCE_RULES`)
+    rules: Mapping = field(default_factory=dict)       # how rewrites, gaps and metrics are handled, in words
+    metrics: tuple = ()                                # the paper's metrics (`metrics.list_metrics` names)
+    metric_names: Mapping = field(default_factory=dict)  # metric of `metrics` -> the paper's name for it
+    variations: tuple = ()                             # reference variations (`reref.resolve_variants` names)
+    rewriter_model: str = ""                           # the LLM that rewrites and verifies (a name in words)
+    rewriting: Mapping = field(default_factory=dict)   # `reref.ReRef` settings (temperatures, max tokens, rounds)
+    sensitivity: Mapping = field(default_factory=dict) # how score shifts are taken, normalized and summarised
+    substitutes: Mapping = field(default_factory=dict) # what runs offline where the paper's part cannot
+
+    def reference_sensitivity(self, studies, # a studies table: study_id, findings, impression, ...
+                              generations,   # a generations table
+                              backend=None,  # None: the rule back end; a chat back end or a `ReRef` (see below)
+                              metrics=None,  # metric names or objects; None: `metric_plan().runs_as`
+                              **kwargs       # arguments of the analysis that replace the preset's
+                             ) -> ReferenceSensitivity:
+        "`reref_sensitivity.reference_sensitivity` with the preset's variations, metrics, ReRef loop and statistics."
+        if not self.variations: raise InputError(f"preset {self.name}: no reference variations")
+        loop = backend if isinstance(backend, ReRef) else self.reref_loop(backend)
+        metrics = metrics or [m for m in dict.fromkeys(self.metric_plan().runs_as) if m]
+        options = dict(variations=list(self.variations), reps=self.reps, seed=self.seed, size=self.size,
+                       section=self.reference_section, level=self.sensitivity.get("level", "study"),
+                       rule=self.significance)
+        # the module function of the same name does the work
+        return reference_sensitivity(studies, generations, backend=loop, metrics=metrics, **{**options, **kwargs})
+
 # %% ../nbs/16_papers.ipynb #74869c8f
-PAPER_000 = Preset(
+PAPER_000 = Preset000(
     name="000", title="Reporting practice matters: the impact of reference choice on chest X-ray report evaluation",
     reps=1000, seed=DEFAULT_SEED, size=0.95,
     clusters={d: "study_id" for d in ("MIMIC-CXR", "CheXpert Plus", "IU X-ray", "ReXGradient-160K")},
@@ -599,13 +614,11 @@ PAPER_000 = Preset(
                              "realism not worse": 445, "realism agreement": (567, 345, 48), "equivalent share": 0.894,
                              "minor discrepancy share": 0.094,
                              "major discrepancy": 6, "equivalence agreement": (329, 140, 11)}},
-    not_in_paper=("reps", "seed", "clusters", "labeler", "uncertain_positive", "substitutes"),
-    not_used=("p_convention", "comparisons", "endpoints", "policies", "prefixes", "validity_rule", "grouping",
-              "exclude", "second_model", "official_labeler", "top_k", "distinct", "runs", "match", "splitter"))
+    not_in_paper=("reps", "seed", "clusters", "labeler", "uncertain_positive", "substitutes"))
 
 # %% ../nbs/16_papers.ipynb #b0f2a48d
 @patch
-def reref_loop(self: Preset, generator=None,   # the Generator's chat back end (None: the rule back end)
+def reref_loop(self: Preset000, generator=None,   # the Generator's chat back end (None: the rule back end)
                verifier=None,  # chat back end of the Verifier (default: the Generator's)
                **overrides     # `reref.ReRef` settings over the preset's (max_rounds, ...)
               ) -> ReRef:
@@ -620,7 +633,7 @@ def reref_loop(self: Preset, generator=None,   # the Generator's chat back end (
 
 # %% ../nbs/16_papers.ipynb #b6d35765
 @patch
-def metric_plan(self: Preset, load: bool = False # also build each bridged metric (loads its model; slower, surer)
+def metric_plan(self: Preset000, load: bool = False # also build each bridged metric (loads its model; slower, surer)
                ) -> pd.DataFrame:
     "Per metric of the preset: its name in the paper, whether it runs here (and why not), its substitute and what runs."
     if not self.metrics: raise InputError(f"preset {self.name}: no metrics")

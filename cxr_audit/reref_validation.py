@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -21,9 +21,9 @@ from .core import (DEFAULT_SEED, REPS_AGREEMENT, InputError, as_pandas, check_in
                             write_manifest, write_table)
 from .reref import ORIGINAL, VARIANTS, resolve_variants
 from .stats import bootstrap, exact_binomial_ci, mean_stats, proportion_stats, rater_agreement
-from .review import (Codebook, check_reviewers, endpoint_limits, load_codebook, noisy_ratings, read_ratings,
-                              reference_text, report_ids)
-from .sheets import XLSX_CUT_NOTE, csv_bytes, neutralise_frame, read_sheets, write_sheets
+from .review import (Codebook, Packets, check_reviewers, load_codebook, noisy_ratings, read_ratings,
+                              reference_text, report_ids, write_packets)
+from .sheets import read_sheets, write_sheets
 
 # %% auto #0
 __all__ = ['REREF_SIMULATED_COMMENT', 'load_reref_codebook', 'RerefPackets', 'prepare_reref_validation', 'simulate_reref_ratings',
@@ -170,7 +170,7 @@ def _reref_sheet(key: pd.DataFrame, reviewer: str, cb: Codebook) -> pd.DataFrame
 
 # %% ../nbs/13b_reref_validation.ipynb #a2006a6c
 @dataclass(frozen=True, eq=False)
-class RerefPackets:
+class RerefPackets(Packets):
     key: pd.DataFrame        # PRIVATE: report_id -> study_id, variant, strata, stratum, original (A/B), rewriter, texts
     sheets: dict             # sheet name (`R1_reref`) -> the table that reviewer fills, in their own order
     codebook: Codebook
@@ -179,10 +179,7 @@ class RerefPackets:
     plan: pd.DataFrame       # per stratum: eligible, available, requested and drawn pairs, and why a stratum fell short
     rewriter: str            # what produced the rewrites (stated on every output)
     paths: dict              # relative path -> Path of every file written (empty when nothing was written)
-
-    def to_frame(self) -> pd.DataFrame:
-        "The private key: one row per pair (a copy)."
-        return self.key.copy()
+    kind, noun, key_name = "ReRef validation", "sheets", "reref_key"
 
     def summary(self) -> pd.DataFrame:
         "The sampling plan: pairs eligible, available, requested and drawn per stratum; a note where one fell short."
@@ -190,38 +187,18 @@ class RerefPackets:
 
     def _repr_markdown_(self):
         short = int((self.plan.drawn < self.plan.requested).sum())
-        return (f"**ReRef validation sheets**: {len(self.key)} pairs over {self.key.variant.nunique()} variant(s), "
-                f"rewrites by {self.rewriter}; reviewers {', '.join(self.reviewers)}, seed {self.seed}"
-                + (f"; {short} stratum/strata short of the pairs asked for" if short else "")
-                + (f"; {len(self.paths)} files written" if self.paths else "") + "\n\n" + md_table(self.plan))
+        lead = f"{len(self.key)} pairs over {self.key.variant.nunique()} variant(s), rewrites by {self.rewriter}; "
+        tail = f"; {short} stratum/strata short of the pairs asked for" if short else ""
+        return self._headline(lead, tail) + "\n\n" + md_table(self.plan)
 
 # %% ../nbs/13b_reref_validation.ipynb #a531b209
-def _reref_readme(cb: Codebook, reviewer: str) -> str:
-    name = f"{reviewer}_reref"
-    lines = [f"ReRef validation, reviewer {reviewer}: each row holds two versions, A and B, of one report.",
-             f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file.",
-             "Every column is defined in the codebook sheet (codebook.csv).", XLSX_CUT_NOTE, ""]
-    return "\n".join(lines + [f"- {i}" for i in cb.instructions]) + "\n"
-
 def _write_reref_packets(P: RerefPackets, out_dir, formats, inputs: Mapping) -> RerefPackets:
-    "Write the sheets (`sheets/<reviewer>/`) and the neutralised key (`key/`), with a manifest."
-    out = Path(out_dir); keyfile = out / "key" / "reref_key.csv"
-    if keyfile.exists() and keyfile.read_bytes() != csv_bytes(neutralise_frame(P.key)):
-        _fail(str(out), "already holds a different ReRef validation key; write new sheets to another folder")
-    paths, cbt = [], P.codebook.to_frame()
-    for r in P.reviewers:
-        folder, name = out / "sheets" / r, f"{r}_reref"
-        paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats,
-                              {name: endpoint_limits(P.codebook, 1)})
-        (folder / "README.txt").write_text(_reref_readme(P.codebook, r),
-                                           encoding="utf-8"); paths.append(folder / "README.txt")
-    paths += write_sheets({"reref_key": P.key}, out / "key", "reref_key", tuple(dict.fromkeys(("csv", *formats))))
-    files = {str(p.relative_to(out)): p for p in paths}
-    write_manifest(out / "key" / "manifest.json", inputs=inputs, outputs=files, command="reref validation prepare",
-                   params={"seed": P.seed, "reviewers": list(P.reviewers), "rewriter": P.rewriter,
-                           "codebook": P.codebook.name, "formats": list(formats), "pairs": len(P.key),
-                           "plan": P.plan.to_dict("records")})
-    return replace(P, paths={**files, "key/manifest.json": out / "key" / "manifest.json"})
+    "Write the sheets (`sheets/<reviewer>/`) and the key with its manifest (`key/`) with `write_packets`."
+    heading = "ReRef validation, reviewer {}: each row holds two versions, A and B, of one report."
+    places = {f"{r}_reref": (Path("sheets", r), 1, heading.format(r)) for r in P.reviewers}
+    params = {"seed": P.seed, "reviewers": list(P.reviewers), "rewriter": P.rewriter, "codebook": P.codebook.name,
+              "formats": list(formats), "pairs": len(P.key), "plan": P.plan.to_dict("records")}
+    return write_packets(P, out_dir, places, "reref validation prepare", params, inputs, formats, key_formats=formats)
 
 # %% ../nbs/13b_reref_validation.ipynb #6f1929ec
 def prepare_reref_validation(studies,                 # study_id, findings, impression (originals), strata

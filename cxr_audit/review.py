@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -29,11 +29,11 @@ from .sheets import XLSX_CUT_NOTE, column_letter, csv_bytes, neutralise_frame, r
 # %% auto #0
 __all__ = ['ENDPOINT_KINDS', 'SHEET_COLUMNS', 'SIMULATED_COMMENT', 'CONSENSUS_RULES', 'Codebook', 'load_codebook', 'sample_cases',
            'targeted_panel', 'report_ids', 'packet_seed', 'check_reviewers', 'reference_text', 'sheet_name',
-           'endpoint_limits', 'ReviewPackets', 'make_review_packets', 'prepare_review', 'noisy_ratings',
-           'simulate_ratings', 'read_ratings', 'rating_problems', 'split_reviewers', 'agreement_report',
-           'plot_agreement', 'consensus_queue', 'simulate_decisions', 'ConsensusResult', 'apply_consensus',
-           'ReviewSummary', 'review_summary', 'plot_review_summary', 'ReviewAnalysis', 'review_analysis',
-           'simulate_review']
+           'endpoint_limits', 'Packets', 'ReviewPackets', 'write_packets', 'make_review_packets', 'prepare_review',
+           'noisy_ratings', 'simulate_ratings', 'read_ratings', 'rating_problems', 'split_reviewers',
+           'agreement_report', 'plot_agreement', 'consensus_queue', 'simulate_decisions', 'ConsensusResult',
+           'apply_consensus', 'ReviewSummary', 'review_summary', 'plot_review_summary', 'ReviewAnalysis',
+           'review_analysis', 'simulate_review']
 
 # %% ../nbs/13_review.ipynb #9859a1c8
 ENDPOINT_KINDS = ("binary", "ordinal", "nominal", "count")
@@ -341,52 +341,37 @@ def sheet_name(reviewer: str, # the reviewer's short name
 
 # %% ../nbs/13_review.ipynb #574267c1
 def endpoint_limits(cb: Codebook, phase: int) -> dict:
+    "The allowed range of each end point of `phase`: `{column: (low, high)}`."
     return {r["column"]: (r["low"], r["high"]) for r in cb.endpoints[cb.endpoints.phase == phase].to_dict("records")}
 
-def _readme(cb: Codebook, reviewer: str, phase: int) -> str:
-    name = sheet_name(reviewer, phase)
-    lines = [f"Blinded report review, reviewer {reviewer}, phase {phase} "
-             f"({'no reference report' if phase == 1 else 'the reference report is shown'}).",
-             f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file.",
-             "Every column is defined in the codebook sheet (codebook.csv).", XLSX_CUT_NOTE, ""]
-    return "\n".join(lines + [f"- {i}" for i in cb.instructions]) + "\n"
+class Packets:
+    "What both kits' packets hold: a private `key`, `sheets` by name, `codebook`, `reviewers`, `seed`, `paths`."
+    kind: ClassVar[str]      # what is reviewed, in messages: "review", "ReRef validation"
+    noun: ClassVar[str]      # what is handed out, in messages: "packets", "sheets"
+    key_name: ClassVar[str]  # the key's file name, without suffix: "review_key"
 
-def _write_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> ReviewPackets:
-    out = Path(out_dir); keyfile = out / "key" / "review_key.csv"
-    if keyfile.exists() and keyfile.read_bytes() != csv_bytes(neutralise_frame(P.key)):
-        _fail(str(out), "already holds a different review key; write new packets to another folder")
-    paths, cbt = [], P.codebook.to_frame()
-    for r in P.reviewers:
-        for p in P.codebook.phases:
-            folder, name = out / f"phase{p}" / r, sheet_name(r, p)
-            paths += write_sheets({name: P.sheets[name], "codebook": cbt}, folder, name, formats,
-                                  {name: endpoint_limits(P.codebook, p)})
-            (folder / "README.txt").write_text(_readme(P.codebook, r, p),
-                                               encoding="utf-8"); paths.append(folder / "README.txt")
-    keyfile.parent.mkdir(parents=True, exist_ok=True); keyfile.write_bytes(csv_bytes(neutralise_frame(P.key)))
-    files = {str(p.relative_to(out)): p for p in paths + [keyfile]}
-    write_manifest(out / "key" / "manifest.json",
-                   inputs={**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")}, outputs=files,
-                   command="review prepare",
-                   params={"seed": P.seed, "reviewers": list(P.reviewers),
-                           "configs": sorted(set(config_label(P.key.system, P.key.policy))),
-                           "codebook": P.codebook.name, "formats": list(formats)})
-    return ReviewPackets(P.key, P.sheets, P.codebook, P.reviewers, P.seed,
-                         {**files, "key/manifest.json": out / "key" / "manifest.json"})
+    @property
+    def title(self) -> str: return f"{self.kind[:1].upper()}{self.kind[1:]} {self.noun}"
+
+    def to_frame(self) -> pd.DataFrame:
+        "The private key: one row per report (or pair) reviewed (a copy)."
+        return self.key.copy()
+
+    def _headline(self, lead: str, tail: str = "") -> str:
+        "The first line of the markdown view: title, `lead`, reviewers, seed, `tail`, files written."
+        written = f"; {len(self.paths)} files written" if self.paths else ""
+        return f"**{self.title}**: {lead}reviewers {', '.join(self.reviewers)}, seed {self.seed}{tail}{written}"
 
 # %% ../nbs/13_review.ipynb #b2da3b90
 @dataclass(frozen=True, eq=False)
-class ReviewPackets:
+class ReviewPackets(Packets):
     key: pd.DataFrame  # PRIVATE: report_id -> study_id, panel, stratum, system, policy, sample_id, generation_seed
     sheets: dict       # sheet name (`R1_phase1`) -> the table that reviewer fills, in their order
     codebook: Codebook
     reviewers: tuple
     seed: int
-    paths: dict              # relative path -> Path of every file written (empty when nothing was written)
-
-    def to_frame(self) -> pd.DataFrame:
-        "The private key: one row per reviewed report (a copy)."
-        return self.key.copy()
+    paths: dict        # relative path -> Path of every file written (empty when nothing was written)
+    kind, noun, key_name = "review", "packets", "review_key"
 
     def summary(self) -> pd.DataFrame:
         "Cases per panel and stratum."
@@ -394,11 +379,57 @@ class ReviewPackets:
 
     def _repr_markdown_(self):
         k = self.key
-        panels = k.drop_duplicates('study_id').panel.value_counts().sort_index()
-        return (f"**Review packets**: {k.study_id.nunique()} cases "
-                f"({', '.join(f'{n} {p}' for p, n in panels.items())}), {len(k)} reports, "
-                f"reviewers {', '.join(self.reviewers)}, seed {self.seed}; sheets: {', '.join(self.sheets)}"
-                + (f"; {len(self.paths)} files written" if self.paths else ""))
+        panels = k.drop_duplicates("study_id").panel.value_counts().sort_index()
+        lead = f"{k.study_id.nunique()} cases ({', '.join(f'{n} {p}' for p, n in panels.items())}), {len(k)} reports, "
+        return self._headline(lead, f"; sheets: {', '.join(self.sheets)}")
+
+# %% ../nbs/13_review.ipynb #e6b4afa6
+def _readme(heading: str, name: str, cb: Codebook) -> str:
+    "A sheet's README: `heading`, how to return sheet `name`, and the codebook's instructions."
+    lines = [heading, f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file.",
+             "Every column is defined in the codebook sheet (codebook.csv).", XLSX_CUT_NOTE, ""]
+    return "\n".join(lines + [f"- {i}" for i in cb.instructions]) + "\n"
+
+def write_packets(packets: Packets,           # e.g. `ReviewPackets` or `RerefPackets`, with no files yet
+                  out_dir: str | os.PathLike, # the folder of this round
+                  places: Mapping[str, tuple], # sheet name -> (folder under out_dir, phase, README's first line)
+                  command: str,               # names the run in the manifest
+                  params: Mapping,            # the run's parameters, for the manifest
+                  inputs: Mapping | None = None, # name -> input table or file, hashed in the manifest
+                  formats: Sequence[str] = ("csv", "xlsx"), # of the sheets: "csv" and/or "xlsx"
+                  key_formats: Sequence[str] = ("csv",)     # of the key (CSV always)
+                 ) -> Packets:
+    "Write each sheet with the codebook and a README, the neutralised key (never over another) and a manifest."
+    P, out = packets, Path(out_dir)
+    keyfile = out / "key" / f"{P.key_name}.csv"
+    if keyfile.exists() and keyfile.read_bytes() != csv_bytes(neutralise_frame(P.key)):
+        _fail(str(out), f"already holds a different {P.kind} key; write new {P.noun} to another folder")
+    paths, cbt = [], P.codebook.to_frame()
+    for name, (folder, phase, heading) in places.items():
+        limits = {name: endpoint_limits(P.codebook, phase)}
+        paths += write_sheets({name: P.sheets[name], "codebook": cbt}, out / folder, name, formats, limits)
+        readme = out / folder / "README.txt"
+        readme.write_text(_readme(heading, name, P.codebook), encoding="utf-8"); paths.append(readme)
+    paths += write_sheets({P.key_name: P.key}, out / "key", P.key_name, tuple(dict.fromkeys(("csv", *key_formats))))
+    files = {str(p.relative_to(out)): p for p in paths}
+    manifest = out / "key" / "manifest.json"
+    write_manifest(manifest, inputs=inputs, outputs=files, command=command, params=params)
+    return replace(P, paths={**files, "key/manifest.json": manifest})
+
+# %% ../nbs/13_review.ipynb #7a196281
+def _review_heading(reviewer: str, phase: int) -> str:
+    shown = "no reference report" if phase == 1 else "the reference report is shown"
+    return f"Blinded report review, reviewer {reviewer}, phase {phase} ({shown})."
+
+def _write_review_packets(P: ReviewPackets, out_dir, formats, inputs: Mapping) -> ReviewPackets:
+    "Write the sheets (`phase<p>/<reviewer>/`) and the key with its manifest (`key/`) with `write_packets`."
+    places = {sheet_name(r, p): (Path(f"phase{p}", r), p, _review_heading(r, p))
+              for r in P.reviewers for p in P.codebook.phases}
+    params = {"seed": P.seed, "reviewers": list(P.reviewers),
+              "configs": sorted(set(config_label(P.key.system, P.key.policy))), "codebook": P.codebook.name,
+              "formats": list(formats)}
+    inputs = {**inputs, "codebook": P.codebook.endpoints.drop(columns="labels")}
+    return write_packets(P, out_dir, places, "review prepare", params, inputs, formats)
 
 # %% ../nbs/13_review.ipynb #3175b461
 def make_review_packets(cases,        # from `sample_cases` (and `targeted_panel`)
@@ -432,9 +463,9 @@ def make_review_packets(cases,        # from `sample_cases` (and `targeted_panel
     key = rep[["report_id", "study_id", "panel", "stratum", *strata, "system", "policy", "sample_id",
                "generation_seed"]]
     P = ReviewPackets(key.reset_index(drop=True), sheets, cb, reviewers, int(seed), {})
-    return P if out_dir is None else _write_packets(P, out_dir, formats,
-                                                    inputs={"cases": cases,
-                                                            "reviewed_reports": rep.drop(columns="report_id")})
+    if out_dir is None: return P
+    inputs = {"cases": cases, "reviewed_reports": rep.drop(columns="report_id")}
+    return _write_review_packets(P, out_dir, formats, inputs)
 
 # %% ../nbs/13_review.ipynb #412b475d
 def _covered(gen: pd.DataFrame, configs: list[tuple[str, str]]) -> set[str]:

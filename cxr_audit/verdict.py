@@ -429,6 +429,7 @@ def _settings(preset, given: dict) -> dict:
     "Each setting: the argument when given, else the preset's, else the package default."
     out = {}
     for k, default in _DEFAULTS.items():
+        # a paper's preset holds only its paper's settings (paper 004's has no `significance` or `variations`)
         from_preset = getattr(preset, _PRESET_FIELDS[k], None) if preset is not None else None
         out[k] = given[k] if given[k] is not None else (from_preset if from_preset not in (None, (), "") else default)
     if out["ref_section"] not in ("findings", "impression", "both"):

@@ -119,3 +119,13 @@ class DocsSite:
 @pytest.fixture(scope="session")
 def docs_site(tmp_path_factory) -> DocsSite:
     return DocsSite(tmp_path_factory.mktemp("_docs"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    "Tiny torch models run several times faster on one thread; the setting is restored afterwards."
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

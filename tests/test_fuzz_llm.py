@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -22,7 +21,7 @@ from cxr_audit.cli import main as cli_main
 from cxr_audit.core import InputError, write_manifest
 from cxr_audit.llm import (BatchAbortedError, LLMHTTPError, OpenAIChat, RestrictedDataError, RuleChat, check_restricted,
                            describe_error, is_restricted, request_key, run_batch)
-from test_llm import CountingProxy, ScriptedStub, _cached_keys, _requests
+from test_llm import CountingProxy, ScriptedStub, _cached_keys, _requests, crash_script
 
 KEY = "sk-live-SECRET-0123456789"
 PW = "pw-SECRET-9876"
@@ -242,22 +241,11 @@ def test_partial_failure_is_counted(bad):
 
 # --- 6. kill -9 and resume against the real server ----------------------------------------------------------------
 
-CRASH_SCRIPT = """
-import sys
-from cxr_audit.llm import OpenAIChat, run_batch
-base_url, cache = sys.argv[1], sys.argv[2]
-reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]}
-        for i in range(24)]
-run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=3, max_tokens=6, progress=False)
-print("finished")
-"""
-
-
 def test_kill_9_resume_counts_lost_and_repeated(llama_server, tmp_path):
     proxy = CountingProxy(llama_server.base_url)
     try:
         cache, script = tmp_path / "k.sqlite", tmp_path / "batch.py"
-        script.write_text(textwrap.dedent(CRASH_SCRIPT))
+        script.write_text(crash_script(24, 3))
         proc = subprocess.Popen([sys.executable, str(script), proxy.base_url, str(cache)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         t_end = time.monotonic() + 300

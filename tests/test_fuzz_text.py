@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cxr_audit.metrics import METEOR_MAX_TOKENS, Meteor, run_meteor, tokenizer
+from cxr_audit.meteor import METEOR_MAX_TOKENS, run_meteor
+from cxr_audit.metrics import Meteor, tokenizer
 from cxr_audit import reports
 from cxr_audit.reports import split_sentences
 

@@ -34,13 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IU_REAL = ROOT / "tests/fixtures/iu_real/iu_valid_rexrank_sample.json"   # 50 real IU X-ray studies (ReXrank JSON)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models run several times faster on one thread; restore the setting afterwards
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def test_audit_sets_aside_a_configuration_that_covers_too_few_studies(tmp_path):
 
 
 def test_requests_that_cannot_be_honoured_are_refused_not_answered_with_zeros():
-    from cxr_audit.labels import label_audit
+    from cxr_audit.label_audit import label_audit
     from cxr_audit.longitudinal_eval import progression_evaluation
     from cxr_audit.verdict import verdict
     st = pd.DataFrame({"study_id": ["a", "b", "c"], "findings": ["", " ", ""], "impression": ""})

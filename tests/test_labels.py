@@ -9,13 +9,13 @@ import pytest
 
 from cxr_audit.core import InputError, config_label, sha256_frame
 from cxr_audit.corpus import to_generations
-from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, SCORES, FileLabeler, LabelAudit, Labeler,
-                              default_labeler, TraceAudit, align_labels, check_text_provenance, exclusion_sensitivity,
-                              findings_to_labels, from_wide, label_audit,
-                              label_generations, label_reports, naive_cardiac_labeler, parse_expected, probe_labeler,
-                              probe_summary, read_chexbert_csv, read_chexpert_csv, reference_texts, run_names,
-                              state_accuracy, to_binary, to_wide, trace_audit,
-                              trace_label_triggers, get_labeler, reference_profile)
+from cxr_audit.labels import (CHEXPERT_5, CHEXPERT_13, CHEXPERT_14, FileLabeler, Labeler, default_labeler,
+                              check_text_provenance, from_wide, label_reports, parse_expected, read_chexbert_csv,
+                              read_chexpert_csv, state_accuracy, to_binary, to_wide, trace_label_triggers, get_labeler)
+from cxr_audit.label_audit import (SCORES, LabelAudit, TraceAudit, align_labels, exclusion_sensitivity,
+                                   findings_to_labels, label_audit, label_generations, naive_cardiac_labeler,
+                                   probe_labeler, probe_summary, reference_texts, run_names, trace_audit,
+                                   reference_profile)
 from cxr_audit.stats import UnderpoweredWarning
 from cxr_audit.synth import make_demo_corpus
 
@@ -622,7 +622,7 @@ def _pivot_case_stats(al, system, labels, cases):
 
 
 def test_case_stats_equal_the_pivot_tables(demo):
-    from cxr_audit.labels import _case_label_sums
+    from cxr_audit.label_audit import _case_label_sums
     a = label_audit(demo.studies, demo.generations, reps=50)
     al = a.alignment
     for s in al.systems:

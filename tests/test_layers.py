@@ -166,3 +166,86 @@ def test_no_redefinition_is_silenced():
     silenced = [f"{p.name}:{i}" for p in sorted(LIB.glob("*.py"))
                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "noqa: F811" in line]
     assert not silenced, silenced
+
+
+# --- wide signatures (issue 45): 10+ parameters only where they are the user's options -------------------------------
+
+MAX_PARAMETERS = 9
+CLI = "one parameter per command-line option"
+RESAMPLING = "the data, then arch-style resampling options (reps, seed, clusters, size, method)"
+#: every function taking 10 or more parameters (`self` not counted), and why its parameters are the user's options
+WIDE_SIGNATURES = {
+    "audit.run_audit": "the audit's entry point: tables, stages and report options",
+    "cli.audit": f"cxr-audit audit: {CLI}",
+    "cli.concentration": f"cxr-audit concentration: {CLI}",
+    "cli.generate": f"cxr-audit generate: {CLI}",
+    "cli.longitudinal": f"cxr-audit longitudinal: {CLI}",
+    "cli.reref": f"cxr-audit reref: {CLI}",
+    "cli.review_prepare": f"cxr-audit review prepare: {CLI}",
+    "cli.score": f"cxr-audit score: {CLI}",
+    "cli.verdict": f"cxr-audit verdict: {CLI}",
+    "concentration.audit_concentration": "paper 004's audit in one call: each setting the user may change",
+    "corpus.load_mimic_cxr": "MIMIC-CXR loader: the dataset's files and the user's choice of splits and reports",
+    "evaluator.ReportGenerationEvaluator.__init__": "the evaluator's settings, stored as given (scikit-learn style)",
+    "evaluator.score_systems": "scoring in one call: metrics, baseline, grouping and resamples the user picks",
+    "generate.HFReportGenerator.__init__": "a Hugging Face model and its generation settings, stored as given",
+    "generate.generate_table": "generation in one call: policies, seeds, batching and images the user picks",
+    "label_audit.label_audit": "the labeler audit in one call: labels, pairs, probes and resamples the user picks",
+    "llm.ChatBackend.chat": "one chat request: the decoding parameters servers accept, and the restricted-data guard",
+    "llm.OpenAIChat.__init__": "the user's server: URL, key, Azure and structured-output settings",
+    "llm.run_batch": "the batch runner: concurrency, retries, decoding defaults and data guards the user sets",
+    "longitudinal.LLMAnnotator.__init__": "paper 003's annotator: prompt, decoding, LLM-call settings",
+    "longitudinal_eval.progression_evaluation": "paper 003's evaluation in one call: each setting the user may change",
+    "reref.ReRef.__init__": "the ReRef rewriter: rounds, temperatures, prompts and taxonomy, stored as given",
+    "reref.rewrite_table": "ReRef over a table: the rewriter's settings and the LLM-call options",
+    "reref_sensitivity.all_pairwise_gaps": f"paper 000's gaps for every dataset and metric: {RESAMPLING}",
+    "reref_sensitivity.pairwise_gaps": f"paper 000's paired gaps: {RESAMPLING}",
+    "reref_sensitivity.reference_sensitivity": "paper 000's analysis in one call: each setting the user may change",
+    "reref_validation.prepare_reref_validation": "ReRef validation kit: sample, reviewers, strata, formats",
+    "review.prepare_review": "paper 004's review kit: sample, panel, reviewers and formats the user picks",
+    "review.review_analysis": "the review analysis: sheets, key, decisions, rules and resamples the user gives",
+    "stats.bootstrap_distinct": f"a public bootstrap: {RESAMPLING}",
+    "stats.bootstrap_metrics": f"a public bootstrap: {RESAMPLING}",
+    "stats.comparison_family": f"a public bootstrap: {RESAMPLING}",
+    "stats.paired_bootstrap": f"a public bootstrap: {RESAMPLING}",
+    "verdict.verdict": "the verdict in one call: the checks and their thresholds are the user's options",
+}
+
+
+def wide_functions(path: Path) -> dict[str, int]:
+    "`module.[Class.]function` -> number of parameters (`self` not counted), for those with over `MAX_PARAMETERS`."
+    def walk(node, prefix):
+        for n in ast.iter_child_nodes(node):
+            if isinstance(n, ast.ClassDef): yield from walk(n, f"{prefix}{n.name}.")
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = n.args
+                names = [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p]
+                yield f"{prefix}{n.name}", len([p for p in names if p != "self"])
+                yield from walk(n, f"{prefix}{n.name}.")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {name: k for name, k in walk(tree, f"{path.stem}.") if k > MAX_PARAMETERS}
+
+
+def signature_check(wide: dict, allowed: dict) -> tuple[list, list]:
+    "(wide functions missing from `allowed`, listed ones that no longer take 10+ parameters)."
+    return sorted(set(wide) - set(allowed)), sorted(set(allowed) - set(wide))
+
+
+def test_only_entry_points_take_10_or_more_parameters():
+    modules = [p for p in sorted(LIB.glob("*.py")) if p.name != "_modidx.py"]
+    wide = {name: k for p in modules for name, k in wide_functions(p).items()}
+    unlisted, stale = signature_check(wide, WIDE_SIGNATURES)
+    assert not unlisted, (f"10+ parameters: {[f'{n} ({wide[n]})' for n in unlisted]}; group what belongs together "
+                          "(a small named object), or add it to WIDE_SIGNATURES with a reason")
+    assert not stale, f"in WIDE_SIGNATURES but no longer taking 10+ parameters: {stale}; remove them"
+    assert all(len(reason.split()) >= 3 for reason in WIDE_SIGNATURES.values()), "each entry needs a reason"
+
+
+def test_the_parameter_check_can_fail(tmp_path):
+    (tmp_path / "m.py").write_text("class A:\n"
+                                   "    def f(self, a, b, c, d, e, f, g, h, i): pass\n"
+                                   "def g(a, b, c, d, e, f, g, h, *i, j, **k):\n"
+                                   "    def h(self, *, a, b, c, d, e, f, g, h, i, j): pass\n")
+    wide = wide_functions(tmp_path / "m.py")
+    assert wide == {"m.g": 11, "m.g.h": 10}                          # `self` not counted; *args, **kwargs counted
+    assert signature_check(wide, {"m.g": "reason", "m.A.f": "reason"}) == (["m.g.h"], ["m.A.f"])

@@ -195,10 +195,16 @@ import sys
 from cxr_audit.llm import OpenAIChat, run_batch
 base_url, cache = sys.argv[1], sys.argv[2]
 reqs = [{"request_id": f"r{i:03d}", "messages": [{"role": "user", "content": f"Reply with one word. Item {i}."}]}
-        for i in range(30)]
-run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=2, max_tokens=6, progress=False)
+        for i in range(N_REQUESTS)]
+run_batch(reqs, OpenAIChat("smollm2", base_url=base_url), cache=cache, max_concurrency=CONCURRENCY, max_tokens=6,
+          progress=False)
 print("finished")
 """
+
+
+def crash_script(n_requests: int, concurrency: int) -> str:
+    "A batch run of `n_requests` one-word requests, `concurrency` at a time, to be killed with -9 and resumed."
+    return CRASH_SCRIPT.replace("N_REQUESTS", str(n_requests)).replace("CONCURRENCY", str(concurrency))
 
 
 def _cached_keys(path: Path) -> set:
@@ -214,7 +220,7 @@ def _cached_keys(path: Path) -> set:
 def test_crash_and_resume(server, proxy, tmp_path):
     cache_path = tmp_path / "crash.sqlite"
     script = tmp_path / "batch.py"
-    script.write_text(textwrap.dedent(CRASH_SCRIPT))
+    script.write_text(crash_script(30, 2))
     proc = subprocess.Popen([sys.executable, str(script), proxy.base_url, str(cache_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     t_end = time.monotonic() + 300

@@ -14,13 +14,14 @@ import pandas as pd
 import pytest
 
 from cxr_audit.core import InputError
-from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, align_labels, label_reports
+from cxr_audit.labels import CHEXPERT_5, CHEXPERT_14, label_reports
+from cxr_audit.label_audit import align_labels
 from cxr_audit.metrics import (AVAILABILITY_COLUMNS, BRIDGED_METRICS, LIGHT_METRICS, Bleu, CheXbertF1, CheXpertF1,
                                Meteor, Metric, RadEvalError, RadEvalMetric, bundle_metrics, chexbert_counts, coco_bleu,
-                               compare_with_pycocoevalcap,
-                               get_metric, list_metrics, meteor_value, metric_availability, metric_kind, negated,
-                               radeval_metric, radeval_values, sample_stats, score, tokenizer)
-from cxr_audit.metrics import _pid_alive   # private: the liveness check the stale-subset clean-up uses
+                               compare_with_pycocoevalcap, get_metric, list_metrics, metric_availability, metric_kind,
+                               negated, radeval_metric, radeval_values, sample_stats, score, tokenizer)
+from cxr_audit.meteor import meteor_value
+from cxr_audit.meteor import _pid_alive  # private: the liveness check the stale-subset clean-up uses
 from cxr_audit.stats import bootstrap, resample_indices, resample_weights, systems_from_scores
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
@@ -519,8 +520,8 @@ def test_fast_bleu_stats_are_the_pairwise_definition(pairs):
 
 
 def _jvm_pids():
-    from cxr_audit import metrics
-    return sorted(j.proc.pid for j in metrics._METEOR_JVMS.values())
+    from cxr_audit import meteor
+    return sorted(j.proc.pid for j in meteor._METEOR_JVMS.values())
 
 
 def _alive(pid):
@@ -531,16 +532,16 @@ def _alive(pid):
 
 @needs_java
 def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
-    from cxr_audit import metrics
-    from cxr_audit.metrics import close_meteor, run_meteor
+    from cxr_audit import meteor
+    from cxr_audit.meteor import close_meteor, run_meteor
     close_meteor()
     m = Meteor(tokenize=None)
     a = m.jar_scores(["no acute process . the heart is normal ."], ["no acute process ."])
     pids = _jvm_pids()
     assert len(pids) == 1 and _alive(pids[0])
     args = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
-    # the quick compiler and one GC thread (metrics.meteor_jvm_options)
-    assert all(o.encode() in args for o in metrics.METEOR_JVM_OPTIONS)
+    # the quick compiler and one GC thread (meteor.meteor_jvm_options)
+    assert all(o.encode() in args for o in meteor.METEOR_JVM_OPTIONS)
     b = m.jar_scores(["the heart is normal ."], ["heart normal ."])
     c = run_meteor(["the heart is normal ."], ["heart normal ."], evaluate=True)
     assert _jvm_pids() == pids  # three calls with words the jar covers, one JVM
@@ -561,19 +562,19 @@ def test_meteor_uses_one_jvm_per_process_and_close_ends_it():
 def test_a_long_meteor_batch_shared_over_two_jars_gives_the_same_statistics(monkeypatch):
     """Above METEOR_SPLIT new pairs, two jars score alternate pairs at once; the statistics equal one jar's, pair for
     pair."""
-    from cxr_audit import metrics
-    from cxr_audit.metrics import close_meteor, run_meteor
+    from cxr_audit import meteor
+    from cxr_audit.meteor import close_meteor, run_meteor
     refs = [f"the heart is normal . no effusion in case {i} ." for i in range(40)]
     hyps = [f"heart size normal . small effusion {i % 7} ." for i in range(40)]
-    monkeypatch.setattr(metrics, "METEOR_SPLIT", 10)
+    monkeypatch.setattr(meteor, "METEOR_SPLIT", 10)
     monkeypatch.setenv("CXR_AUDIT_METEOR_JARS", "2")
-    close_meteor(); metrics._METEOR_ANSWERS.clear()
+    close_meteor(); meteor._METEOR_ANSWERS.clear()
     two = run_meteor(refs, hyps).stats
     assert len(_jvm_pids()) == 2                                         # both jars ran, and stay for the next call
-    tables = {j.table for j in metrics._METEOR_JVMS.values()}
+    tables = {j.table for j in meteor._METEOR_JVMS.values()}
     assert len(tables) == 1                                              # sharing one paraphrase subset file
     monkeypatch.setenv("CXR_AUDIT_METEOR_JARS", "1")
-    close_meteor(); metrics._METEOR_ANSWERS.clear()
+    close_meteor(); meteor._METEOR_ANSWERS.clear()
     one = run_meteor(refs, hyps).stats
     assert len(_jvm_pids()) == 1
     np.testing.assert_array_equal(two, one)
@@ -583,7 +584,7 @@ def test_a_long_meteor_batch_shared_over_two_jars_gives_the_same_statistics(monk
 @needs_java
 def test_meteor_jvm_options_change_no_statistic(monkeypatch):
     "The JVM's default compilers and collector (no options) give the same statistics, bit for bit, on real IU reports."
-    from cxr_audit.metrics import close_meteor, meteor_jvm_options, run_meteor
+    from cxr_audit.meteor import close_meteor, meteor_jvm_options, run_meteor
     data = json.loads(IU_JSON.read_text())
     iu = [v.get("section_findings") or v.get("report") or "" for v in data.values()][:60]
     refs, hyps = iu, iu[7:] + iu[:7]
@@ -613,8 +614,8 @@ def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
     """Every pair's 23 statistics with the paraphrase subset equal those with the jar's full table: real IU X-ray
     reports crossed with each other, and awkward text (Unicode, entities, punctuation, numbers), raw and
     R2Gen-tokenized."""
-    from cxr_audit import metrics
-    from cxr_audit.metrics import close_meteor, paraphrase_index, run_meteor
+    from cxr_audit import meteor
+    from cxr_audit.meteor import close_meteor, paraphrase_index, run_meteor
     data = json.loads(IU_JSON.read_text())
     iu = [v.get("section_findings") or v.get("report") or "" for v in data.values()]
     refs = iu + AWKWARD + AWKWARD[::-1]
@@ -626,7 +627,7 @@ def test_meteor_paraphrase_subset_gives_the_full_tables_statistics():
     close_meteor()
     full = [run_meteor(r, h, paraphrase="full").stats for r, h in cases]
     # a full-table jar answered (not answers kept from the subset)
-    assert [j.words for j in metrics._METEOR_JVMS.values()] == [None]
+    assert [j.words for j in meteor._METEOR_JVMS.values()] == [None]
     close_meteor()
     for a, b in zip(subset, full): np.testing.assert_array_equal(a, b)
     para = 4 + 4 * 3  # stage 4 (paraphrase) content matches, test side
@@ -655,7 +656,7 @@ def test_paraphrase_index_is_built_once_by_concurrent_processes(tmp_path):
 
 @needs_java
 def test_meteor_replaces_a_jvm_that_died():
-    from cxr_audit.metrics import close_meteor, run_meteor
+    from cxr_audit.meteor import close_meteor, run_meteor
     close_meteor()
     first = run_meteor(["no pleural effusion ."], ["no effusion ."], evaluate=True)
     (pid,) = _jvm_pids()
@@ -667,8 +668,8 @@ def test_meteor_replaces_a_jvm_that_died():
 
 @needs_java
 def test_meteor_jvm_ends_when_python_exits():
-    code = ("from cxr_audit.metrics import Meteor, _METEOR_JVMS; Meteor(tokenize=None).stats(['a b'], ['a b']); "
-            "print([j.proc.pid for j in _METEOR_JVMS.values()][0])")
+    code = ("from cxr_audit.metrics import Meteor; from cxr_audit.meteor import _METEOR_JVMS; "
+            "Meteor(tokenize=None).stats(['a b'], ['a b']); print([j.proc.pid for j in _METEOR_JVMS.values()][0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     pid = int(out.stdout.split()[-1])
     assert not _alive(pid)

@@ -13,8 +13,8 @@ from statsmodels.stats.multitest import multipletests
 
 from cxr_audit.core import InputError
 from cxr_audit.labels import CHEXPERT_14
-from cxr_audit.papers import (PAPER_000, PAPER_003, PAPER_004, Preset, entry_endpoints, family_from_endpoints,
-                              primary_family)
+from cxr_audit.papers import (PAPER_000, PAPER_003, PAPER_004, Preset, Preset000, Preset003, Preset004,
+                              entry_endpoints, family_from_endpoints, primary_family)
 from cxr_audit.stats import comparison_family, micro_stats, proportion_stats
 from cxr_audit.synth import make_demo_corpus
 
@@ -64,8 +64,28 @@ def test_preset_fields_and_sources():
     assert set(f.source) == {"paper", "not given in the paper"}
     assert f.loc["cohort_params.004_iu.fractions", "source"] == "not given in the paper"
     assert f.loc["reps", "source"] == "paper"
-    assert all(p.split(".")[0] in {x.name for x in dataclasses.fields(Preset)} for p in PAPER_004.not_in_paper)
+    assert all(p.split(".")[0] in {x.name for x in dataclasses.fields(PAPER_004)} for p in PAPER_004.not_in_paper)
     assert "<" not in PAPER_004._repr_markdown_().split("\n")[0]
+
+
+def test_each_paper_has_one_small_preset():
+    "Shared settings on `Preset`; each paper's class adds only its own fields, all set; no list of unused fields."
+    shared = {x.name for x in dataclasses.fields(Preset)}
+    assert {"name", "title", "reps", "seed", "size", "clusters", "labeler", "reported", "not_in_paper"} <= shared
+    papers = {"000": (PAPER_000, Preset000), "003": (PAPER_003, Preset003), "004": (PAPER_004, Preset004)}
+    own = {k: {x.name for x in dataclasses.fields(cls)} - shared for k, (_, cls) in papers.items()}
+    assert {"comparisons", "endpoints", "policies", "prefixes", "validity_rule", "p_convention"} <= own["004"]
+    assert {"decoding", "prompt_settings", "runs", "keywords", "match", "splitter"} <= own["003"]
+    assert {"variations", "rewriting", "metric_names", "substitutes", "sensitivity"} <= own["000"]
+    assert not own["004"] & (own["003"] | own["000"])
+    for k, (p, cls) in papers.items():
+        assert type(p) is cls and p.name == k and not hasattr(p, "not_used")
+        shown = {x.split(".")[0] for x in p.to_frame().field}
+        assert own[k] <= shown and not (set().union(*own.values()) - own[k]) & shown   # its own fields, set
+    # a paper's methods are on its class only
+    assert not any(hasattr(PAPER_004, m) for m in ("llm_annotator", "reref_loop", "metric_plan",
+                                                   "reference_sensitivity"))
+    assert not hasattr(PAPER_003, "reref_loop") and not hasattr(PAPER_000, "llm_annotator")
 
 
 def test_preset_cohort_uses_the_recipe_and_its_params():
@@ -229,10 +249,10 @@ def test_paper_003_preset_fields_and_sources():
     assert f.loc["match", "source"] == "not given in the paper" and f.loc["seed", "source"] == "not given in the paper"
     assert f.loc["reps", "source"] == "paper" and f.loc["decoding.sampling.top_k",
                                                         ["value", "source"]].tolist() == [20, "paper"]
-    assert not set(p.not_used) & {x.split(".")[0] for x in f.index}          # unused fields are left out
-    fields_ = {x.name for x in dataclasses.fields(Preset)}
-    assert all(x.split(".")[0] in fields_ for x in p.not_in_paper + p.not_used)
-    # the older preset keeps every field in its table
+    assert not {"prefixes", "validity_rule", "policies", "variations"} & {x.split(".")[0] for x in f.index}
+    fields_ = {x.name for x in dataclasses.fields(p)}
+    assert all(x.split(".")[0] in fields_ for x in p.not_in_paper)
+    # paper 004's own fields are in its table
     assert {"prefixes", "validity_rule", "policies"} <= {x.split(".")[0] for x in PAPER_004.to_frame().field}
 
 
@@ -284,8 +304,8 @@ def test_paper_000_preset_against_the_paper():
     assert {f.loc[k, "source"] for k in ("reps", "seed", "clusters.MIMIC-CXR", "labeler",
                                          "substitutes.rewriter")} == {"not given in the paper"}
     assert f.loc["rewriting.generator_max_tokens", ["value", "source"]].tolist() == [16382, "paper"]
-    assert not set(p.not_used) & {x.split(".")[0] for x in f.index}
-    assert all(x.split(".")[0] in {y.name for y in dataclasses.fields(Preset)} for x in p.not_in_paper + p.not_used)
+    assert not {"prefixes", "policies", "decoding", "runs", "match"} & {x.split(".")[0] for x in f.index}
+    assert all(x.split(".")[0] in {y.name for y in dataclasses.fields(p)} for x in p.not_in_paper)
 
 
 def test_paper_000_reported_numbers_recompute():
@@ -347,7 +367,7 @@ def test_paper_000_reref_loop_sends_the_papers_settings():
     with pytest.raises(InputError, match="Verifier without a Generator"):
         PAPER_000.reref_loop(None, probe)
     with pytest.raises(InputError, match="no ReRef loop"):
-        PAPER_004.reref_loop(probe)
+        Preset000(name="empty").reref_loop(probe)
 
 
 def test_paper_000_metric_plan():
@@ -363,12 +383,12 @@ def test_paper_000_metric_plan():
     for m, r in plan.iterrows():   # what runs: the metric where it can, else its substitute, else nothing
         assert r.runs_as == (m if r.available else PAPER_000.substitutes.get(m, ""))
         assert r.available or r.reason.startswith("not available here, because")
-    toy = Preset(name="toy", metrics=("bleu_2", "no_such_metric"), substitutes={"no_such_metric": "rouge_l"},
-                 metric_names={"bleu_2": "BLEU-2"})
+    toy = Preset000(name="toy", metrics=("bleu_2", "no_such_metric"), substitutes={"no_such_metric": "rouge_l"},
+                    metric_names={"bleu_2": "BLEU-2"})
     t = toy.metric_plan()
     assert t.paper_name.tolist() == ["BLEU-2", "no_such_metric"] and t.runs_as.tolist() == ["bleu_2", "rouge_l"]
     with pytest.raises(InputError, match="no metrics"):
-        Preset(name="empty").metric_plan()
+        Preset000(name="empty").metric_plan()
 
 
 def test_paper_000_reference_sensitivity_uses_the_preset():
@@ -402,7 +422,7 @@ def test_paper_000_reference_sensitivity_uses_the_preset():
                                           variations=["negation:implicit"])
     assert two.params["variants"] == ["negation:implicit"] and two.run.references.iterations.max() <= 1
     with pytest.raises(InputError, match="no reference variations"):
-        PAPER_003.reference_sensitivity(s, g)
+        Preset000(name="empty").reference_sensitivity(s, g)
 
 
 def test_a_printed_number_check_fails_when_one_input_is_off():
@@ -418,7 +438,8 @@ def test_a_printed_number_check_fails_when_one_input_is_off():
 def test_paper_004_simulation_points_the_papers_way(seed):
     "The SIMULATED ON/OFF stand-ins give paper 004's effect directions on a small corpus of either seed."
     from cxr_audit.concentration import audit_concentration
-    from cxr_audit.labels import get_labeler, label_audit
+    from cxr_audit.labels import get_labeler
+    from cxr_audit.label_audit import label_audit
     from cxr_audit.papers import simulated_004_generations
     demo = make_demo_corpus(n_patients=150, seed=seed)
     site = {"MIMIC->IU": "synthetic-site-b", "IU->MIMIC": "synthetic-site-a"}

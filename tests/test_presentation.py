@@ -125,7 +125,7 @@ def _ctx_labels(n_patients=20, corpus_seed=0, **params):
 
 
 def test_labels_section_renders_the_audit():
-    from cxr_audit.labels import label_audit
+    from cxr_audit.label_audit import label_audit
     ctx = _ctx_labels(reps=50, seed=2026)
     sec = labels_stage(ctx)
     frames = [b for b in sec.blocks if isinstance(b, pd.DataFrame)]
@@ -165,7 +165,8 @@ def _tables(tmp_path, n_patients=12, seed=3):
 
 def test_labels_command(tmp_path):
     import pytest
-    from cxr_audit.labels import CHEXPERT_5, label_audit
+    from cxr_audit.labels import CHEXPERT_5
+    from cxr_audit.label_audit import label_audit
     d = _tables(tmp_path)
     msg = labels(references=str(tmp_path / "studies.parquet"), predictions=str(tmp_path / "generations.parquet"),
                  out=str(tmp_path / "o"), labels="5", reps=50)

@@ -30,21 +30,15 @@ transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
 from cxr_audit.core import InputError  # noqa: E402
-from cxr_audit.generate import (  # noqa: E402
-                                GENERATOR_RECIPES, MEDGEMMA_PROMPT, SECTIONS_HEADER, TINY_VOCAB, CheXagentInputs,
-                                DecodingPolicy, GeneratorRecipe, HFReportGenerator, Maira2Inputs, call_report_generator,
-                                generate_table, generator_recipe, image_file, load_generator, recipes_frame,
-                                tiny_gemma3, tiny_model, tiny_tokenizer, with_indication)
+from cxr_audit.recipes import (GENERATOR_RECIPES, MEDGEMMA_PROMPT, CheXagentInputs, GeneratorRecipe, Maira2Inputs,  # noqa: E402
+                               generator_recipe, load_generator, recipes_frame, tiny_gemma3)
+from cxr_audit.generate import (SECTIONS_HEADER, TINY_VOCAB, DecodingPolicy, HFReportGenerator, call_report_generator,  # noqa: E402
+                                generate_table, image_file, tiny_model, tiny_tokenizer, with_indication)
 
 SHORT = DecodingPolicy("greedy-8", max_new_tokens=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tiny models: one thread (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +156,7 @@ def test_without_torch_the_error_names_the_extra(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.modules["torch"] = None
-        from cxr_audit.generate import load_generator
+        from cxr_audit.recipes import load_generator
         try: load_generator("medgemma", {str(tmp_path)!r})
         except ImportError as e: print(e)
     """)

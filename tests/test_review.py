@@ -429,6 +429,47 @@ def test_reref_key_sheet_is_formula_neutralised(tmp_path, demo, reref_refs):
     assert res.rewriter == "'=HYPERLINK(\"http://evil\")" and len(res.key) == len(P.key)
 
 
+def test_both_kits_write_through_one_packet_writer(tmp_path, demo, cases, reref_refs, monkeypatch):
+    import cxr_audit.review as review
+    import cxr_audit.reref_validation as reref_validation
+    write_packets = review.write_packets
+    assert reref_validation.write_packets is write_packets
+    calls = []
+
+    def spy(packets, out_dir, places, *args, **kwargs):
+        calls.append((packets, places, args, kwargs))
+        return write_packets(packets, out_dir, places, *args, **kwargs)
+
+    monkeypatch.setattr(review, "write_packets", spy)
+    monkeypatch.setattr(reref_validation, "write_packets", spy)
+    rp = make_review_packets(cases, demo.generations, demo.studies, seed=2026, configs=CONFIGS, out_dir=tmp_path / "r")
+    vp = prepare_reref_validation(demo.studies, reref_refs, 3, seed=2026, out_dir=tmp_path / "v", rewriter=RULES)
+    assert [(type(c[0]).__name__, list(c[1])) for c in calls] == [("ReviewPackets", list(rp.sheets)),
+                                                                  ("RerefPackets", list(vp.sheets))]
+    for P, folder, (unwritten, places, args, kwargs) in zip((rp, vp), (tmp_path / "r", tmp_path / "v"), calls):
+        assert isinstance(P, review.Packets) and unwritten.paths == {}
+        assert {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()} == set(P.paths)
+        manifest = json.loads(P.paths["key/manifest.json"].read_text("utf-8"))
+        assert set(manifest["outputs"]) == set(P.paths) - {"key/manifest.json"}
+        for name in P.sheets:  # each sheet in its folder, with the codebook and a README saying how to return it
+            sheet = next(f for k, f in P.paths.items() if k.endswith(f"/{name}.csv"))
+            readme = (sheet.parent / "README.txt").read_text("utf-8").splitlines()
+            assert readme[1] == f"Fill the rating columns of {name}.xlsx (or {name}.csv) and return that one file."
+            assert (sheet.parent / "codebook.csv").is_file()
+        # the writer called by hand with the kit's arguments writes the kit's files, byte for byte
+        again = write_packets(unwritten, tmp_path / "again" / folder.name, places, *args, **kwargs)
+        assert set(again.paths) == set(P.paths)
+        for k in set(P.paths) - {"key/manifest.json"}: assert again.paths[k].read_bytes() == P.paths[k].read_bytes(), k
+        key = P.to_frame()
+        key.iloc[0, 0] = "changed"
+        assert P.key.iloc[0, 0] != "changed"  # to_frame returns a copy
+    # the shared writer refuses a different key, in each kit's words
+    with pytest.raises(InputError, match="already holds a different review key; write new packets"):
+        make_review_packets(cases, demo.generations, demo.studies, seed=7, configs=CONFIGS, out_dir=tmp_path / "r")
+    with pytest.raises(InputError, match="already holds a different ReRef validation key; write new sheets"):
+        prepare_reref_validation(demo.studies, reref_refs, 3, seed=7, out_dir=tmp_path / "v")
+    assert len(calls) == 4
+
 def _hand_sheets():
     "Three reviewers, five pairs; the original is A in P1, P3, P5 and B in P2, P4."
     key = pd.DataFrame({"report_id": [f"P{i}" for i in range(1, 6)], "study_id": [f"s{i}" for i in range(1, 6)],

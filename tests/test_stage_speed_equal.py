@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cxr_audit.labels import align_labels, label_generations, label_reports, reference_texts
+from cxr_audit.label_audit import align_labels, label_generations, reference_texts
+from cxr_audit.labels import label_reports
 from cxr_audit.llm import BatchAbortedError, RuleChat, run_batch
 from cxr_audit.reref_rules import parse_section
 from cxr_audit.synth import make_demo_corpus
