@@ -32,7 +32,7 @@ import threading
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -42,9 +42,9 @@ import fastcore.basics
 __all__ = ['REPS_INTERVAL', 'REPS_SCORING', 'REPS_AGREEMENT', 'DEFAULT_SEED', 'CONFIG_SEP', 'ID_COLUMNS', 'FORMULA_PREFIXES',
            'PALETTE', 'EXTRA_COLORS', 'CxrAuditError', 'InputError', 'IncompleteRunError', 'check_int', 'patch', 'rng',
            'as_pandas', 'is_missing', 'config_label', 'require_columns', 'sha256_bytes', 'sha256_text', 'sha256_file',
-           'sha256_frame', 'md_table', 'read_table', 'write_table', 'optional_import', 'install_hint', 'cache_dir',
-           'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest', 'cxr_theme',
-           'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped', 'ChartProcess', 'chart_pool',
+           'sha256_frame', 'md_table', 'Result', 'read_table', 'write_table', 'optional_import', 'install_hint',
+           'cache_dir', 'resource_text', 'read_text', 'read_json', 'package_versions', 'redact', 'write_manifest',
+           'cxr_theme', 'enable_theme', 'save_chart', 'chart_svg', 'ChartProcessStopped', 'ChartProcess', 'chart_pool',
            'shared_chart_pool', 'submit_chart', 'chart_svgs', 'system_colors', 'use_system_colors', 'system_color',
            'show_progress', 'progress']
 
@@ -232,6 +232,15 @@ def md_table(df,             # a small table (pandas or polars)
         return str(v).replace("|", "/").replace("\n", " ")
     head = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * df.shape[1]]
     return "\n".join(head + ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)])
+
+# %% ../nbs/00_core.ipynb #df7af5cf
+@runtime_checkable
+class Result(Protocol):
+    "What every result object offers: a copy of its table, a summary table and a markdown view."
+    def to_frame(self) -> pd.DataFrame: ...
+    def summary(self) -> pd.DataFrame: ...
+    def _repr_markdown_(self) -> str: ...
+
 
 # %% ../nbs/00_core.ipynb #a974f3c5
 _TABLE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz", ".tsv", ".tsv.gz")

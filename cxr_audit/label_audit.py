@@ -476,8 +476,8 @@ class TraceAudit:
     trace: LabelTrace          # which evidence drives each label (`trace_label_triggers`)
 
     def to_frame(self) -> pd.DataFrame:
-        "Per group and label: positives, top evidence and share, flags (the trace's `flags`)."
-        return self.trace.flags
+        "Per group and label: positives, top evidence and share, flags (a copy of the trace's `flags`)."
+        return self.trace.flags.copy()
 
     def summary(self) -> pd.DataFrame:
         "The flagged labels (`LabelTrace.summary`)."
@@ -682,7 +682,7 @@ class LabelAudit:
 
     def to_frame(self) -> pd.DataFrame:
         "The tidy long table: every score per reference, label set and system, with its interval (see `scores`)."
-        return self.scores
+        return self.scores.copy()
 
     def summary(self, metric: str = "micro_f1" # the score shown (one of `SCORES`)
                ) -> pd.DataFrame:

@@ -962,7 +962,7 @@ class LabelTrace:
     min_positives: int
     normal_share: float = 0.1   # see `trace_label_triggers`
 
-    def to_frame(self) -> pd.DataFrame: return self.flags
+    def to_frame(self) -> pd.DataFrame: return self.flags.copy()
 
     def flagged(self) -> pd.DataFrame:
         "Only the labels with a flag."

@@ -106,6 +106,9 @@ class Taxonomy:
         "One row per target variation: variant, dimension, axis, kind, variation, definition."
         return pd.DataFrame([{"variant": v.variant, "dimension": a.dimension, "axis": a.name, "kind": a.kind,
                               "variation": v.name, "definition": v.definition} for a in self.axes for v in a.targets])
+    def summary(self) -> pd.DataFrame:
+        "Per dimension and axis: the number of target variations."
+        return self.to_frame().groupby(["dimension", "axis"], sort=False).size().reset_index(name="variations")
     def _repr_markdown_(self): return md_table(self.to_frame())
 
 # %% ../nbs/09_reref.ipynb #20f61149
@@ -454,6 +457,10 @@ class Round:
     def to_frame(self) -> pd.DataFrame:
         "The round's log, one row per task."
         return pd.DataFrame(list(self.log.values()), columns=list(ROUND_COLUMNS))
+    def summary(self) -> pd.DataFrame:
+        "One row: `round, tasks, accepted`."
+        return pd.DataFrame([{"round": self.number, "tasks": len(self.log), "accepted": len(self.accepted)}])
+    def _repr_markdown_(self): return md_table(self.summary())
 
 # %% ../nbs/09_reref.ipynb #70c58944
 @patch

@@ -334,8 +334,8 @@ def _indicators(D: pd.DataFrame, cb: Codebook) -> dict[str, tuple[np.ndarray, np
 def _over_studies(S: np.ndarray, value: str, units: np.ndarray, reps: int, seed, size: float) -> tuple[float, float]:
     "Bootstrap percentile interval resampling studies (`nan` with fewer than two studies)."
     if len(set(units)) < 2: return np.nan, np.nan
-    lo, hi = bootstrap(S, value, reps=reps, seed=seed, clusters=units, size=size).conf_int()
-    return float(lo), float(hi)
+    res = bootstrap(S, value, reps=reps, seed=seed, clusters=units, size=size)
+    return res.ci_low, res.ci_high
 
 def _share(num, den, units, pooled: bool, reps: int, seed, size: float) -> dict:
     "`k, n, estimate, ci_low, ci_high, method` of one share: exact for one reviewer, studies resampled when pooled."
@@ -418,8 +418,8 @@ def _fleiss_kappa(sums):
 
 def _fleiss_row(W: pd.DataFrame, cats: list, reps: int, seed, size: float) -> dict:
     S = _fleiss_stats(np.column_stack([(W == c).sum(axis=1).to_numpy() for c in cats]).astype(float))
-    lo, hi = bootstrap(S, _fleiss_kappa, reps=reps, seed=seed,
-                       size=size).conf_int() if len(S) >= 2 else (np.nan, np.nan)
+    res = bootstrap(S, _fleiss_kappa, reps=reps, seed=seed, size=size) if len(S) >= 2 else None
+    lo, hi = (res.ci_low, res.ci_high) if res is not None else (np.nan, np.nan)
     return {"metric": "fleiss_kappa", "estimate": float(_fleiss_kappa(S.sum(0))), "ci_low": float(lo),
             "ci_high": float(hi), "n": len(S), "method": f"bootstrap percentile ({reps} reps)"}
 

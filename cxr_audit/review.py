@@ -115,6 +115,10 @@ class Codebook:
                              "required": np.where(ep.required, "yes", "no"),
                              "question": ep.question}).reset_index(drop=True)
 
+    def summary(self) -> pd.DataFrame:
+        "Per phase and role: the number of rating columns."
+        return self.endpoints.groupby(["phase", "role"], sort=False).size().reset_index(name="columns")
+
     def _repr_markdown_(self): return md_table(self.to_frame())
 
 def _allowed(ep: Mapping) -> str:
@@ -787,7 +791,7 @@ def _count_agreement(x: np.ndarray, y: np.ndarray, reps: int, seed, size: float)
                 for m in ("icc2_1", "mean_abs_diff")]
     icc = icc2_1(np.column_stack([x, y]).astype(float), size=size)
     mad = bootstrap(mean_stats(np.abs(x - y).astype(float)), "mean", reps=reps, seed=seed, size=size)
-    lo, hi = mad.conf_int()
+    lo, hi = mad.ci_low, mad.ci_high
     return [{"metric": "icc2_1", "estimate": icc.estimate, "ci_low": icc.ci_low, "ci_high": icc.ci_high, "n": len(x),
              "method": icc.method},
             {"metric": "mean_abs_diff", "estimate": mad.estimate, "ci_low": lo, "ci_high": hi, "n": len(x),

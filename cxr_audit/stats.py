@@ -473,10 +473,27 @@ class BootstrapResult:
 
     def conf_int(self, method: CIMethod | None = None, # interval method (default: the result's own)
                  size: float | None = None        # coverage (default: the result's own)
-                ) -> np.ndarray:
-        "`[low, high]` interval of the statistic."
+                ) -> pd.DataFrame:
+        "One row: `metric, ci_low, ci_high`."
+        lo, hi = self._bounds(method, size)
+        return pd.DataFrame({"metric": [self.metric], "ci_low": [lo], "ci_high": [hi]})
+
+    def _bounds(self, method: CIMethod | None = None, size: float | None = None) -> np.ndarray:
         return _interval(self.replicates[None], np.array([self.estimate]), self.jackknife[None],
                          _given(method, self.method), _given(size, self.size))[0]
+
+    @cached_property
+    def _default_bounds(self) -> np.ndarray: return self._bounds()
+
+    @property
+    def ci_low(self) -> float:
+        "Lower bound of the default interval."
+        return float(self._default_bounds[0])
+
+    @property
+    def ci_high(self) -> float:
+        "Upper bound of the default interval."
+        return float(self._default_bounds[1])
 
     @cached_property
     def n_valid_reps(self) -> int:
@@ -492,14 +509,18 @@ class BootstrapResult:
                  size: float | None = None        # coverage (default: the result's own)
                 ) -> pd.DataFrame:
         "One row: `metric, estimate, ci_low, ci_high, se, n, n_clusters, reps, n_valid_reps, method, size`."
-        lo, hi = self.conf_int(method, size)
+        lo, hi = self._bounds(method, size)
         return pd.DataFrame([{"metric": self.metric, "estimate": self.estimate, "ci_low": lo, "ci_high": hi,
                               "se": self.se, "n": self.n, "n_clusters": self.n_clusters, "reps": len(self.replicates),
                               "n_valid_reps": self.n_valid_reps, "method": _given(method, self.method),
                               "size": _given(size, self.size)}])
 
+    def summary(self) -> pd.DataFrame:
+        "The short table: `metric, estimate, ci_low, ci_high, n`."
+        return self.to_frame()[["metric", "estimate", "ci_low", "ci_high", "n"]]
+
     def __repr__(self):
-        lo, hi = self.conf_int()
+        lo, hi = self.ci_low, self.ci_high
         return (f"BootstrapResult({self.metric}={self.estimate:.4g}, {self.size:.0%} CI [{lo:.4g}, {hi:.4g}], "
                 f"reps={len(self.replicates)}, valid={self.n_valid_reps})")
 
@@ -678,6 +699,10 @@ class PairedResult:
 
     @cached_property
     def _frames(self) -> dict: return {}
+
+    def summary(self) -> pd.DataFrame:
+        "The short table: `first, second, estimate, ci_low, ci_high, p_holm, significant`."
+        return self.to_frame()[["first", "second", "estimate", "ci_low", "ci_high", "p_holm", "significant"]]
 
     def _frame(self, method: str, size: float) -> pd.DataFrame:
         i, j = self._ij.T; ci = self.conf_int(method, size)
@@ -1144,14 +1169,18 @@ class Estimate:
     method: str = ""             # how the interval (and p) were obtained
     extra: dict = field(default_factory=dict) # further named numbers (test statistic, df, ...)
 
-    def conf_int(self) -> np.ndarray:
-        "`[ci_low, ci_high]`."
-        return np.array([self.ci_low, self.ci_high])
+    def conf_int(self) -> pd.DataFrame:
+        "One row: `metric, ci_low, ci_high`."
+        return pd.DataFrame({"metric": [self.metric], "ci_low": [self.ci_low], "ci_high": [self.ci_high]})
 
     def to_frame(self) -> pd.DataFrame:
         "One row: `metric, estimate, ci_low, ci_high, p, n, method` and the extras."
         return pd.DataFrame([{"metric": self.metric, "estimate": self.estimate, "ci_low": self.ci_low,
                               "ci_high": self.ci_high, "p": self.p, "n": self.n, "method": self.method, **self.extra}])
+
+    def summary(self) -> pd.DataFrame:
+        "The short table: `metric, estimate, ci_low, ci_high, p`."
+        return self.to_frame()[["metric", "estimate", "ci_low", "ci_high", "p"]]
 
     def _repr_markdown_(self): return md_table(self.to_frame())
 

@@ -237,7 +237,7 @@ def test_coverage_shares_vs_recount(K, N, a):
         for s in ("shares", "recount"):
             res = au.bootstrap_results(0, list(truth), reps=400, seed=d, scheme=s)
             for m in truth:
-                lo, hi = res[m].conf_int(); cover[(m, s)] += lo <= truth[m] <= hi
+                cover[(m, s)] += res[m].ci_low <= truth[m] <= res[m].ci_high
     for m in truth: assert cover[(m, "shares")] / D >= 0.85, (m, cover)
     assert cover[("duplicate_rate", "recount")] / D <= 0.1 and cover[("unique_report_ratio",
                                                                       "recount")] / D <= 0.1, cover

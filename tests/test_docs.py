@@ -195,3 +195,20 @@ def test_readme_is_generated_from_index(tmp_path):
     assert "make demo" in text and "make test" in text
     assert "(nbs/00_core.ipynb)" in text
     assert text == (ROOT / "README.md").read_text(), "README.md is stale: run `make readme` and commit it"
+
+
+def module_table(readme: str) -> dict[str, str]:
+    "Module name -> its notebook, from the README's table of pages (`| [name](nbs/NN_name.ipynb) | ... |`)."
+    return dict(re.findall(r"^\| \[(\w+)\]\(nbs/([\w.]+\.ipynb)\) \|", readme, re.M))
+
+
+def test_readme_lists_every_module_with_its_notebook():
+    table = module_table((ROOT / "README.md").read_text(encoding="utf-8"))
+    modules = {p.stem for p in (ROOT / "cxr_audit").glob("*.py")} - {"__init__", "_modidx"}
+    assert set(table) == modules, (sorted(modules - set(table)), sorted(set(table) - modules))
+    for name, nb in table.items():
+        assert f"#| default_exp {name}" in (ROOT / "nbs" / nb).read_text(encoding="utf-8"), (name, nb)
+
+
+def test_the_module_table_check_can_fail():
+    assert module_table("| [core](nbs/00_core.ipynb) | seeds |\n| page | what |\n") == {"core": "00_core.ipynb"}

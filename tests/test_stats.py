@@ -27,6 +27,11 @@ from cxr_audit.stats import (DegenerateIntervalWarning, ComparisonFamily, compar
                              resample_weights, within_one)
 
 
+def _bounds(ci: pd.DataFrame) -> np.ndarray:
+    "The `[ci_low, ci_high]` of a one-row `conf_int()` table."
+    return ci[["ci_low", "ci_high"]].to_numpy(dtype=float)[0]
+
+
 # ---------------------------------------------------------------- exact equality with the naive evaluator loop
 def test_mean_equals_naive_loop_exactly():
     x = np.round(np.random.default_rng(0).normal(0.5, 0.2, 500) * 256) / 256  # dyadic: every sum is exact
@@ -145,7 +150,8 @@ def test_percentile_and_bca_intervals_match_scipy_within_monte_carlo_error():
     ours = bootstrap(mean_stats(x), reps=20000, seed=1)
     for method in ("percentile", "BCa"):
         ref = sps.bootstrap((x,), np.mean, n_resamples=20000, method=method, rng=2).confidence_interval
-        np.testing.assert_allclose(ours.conf_int(method.lower()), [ref.low, ref.high], atol=0.05 * ours.se * 3)
+        ci = _bounds(ours.conf_int(method.lower()))
+        np.testing.assert_allclose(ci, [ref.low, ref.high], atol=0.05 * ours.se * 3)
 
 
 def test_percentile_coverage_simulation():
@@ -154,8 +160,8 @@ def test_percentile_coverage_simulation():
     hits = 0
     for k in range(400):
         x = g.normal(1.0, 2.0, 60)
-        lo, hi = bootstrap(mean_stats(x), reps=1000, seed=k).conf_int()
-        hits += lo <= 1.0 <= hi
+        res = bootstrap(mean_stats(x), reps=1000, seed=k)
+        hits += res.ci_low <= 1.0 <= res.ci_high
     assert 0.92 <= hits / 400 <= 0.98, hits / 400
 
 
@@ -212,7 +218,8 @@ def test_icc21_equals_pingouin_icc_a1():
         assert np.isclose(ours.estimate, ref["ICC"], atol=1e-10)
         assert np.isclose(ours.extra["F"], ref["F"], atol=1e-8) and np.isclose(ours.p, ref["pval"], rtol=1e-6,
                                                                                atol=1e-12)
-        np.testing.assert_allclose(ours.conf_int(), ref["CI95"], atol=0.005 + 1e-9)  # pingouin rounds to 2 decimals
+        # pingouin rounds to 2 decimals
+        np.testing.assert_allclose([ours.ci_low, ours.ci_high], ref["CI95"], atol=0.005 + 1e-9)
 
 
 def test_kendalls_w_textbook_and_friedman():
@@ -232,7 +239,7 @@ def test_exact_binomial_ci_matches_beta_quantiles():
         e = exact_binomial_ci(k, n)
         lo = 0.0 if k == 0 else sps.beta.ppf(0.025, k, n - k + 1)
         hi = 1.0 if k == n else sps.beta.ppf(0.975, k + 1, n - k)
-        np.testing.assert_allclose(e.conf_int(), [lo, hi], atol=1e-9)
+        np.testing.assert_allclose([e.ci_low, e.ci_high], [lo, hi], atol=1e-9)
 
 
 def test_rater_agreement_table_shapes_and_intervals():
@@ -287,10 +294,10 @@ def test_distinct_ratio_coverage_shares_vs_recount(K, N, a):
     shares = recount = 0
     for k in range(200):
         X, _ = incidence([[v] for v in g.choice(K, N, p=p)])
-        lo, hi = bootstrap_distinct(X, reps=1000, seed=k).conf_int()
-        shares += lo <= truth <= hi
-        lo, hi = bootstrap_distinct(X, reps=1000, seed=k, scheme="recount").conf_int()
-        recount += lo <= truth <= hi
+        sh = bootstrap_distinct(X, reps=1000, seed=k)
+        shares += sh.ci_low <= truth <= sh.ci_high
+        rc = bootstrap_distinct(X, reps=1000, seed=k, scheme="recount")
+        recount += rc.ci_low <= truth <= rc.ci_high
     assert 0.90 <= shares / 200 <= 0.995, shares / 200
     assert recount / 200 <= 0.05, recount / 200
 
@@ -367,7 +374,7 @@ def test_non_integer_counts_are_refused(k):
 
 def test_exact_binomial_ci_matches_statsmodels_clopper_pearson():
     for k, n, size in [(2, 10, 0.95), (0, 7, 0.9), (33, 33, 0.8), (41, 70, 0.99)]:
-        np.testing.assert_allclose(exact_binomial_ci(k, n, size).conf_int(),
+        np.testing.assert_allclose(_bounds(exact_binomial_ci(k, n, size).conf_int()),
                                    proportion_confint(k, n, alpha=1 - size, method="beta"), atol=1e-12)
     assert exact_binomial_ci(3.0, 10.0).estimate == 0.3
 
@@ -397,7 +404,7 @@ def test_one_resampling_unit_gives_nan_interval_with_a_clear_warning(clusters):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             ci = res.conf_int(method)
-        assert np.isnan(ci).all()
+        assert np.isnan(_bounds(ci)).all()
         assert [x.category for x in w] == [DegenerateIntervalWarning]      # no RuntimeWarning leaks
         assert "at least 2 resampling units" in str(w[0].message)
 
@@ -408,7 +415,7 @@ def test_nan_replicates_are_counted_on_every_result():
     W = resample_weights(30, 400, seed=3)
     assert res.n_valid_reps == int(((W @ (tp + fp)) > 0).sum()) < 400    # resamples that predicted something
     assert res.to_frame().n_valid_reps[0] == res.n_valid_reps
-    assert res.conf_int().tolist() == [0.0, 0.0] and "resamples gave no value" in res._repr_markdown_()
+    assert [res.ci_low, res.ci_high] == [0.0, 0.0] and "resamples gave no value" in res._repr_markdown_()
     other = micro_stats(np.ones(30), np.ones(30), np.zeros(30))
     pr = paired_bootstrap({"a": micro_stats(tp, fp, fn), "b": other}, micro_precision, reps=400, seed=3)
     assert pr.to_frame().n_valid_reps.tolist() == [res.n_valid_reps]
