@@ -71,6 +71,7 @@ def _inline(text: str) -> str:
     t = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", t)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
 
+# %% ../nbs/14_audit.ipynb #69dd4fab
 def text_html(text: str # paragraphs separated by blank lines, with **bold** and `code` marks
              ) -> str:
     "Paragraphs (blank-line separated) with bold/code marks as HTML; everything else escaped."
@@ -93,6 +94,7 @@ def table_html(df,                 # a pandas or polars table
 # %% ../nbs/14_audit.ipynb #dd77204c
 def _is_chart(block) -> bool: return hasattr(block, "to_dict") and type(block).__module__.startswith("altair")
 
+# %% ../nbs/14_audit.ipynb #e1968bf6
 def block_html(block # text, a DataFrame, an Altair chart, or `Html`
               ) -> str:
     "One report block as HTML."
@@ -125,6 +127,7 @@ def _drawn(svg, deadline: float) -> str | None:
     # the drawing process stopped, could not start, or hangs: the chart is drawn here instead
     except Exception: return None   # noqa: BLE001
 
+# %% ../nbs/14_audit.ipynb #fc9cf604
 def render_report(sections: Sequence[Section],     # the sections, in order
                   title: str = "cxr_audit report", # page title
                   synthetic: bool = False,         # show the synthetic-data banner
@@ -310,6 +313,7 @@ def _restrict_to_cohort(ctx: AuditContext, keep: set) -> str:
     return (f"**The sections below analyse this cohort**: {len(ctx.studies):,} of the {n_s:,} studies given, and their "
             f"{len(ctx.generations):,} of {n_g:,} generated reports.")
 
+# %% ../nbs/14_audit.ipynb #8a0c49c3
 def cohort_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                  ) -> Section:
     "The cohort flow of recipe `ctx.params['cohort_recipe']` (default `000_test`); later stages analyse its studies."
@@ -391,6 +395,7 @@ def _labeler_words(lab) -> str:
     quirks = ", with the official tool's documented quirks" if getattr(lab, "official_quirks", False) else ""
     return f"the offline rule-based labeler (`cxr_audit.labels`, labels `{lab.source}`: {how}{quirks}; no LLM)"
 
+# %% ../nbs/14_audit.ipynb #3f774a82
 def _swap_blocks(ctx: AuditContext, lab) -> list:
     "The labeler swap: each run's micro-F1 under the audit's labeler and the other packaged readings, ranked."
     names = [lab] + [n for n in SWAP_LABELERS if get_labeler(n) is not lab]
@@ -480,6 +485,7 @@ def _verdict_of(v, metric: str, a: str, b: str):
             & (((t["first"] == a) & (t["second"] == b)) | ((t["first"] == b) & (t["second"] == a)))]
     return hit.iloc[0] if len(hit) else None
 
+# %% ../nbs/14_audit.ipynb #9fe06c12
 def _verdict_words(res, v) -> str:
     "Per metric: the leader's lead over the runner-up and its verdict (Verdicts section), never a bare 'best'."
     if v is None: return "No verdict was run (stage `verdict`): these leads are not judged here; read them with care."
@@ -590,7 +596,7 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                res.note()]
     return Section(_REREF_TITLE, blocks, note=_REREF_NOTE)
 
-
+# %% ../nbs/14_audit.ipynb #6ce28a5e
 def _reref_intro(res) -> str:
     p = res.params
     return (f"Alternative references from the **{p['backend']}** back end of ReRef (described in the caption below) "
@@ -600,7 +606,7 @@ def _reref_intro(res) -> str:
             "that would need invented content, is infeasible for that study (as in paper 000); a variation it can "
             "apply to no study is not applicable.")
 
-
+# %% ../nbs/14_audit.ipynb #bcb350cc
 def _reref_label_check(res) -> str:
     row = res.agreement_summary().iloc[0]
     return (f"Label check of the **{int(row.rewrites)}** rewrites that differ from their original: all present and "
@@ -628,7 +634,7 @@ def _intro(ev) -> str:
             "longitudinal reference content and a report from every system; they are the evaluated set (paper 003's "
             f"L-MIMIC selection). Intervals: {ev.reps:,} paired bootstrap resamples.")
 
-
+# %% ../nbs/14_audit.ipynb #9e80cea3
 def _truth_blocks(ev) -> list:
     "The annotation checked against the known true changes (the demo corpus), when given."
     if ev.truth is None: return []
@@ -706,6 +712,7 @@ def _failed_links(fragile: pd.DataFrame) -> Html:
              + "</li>" for r in fragile.itertuples()]
     return Html("<ul>" + "".join(items) + "</ul>")
 
+# %% ../nbs/14_audit.ipynb #2c9428d0
 def verdict_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                   ) -> Section:
     "The report's first section: holds / fragile / not shown per metric and pair of configurations, with the checks."
@@ -739,7 +746,6 @@ STAGES: dict[str, Callable[[AuditContext], Section]] = {"verdict": verdict_stage
                                                         "uncertainty": uncertainty_stage, "metrics": metrics_stage,
                                                         "reref": reref_stage, "longitudinal": longitudinal_stage,
                                                         "labels": labels_stage, "review": review_stage}
-
 
 # %% ../nbs/14_audit.ipynb #8228d2ab
 def default_stages(synthetic: bool # the tables are the synthetic demo corpus
@@ -811,10 +817,12 @@ def audit_workers(workers: int | None = None # processes (None: $CXR_AUDIT_WORKE
     if w < 1: raise InputError(f"audit workers: at least 1, got {w}")
     return min(w, 2)
 
+# %% ../nbs/14_audit.ipynb #8deba4ce
 def _side_run(names: list[str], ctx: AuditContext, colors: dict) -> list[Section]:
     "The sections of `names`, one after another, with the run's system colours (in the second process)."
     with use_system_colors(colors): return [run_stage(n, ctx) for n in names]
 
+# %% ../nbs/14_audit.ipynb #87cbf3b2
 _BUILT_IN = dict(STAGES)     # the stage functions as this module defines them
 TABLE_STAGES = ("cohort",)   # stages that narrow the tables the later stages read (`_restrict_to_cohort`)
 
@@ -826,6 +834,7 @@ def _side_plan(names: Sequence[str], workers: int) -> tuple[list[int], int]:
     cut = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1)
     return [i for i, n in enumerate(names) if i > cut and n in SIDE_STAGES and STAGES[n] is _BUILT_IN.get(n)], cut
 
+# %% ../nbs/14_audit.ipynb #15c0e968
 _SIDE_MAIN = """import pickle, sys
 from cxr_audit.audit import _side_run
 names, ctx, colors = pickle.load(sys.stdin.buffer)
@@ -853,6 +862,7 @@ class _SideProcess:
     def stop(self):
         if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
 
+# %% ../nbs/14_audit.ipynb #29f431d1
 def _main_order(names: Sequence[str], cut: int) -> list[int]:
     "Positions in the order the stages run: the verdict, shown first, runs after the stages that narrow the tables."
     order = list(range(len(names)))
@@ -887,7 +897,6 @@ def run_stages(names: Sequence[str], # stage names, in report order
             if helper is not None: helper.stop()
         for i, sec in zip(side, secs if secs is not None else [run_stage(names[i], ctx) for i in side]): keep(i, sec)
     return out, drawn
-
 
 # %% ../nbs/14_audit.ipynb #9a088e64
 def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):

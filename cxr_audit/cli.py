@@ -38,6 +38,7 @@ def _error(message: str # one line saying what is wrong with the input
     from cxr_audit.core import InputError
     return InputError(message)
 
+# %% ../nbs/15_cli.ipynb #ccf30c39
 # the rest of the help of options several commands share, written once; `add_arguments` adds it after the docment
 OPTION_NOTES: dict[str, str] = {
     "clusters": 'patient_id (default; a study without one alone), another column, or "none" (studies)',
@@ -58,6 +59,7 @@ def _arg_spec(anno, default) -> dict:
     if anno is bool: return {"action": "store_false" if default is True else "store_true", "default": bool(default)}
     return {"type": anno if anno in (int, float, str) else str, "default": default}
 
+# %% ../nbs/15_cli.ipynb #7c8b1932
 def add_arguments(parser: argparse.ArgumentParser,      # the (sub)command's parser
                   func: Callable,                        # a function whose parameters all have docments
                   notes: Mapping[str, str] = OPTION_NOTES # option -> help added after its docment
@@ -78,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser,      # the (sub)command's par
         parser.add_argument(f"--{flag}", dest=name, required=p.default is p.empty, help=help_text, **kw)
     return parser
 
+# %% ../nbs/15_cli.ipynb #2920a13f
 def _table(path, what: str | None = None):
     "The table in `path`; one with a header and no rows is an `InputError` (nothing to audit)."
     from cxr_audit.core import read_table
@@ -85,6 +88,7 @@ def _table(path, what: str | None = None):
     if len(t) == 0: raise _error(f"{what or path}: the table has no rows (only a header)")
     return t
 
+# %% ../nbs/15_cli.ipynb #78d05d50
 def _studies_table(path):
     "The studies table in `path` as written, once it passed `corpus.to_studies` (no blank or repeated study_id)."
     from cxr_audit.corpus import to_studies, UNNAMED_DATASET
@@ -103,6 +107,7 @@ def _labeler_arg(value: str) -> str:
                      "output CSV)")
     return str(Path(v))
 
+# %% ../nbs/15_cli.ipynb #6e8084d3
 def _stage_reps(reps: int | None) -> int | None:
     "The audit's `--reps`: None (each stage's default) or a positive count; 0 is refused, never read as the default."
     if reps is not None and int(reps) < 1:
@@ -110,6 +115,7 @@ def _stage_reps(reps: int | None) -> int | None:
                      "own default")
     return reps
 
+# %% ../nbs/15_cli.ipynb #b8c6bd30
 def demo(out: str = "demo_out",       # output folder
          n_patients: int = 60,        # number of synthetic patients
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
@@ -178,6 +184,7 @@ def _joined(v) -> str:
     "A list cell as `;`-separated text for a CSV (missing entries left empty)."
     return ";".join("" if x is None else str(x) for x in v)
 
+# %% ../nbs/15_cli.ipynb #9dd5a2a8
 def load(path: str,                                  # the dataset's file or folder, as the source distributes it
          *, dataset: Literal["iu-xray", "mimic-cxr", "chexpert-plus", "rexgradient"] = "iu-xray", # which loader
          rexrank: bool = False,                      # `path` is a ReXrank benchmark JSON of that dataset
@@ -236,7 +243,7 @@ def _clusters_arg(clusters, *tables) -> str | None:
     if clusters == "patient_id" and not any(t is not None and "patient_id" in t.columns for t in tables): return None
     return clusters
 
-
+# %% ../nbs/15_cli.ipynb #ad0694d1
 def _unit_line(table, clusters) -> str:
     "The resampling unit a command used, in words (`stats.resampling_unit`)."
     from cxr_audit.stats import resampling_unit
@@ -294,6 +301,7 @@ def _waiting(timeout, retries, budget=None) -> dict:
         raise _error(f"--budget must be a positive number of seconds, got {budget}")
     return {"timeout_s": float(timeout), "retries": int(retries), "budget_s": None if budget is None else float(budget)}
 
+# %% ../nbs/15_cli.ipynb #7c6d2910
 def _declare_public(names) -> list[str]:
     "`--public-dataset`: the named datasets join `CXR_AUDIT_PUBLIC_DATASETS` for this run (the LLM guard reads it)."
     from cxr_audit.corpus import PUBLIC_DATASETS_ENV
@@ -303,6 +311,7 @@ def _declare_public(names) -> list[str]:
         os.environ[PUBLIC_DATASETS_ENV] = ",".join(filter(None, [os.environ.get(PUBLIC_DATASETS_ENV, ""), *names]))
     return names
 
+# %% ../nbs/15_cli.ipynb #d2b2b33d
 def _annotator(annotator: str, model, base_url, options: dict):
     "The annotator asked for: the rules, or paper 003's LLM annotator with `options` as its keywords."
     from cxr_audit.longitudinal import LLMAnnotator, RuleAnnotator
@@ -429,7 +438,7 @@ def _list_arg(value) -> list[str]:
     items = [value] if isinstance(value, str) else list(value)
     return [x.strip() for item in items for x in str(item).split(",") if x.strip()]
 
-
+# %% ../nbs/15_cli.ipynb #afd1633a
 def _ids_arg(value) -> list[str]:
     "IDs from a list or comma-separated text; an item may be a file (a table with `study_id`, or one ID per line)."
     from cxr_audit.core import read_table
@@ -444,7 +453,7 @@ def _ids_arg(value) -> list[str]:
         else: out += [x.strip() for x in p.read_text("utf-8").splitlines() if x.strip()]
     return out
 
-
+# %% ../nbs/15_cli.ipynb #2d70f98f
 def _rating_files(ratings) -> list[Path]:
     "The sheet files behind files and folders (a folder gives its CSV and XLSX files)."
     out = []
@@ -746,6 +755,7 @@ def score(generations: str,                # generations table: hypothesis, and 
     lines += [f"Warning: {w.message}" for w in caught if issubclass(w.category, UserWarning)]
     return "\n".join(lines)
 
+# %% ../nbs/15_cli.ipynb #c8ac2c34
 def _pairs_arg(pairs) -> list[tuple[str, str]] | None:
     "`--pairs FIRST,SECOND ...` as (first, second) tuples (None: every pair)."
     if not pairs: return None
@@ -790,7 +800,6 @@ def verdict(*, studies: str,                        # studies: study_id, finding
     lines = keyed + [f"verdict: {v.headline()}"] + [f"  fragile: {r.metric} {r.first} > {r.second}: {r.reasons}"
                                                     for r in worst.itertuples()]
     return "\n".join(lines + [f"Warning: {w}" for w in v.params["warnings"]] + [f"Wrote {out}"])
-
 
 # %% ../nbs/15_cli.ipynb #5ff7e43b
 def generate(model: str,                      # local folder of a saved Hugging Face model (no download)
@@ -857,6 +866,7 @@ def _batch_cache(cache: str, name: str) -> Path:
             raise _error(f"llm-batch {name}: {cache} is not an SQLite cache file (it is left untouched)")
     return p
 
+# %% ../nbs/15_cli.ipynb #25421b97
 def llm_batch_export(*, cache: str,                  # the LLM cache file the batch run recorded into
                      out: str,                       # folder for the batch JSONL files and manifest
                      max_lines: int = 50_000,        # requests per file at most (OpenAI 50,000; Azure 100,000)
@@ -874,6 +884,7 @@ def llm_batch_export(*, cache: str,                  # the LLM cache file the ba
             + ", ".join(files.file) + ". Submit them, then run `cxr-audit llm-batch import` on the output and "
                                       "error files.")
 
+# %% ../nbs/15_cli.ipynb #ccac8922
 def llm_batch_import(*, cache: str,                 # the LLM cache file the requests were recorded in
                      results: list[str],            # the provider's output and error JSONL files
                      chunk: int = 500               # lines per transaction
@@ -890,6 +901,7 @@ def llm_batch_import(*, cache: str,                 # the LLM cache file the req
             f"{n.get('unknown', 0)} unknown; {int(rows.stored.sum())} newly stored. Run the same command again (the "
             "run) to continue.")
 
+# %% ../nbs/15_cli.ipynb #8fd31071
 def llm_batch_status(*, cache: str # the LLM cache file the batch run recorded its requests into
                     ) -> str:
     "Per batch file: requests recorded, answered, failed, waiting for results, and still to export."
@@ -926,6 +938,7 @@ def _add_command(sub, name: str, command, full: str | None = None, options: bool
     parser = sub.add_parser(name, help=doc, description=doc, epilog=OUT_NOTE if folder else None)
     if options: add_arguments(parser, command).set_defaults(_command=command, _name=full or name)
 
+# %% ../nbs/15_cli.ipynb #43a8718a
 def build_parser(only: str | None = None # a command: only its options are built (None: all)
                 ) -> argparse.ArgumentParser:
     "The `cxr-audit` parser, one subparser per entry in `COMMANDS` (the options of `only` alone when it is one)."
@@ -951,6 +964,7 @@ def _check_options(command: Callable, kwargs: dict):
     if out and command not in (load, generate) and Path(out).exists() and not Path(out).is_dir():
         raise _error(f"--out {out!r} is a file; give a folder (it is created when missing)")
 
+# %% ../nbs/15_cli.ipynb #1247563b
 def _reader_gone() -> int:
     "Stop writing to a closed pipe quietly: later writes (and the flush at exit) go to /dev/null."
     try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

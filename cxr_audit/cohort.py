@@ -43,6 +43,7 @@ class Step:
     n_studies: int       # distinct studies left
     note: str = ""       # anything the counts do not say
 
+# %% ../nbs/03_cohort.ipynb #91a6f602
 FLOW_COLUMNS = ("step", "kind", "rule", "n_in", "n_out", "n_excluded", "unit", "n_studies", "note")
 
 # %% ../nbs/03_cohort.ipynb #735748b6
@@ -102,11 +103,13 @@ def _name(self: Cohort, name: str | None, default: str) -> str:
         raise InputError(f"{self.what}: a step named {name!r} already exists; pass name= to tell the steps apart")
     return name
 
+# %% ../nbs/03_cohort.ipynb #4a31e569
 @patch
 def _label(self: Cohort, df: pd.DataFrame, i: int) -> str:
     "Row `i` of `df` named by its input row and ID."
     return f"row {df.index[i]} ({self.id_col}={df[self.id_col].iloc[i]!r})"
 
+# %% ../nbs/03_cohort.ipynb #7d74c29b
 @patch
 def _next(self: Cohort, kind: str, name: str, rule: str, params: dict, kept: pd.DataFrame,
           dropped: pd.DataFrame | None = None, note: str = "", n_in: int | None = None, **attrs) -> Cohort:
@@ -230,6 +233,7 @@ def _rule(predicate, rule: str | None, vectorized: bool) -> str:
     doc = (getattr(predicate, "__doc__", None) or "").strip().split("\n")[0]
     return f"{name}({'table' if vectorized else 'row'})" + (f": {doc}" if doc and name != "<lambda>" else "")
 
+# %% ../nbs/03_cohort.ipynb #8429710a
 @patch
 def _predicate(self: Cohort, predicate, vectorized: bool, step: str) -> tuple[np.ndarray, int]:
     "Evaluate any kind of predicate on the current rows."
@@ -259,6 +263,7 @@ def _predicate_step(kind: str, keep_hits: bool, doc: str):
     step.__name__, step.__qualname__, step.__doc__ = kind, f"Cohort.{kind}", doc
     return step
 
+# %% ../nbs/03_cohort.ipynb #79bc57e9
 Cohort.filter = _predicate_step("filter", True, "Keep the rows for which `predicate` holds.")
 Cohort.exclude = _predicate_step("exclude", False, "Remove the rows for which `predicate` holds.")
 
@@ -377,6 +382,7 @@ def _exploded(self: Cohort, where: str) -> pl.DataFrame:
         g = g.with_columns(image_views=pl.when(pl.col("image_index") == 0).then(first).otherwise(None))
     return g
 
+# %% ../nbs/03_cohort.ipynb #03700cd4
 @patch
 def explode_images(self: Cohort, name: str | None = None, # the step's name (default "one row per image")
                    order_by: str | None = "auto"            # "auto", a column, or None (table order)
@@ -462,6 +468,7 @@ def _select_study_views(self: Cohort, name, rule, params, allowed, fallback, ran
     note = f"no allowed view: {no_view}; fallback kept {int(used_fb.sum())}; no image: {no_image}"
     return self._next("select_views", name, rule, {**params, "level": "study"}, kept, df[~keep], note)
 
+# %% ../nbs/03_cohort.ipynb #677876f9
 @patch
 def _select_image_views(self: Cohort, name, rule, params, allowed, fallback) -> Cohort:
     "Image level: the allowed entries of each study, or one fallback entry."
@@ -694,6 +701,7 @@ def _partitioned(self: Cohort) -> tuple[pd.DataFrame, str, list[str]]:
     later = [d for i, _, d in self._dropped if at and i > at[-1] and col in d.columns]
     return pd.concat([self._df, *later]) if later else self._df, col, cols
 
+# %% ../nbs/03_cohort.ipynb #6dff5a5c
 @patch
 def check(self: Cohort, image_root: str | os.PathLike | None = None,   # folder the image paths are relative to
           reference: Sequence[str] = ("findings", "impression")          # columns that make up the reference text
@@ -934,6 +942,7 @@ def recipe_003_lmimic(studies,                     # a MIMIC-CXR `studies` table
 RECIPES: dict[str, Callable[..., Cohort]] = {"004_mimic": recipe_004_mimic, "004_iu": recipe_004_iu,
                                              "000_test": recipe_000_test, "003_lmimic": recipe_003_lmimic}
 
+# %% ../nbs/03_cohort.ipynb #ac1e2b49
 def run_recipe(name: str,   # a key of `RECIPES`
                studies,     # the `studies` table (pandas or polars)
                **params     # the recipe's parameters, e.g. seed=42

@@ -71,6 +71,7 @@ def normalize_for_matching(text: str | None,                # one report (None c
     return _normalize(pl.Series([text if isinstance(text, str) else ""], dtype=pl.String),
                       lowercase, collapse_whitespace, strip_trailing)[0]
 
+# %% ../nbs/05_concentration.ipynb #36296da4
 def normalize_texts(texts,                          # reports: a polars or pandas Series or a list (None: empty)
                     lowercase: bool = True,          # see `normalize_for_matching`
                     collapse_whitespace: bool = True, # see `normalize_for_matching`
@@ -80,6 +81,7 @@ def normalize_texts(texts,                          # reports: a polars or panda
     s = texts if isinstance(texts, pl.Series) and texts.dtype == pl.String else _text_column(texts)[0]
     return _normalize(s, lowercase, collapse_whitespace, strip_trailing)
 
+# %% ../nbs/05_concentration.ipynb #78faad45
 def prefix_hits(normalized: pl.Series, # reports normalized (`normalize_texts`)
                 prefix: str            # a normalized prefix
                ) -> np.ndarray:
@@ -89,13 +91,13 @@ def prefix_hits(normalized: pl.Series, # reports normalized (`normalize_texts`)
         hit = hit & ~normalized.str.slice(len(prefix), 1).str.contains(r"^[^\W_]")
     return hit.to_numpy()
 
-
 # %% ../nbs/05_concentration.ipynb #827b2f95
 def _no_nulls(s: pl.Series) -> tuple[pl.Series, np.ndarray]:
     "The Series with its nulls set to '' (a copy; `scatter` rewrites only those rows), and where the nulls were."
     null = s.is_null().to_numpy()
     return (s.clone().scatter(np.flatnonzero(null), "") if null.any() else s), null
 
+# %% ../nbs/05_concentration.ipynb #940618b7
 def _text_column(values) -> tuple[pl.Series, np.ndarray]:
     "The texts (missing and non-text values as '') and a per-row kind: 0 text, 1 missing, 2 not text."
     if isinstance(values, pd.Series) and isinstance(values.dtype, pd.StringDtype):
@@ -107,12 +109,14 @@ def _text_column(values) -> tuple[pl.Series, np.ndarray]:
     kind = np.fromiter((0 if isinstance(v, str) else 1 if is_missing(v) else 2 for v in vals), np.int8, len(vals))
     return pl.Series([v if isinstance(v, str) else "" for v in vals], dtype=pl.String), kind
 
+# %% ../nbs/05_concentration.ipynb #1be794a9
 def _index_of(values: pl.Series, distinct: pl.Series) -> np.ndarray:
     "For each of `values`, its position in `distinct` (which holds each value once)."
     key = pl.DataFrame({"v": distinct}).with_row_index("i")
     return pl.DataFrame({"v": values}).join(key, on="v", how="left",
                                             maintain_order="left")["i"].to_numpy().astype(np.int64)
 
+# %% ../nbs/05_concentration.ipynb #523f7679
 def _codes(values: pl.Series,      # strings without nulls
            hashes: pl.Series | None = None # their 64-bit hashes (default `values.hash()`)
           ) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +147,7 @@ def _dense(keys: np.ndarray) -> tuple[np.ndarray, int]:
     ids = pl.DataFrame({"k": keys}).join(u, on="k", how="left", maintain_order="left")["i"]
     return ids.to_numpy().astype(np.int32 if len(u) < 1 << 31 else np.int64), len(u)
 
+# %% ../nbs/05_concentration.ipynb #a4bfc173
 def _distinct_per(who, # per pair: its owner in `0..W-1` (an array or a tuple of them)
                   ids, # per pair: its id in `0..K-1` (the same shape)
                   K: int, W: int) -> np.ndarray:
@@ -174,6 +179,7 @@ def _piece_tokens(pieces: pl.Series) -> tuple[np.ndarray, np.ndarray, int]:
     ids, at = _codes(words)
     return lens, ids.astype(np.int32), len(at)
 
+# %% ../nbs/05_concentration.ipynb #d690b3c5
 def _chunk_repeats(pieces, ntok: np.ndarray, n: int, bv: int, budget: int = 1 << 16) -> np.ndarray:
     "Per text: how many of its n-grams repeat an earlier one of the same text, a chunk of texts at a time."
     # a chunk holds about `budget` tokens (they stay in cache); each n-gram is one integer (text in chunk, then its n
@@ -200,6 +206,7 @@ def _chunk_repeats(pieces, ntok: np.ndarray, n: int, bv: int, budget: int = 1 <<
         out[t0:t1] = np.bincount(again >> nb, minlength=t1 - t0)
     return out
 
+# %% ../nbs/05_concentration.ipynb #5028f292
 @dataclass(eq=False)
 class _Corpus:
     "The distinct texts of a column of reports, analysed once each; rows point at them."
@@ -345,6 +352,7 @@ def _rules(rules: Mapping | None) -> dict:
     if unknown: raise InputError(f"flag_only: unknown reason code(s) {unknown}; codes are {list(REASONS)}")
     return r
 
+# %% ../nbs/05_concentration.ipynb #c0e9f8cf
 def _hard_bits(r: dict, validity_rule: str) -> int:
     "The reason bits that make an output invalid under `rules` and the named `validity_rule`."
     if validity_rule not in _FLAGGED_ONLY:
@@ -352,10 +360,12 @@ def _hard_bits(r: dict, validity_rule: str) -> int:
     soft = set(r["flag_only"]) | set(_FLAGGED_ONLY[validity_rule])
     return sum(b for c, b in _BIT.items() if c not in soft)
 
+# %% ../nbs/05_concentration.ipynb #d89bd766
 def _flag_columns(bits: np.ndarray) -> dict:
     "The boolean flag columns (`FLAG_COLUMNS`) of per-row reason bits."
     return {col: (bits & _BIT[code]) != 0 for col, code in FLAG_COLUMNS.items()}
 
+# %% ../nbs/05_concentration.ipynb #612bff6b
 def _special_regex(r: dict) -> str | None:
     "One regular expression for every special token of the rules (literals escaped)."
     parts = [re.escape(t) for t in r["special_tokens"]] + list(r["special_patterns"])
@@ -383,6 +393,7 @@ def _text_bits(corpus: _Corpus, r: dict) -> tuple[np.ndarray, np.ndarray]:
             | loop * _BIT["looping"])
     return bits.astype(np.int64), words
 
+# %% ../nbs/05_concentration.ipynb #05409fd8
 def _aligned(values, n: int, what: str, default):
     "A per-row array from `values` (None: `default` everywhere), checked for length."
     if values is None: return pd.Series([default] * n, dtype=object)
@@ -390,6 +401,7 @@ def _aligned(values, n: int, what: str, default):
     if len(a) != n: raise InputError(f"{what}: expected one value per report ({n}), got {len(a)}")
     return a
 
+# %% ../nbs/05_concentration.ipynb #5c673577
 def _row_bits(corpus: _Corpus, r: dict, max_new_tokens=None, truncated=None,
               n_tokens=None) -> tuple[np.ndarray, np.ndarray]:
     "Per row: reason bits and word count."
@@ -404,12 +416,14 @@ def _row_bits(corpus: _Corpus, r: dict, max_new_tokens=None, truncated=None,
         cut = cut | (tok >= max_new_tokens)
     return bits | cut * _BIT["token_limit"], words
 
+# %% ../nbs/05_concentration.ipynb #14708b23
 _REASON_TEXT = np.array([";".join(c for c, b in _BIT.items() if v & b) for v in range(1 << len(_BIT))], dtype=object)
 
 def _reason_text(bits: np.ndarray) -> np.ndarray:
     "Reason codes joined by ';' for each value of the bits ('' when none)."
     return _REASON_TEXT[bits]
 
+# %% ../nbs/05_concentration.ipynb #052567f3
 _REASON_ARROW = pa.array(_REASON_TEXT.tolist(), pa.large_string())
 
 def _reason_column(bits: np.ndarray):
@@ -448,6 +462,7 @@ def distinct_n(texts,      # reports (None and non-text values have no tokens)
     total = _total_ngrams(c, n)
     return len(pl.Series(c.ngrams(n)[0]).unique()) / total if total else float("nan")
 
+# %% ../nbs/05_concentration.ipynb #9a0695ec
 def _positive_int(v, what: str) -> int:
     "`v` as an int; 0, a negative number or a non-integer is an `InputError` (0 never falls back to a default)."
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -479,12 +494,14 @@ def _lerp(a, b, t):
     d = b - a
     return np.where(t >= 0.5, b - d * (1 - t), a + d * t)
 
+# %% ../nbs/05_concentration.ipynb #db4dd8be
 def _quantile_positions(n, q: float):
     "Lower and upper order-statistic positions and the interpolation weight of quantile `q` of `n` values."
     v = (n - 1) * q                                           # numpy's virtual index for the "linear" method
     lo = np.floor(v); t = v - lo
     return lo.astype(np.int64), np.minimum(lo + 1, n - 1).astype(np.int64), t
 
+# %% ../nbs/05_concentration.ipynb #2214d8f1
 def _group_quantiles(gid: np.ndarray, values: np.ndarray, G: int, qs: Sequence[float]) -> np.ndarray:
     "`(G × len(qs))` quantiles of `values` within each group."
     if values.dtype.kind in "iu" and len(values) and values.min() >= 0 and G * (int(values.max()) + 1) < 1 << 62:
@@ -508,6 +525,7 @@ def _columns(cols) -> tuple[str, ...]:
     if isinstance(cols, str): return tuple(c.strip() for c in cols.split(",") if c.strip())
     return tuple(cols)
 
+# %% ../nbs/05_concentration.ipynb #68035719
 def _group_codes(df: pd.DataFrame, by: tuple) -> tuple[np.ndarray, pd.DataFrame]:
     "Per row its group number, and the groups' key values in that order (sorted when the values sort)."
     if not by: return np.zeros(len(df), np.int64), pd.DataFrame(index=range(1))
@@ -520,6 +538,7 @@ def _group_codes(df: pd.DataFrame, by: tuple) -> tuple[np.ndarray, pd.DataFrame]
     keys = g.size().reset_index()[list(by)]
     return codes.astype(np.int64), keys
 
+# %% ../nbs/05_concentration.ipynb #c47a8cb5
 def _labels(keys: pd.DataFrame) -> list[str]:
     "One label per group: `core.config_label` of system and policy, then other key values, joined by '+' ('all')."
     if not len(keys.columns): return ["all"] * len(keys)
@@ -537,6 +556,7 @@ def _normalization(opts: Mapping | None) -> dict:
                          "strip_trailing")
     return o
 
+# %% ../nbs/05_concentration.ipynb #7e0df5ec
 def _prefixes(prefixes, norm: dict) -> list[str]:
     ps = [prefixes] if isinstance(prefixes, str) else list(prefixes or ())
     out = [normalize_for_matching(p, **norm) for p in ps]
@@ -645,6 +665,7 @@ def _summary(self: ConcentrationAudit) -> pd.DataFrame:
     cols["length_median"], cols["length_iqr"] = q[:, 1], q[:, 2] - q[:, 0]
     return pd.concat([self._keys.reset_index(drop=True), pd.DataFrame(cols)], axis=1)
 
+# %% ../nbs/05_concentration.ipynb #887c7a72
 @patch
 def _flags(self: ConcentrationAudit) -> pd.DataFrame:
     "The per-report table."
@@ -657,6 +678,7 @@ def _flags(self: ConcentrationAudit) -> pd.DataFrame:
                          f"repeated_{self.repeat_n}gram": R["repeat"]},
                       length=R["length"].astype(np.int64))
 
+# %% ../nbs/05_concentration.ipynb #0ee01b66
 @patch
 def _metric_names(self: ConcentrationAudit, metrics) -> list[str]:
     "`metrics` (a name, a list, or None for all) as a list of known metric names."
@@ -665,11 +687,13 @@ def _metric_names(self: ConcentrationAudit, metrics) -> list[str]:
     if bad: raise InputError(f"unknown metric(s) {bad}; metrics are {self.metrics}")
     return ms
 
+# %% ../nbs/05_concentration.ipynb #80ccd4a2
 @patch(as_prop=True)
 def _decomposable(self: ConcentrationAudit) -> list[str]:
     "The metrics that add up over reports, so that groups can be compared on them unit by unit."
     return [m for m in self.metrics if not m.startswith("length_")]
 
+# %% ../nbs/05_concentration.ipynb #af33f353
 @patch
 def _check_settings(self: ConcentrationAudit):
     "Refuse, at once, settings that would only fail when the intervals or comparisons are computed."
@@ -714,6 +738,7 @@ def _spans(lo: np.ndarray, cnt: np.ndarray) -> np.ndarray:
     at = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt); at += np.arange(len(at), dtype=at.dtype)
     return at
 
+# %% ../nbs/05_concentration.ipynb #a70359ee
 def _present(keys: np.ndarray, size: int) -> np.ndarray:
     "The distinct values of non-negative integer `keys` below `size`, in increasing order."
     if size <= 1 << 26:
@@ -721,6 +746,7 @@ def _present(keys: np.ndarray, size: int) -> np.ndarray:
         return np.flatnonzero(seen)
     return pl.Series(keys).unique().sort().to_numpy()
 
+# %% ../nbs/05_concentration.ipynb #287f9ea4
 def _group_pieces(corpus: _Corpus, gid: np.ndarray, G: int) -> tuple:
     "(group, text) pairs; their pieces' groups and distinct pieces, text by text; (group, distinct piece) pairs."
     if ("group pieces", G) not in corpus._cache:             # like ("who", G): one grouping per corpus
@@ -731,6 +757,7 @@ def _group_pieces(corpus: _Corpus, gid: np.ndarray, G: int) -> tuple:
         corpus._cache[("group pieces", G)] = pairs, og, oc, _present(og.astype(np.int64) * P + oc, G * P)
     return corpus._cache[("group pieces", G)]
 
+# %% ../nbs/05_concentration.ipynb #3a0f38b6
 def _piece_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
     "Distinct n-grams (n = 1 or 2) among the rows of each group, counted from the distinct pieces of its texts."
     npc, code, lens, ids, V = corpus.pieces; U, P = len(corpus.uniq), len(lens)
@@ -751,6 +778,7 @@ def _piece_distinct(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndar
         keys.append((ends[0][pf[:-1]] + ends[1][pf[1:]])[same]); who.append(og[full[:-1][same]])
     return _distinct_per(tuple(who), tuple(keys), V ** n, G)
 
+# %% ../nbs/05_concentration.ipynb #b9630b14
 def _distinct_counts(corpus: _Corpus, gid: np.ndarray, G: int, n: int) -> np.ndarray:
     "Distinct n-grams among each group's rows (kept): from the pieces for n = 1 and 2, from the tokens beyond."
     if ("distinct", G, n) not in corpus._cache:              # like ("who", G): one grouping per corpus
@@ -812,6 +840,7 @@ def audit_concentration(generations,                      # a generations table 
     corpus.release()  # the token arrays are large; bootstraps rebuild what they need
     return audit
 
+# %% ../nbs/05_concentration.ipynb #2a44c928
 def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str,
               gid: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
     "Per row: whether its normalized text opens with a prefix and its duplicate group's number; the `_report_counts`."
@@ -822,6 +851,7 @@ def _matching(corpus: _Corpus, norm: dict, prefixes, grouping: str,
     hit, nid = hit[corpus.uid], _codes(texts)[0][corpus.uid]
     return hit, nid, _report_counts(gid, nid)
 
+# %% ../nbs/05_concentration.ipynb #49e38551
 def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, repeat_n: int, max_new_tokens, validity_rule: str,
                   matched: tuple) -> dict:
     "Per row: validity bits and flag, words, normalized-text id and prefix hit (of `matched`), repeated n-gram, length."
@@ -831,11 +861,13 @@ def _row_measures(df: pd.DataFrame, corpus: _Corpus, r: dict, repeat_n: int, max
     return {"valid": (bits & hard) == 0, "bits": bits, "words": words, "prefix": hit, "nid": nid,
             "repeat": (corpus.repeats(repeat_n) > 0)[corpus.uid], "length": corpus.ntok[corpus.uid]}
 
+# %% ../nbs/05_concentration.ipynb #f30698b5
 def _clusters_given(clusters) -> str | None:
     "How the clusters were given, for the manifest."
     if clusters is None or isinstance(clusters, str): return clusters
     return "a mapping" if isinstance(clusters, (Mapping, pd.Series)) else "one label per report"
 
+# %% ../nbs/05_concentration.ipynb #bb38afd1
 def _resolved_clusters(df: pd.DataFrame, clusters, unit: str) -> np.ndarray | None:
     "One cluster label per row (`stats.resolve_clusters`; a mapping is keyed by `unit`); every row must get one."
     labels = resolve_clusters(clusters, df, key=unit, what="clusters")
@@ -889,6 +921,7 @@ def _duplicate_rate(C: np.ndarray) -> np.ndarray:
     "Share of the (weighted) outputs in groups whose weighted count is at least 2."
     with np.errstate(divide="ignore", invalid="ignore"): return (C * (C >= 2)).sum(1) / C.sum(1)
 
+# %% ../nbs/05_concentration.ipynb #4258259b
 def _top_share(k: int, singles: int = 0):
     "Top-k share of weighted counts whose last `singles` columns hold small whole numbers (categories of one report)."
     def top_k_share(C: np.ndarray) -> np.ndarray:
@@ -904,6 +937,7 @@ def _top_share(k: int, singles: int = 0):
         with np.errstate(divide="ignore", invalid="ignore"): return top / C.sum(1)
     return top_k_share
 
+# %% ../nbs/05_concentration.ipynb #7e3ed73a
 def _weighted_quantile(values: np.ndarray, q: float, C: np.ndarray) -> np.ndarray:
     "Quantile `q` of sorted distinct `values` given their weighted counts `C` (one row per resample)."
     cum = np.cumsum(C, axis=1); lo, hi, t = _quantile_positions(cum[:, -1], q)
@@ -915,6 +949,7 @@ def _weighted_counts(W: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np
     "`W @ onehot(codes)`: per row of weights, the summed weight of each category (units sorted by category in `order`)."
     return np.add.reduceat(W[:, order], starts, axis=1)
 
+# %% ../nbs/05_concentration.ipynb #681d0876
 def _count_bootstrap(specs: Sequence,      # (codes, D, {name: f((rows × D) weighted counts) -> (rows,)})
                      reps: int, seed, clusters, size: float, method: str) -> dict[str, BootstrapResult]:
     "Bootstrap statistics of weighted category counts `C = W @ onehot(codes)`, chunk by chunk, with jackknife values."
@@ -947,6 +982,7 @@ def _onehot(codes: np.ndarray) -> sparse.csr_matrix:
     u, inv = np.unique(codes, return_inverse=True)
     return sparse.csr_matrix((np.ones(len(codes)), (np.arange(len(codes)), inv.ravel())), shape=(len(codes), len(u)))
 
+# %% ../nbs/05_concentration.ipynb #bb4d5bb8
 @patch
 def _ngram_incidence(self: ConcentrationAudit, rows: np.ndarray, n: int) -> tuple[sparse.csr_matrix, np.ndarray]:
     "(rows × n-grams) incidence of the given rows (empty columns dropped) and their n-gram counts."
@@ -1064,6 +1100,7 @@ def _unit_rows(self: ConcentrationAudit, unit: str) -> tuple[list, dict]:
     if not common: raise InputError(f"compare: no {unit} is covered by every group")
     return common, {label: s.loc[common].to_numpy() for label, s in pos.items()}
 
+# %% ../nbs/05_concentration.ipynb #b8712372
 @patch
 def _unit_stats(self: ConcentrationAudit, metric: str, rows: np.ndarray) -> tuple[np.ndarray, str]:
     "Per-unit sufficient statistics of a decomposable metric and its value function."
@@ -1076,6 +1113,7 @@ def _unit_stats(self: ConcentrationAudit, metric: str, rows: np.ndarray) -> tupl
         return distinct_stats(*self._ngram_incidence(rows, int(metric.split("_")[1]))), "ratio"
     raise InputError(f"compare: {metric!r} does not decompose over reports; use one of {self._decomposable}")
 
+# %% ../nbs/05_concentration.ipynb #76e8dd7e
 @patch
 def _paired(self: ConcentrationAudit, metrics, baseline=None, pairs=None) -> dict[str, PairedResult]:
     "Paired bootstraps of `metrics` between the groups on the units they share, all on one set of resamples."
@@ -1129,6 +1167,7 @@ def _config_stats(name: str, frame: pd.DataFrame) -> np.ndarray:
         return mean_stats(np.array([len(str(h).split()) for h in frame["hypothesis"]], dtype=float))
     return proportion_stats(frame["truncated"].to_numpy(dtype=float))
 
+# %% ../nbs/05_concentration.ipynb #67efde67
 def configuration_units(generations,               # a generations table
                         studies=None,              # a studies table: the units' order and clusters
                         clusters=None,             # resampling clusters (a column of `studies` if given)
@@ -1307,6 +1346,7 @@ def _manifest_params(self: ConcentrationAudit) -> dict:
             "size": self.size, "method": self.method,
             "compare_metrics": list(self.compare_metrics), "baseline": self.baseline}
 
+# %% ../nbs/05_concentration.ipynb #db44bb28
 @patch
 def save(self: ConcentrationAudit,
          out_dir: str | os.PathLike,    # output folder (created)

@@ -131,6 +131,7 @@ def is_missing(value # one cell value of any type
 # %% ../nbs/00_core.ipynb #62f3fdc3
 CONFIG_SEP = "+"   # between system and policy in a configuration label
 
+# %% ../nbs/00_core.ipynb #fb44dc85
 def config_label(system,        # a system name, or a column/sequence of them
                  policy=None    # its decoding policy (same shape), or None
                 ):
@@ -277,12 +278,15 @@ def _raw_bytes(path: Path) -> bytes:
     raw = path.read_bytes()
     return gzip.decompress(raw) if path.name.lower().endswith(".gz") else raw
 
+# %% ../nbs/00_core.ipynb #b2a5524f
 ID_COLUMNS = ("study_id", "patient_id", "sample_id", "entry_id", "source_id", "subject_id", "text_id", "report_id",
               "request_id", "task_id")   # read from CSV as text: `001` stays `001`, never the number 1
 
+# %% ../nbs/00_core.ipynb #f59a4de4
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")   # a spreadsheet may run a cell starting with one of these
 _QUOTED = re.compile(r"'[=+\-@\t\r]")
 
+# %% ../nbs/00_core.ipynb #2db634da
 def _texty(s: pd.Series) -> bool: return s.dtype == object or pd.api.types.is_string_dtype(s)
 
 def _formulas_quoted(df: pd.DataFrame) -> pd.DataFrame:
@@ -376,6 +380,7 @@ def optional_import(module: str, # dotted module name, e.g. "transformers"
         raise ImportError(f"{caller} needs the optional package '{module.split('.')[0]}', which is not installed "
                           f"({e}). Install it with: {install_hint(extra)}") from e
 
+# %% ../nbs/00_core.ipynb #c4de6e99
 def install_hint(extra: str # the cxr_audit extra, e.g. "metrics"
                 ) -> str:
     "How to install an extra: from a clone of the repository (how the package is installed), or from a built wheel."
@@ -512,6 +517,7 @@ def _stale_outputs(path: Path, outputs: Mapping) -> list[Path]:
 # Okabe-Ito; the two blues far apart
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000"]
 
+# %% ../nbs/00_core.ipynb #1f826883
 def cxr_theme() -> dict:
     "The project's Altair theme (a Vega-Lite config)."
     return {"config": {
@@ -612,9 +618,11 @@ def _chart_payload(chart) -> str | None:
                                                     dict(alt.data_transformers.options)))).decode()
     except Exception: return None   # noqa: BLE001 (a chart that does not pickle is built here instead)
 
+# %% ../nbs/00_core.ipynb #f1b9359d
 class ChartProcessStopped(RuntimeError):
     "The chart-drawing process ended before it drew this chart (crashed, killed, or out of turn); draw it here."
 
+# %% ../nbs/00_core.ipynb #0b2315ad
 class ChartProcess:
     "Another Python process that draws Vega-Lite specs to SVG in the order given, leaving this interpreter free."
     def __init__(self):
@@ -667,10 +675,12 @@ class ChartProcess:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
+# %% ../nbs/00_core.ipynb #58a92936
 def chart_pool() -> ChartProcess:
     "A new drawing process of one's own (close it, or use it in a `with` block); the audit uses `shared_chart_pool()`."
     return ChartProcess()
 
+# %% ../nbs/00_core.ipynb #1d8f70bb
 _SHARED_POOL: dict = {}
 _SHARED_LOCK = threading.Lock()
 
@@ -688,6 +698,7 @@ def shared_chart_pool() -> ChartProcess:
             pool = _SHARED_POOL["pool"] = ChartProcess()
         return pool
 
+# %% ../nbs/00_core.ipynb #44ca6fdb
 def submit_chart(pool,  # a `ChartProcess`, or any executor
                  chart  # an Altair chart
                 ) -> Future:
@@ -697,6 +708,7 @@ def submit_chart(pool,  # a `ChartProcess`, or any executor
     import vl_convert as vlc
     return pool.submit(vlc.vegalite_to_svg, spec)
 
+# %% ../nbs/00_core.ipynb #714870c5
 def chart_svgs(charts: Sequence,  # Altair charts
                workers: int = 2   # 1: draw here, one after another
               ) -> list[str]:
@@ -711,6 +723,7 @@ def chart_svgs(charts: Sequence,  # Altair charts
 EXTRA_COLORS = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499",
                 "#DDDDDD"]
 
+# %% ../nbs/00_core.ipynb #3bfac3c0
 def system_colors(names: Iterable[str] # system or configuration names, any order, repeats allowed
                  ) -> dict[str, str]:
     "One colour per name: sorted names take `PALETTE` then `EXTRA_COLORS` in turn; bare systems follow their first."
@@ -740,6 +753,7 @@ def use_system_colors(colors: Mapping[str, str] # name -> colour, e.g. from `sys
     try: yield dict(colors)
     finally: _SYSTEM_COLORS.reset(token)
 
+# %% ../nbs/00_core.ipynb #15b410ab
 def system_color(field: str,          # the column that names the system or configuration
                  values: Iterable,    # that column's values in the chart's data
                  title: str | None = None, # legend title (None: no title)
@@ -762,6 +776,7 @@ def show_progress(enabled: bool | None = None # True/False decide; None: `CXR_AU
     if env in ("0", "false", "no", "off"): return False
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
+# %% ../nbs/00_core.ipynb #d69e5242
 def progress(iterable,                     # what the loop runs over
              desc: str = "",               # what is being counted, shown left of the bar
              total: int | None = None,     # number of items (default: `len(iterable)` when it has one)

@@ -38,11 +38,13 @@ _PUBLIC_STEMS = {"iuxray": "iu-xray", "openi": "iu-xray", "indiana": "iu-xray", 
 PUBLIC_DATASETS_ENV = "CXR_AUDIT_PUBLIC_DATASETS"   # comma-separated further public datasets, read on every call
 UNNAMED_DATASET = "unnamed"  # the `dataset` of a table that names none (its rows are judged by their `restricted` cell)
 
+# %% ../nbs/02_corpus.ipynb #bbcf3ef7
 def dataset_key(name # a dataset name as written anywhere
                ) -> str:
     "The name reduced to what it spells: width folded (NFKC), lower case, letters and digits only."
     return re.sub(r"[^a-z0-9]", "", unicodedata.normalize("NFKC", str(name)).lower())
 
+# %% ../nbs/02_corpus.ipynb #8a2f051e
 def _stems(extra: Iterable[str] | str) -> list[str]:
     "The keys of the user's names (one name, or several)."
     return [k for k in (dataset_key(x) for x in ([extra] if isinstance(extra, str) else extra)) if k]
@@ -57,6 +59,7 @@ def restricted_dataset(name,                        # a dataset name (any spelli
         if key.startswith(stem): return canonical
     return str(name) if any(key.startswith(e) for e in _stems(extra)) else None
 
+# %% ../nbs/02_corpus.ipynb #468b14a8
 def dataset_access(name,                            # a dataset name (any spelling), or None
                    restricted: Iterable[str] | str = (), # further restricted datasets of the user
                    public: Iterable[str] | str = ()      # further public ones (and `CXR_AUDIT_PUBLIC_DATASETS`)
@@ -68,7 +71,6 @@ def dataset_access(name,                            # a dataset name (any spelli
     declared = _stems(public) + _stems(os.environ.get(PUBLIC_DATASETS_ENV, "").split(","))
     if key == "iu" or any(key.startswith(s) for s in list(_PUBLIC_STEMS) + declared): return "public"
     return "unknown"
-
 
 # %% ../nbs/02_corpus.ipynb #483b8527
 STUDIES_COLUMNS = ("study_id", "patient_id", "dataset", "split", "view", "image_paths", "study_time",
@@ -217,6 +219,7 @@ def typed_generation_columns(df,                        # a generations-like tab
 # %% ../nbs/02_corpus.ipynb #3d54a29b
 GENERATIONS_COLUMNS = ("sample_id", "study_id", "system", "policy", "seed", "hypothesis", "n_tokens", "truncated")
 
+# %% ../nbs/02_corpus.ipynb #ed79e28b
 def to_generations(df,                        # a table with at least `study_id`, `system` and `hypothesis`
                    what: str = "generations", # e.g. a file name
                    **defaults                 # values for absent columns, e.g. policy="B4"
@@ -419,6 +422,7 @@ def _study_flags(flags: Iterable[str], status: str, r: Mapping, sections: Iterab
 # %% ../nbs/02_corpus.ipynb #a22b0c21
 DEID_MASKS = re.compile(r"X{2,}|_{2,}|\[\*\*[^\]]*\]")   # IU X-ray, MIMIC-CXR and MIMIC-III de-identification marks
 
+# %% ../nbs/02_corpus.ipynb #15edb43c
 def text_flag(text # a report, reference or generated text (None and NaN are empty)
              ) -> str:
     "'empty' for a blank text, 'masked' for one made of de-identification masks alone, else ''."
@@ -473,6 +477,7 @@ def _group_images(df: pd.DataFrame, what: str,
         out[c] = acc
     return out.reset_index(drop=True)
 
+# %% ../nbs/02_corpus.ipynb #47ccaf70
 def _finish(df: pd.DataFrame, what: str, **defaults) -> pd.DataFrame:
     "The `studies` table from a loader's frame: repeats dropped, views matched to images, `view_status`, `load_flags`."
     sections = [c for c in ("findings", "impression") if c in df.columns]
@@ -836,6 +841,7 @@ def split_of_file(name: str # a file name, e.g. "IU_XRay_test.json"
         if words & names: return split
     return None
 
+# %% ../nbs/02_corpus.ipynb #bec4bbfd
 def _rexrank_row(key: str, e: Mapping, dataset: str, where: str, image_root=None) -> dict:
     "One study from a ReXrank entry; its views are lined up with its images by `_finish`."
     if not isinstance(e, Mapping): raise InputError(f"{where}: entry {key!r} is not an object but {type(e).__name__}")

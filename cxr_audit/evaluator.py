@@ -75,6 +75,7 @@ def read_report(report,              # sample["report"]: a file path, the report
 # %% ../nbs/12_evaluator.ipynb #4d2f359b
 def _squash(s) -> str: return "" if s is None or is_missing(s) else " ".join(str(s).split())
 
+# %% ../nbs/12_evaluator.ipynb #abc97373
 def study_section(row: Mapping,         # one row of a `studies` table
                   section: str = "findings" # "findings", "impression", "both", "full", or a section name
                  ) -> str:
@@ -93,9 +94,11 @@ ID_KEYS = ("sample_id", "study_id", "id")
 def _is_table(ds) -> bool:
     return isinstance(ds, pd.DataFrame) or type(ds).__module__.split(".")[0] in ("polars", "pyarrow")
 
+# %% ../nbs/12_evaluator.ipynb #b6fd4ad7
 def _first_key(sample: Mapping, keys: Sequence[str]):
     return next((k for k in keys if k in sample), None)
 
+# %% ../nbs/12_evaluator.ipynb #1c3b0042
 def _fetch(dataset, num_workers: int, chunk: int = 64) -> Iterator[tuple[int, Any]]:
     "`(i, dataset[i])` in order, read by `num_workers` threads (any iterable without `__getitem__`: in order)."
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")): yield from enumerate(dataset); return
@@ -123,6 +126,7 @@ def _dict_record(i: int, sample, ref_section: str, indication_section: str, use_
             "indication": (_squash(ind) or None) if use_indication else None,
             "cluster": None if clusters is None else sample[clusters]}
 
+# %% ../nbs/12_evaluator.ipynb #76d793c5
 def _first_image(paths) -> str | None:
     "The first of a study's image paths (a list, or a `;`-separated string), or None."
     if isinstance(paths, str): paths = [p for p in paths.split(";") if p]
@@ -197,6 +201,7 @@ def _unavailable_error(bad: list, ok: list, n: int, what: str, default: bool) ->
                       f"labels with this package's rules, not CheXbert){keep}. The others run unchanged where their "
                       "packages, weights and API keys are present.")
 
+# %% ../nbs/12_evaluator.ipynb #096793d5
 def resolve_metrics(metrics,              # names, Metric objects, or "bleu_4,rouge_l"
                     check: bool = True,   # one InputError for every metric that cannot load here
                     load: bool = True,    # the check builds bridged metrics (loaded once, reused)
@@ -225,6 +230,7 @@ def metric_leaves(metric # a Metric object
     if not leaves: return [(metric.name, metric.value)]
     return [(f"{metric.name}.{leaf}", _leaf(metric.value, j)) for j, leaf in enumerate(leaves)]
 
+# %% ../nbs/12_evaluator.ipynb #0bca3310
 def _leaf(value: Callable, j: int) -> Callable:
     f = lambda T: np.asarray(value(T))[..., j]
     f.__name__ = getattr(value, "__name__", "value") + f"[{j}]"
@@ -238,6 +244,7 @@ def _int_arg(v, name: str, low: int, none_ok: bool = False):
                          f"{low}{' or None' if none_ok else ''}, got {v!r}")
     return int(v)
 
+# %% ../nbs/12_evaluator.ipynb #68da40f3
 def _section_arg(v, name: str, allowed: Sequence[str]) -> str:
     if v not in allowed:
         raise InputError(f"ReportGenerationEvaluator: {name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
@@ -284,6 +291,7 @@ class ReportGenerationEvaluator:
                 f"metrics={[m.name for m in self.metrics]}, ref_section={self.ref_section!r}, "
                 f"n_bootstrap={self.n_bootstrap})")
 
+# %% ../nbs/12_evaluator.ipynb #a10ebbb5
 def _name(obj) -> str: return getattr(obj, "__name__", None) or type(obj).__name__
 
 # %% ../nbs/12_evaluator.ipynb #5653f20c
@@ -322,6 +330,7 @@ def _keep(self: ReportGenerationEvaluator, rows: list[dict]) -> pd.DataFrame:
     if not counts["scored"]: raise InputError(f"no pairs to score: {counts}")
     return g
 
+# %% ../nbs/12_evaluator.ipynb #cf970eef
 @patch
 def _pairs(self: ReportGenerationEvaluator) -> pd.DataFrame:
     "The scored pairs, generating first when needed."
@@ -349,6 +358,7 @@ def generate(self: ReportGenerationEvaluator) -> pd.DataFrame:
     if todo: self._finish(fn, todo, what)
     return self._keep(rows)
 
+# %% ../nbs/12_evaluator.ipynb #79634172
 @patch
 def _finish(self: ReportGenerationEvaluator, fn, batch: list[dict], what: str) -> int:
     "Generate for a batch of records, in place; the number of pairs it made scorable."
@@ -368,6 +378,7 @@ def _leaf_stats(metrics, references: Sequence[str], hypotheses: Sequence[str]) -
         for name, f in metric_leaves(m): out[name] = (S, f)
     return out
 
+# %% ../nbs/12_evaluator.ipynb #e43df64d
 def results_frame(estimates: Mapping[str, float],         # leaf -> point estimate
                   replicates: Mapping[str, np.ndarray] | None = None # leaf -> one value per resample
                  ) -> pd.DataFrame:
@@ -387,6 +398,7 @@ def _score(leaves: Mapping, reps: int, seed, clusters=None) -> tuple[pd.DataFram
                             clusters=clusters)
     return results_frame({k: r.estimates[0] for k, r in res.items()}, {k: r.replicates[0] for k, r in res.items()}), res
 
+# %% ../nbs/12_evaluator.ipynb #1a57aed6
 def score_pairs(references: Sequence[str],   # reference texts
                 hypotheses: Sequence[str],   # generated texts, aligned with the references
                 metrics=FULL_METRICS,        # metric names or Metric objects (the evaluator's default)
@@ -464,6 +476,7 @@ def _params(self: ReportGenerationEvaluator) -> dict:
             "n_bootstrap": self.n_bootstrap, "bootstrap_seed": self.bootstrap_seed, "clusters": self.clusters,
             "keep_flagged": self.keep_flagged, "counts": getattr(self, "counts_", None)}
 
+# %% ../nbs/12_evaluator.ipynb #87a72d02
 @patch
 def _out(self: ReportGenerationEvaluator, output_dir) -> Path:
     d = output_dir or self.output_dir
@@ -513,6 +526,7 @@ def get_evaluator(name: str # a registry key (paper 001: "report_generation")
     if name not in EVALUATORS: raise InputError(f"unknown evaluator {name!r}; registered: {sorted(EVALUATORS)}")
     return EVALUATORS[name]
 
+# %% ../nbs/12_evaluator.ipynb #b6725823
 def _local_checkpoint(recipe: str) -> Path:
     "A recipe's checkpoint in the local Hugging Face cache (never downloaded), or an `InputError` saying where it goes."
     r = GENERATOR_RECIPES[recipe]
@@ -525,12 +539,14 @@ def _local_checkpoint(recipe: str) -> Path:
     raise InputError(f"make_{recipe}_generator: no local checkpoint of {r.title} ({', '.join(r.model_ids)}); give "
                      "model_path= a folder holding it (cxr_audit never downloads models)")
 
+# %% ../nbs/12_evaluator.ipynb #f7ec1b36
 def _sample_transform(sample: Mapping) -> dict:
     "A sample with its image (`img`, `image` or `image_path`: a path, DICOM, or pixels) as an image file under `img`."
     src = next((sample[k] for k in ("img", "image", "image_path") if k in sample and sample[k] is not None), None)
     if src is None: raise InputError(f"transform: the sample has no image (keys: {sorted(sample)})")
     return {**sample, "img": image_file(src)}
 
+# %% ../nbs/12_evaluator.ipynb #1efcdde3
 def _make(recipe: str, model_path, device, kwargs: dict) -> tuple[Callable, Any]:
     path = Path(model_path) if model_path is not None else _local_checkpoint(recipe)
     remote = GENERATOR_RECIPES[recipe].remote_code
@@ -545,6 +561,7 @@ def make_chexagent_generator(device: str | None = None, # "cuda", "cpu"; None: a
     "Paper 001's CheXagent-2 recipe: `(transform, report_generator)`; its checkpoint's code is trusted, as in 001."
     return _make("chexagent", model_path, device, kwargs)
 
+# %% ../nbs/12_evaluator.ipynb #59b8ed63
 def make_maira2_generator(device: str | None = None, # see `make_chexagent_generator`
                           model_path=None,           # see `make_chexagent_generator`
                           **kwargs                   # see `make_chexagent_generator`
@@ -552,6 +569,7 @@ def make_maira2_generator(device: str | None = None, # see `make_chexagent_gener
     "Paper 001's MAIRA-2 recipe: `(transform, report_generator)`; the indication goes to MAIRA-2's own indication slot."
     return _make("maira2", model_path, device, kwargs)
 
+# %% ../nbs/12_evaluator.ipynb #dfc413dd
 def make_medgemma_generator(device: str | None = None, # see `make_chexagent_generator`
                             model_path=None,           # see `make_chexagent_generator`
                             **kwargs                   # see `make_chexagent_generator`
@@ -571,6 +589,7 @@ def _labels(g: pd.DataFrame, by: Sequence[str]) -> pd.Series:
         lab = lab + np.where(lab == "", "", " ") + f"{c}=" + g[c].astype(str)
     return lab.where(lab != "", "report")
 
+# %% ../nbs/12_evaluator.ipynb #e33bbed1
 def _references(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> pd.Series:
     "The reference of each generations row: its `reference` column, or its study's section."
     if studies is None:
@@ -609,6 +628,7 @@ def _units(g: pd.DataFrame, unit: str | None, single: bool, what: str) -> pd.Ser
         return pd.Series([str(i) for i in range(len(g))], index=g.index)
     return require_columns(g, [unit], what)[unit].astype(str)
 
+# %% ../nbs/12_evaluator.ipynb #236b5a8c
 def _row_clusters(g: pd.DataFrame, studies, clusters, what: tuple[str, str]) -> np.ndarray | None:
     "One cluster label per generations row (`stats.resolve_clusters`); a column they lack is read from the studies."
     if clusters is None: return None
@@ -626,6 +646,7 @@ def _row_clusters(g: pd.DataFrame, studies, clusters, what: tuple[str, str]) -> 
 def _fmt_ci(est: float, lo: float, hi: float, digits: int) -> str:
     return f"{est:.{digits}f}" + ("" if np.isnan(lo) else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
 
+# %% ../nbs/12_evaluator.ipynb #b2270805
 def _plot_estimates(df: pd.DataFrame, title: str):
     "Each configuration's estimate (point) and interval (rule), one panel per metric."
     alt = enable_theme(svg=False)
@@ -686,6 +707,7 @@ class SystemScores:
         "Comparisons significant after Holm over the family."
         return 0 if self.comparisons is None else int(self.comparisons["significant"].sum())
 
+# %% ../nbs/12_evaluator.ipynb #10430f37
 @patch
 def _repr_markdown_(self: SystemScores) -> str:
     c = self.counts
@@ -703,6 +725,7 @@ def pairwise(metric # a Metric object
     "Whether a pair's statistics do not depend on the other pairs: the metric's `pairwise` flag (unknown: no)."
     return bool(getattr(metric, "pairwise", False))
 
+# %% ../nbs/12_evaluator.ipynb #7a561431
 def _stats_per_system(m, refs: dict, hyps: dict) -> dict:
     "{config: stats}: one call over every configuration's pairs for a pairwise metric (one METEOR JVM), else one each."
     if not pairwise(m): return {s: np.asarray(m.stats(refs[s], hyps[s]), dtype=float) for s in hyps}
@@ -722,6 +745,7 @@ def _system_stats(metrics, refs: dict, hyps: dict, skip: bool) -> tuple[dict, li
             out[leaf] = per; meta.append((leaf, f, bool(getattr(m, "higher_is_better", True))))
     return out, meta, notes
 
+# %% ../nbs/12_evaluator.ipynb #61759f35
 def _scores_table(stats: dict, meta: list, units: list) -> pd.DataFrame:
     "The long `scores` table: sample_id (the unit), config, metric, stat_*, value."
     parts = []
@@ -776,6 +800,7 @@ def _score_configs(g, metrics, reps, seed, baseline, skip, size, method, keep_fl
     return replace(res, estimates=noted(res.estimates), comparisons=noted(res.comparisons), conventions=conv,
                    flagged=flagged)
 
+# %% ../nbs/12_evaluator.ipynb #38eaa304
 def _flag_counts(flagged: pd.DataFrame, cfgs: list) -> dict:
     "Units left out for an empty or mask-only reference; empty and mask-only generations per configuration scored."
     ref = flagged[flagged["text"] == "reference"]
@@ -785,6 +810,7 @@ def _flag_counts(flagged: pd.DataFrame, cfgs: list) -> dict:
             "masked_reference": int((ref["excluded"] & (ref["reason"] == "masked")).sum()),
             "empty_hypothesis": per("empty"), "masked_hypothesis": per("masked")}
 
+# %% ../nbs/12_evaluator.ipynb #74dcc99a
 def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, run: dict) -> SystemScores:
     "Estimates (and with `reps > 0` intervals and the Holm family of comparisons) of every leaf and configuration."
     scores = _scores_table(stats, meta, units)
@@ -802,6 +828,7 @@ def _bootstrap_configs(stats, meta, units, cl, baseline, method, counts, notes, 
     return SystemScores(est, _family(res, run["size"]) if len(next(iter(stats.values()))) > 1 else None, res, scores,
                         counts, notes, **run)
 
+# %% ../nbs/12_evaluator.ipynb #7ce66872
 def _family(res: dict, size: float) -> pd.DataFrame:
     "The Holm family of all comparisons; an `UnderpoweredWarning` when `reps` is too few for any to be significant."
     with warnings.catch_warnings():
@@ -841,6 +868,7 @@ def score_systems(generations,                    # hypothesis (+ system, policy
     return replace(res, counts={**res.counts, "reference_fallback": fell_back},
                    conventions=(fell_back, *res.conventions))
 
+# %% ../nbs/12_evaluator.ipynb #1b40ffcd
 def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, str]) -> str | None:
     "A sentence when some scored studies lack `ref_section` and are scored on the other one; an error when all are."
     if studies is None or ref_section not in ("findings", "impression") or "study_id" not in g.columns: return None
@@ -857,6 +885,7 @@ def _fallback_note(g: pd.DataFrame, studies, ref_section: str, what: tuple[str, 
     return (f"{int(fell.sum())} of {len(s)} studies have no {ref_section}: their {other} is the reference "
             f"(the evaluator's fallback; ref_section 'both' scores against both).")
 
+# %% ../nbs/12_evaluator.ipynb #b57132d1
 def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed, what) -> pd.DataFrame:
     "The generations with `_ref`, `_cfg`, `_hyp`, `_unit` (and `_cluster`) columns; one row per configuration and unit."
     g = require_columns(generations, ["hypothesis"], what[0]).reset_index(drop=True)

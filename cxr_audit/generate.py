@@ -530,6 +530,7 @@ def report_context(context,              # None, an indication, or a mapping of 
                          f"{', '.join(SECTION_NAMES)}")
     return {k: " ".join(str(d[k]).split()) for k in SECTION_NAMES if k in d and not _blank(d[k])}
 
+# %% ../nbs/11_generate.ipynb #d989505d
 def _sections_block(s: Mapping) -> str:
     "The `{sections}` slot: a header and one `NAME: text` paragraph per given section (empty when none is given)."
     return "" if not s else "\n\n" + SECTIONS_HEADER + "".join(f"\n\n{k.upper()}: {v}" for k, v in s.items())
@@ -799,6 +800,7 @@ def image_refs(x, system: str) -> list:
     if not refs: raise InputError(f"{system}: a sample has no image")
     return refs
 
+# %% ../nbs/11_generate.ipynb #11cb2271
 @patch
 def _images(self: HFReportGenerator, x) -> list:
     "The Pillow images of one sample (one for encoder-decoder models, up to `max_images` for chat models)."
@@ -843,6 +845,7 @@ def left_pad(seqs: Sequence[Sequence[int]], pad: int) -> dict:
         if s: ids[i, n - len(s):], mask[i, n - len(s):] = torch.tensor(list(s), dtype=torch.long), 1
     return {"input_ids": ids, "attention_mask": mask}
 
+# %% ../nbs/11_generate.ipynb #13b49725
 @contextmanager
 def padding_side(tok, side: str):
     "Temporarily set a tokenizer's padding side."
@@ -851,6 +854,7 @@ def padding_side(tok, side: str):
     try: yield
     finally: tok.padding_side = old
 
+# %% ../nbs/11_generate.ipynb #e490cbbd
 @patch
 def _encode_text(self: HFReportGenerator, prompts) -> tuple[dict, int]:
     "Left-padded prompt ids for a causal language model (an empty prompt becomes the start token)."
@@ -954,6 +958,7 @@ def model_folder(path) -> Path:
         raise InputError(f"{path}: no config.json, so not a saved Hugging Face model folder ({hint})")
     return p
 
+# %% ../nbs/11_generate.ipynb #8f447352
 @patch(cls_method=True)
 def from_pretrained(cls: HFReportGenerator, path: str | os.PathLike, # a local folder written by save_pretrained
                     *, kind: str | None = None,       # None: from the saved configuration

@@ -52,6 +52,7 @@ def _wide_of(labels, what: str) -> tuple[pd.DataFrame, set]:
     dup = set(w.index[w.index.duplicated()])
     return w[~w.index.duplicated()].reindex(columns=list(CHEXPERT_14)).astype("float64"), dup
 
+# %% ../nbs/06b_label_audit.ipynb #827f3477
 def _systems_of(prediction) -> dict:
     "{system: labels} from a mapping, or from a long table with a `system` column, or one table."
     if isinstance(prediction, Mapping): return dict(prediction)
@@ -70,6 +71,7 @@ def _case_map(case_map) -> dict | None:
     if items is None: raise TypeError("case_map: expected a mapping, a Series or a two-column DataFrame")
     return {str(a): str(b) for a, b in items}
 
+# %% ../nbs/06b_label_audit.ipynb #8dfe95bc
 def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | None,
            entries: dict | None = None) -> list[tuple[str, str | None, str]]:
     "(prediction id, reference id, status) per predicted case; with `entries` (id -> entry id) one case per entry."
@@ -85,6 +87,7 @@ def _match(pred_ids, ref_ids: set, ref_dup: set, pred_dup: set, cmap: dict | Non
         out.append((p, r, st))
     return out
 
+# %% ../nbs/06b_label_audit.ipynb #6888c28b
 def _entry_keys(table, what: str) -> tuple[dict | None, dict | None]:
     "text id -> entry id and text id -> study id, from a prediction table (None, None without `entry_id`)."
     df = table if isinstance(table, pd.DataFrame) else None
@@ -176,6 +179,7 @@ def _cases(self: LabelAlignment, systems: Sequence) -> list:
     # stable: reference order
     return [k for k, _ in sorted((row for row in first if row[0] in common), key=lambda row: row[1])]
 
+# %% ../nbs/06b_label_audit.ipynb #8a53f957
 def _case_label_sums(c: pd.DataFrame, key: str, cases: list, labs: list,
                      values: Sequence[str]) -> dict[str, np.ndarray]:
     "Per value column, the `(cases × labs)` sums of `c`'s rows (NaN where a case lacks a label); one pass, no pivot."
@@ -255,6 +259,7 @@ def align_labels(reference,                        # reference labels (long or w
                           pd.DataFrame(matching, columns=["system", "text_id", "entry_id", "reference_id", "status"]),
                           labels, uncertain_positive, tuple(ref.index), by_entry)
 
+# %% ../nbs/06b_label_audit.ipynb #dd0ad474
 def _check_labels(labels) -> tuple:
     labels = tuple(labels)
     bad = [l for l in labels if l not in CHEXPERT_14]
@@ -334,6 +339,7 @@ def matching_summary(self: LabelAlignment) -> pd.DataFrame:
     return t.reindex(columns=[s for s in MATCH_STATUSES if s in t.columns or s == "matched"],
                      fill_value=0).reset_index()
 
+# %% ../nbs/06b_label_audit.ipynb #427a0a87
 @patch
 def _repr_markdown_(self: LabelAlignment) -> str:
     return (f"**LabelAlignment**: {len(self.systems)} system(s), {len(self.labels)} labels, "
@@ -362,6 +368,7 @@ def load_probes(path: str | os.PathLike | None = None # a JSON file like the pac
     raw = read_json(path, "probe") if path is not None else json.loads(resource_text("label_probes.json"))
     return _probe_frame(raw.get("probes", raw) if isinstance(raw, Mapping) else raw, str(path or "label_probes.json"))
 
+# %% ../nbs/06b_label_audit.ipynb #f2028533
 def _probe_frame(items, what: str) -> pd.DataFrame:
     df = pd.DataFrame(list(items)) if not isinstance(items, pd.DataFrame) else items.copy()
     df = require_columns(df, ["text", "label", "expected"], what)
@@ -372,6 +379,7 @@ def _probe_frame(items, what: str) -> pd.DataFrame:
     df["expected"] = raw_states(df["expected"], "expected")
     return df[list(PROBE_COLUMNS)].reset_index(drop=True)
 
+# %% ../nbs/06b_label_audit.ipynb #cc8e63d3
 def _wide_result(out, n: int) -> pd.DataFrame:
     "A labeler's answer for `n` texts as wide states in input order."
     df = as_pandas(out, "labeler output")
@@ -732,11 +740,13 @@ def _run_pair(g: pd.DataFrame, names: pd.Series) -> tuple | None:
         if same: return a, same[0]
     return tuple(runs[:2]) if len(runs) >= 2 else None
 
+# %% ../nbs/06b_label_audit.ipynb #e0545e4e
 def _contrast_labeler(contrast) -> Labeler | None:
     if contrast is None or isinstance(contrast, Labeler): return contrast
     if contrast == "naive": return naive_cardiac_labeler()
     raise InputError(f"contrast must be None, 'naive' or a Labeler, got {contrast!r}")
 
+# %% ../nbs/06b_label_audit.ipynb #82543696
 def _study_clusters(clusters, studies) -> dict | None:
     "study id -> cluster, from a column of `studies`, labels aligned with its rows, or a mapping study_id -> cluster."
     if clusters is None: return None
@@ -795,6 +805,7 @@ def _exclusion_text(self: LabelAudit) -> str:
     if not flips: return f"; without {what}, `{a}` − `{b}` keeps its sign under every labeler"
     return f"; without {what}, `{a}` − `{b}` changes sign under the `{'`, `'.join(flips)}` labels"
 
+# %% ../nbs/06b_label_audit.ipynb #f46b835f
 @patch
 def headline(self: LabelAudit) -> str:
     "One markdown sentence: the micro-F1 range, what the trace found, and whether the exclusion flips a sign."
@@ -860,6 +871,7 @@ def labeler_swap(studies,                              # `studies` (findings/imp
     out["rank"] = out.groupby("labeler")["micro_f1"].rank(ascending=False, method="min").astype("Int64")
     return out[["labeler", "system", "micro_f1", "rank", "convention"]]
 
+# %% ../nbs/06b_label_audit.ipynb #321d556a
 def swap_note(swap: pd.DataFrame # from `labeler_swap`
              ) -> str:
     "One sentence: whether the best run and the order of the runs are the same under every labeler."

@@ -42,6 +42,7 @@ LABELS_COLUMNS = ("text_id", "source", "label", "state", "evidence", "start", "e
 # %% ../nbs/06_labels.ipynb #046aed1e
 def _resource(name: str) -> dict: return json.loads(resource_text(name))
 
+# %% ../nbs/06_labels.ipynb #bbcd5afc
 def _merged(base: dict, user: dict | None, nested: Sequence[str], replace: bool) -> dict:
     "`base` updated by `user`: keys in `nested` one level down, others replaced."
     if user is None: return base
@@ -64,11 +65,13 @@ def _expand(pattern: str, macros: Mapping, depth: int = 4) -> str:
     out = re.sub(r"<([A-Z0-9_]+)>", lambda m: macros[m.group(1)] if m.group(1) in macros else m.group(0), pattern)
     return out if out == pattern or depth == 0 else _expand(out, macros, depth - 1)
 
+# %% ../nbs/06_labels.ipynb #820adc0c
 @lru_cache(maxsize=None)
 def _compiled(pattern: str) -> re.Pattern:
     "A phrase pattern compiled once per process (a phrase bank holds more patterns than `re`'s own cache keeps)."
     return re.compile(pattern)
 
+# %% ../nbs/06_labels.ipynb #e39c4b25
 def _check_pattern(p, where: str, macros: Mapping) -> str:
     if not isinstance(p, str) or not p.strip():
         raise InputError(f"{where}: a pattern must be a non-empty string, got {p!r}")
@@ -77,6 +80,7 @@ def _check_pattern(p, where: str, macros: Mapping) -> str:
     except re.error as e: raise InputError(f"{where}: pattern {p!r} is not a valid regular expression ({e})") from e
     return p
 
+# %% ../nbs/06_labels.ipynb #60a4548e
 def _check_implied(P: dict, what: str) -> None:
     "Each `implied` rule names two observations, a valid pattern and a state."
     for i, r in enumerate(P.setdefault("implied", [])):
@@ -88,6 +92,7 @@ def _check_implied(P: dict, what: str) -> None:
         if r["state"] not in STATES: raise InputError(f"{where}: state {r['state']!r} is not 1, 0 or -1")
         _check_pattern(r["phrase"], where, {})
 
+# %% ../nbs/06_labels.ipynb #9837b5b2
 def _check_phrases(P: dict, what: str) -> dict:
     "Raise an `InputError` naming the first problem in a phrase bank; return it."
     macros = P.setdefault("macros", {})
@@ -114,11 +119,13 @@ def check_profile(profile: str,               # "chexpert" or "clinical"
         raise InputError(f"official_quirks=True needs the 'chexpert' profile, not {profile!r}")
     return profile
 
+# %% ../nbs/06_labels.ipynb #0ee9858b
 def _set_kind(dest: dict, key: str, items) -> None:
     "A key ending in '+' adds `items` to that list of `dest`; any other key is replaced."
     if key.endswith("+"): dest[key[:-1]] = list(dest.get(key[:-1]) or []) + list(items)
     else: dest[key] = items
 
+# %% ../nbs/06_labels.ipynb #151dcf37
 def _overlay(P: dict, O: Mapping) -> dict:
     "`P` with a profile layer `O` applied: a kind ending in '+' adds patterns, any other kind or key is replaced."
     for k, v in O.items():
@@ -131,6 +138,7 @@ def _overlay(P: dict, O: Mapping) -> dict:
                 for kind, pats in spec.items(): _set_kind(dest, kind, list(pats))
     return P
 
+# %% ../nbs/06_labels.ipynb #861789d4
 def _profile_layers(profile: str, official_quirks: bool) -> list[dict]:
     "The layers of `labeler_profiles.json` that make `profile` (none for the clinical reading)."
     layers = _resource("labeler_profiles.json")
@@ -138,18 +146,21 @@ def _profile_layers(profile: str, official_quirks: bool) -> list[dict]:
     names += ["official_quirks"] if official_quirks else []
     return [layers[n] for n in names]
 
+# %% ../nbs/06_labels.ipynb #fa9fe4b7
 def _profile_bank(profile: str, official_quirks: bool) -> dict:
     "The packaged phrase bank of one profile (the clinical bank with the profile's layers applied)."
     P = _resource("chexpert_phrases.json")
     for layer in _profile_layers(profile, official_quirks): P = _overlay(P, layer)
     return P
 
+# %% ../nbs/06_labels.ipynb #a71730e8
 def _profile_triggers(T: dict, profile: str, official_quirks: bool) -> dict:
     "The trigger table with the profile's `triggers` layers applied (a key ending in '+' adds patterns)."
     for layer in _profile_layers(profile, official_quirks):
         for k, v in layer.get("triggers", {}).items(): _set_kind(T, k, v)
     return T
 
+# %% ../nbs/06_labels.ipynb #a6bf1c80
 def load_label_phrases(phrases: str | os.PathLike | Mapping | None = None, # None, a JSON file or a dict (see above)
                        replace: bool = False,       # use `phrases` alone instead of updating the packaged bank
                        profile: str = "chexpert",   # the packaged bank's reading: "chexpert" or "clinical"
@@ -209,12 +220,14 @@ class Mention(NamedTuple):
     trigger: str | None     # the trigger that decided the state, as written
     trigger_kind: str | None # "negation" or "uncertainty"
 
+# %% ../nbs/06_labels.ipynb #cbfc0da3
 class _Trigger(NamedTuple):
     start: int; end: int; kind: str; direction: str
 
 # %% ../nbs/06_labels.ipynb #53395167
 def _wrap(p: str) -> str: return rf"\b(?:{p})\b"
 
+# %% ../nbs/06_labels.ipynb #a5924384
 class _Matcher:
     "Non-overlapping matches of tagged patterns; at one position the first pattern in order wins."
     def __init__(self, items: Sequence[tuple[str, object]], marks: Sequence[tuple[str, object]] = ()):
@@ -253,6 +266,7 @@ def _phrase_matcher(spec: Mapping, macros: Mapping) -> _Matcher | None:
     items = [(_expand(p, macros), k) for k in PHRASE_KINDS for p in sorted(spec.get(k) or [], key=len, reverse=True)]
     return _Matcher(items) if items else None
 
+# %% ../nbs/06_labels.ipynb #17f046bd
 def _trigger_matcher(T: Mapping) -> _Matcher:
     "One matcher for all triggers (longest pattern first); a match's tag is (kind, direction)."
     items = [(p, (c, d)) for c in ("negation", "uncertainty") for d in TRIGGER_DIRECTIONS for p in (T[c].get(d) or [])]
@@ -260,6 +274,7 @@ def _trigger_matcher(T: Mapping) -> _Matcher:
     items.sort(key=lambda it: len(it[0]), reverse=True)
     return _Matcher(items, [(p, ("terminator", "")) for p in T["terminator_marks"]])
 
+# %% ../nbs/06_labels.ipynb #461b7aaa
 def _cue_regex(cues: Sequence[str]) -> re.Pattern | None:
     return re.compile("|".join(re.escape(c) for c in cues)) if cues else None
 
@@ -269,8 +284,10 @@ def _lower(s: str) -> str:
     low = s.lower()
     return low if len(low) == len(s) else "".join(c if len(c.lower()) != 1 else c.lower() for c in s)
 
+# %% ../nbs/06_labels.ipynb #f5fc1111
 def _overlaps(a0: int, a1: int, b0: int, b1: int) -> bool: return a0 < b1 and a1 > b0
 
+# %% ../nbs/06_labels.ipynb #6f254a05
 def _inside(t: _Trigger, spans) -> bool: return any(s <= t.start and t.end <= e for s, e in spans)
 
 # %% ../nbs/06_labels.ipynb #b15dd5a9
@@ -322,6 +339,7 @@ def _find_triggers(self: Labeler, low: str) -> tuple[list[_Trigger], list[int], 
         elif kind != "pseudo": trig.append(_Trigger(s, e, kind, d))
     return trig, t_start, t_end
 
+# %% ../nbs/06_labels.ipynb #622610a5
 @patch
 def _find_phrases(self: Labeler, low: str) -> list[tuple[str, str, int, int]]:
     "(observation, kind, start, end) of each phrase of a lower-cased sentence that gives a state (not `_SILENT_KINDS`)."
@@ -333,6 +351,7 @@ def _find_phrases(self: Labeler, low: str) -> list[tuple[str, str, int, int]]:
 # %% ../nbs/06_labels.ipynb #a4a7939e
 def _word_starts(low: str) -> list[int]: return [m.start() for m in re.finditer(r"\S+", low)]
 
+# %% ../nbs/06_labels.ipynb #c8fab3b2
 @patch
 def _scopes(self: Labeler, t: _Trigger, low: str, t_start: list[int], t_end: list[int],
             words) -> list[tuple[int, int, bool]]:
@@ -352,6 +371,7 @@ def _scopes(self: Labeler, t: _Trigger, low: str, t_start: list[int], t_end: lis
         out.append((start, t.start, False))
     return out
 
+# %% ../nbs/06_labels.ipynb #5c84e1b0
 @patch
 def _decide(self: Labeler, s: int, e: int, trig, scopes) -> _Trigger | None:
     "The nearest trigger whose scope overlaps the phrase `[s, e)` (negation wins a tie)."
@@ -433,9 +453,11 @@ _RANK = {1.0: 3, -1.0: 2, 0.0: 1}
 class _Evidence(NamedTuple):
     state: float; phrase: str | None; start: int | None; end: int | None; trigger: str | None; sentence: str | None
 
+# %% ../nbs/06_labels.ipynb #3dd9c11f
 @lru_cache(maxsize=16_384)
 def _split_cached(text: str, splitter) -> tuple[str, ...]: return tuple(split_sentences(text, splitter=splitter))
 
+# %% ../nbs/06_labels.ipynb #7d5ab3b7
 def _split(text: str, splitter) -> Sequence[str]:
     "The sentences of `text`, split once per text and splitter (a text is read by several labelers and traces)."
     # resolved at each call
@@ -443,12 +465,14 @@ def _split(text: str, splitter) -> Sequence[str]:
     try: return _split_cached(text, splitter)
     except TypeError: return split_sentences(text, splitter=splitter)   # an unhashable splitter: no cache
 
+# %% ../nbs/06_labels.ipynb #3c15e73c
 @patch
 def _report_mentions(self: Labeler, text: str) -> list[tuple[Mention, int, str]]:
     "(mention, sentence offset in the text or -1, sentence) for every phrase of a report."
     sents = _split(text, self.splitter)
     return [(m, off, s) for s, off in _locate(text, sents) for m in self.sentence_mentions(s)]
 
+# %% ../nbs/06_labels.ipynb #5417ba61
 @patch
 def label_text(self: Labeler, text # one report (headers allowed)
               ) -> tuple[dict[str, _Evidence], str | None]:
@@ -463,6 +487,7 @@ def label_text(self: Labeler, text # one report (headers allowed)
         self._text_cache[text] = dict(out)
     return out, None
 
+# %% ../nbs/06_labels.ipynb #4fb33d3c
 @patch
 def _aggregate(self: Labeler, text: str) -> dict[str, _Evidence]:
     "The evidence of one labelable report: the strongest mention per observation; No Finding when nothing abnormal."
@@ -489,6 +514,7 @@ def _texts_and_ids(texts, ids) -> tuple[list, list]:
     if len(ids) != len(texts): raise InputError(f"label_reports: {len(ids)} ids for {len(texts)} texts")
     return texts, ids
 
+# %% ../nbs/06_labels.ipynb #58920bb9
 def _text_hash(t) -> str | None: return sha256_text(t) if isinstance(t, str) else None
 
 # %% ../nbs/06_labels.ipynb #a0003208
@@ -577,6 +603,7 @@ def from_wide(wide,                        # one row per text, one column per ob
                          "start": pd.array([None] * (n * len(cols)), dtype="Int64"),
                          "end": pd.array([None] * (n * len(cols)), dtype="Int64")})
 
+# %% ../nbs/06_labels.ipynb #a5b50ceb
 def raw_states(values, label: str) -> np.ndarray:
     "Raw states as floats; anything but 1, 0, -1 or blank is an `InputError` naming the row."
     v = pd.to_numeric(pd.Series(values).replace({"": np.nan}), errors="coerce").to_numpy(dtype=float)
@@ -804,6 +831,7 @@ def normalize_evidence(text # an evidence phrase or sentence
     "Evidence text for counting: lower case, `XXXX`/`___` to `xxxx`, digits to `#`, no punctuation, single spaces."
     return _normalized(text) if isinstance(text, str) else ""
 
+# %% ../nbs/06_labels.ipynb #c107c97f
 @lru_cache(maxsize=65_536)
 def _normalized(text: str) -> str:   # one evidence sentence recurs across rows, labels and traces: normalized once
     t = re.sub(r"\bx{2,}\b|_{2,}", " xxxx ", text.lower())
@@ -826,6 +854,7 @@ def texts_by_id(texts, labels: pd.DataFrame) -> dict:
                          "hypothesis, report)")
     return dict(zip(df[id_col].map(str), df[txt_col]))
 
+# %% ../nbs/06_labels.ipynb #664d2674
 def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str | None]:
     "(sentence, phrase) where `text` most likely triggered `label`: a phrase of it, else a cue of it."
     if input_flag(text): return None, None
@@ -847,24 +876,28 @@ def _values(col: pd.Series) -> list:
     "A column as the list of values iterating it yields (text columns through `tolist`, many times faster)."
     return col.tolist() if isinstance(col.dtype, pd.StringDtype) else list(col)
 
+# %% ../nbs/06_labels.ipynb #ea605a5e
 def _row_hash(r) -> str:
     vals = [str(r["text_id"]), str(r.get("source")), r["label"], None if pd.isna(r["state"]) else float(r["state"]),
             r.get("evidence"), None if pd.isna(r.get("start", None)) else int(r["start"]),
             None if pd.isna(r.get("end", None)) else int(r["end"]), r.get("text_sha256")]
     return sha256_text(json.dumps(vals, ensure_ascii=False, default=str))
 
+# %% ../nbs/06_labels.ipynb #d63000c9
 def _wording_spans(labeler: Labeler, sentence, label: str) -> list[tuple[int, int]]:
     "Spans of `sentence` that `labeler` reads as normal or stability wording about `label`."
     mt = next((mt for o, mt, _ in labeler._obs if o == label), None)
     if mt is None or not isinstance(sentence, str): return []
     return [(s, e) for s, e, k in mt.find(_lower(sentence)) if k in ("normal", "stable")]
 
+# %% ../nbs/06_labels.ipynb #d32cd2b7
 def _from_normal_wording(labeler: Labeler, sentence, phrase, label: str) -> bool:
     "Whether `phrase` (else any part of `sentence`) lies in normal or stability wording about `label`."
     spans = _wording_spans(labeler, sentence, label)
     i = sentence.find(phrase) if spans and isinstance(phrase, str) and phrase else -1
     return bool(spans) and (i < 0 or any(_overlaps(i, i + len(phrase), s, e) for s, e in spans))
 
+# %% ../nbs/06_labels.ipynb #1e67836b
 def _term_labels(labeler: Labeler, text) -> frozenset:
     "The labels of which `text` holds an abnormal (`mention` or `uncertain`) phrase, whatever its context."
     if input_flag(text): return frozenset()
@@ -912,6 +945,7 @@ def _phrase_counts(rows: pd.DataFrame, group: list, key: str) -> pd.DataFrame:
     return t.sort_values(group + ["label", "state", "count"], ascending=[True] * (len(group) + 2) + [False],
                          kind="stable").reset_index(drop=True)
 
+# %% ../nbs/06_labels.ipynb #5dd65053
 _FLAG_COLUMNS = ["positives", "uncertain", "top_evidence", "top_count", "top_share", "normal_wording_positives",
                  "normal_wording_uncertain", "with_term"]
 
@@ -926,10 +960,12 @@ def _flag_row(g: pd.DataFrame, top) -> dict:
             "with_term": int(pos["with_term"].fillna(False).astype(bool).sum()) if pos["with_term"].notna().any()
             else None}
 
+# %% ../nbs/06_labels.ipynb #0ca88c7c
 def _share_flag(words: str, k: int, n: int, share: float) -> str | None:
     "`words (k of n)` when k is at least `share` of n (and not 0), else None."
     return f"{words} ({k} of {n})" if k and n and k / n >= share else None
 
+# %% ../nbs/06_labels.ipynb #e56892a4
 def _flag_table(rows: pd.DataFrame, phrases: pd.DataFrame, group: list, dominance: float, min_positives: int,
                 normal_share: float = 0.1) -> pd.DataFrame:
     out, keys = [], group + ["label"]

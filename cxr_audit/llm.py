@@ -188,6 +188,7 @@ def _model_schema_text(schema) -> str:
     "The JSON schema of a pydantic class as text, computed once per class (batches repeat it thousands of times)."
     return json.dumps(schema.model_json_schema())
 
+# %% ../nbs/08_llm.ipynb #325629e8
 def schema_name(schema # a pydantic model class or a JSON-schema dict
                ) -> str:
     "A short name for `schema` (its class name or JSON-schema title)."
@@ -216,6 +217,7 @@ def _validation_summary(e: Exception) -> str:
     parts = [f"{'.'.join(map(str, d.get('loc', ()))) or '<root>'}: {d.get('msg', d.get('type'))}" for d in errs[:5]]
     return f"{len(errs)} error(s): " + "; ".join(parts)
 
+# %% ../nbs/08_llm.ipynb #79c9414c
 def _check_dict_schema(raw: str, schema: Mapping) -> dict:
     try: obj = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -399,12 +401,14 @@ def _accepted_kwargs(fn) -> tuple[str, ...]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps.values()): return _DECODING_NAMES
     return tuple(n for n in _DECODING_NAMES if n in ps)
 
+# %% ../nbs/08_llm.ipynb #2deea838
 def _as_text(out) -> str:
     if isinstance(out, str): return out
     if hasattr(out, "model_dump_json"): return out.model_dump_json()
     if isinstance(out, (Mapping, list)): return json.dumps(out, ensure_ascii=False)
     raise TypeError(f"a RuleChat function must return a str, a dict or a pydantic object, not {type(out).__name__}")
 
+# %% ../nbs/08_llm.ipynb #6dedb00e
 def _n_words(text: str) -> int: return len(text.split())
 
 # %% ../nbs/08_llm.ipynb #c7cf5c82
@@ -513,6 +517,7 @@ def _secrets(backend) -> tuple:
     found = [getattr(backend, "_api_key", None), *_url_secrets(getattr(backend, "_endpoint", None))]
     return tuple(dict.fromkeys(s for s in found if isinstance(s, str) and len(s) >= 4))
 
+# %% ../nbs/08_llm.ipynb #dff2c692
 def _masked(res: ChatResult, secrets: tuple) -> ChatResult:
     "The answer with any secret it echoes replaced by `<redacted>`, in its text and parsed strings."
     # exact secret values only: `core.redact`'s patterns are not applied to answers
@@ -528,6 +533,7 @@ def _masked(res: ChatResult, secrets: tuple) -> ChatResult:
         return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
     return replace(res, text=clean(res.text), parsed=clean(res.parsed))
 
+# %% ../nbs/08_llm.ipynb #2c500cf6
 @patch
 def put(self: ChatCache, key: str,          # the request key (`request_key`)
                          backend,           # the back end that answered
@@ -542,6 +548,7 @@ def put(self: ChatCache, key: str,          # the request key (`request_key`)
                          f"({','.join('?' * len(row))})", row)
     with self._lock: self.writes += 1
 
+# %% ../nbs/08_llm.ipynb #b23e6f44
 @patch
 @contextlib.contextmanager
 def transaction(self: ChatCache):
@@ -607,6 +614,7 @@ def clear(self: ChatCache) -> None:
     "Delete every stored answer."
     self._conn().execute("DELETE FROM chat_cache")
 
+# %% ../nbs/08_llm.ipynb #9d05f17d
 @patch
 def forget(self: ChatCache, keys: Iterable[str] # request keys to drop (absent ones are ignored)
           ) -> int:
@@ -651,6 +659,7 @@ def _open_cache(cache):
     finally:
         if c is not None and c is not cache: c.close()
 
+# %% ../nbs/08_llm.ipynb #1e599577
 def cached_chat(backend,                               # any back end
                 messages,                              # a text, or a list of {role, content} messages
                 cache=None,                            # a ChatCache or path (None: the default; False: none)
@@ -730,6 +739,7 @@ def describe_error(exc: BaseException,     # the failure
         return type(exc).__name__ + (f" (HTTP {status})" if status else "")
     return redact(f"{type(exc).__name__}: {exc}", secrets)[:500]
 
+# %% ../nbs/08_llm.ipynb #a5d37e8c
 def run_deadline(budget_s: float | None # seconds a whole run of LLM calls may take (None: no limit)
                 ) -> float | None:
     "The `time.monotonic()` moment a run with this budget must end by (None: no limit); checked once, at the start."
@@ -737,15 +747,18 @@ def run_deadline(budget_s: float | None # seconds a whole run of LLM calls may t
     if not float(budget_s) > 0: raise InputError(f"budget must be a positive number of seconds, got {budget_s!r}")
     return time.monotonic() + float(budget_s)
 
+# %% ../nbs/08_llm.ipynb #e661c877
 def budget_left(deadline: float | None # from `run_deadline`
                ) -> float | None:
     "The `budget_s` of a run's next `run_batch` (None: no limit); a spent budget gives a sliver: its requests fail."
     return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
 
+# %% ../nbs/08_llm.ipynb #5faad96a
 def _left(deadline: float | None) -> float | None:
     "Seconds left before the run's deadline (None: no budget)."
     return None if deadline is None else deadline - time.monotonic()
 
+# %% ../nbs/08_llm.ipynb #757fc963
 @dataclass(frozen=True)
 class _Retry:
     "How `run_batch` tries one request: how often, how long to wait between attempts, and its time limits."
@@ -756,6 +769,7 @@ class _Retry:
     jitter_seed: int         # seed of the jitter
     deadline: float | None   # from `run_deadline` (None: no budget)
 
+# %% ../nbs/08_llm.ipynb #67d001c0
 def _run_one(job: dict, backend, cache, retry: _Retry, allow: bool, watch) -> dict:
     "One request with retries: a success goes to the cache, a failure into its row (never raised)."
     # no attempt starts after `retry.deadline`; a first attempt that times out while no request of the batch has
@@ -797,6 +811,7 @@ def _run_one(job: dict, backend, cache, retry: _Retry, allow: bool, watch) -> di
                 _log.warning("request %r: answer could not be cached (%s)", job["request_id"], type(e).__name__)
         return _ok_row(res, attempts, tin, tout)
 
+# %% ../nbs/08_llm.ipynb #bc045e1a
 def _ok_row(res: ChatResult, attempts: int = 0, tin: int = 0, tout: int = 0) -> dict:
     return {"status": "ok", "attempts": attempts, "error": None, "text": res.text, "parsed": res.parsed,
             "tokens_in": tin + res.tokens_in, "tokens_out": tout + res.tokens_out, "cached": res.cached,
@@ -959,6 +974,7 @@ def _answer_rows(rows: list, backend, cache, progress, max_concurrency: int, fai
         cache._prune(); cache.checkpoint()  # the pool's threads have ended: close their connections, shrink the log
     return results, bar
 
+# %% ../nbs/08_llm.ipynb #5d3ec0c2
 class _StartWatch:
     "The errors of a batch's first results while none has succeeded; it sets `stop` when they all fail alike."
     def __init__(self, n: int, stop: threading.Event):
@@ -978,18 +994,21 @@ class _StartWatch:
                     "was sent. Check the server, its URL, key and model, then run again (answers so far are cached).")
                 self.stop.set()
 
+# %% ../nbs/08_llm.ipynb #da1995d9
 def _watched(watch: _StartWatch, job: dict, *args) -> dict | None:
     "`_run_one` unless the batch was stopped before this request started (None then)."
     if watch.stop.is_set(): return None
     row = _run_one(job, *args, watch); watch.record(row)
     return row
 
+# %% ../nbs/08_llm.ipynb #1ea22cbc
 def _stopped_note(results: dict, bar: _Progress) -> None:
     "Tell the user on stderr that the batch stopped and how many answers are already stored."
     n_ok = sum(r["status"] == "ok" for r in results.values())
     print(f"\nllm batch stopped: {n_ok} of {bar.total} answers are in the cache; "
           "run the same batch again to finish the rest.", file=sys.stderr, flush=True)
 
+# %% ../nbs/08_llm.ipynb #97659c26
 def _run_inline(todo: list, backend, cache, results: dict, bar: _Progress, watch: _StartWatch, *args) -> None:
     "Answer `todo` one by one in this thread (a back end with no I/O): the pool's rows, without its hand-offs."
     try:
@@ -1027,6 +1046,7 @@ def _run_pool(todo: list, backend, cache, results: dict, bar: _Progress, max_con
         raise
     ex.shutdown(wait=True)
 
+# %% ../nbs/08_llm.ipynb #ca5233f2
 def _result_frame(rows: list, results: dict, price) -> pd.DataFrame:
     "One row per request, in input order."
     out = []
@@ -1099,6 +1119,7 @@ def _is_openai_host(url: str | None) -> bool:
     host = (urlsplit(url).hostname or "") if url else ""
     return host == "api.openai.com" or host.endswith(".openai.azure.com")
 
+# %% ../nbs/08_llm.ipynb #b201557c
 def _strictify(schema):
     "A copy of a JSON schema in OpenAI's strict form: every object closed, every property required."
     if isinstance(schema, dict):
@@ -1224,12 +1245,14 @@ def _request(self: OpenAIChat, msgs: list, schema, mode: str | None, temperature
     else: kw["messages"] = with_schema_instructions(msgs, schema)
     return kw
 
+# %% ../nbs/08_llm.ipynb #09f4bddf
 def _server_message(e) -> str:
     "The server's own error message from an `openai.APIStatusError` (without the client's 'Error code' prefix)."
     body = getattr(e, "body", None)
     msg = body.get("message") if isinstance(body, Mapping) else None
     return str(msg or re.sub(r"^Error code: \d+ - ", "", str(getattr(e, "message", "") or e)))[:300]
 
+# %% ../nbs/08_llm.ipynb #10fdd091
 def _retry_after(e) -> float | None:
     try: return float(e.response.headers.get("retry-after"))
     except Exception: return None
@@ -1251,6 +1274,7 @@ def _send(self: OpenAIChat, kw: dict) -> ChatResult:
                             f"({type(e).__name__})") from None
     return _reply_result(resp, self, time.perf_counter() - t0)
 
+# %% ../nbs/08_llm.ipynb #7b1ae28d
 def _reply_result(resp, backend, latency_s: float) -> ChatResult:
     "A chat-completion response as a `ChatResult`; an `LLMReplyError` (retried) when it has no choices or no content."
     where, choices = safe_url(backend.endpoint), getattr(resp, "choices", None)
@@ -1277,6 +1301,7 @@ def _complete(self: OpenAIChat, msgs: list, schema, dec: dict) -> ChatResult:
             if self.structured_mode_ is None: res = self._probe(msgs, schema, dec)
     return res if res is not None else self._send(self._request(msgs, schema, self.structured_mode_, **dec))
 
+# %% ../nbs/08_llm.ipynb #6a1e414e
 _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|schema|grammar|structured", re.I)
 
 def _mode_refused(e: LLMHTTPError) -> bool:
@@ -1317,6 +1342,7 @@ def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0)); return s.getsockname()[1]
 
+# %% ../nbs/08_llm.ipynb #c1cdcad1
 def _completion_json(res: ChatResult, model: str) -> dict:
     return {"id": "chatcmpl-local", "object": "chat.completion", "created": int(time.time()),
             "model": res.model or model,
@@ -1325,6 +1351,7 @@ def _completion_json(res: ChatResult, model: str) -> dict:
             "usage": {"prompt_tokens": res.tokens_in, "completion_tokens": res.tokens_out,
                       "total_tokens": res.tokens_in + res.tokens_out}}
 
+# %% ../nbs/08_llm.ipynb #f4bf33c8
 def _request_schema(body: Mapping) -> dict | None:
     rf = body.get("response_format") or {}
     if rf.get("type") == "json_schema": return (rf.get("json_schema") or {}).get("schema")
@@ -1471,6 +1498,7 @@ def load(self: TransformersChat) -> "TransformersChat":
         self.model_ = model.to(self.device).eval()
     return self
 
+# %% ../nbs/08_llm.ipynb #b80d72e3
 @patch
 def _generate(self: TransformersChat, msgs: list, temperature: float, seed, max_tokens: int, top_p, top_k) -> tuple:
     "Token IDs of the prompt and of the reply."
@@ -1501,6 +1529,7 @@ class LocalServer:
     @property
     def pid(self) -> int: return self.process.pid
 
+# %% ../nbs/08_llm.ipynb #8c7ecbf7
 def _wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     t_end = time.monotonic() + timeout_s

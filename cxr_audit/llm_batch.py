@@ -33,6 +33,7 @@ _LEDGER_DDL = (
 
 def _now() -> str: return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
+# %% ../nbs/08a_llm_batch.ipynb #faa9c356
 @contextlib.contextmanager
 def open_ledger(cache # a ChatCache, or the path of its SQLite file
                ):
@@ -90,6 +91,7 @@ def _failure_errors(con, key: str) -> list[str]:
     return [r[0] for r in con.execute("SELECT error FROM batch_failures WHERE key=? ORDER BY imported_utc, line_sha",
                                       (key,))]
 
+# %% ../nbs/08a_llm_batch.ipynb #77634293
 def _invalid_stored(cache: ChatCache, job: Mapping) -> str | None:
     "The error of a stored reply that does not validate against the request's schema (None when there is none)."
     if job["schema"] is None or job["key"] not in cache: return None
@@ -101,6 +103,7 @@ def _invalid_stored(cache: ChatCache, job: Mapping) -> str | None:
         return describe_error(e, job["restricted"])
     return None
 
+# %% ../nbs/08a_llm_batch.ipynb #830fa007
 def _record(con, backend, job: Mapping, again: bool) -> None:
     ident = backend_identity(backend)
     # the body as the live client sends it: key order kept (a schema's property order steers the reply's field order)
@@ -136,6 +139,7 @@ def batch_url(kind: str # the back end's kind ("openai", "azure-openai", ...)
     "The `url` of a batch line: `/chat/completions` for Azure OpenAI, `/v1/chat/completions` for OpenAI and vLLM."
     return "/chat/completions" if kind == "azure-openai" else "/v1/chat/completions"
 
+# %% ../nbs/08a_llm_batch.ipynb #972cc889
 def _split(lines: list[str], max_lines: int, max_bytes: int) -> list[list[str]]:
     "Consecutive groups of lines, each under both limits (a line alone over `max_bytes` is an error)."
     groups, cur, size = [], [], 0
@@ -152,6 +156,7 @@ def _split(lines: list[str], max_lines: int, max_bytes: int) -> list[list[str]]:
 def _line(key: str, kind: str, body: str) -> str:
     return f'{{"custom_id":{json.dumps(key)},"method":"POST","url":{json.dumps(batch_url(kind))},"body":{body}}}'
 
+# %% ../nbs/08a_llm_batch.ipynb #ae19ca9e
 def _write_files(out: Path, stem: str, groups: list) -> list[dict]:
     files = []
     for i, (model, lines) in enumerate(groups):
@@ -162,6 +167,7 @@ def _write_files(out: Path, stem: str, groups: list) -> list[dict]:
                       "keys": [json.loads(line)["custom_id"] for line in lines]})
     return files
 
+# %% ../nbs/08a_llm_batch.ipynb #dbc28301
 def _to_export(con, again: bool) -> list[tuple]:
     where = "" if again else "AND r.state='pending'"
     return con.execute("SELECT r.key, r.kind, r.model, r.body_json, r.restricted FROM batch_requests r "
@@ -209,6 +215,7 @@ def _count(v) -> int:
     try: return max(0, int(v or 0))
     except (TypeError, ValueError, OverflowError): return 0
 
+# %% ../nbs/08a_llm_batch.ipynb #42711b22
 def _reply_error(obj: Mapping) -> LLMError | None:
     "The error of a result line without a usable chat completion (None when it has one), a malformed line included."
     resp, err = obj.get("response"), obj.get("error")
@@ -252,7 +259,6 @@ def reply_result(obj: Mapping,      # one line of a provider's output or error f
     return res if schema is None else ChatResult(res.text, parse_structured(res.text, schema), usage, 0.0, res.model,
                                                  res.finish_reason)
 
-
 # %% ../nbs/08a_llm_batch.ipynb #0961300e
 IMPORT_COLUMNS = ("file", "line", "custom_id", "status", "stored", "error")
 
@@ -261,6 +267,7 @@ class _Answerer:
     def __init__(self, kind: str, model: str): self.ident = {"kind": kind, "model": model}
     def identity(self) -> dict: return self.ident
 
+# %% ../nbs/08a_llm_batch.ipynb #d619f196
 def _result_lines(path: Path):
     "(line number, raw text, parsed object) of each non-empty line; an `InputError` names a bad line and its file."
     with open(path, encoding="utf-8") as f:
@@ -291,6 +298,7 @@ def _import_line(con, cache: ChatCache, path: Path, n: int, raw: str, obj: Mappi
     cache.put(key, _Answerer(kind, model), res)
     return {**row, "status": "ok", "stored": con.total_changes > before}
 
+# %% ../nbs/08a_llm_batch.ipynb #2b840e6f
 def _chunks(items, size: int):
     chunk = []
     for it in items:
@@ -333,6 +341,7 @@ def batch_status(cache # the ChatCache (or its path) the requests were recorded 
     df = pd.DataFrame(rows, columns=list(STATUS_COLUMNS))
     return df.astype({k: int for k in STATUS_COLUMNS[2:]})
 
+# %% ../nbs/08a_llm_batch.ipynb #98d17bf5
 def status_line(status: pd.DataFrame # a `batch_status` table
                ) -> str:
     "One line for a `batch_status` table."

@@ -64,6 +64,7 @@ def _checked_keywords(kw: dict) -> dict:
 def keyword_entries(keywords) -> list:
     return (_packaged_keywords() if keywords is None else load_keywords(keywords))["terms"]
 
+# %% ../nbs/10_longitudinal.ipynb #dd9573ea
 def load_keywords(keywords: str | os.PathLike | Mapping | None = None # None (packaged), a JSON file or a dict
                  ) -> dict:
     "The keyword list (patterns, anatomy, categories, polarity, families), every pattern checked to compile."
@@ -108,6 +109,7 @@ class Cue:
     negated: bool   # a negation stands among the few words before it, in its clause
     text: str       # the words matched
 
+# %% ../nbs/10_longitudinal.ipynb #5ce74bd1
 @dataclass(frozen=True)
 class _Reading:
     sentence: str
@@ -378,6 +380,7 @@ def splitter_label(splitter) -> str:
     if callable(splitter): return getattr(splitter, "__name__", "custom")
     return default_splitter_name() if splitter == "default" else str(splitter)
 
+# %% ../nbs/10_longitudinal.ipynb #72ee000a
 def report_sentences(reports,                             # Series/dict report_id -> text, list of texts, or a table
                      splitter: str | Callable = "default", # "default", "regex", "stanza" or a callable
                      id_col: str = "report_id",           # column of a table holding the report ID

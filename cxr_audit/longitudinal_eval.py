@@ -137,6 +137,7 @@ def sentence_category(is_long, keyword, progression) -> str:
     if keyword == SUPPORT_DEVICES: return SUPPORT_DEVICES
     return progression if progression in PROGRESSION_LABELS else "no label"
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #c0fb4276
 class _PairedMeasures:
     "Shared by `AnnotationQuality` and `ProgressionEvaluation`: `results`, measure -> `PairedResult`, same resamples."
     _member = "system"   # what a compared member is: the first column of `to_frame()`, and the word of the messages
@@ -170,6 +171,7 @@ class _PairedMeasures:
         # undefined measures give NaN rows
         with np.errstate(invalid="ignore", divide="ignore"): return holm_family(chosen)
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #59b48cd7
 # above this share of unreadable replies an annotation run is incomplete: its scores are not reported
 MAX_INVALID = 0.05
 
@@ -440,6 +442,7 @@ CLASS_METRICS = tuple(f"progression_{m}_{c.replace(' ', '_')}"   # Table 18: pre
 TABLE5_METRICS = ("report_bleu_4", "report_meteor", "bleu_4", "meteor", "diagnosis_micro_f1") + PROGRESSION_METRICS[:4]
 _F1_METRICS = PROGRESSION_METRICS[:4]   # micro F1 and the three classes: paper 003's Figure 7
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #06c5421d
 def _progression_stats(S: np.ndarray) -> dict:
     "metric -> (per-study stats, value function) from `(units × 9)` class counts."
     X = S.reshape(len(S), 3, 3)
@@ -547,12 +550,14 @@ def annotators_of(data) -> str | None:
     if not isinstance(data, pd.DataFrame) or "annotator" not in data: return None
     return ", ".join(dict.fromkeys(map(str, data["annotator"].dropna()))) or None
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #c0a9fa76
 def unreadable_text(validity: pd.DataFrame # the `validity` table of a result or IncompleteAnnotation
                    ) -> str:
     "The unreadable annotation replies in words."
     return "; ".join(f"{r.n_invalid} of {r.asked} {r.reports} sentences unreadable ({r.invalid_rate:.1%})"
                      for r in validity.itertuples())
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #7fbc9646
 def _validity(ref_s, gen_s, annotators: dict, max_invalid: float) -> pd.DataFrame:
     sides = (("references", ref_s), ("generations", gen_s))
     return pd.DataFrame([{"reports": k, **_validity_rows(annotators[k], len(s), int(s["is_longitudinal"].isna().sum()),
@@ -685,6 +690,7 @@ def _diagnosis_blocks(refs: Sequence[str], hyps: Mapping, units: list, systems: 
     per = {s: stats(binary(hyps[s])) for s in systems}
     return {f"diagnosis_micro_{m}": (per, f"micro_{m}") for m in ("f1", "precision", "recall")}
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #2c9a1d00
 @dataclass(frozen=True, eq=False)
 class _EvalSettings:
     "What `_evaluate` measures and how it resamples (made by `progression_evaluation`)."
@@ -746,6 +752,7 @@ class IncompleteAnnotation(IncompleteRunError):
         self.validity, self.reference_sentences = validity, reference_sentences
         self.generated_sentences, self.llm_calls = generated_sentences, llm_calls
 
+# %% ../nbs/10a_longitudinal_eval.ipynb #4afd8ac8
 def progression_evaluation(studies,                       # study_id and the reference text (`section`)
                            generations,                   # generations table
                            progression=None,              # known true changes (study_id, keyword, progression)

@@ -111,6 +111,7 @@ def meteor_paraphrase(mode: str | None = None # "subset" or "full" (None: see ab
     if m not in ("subset", "full"): raise InputError(f"METEOR paraphrase table: 'subset' or 'full', got {m!r}")
     return m
 
+# %% ../nbs/07_meteor.ipynb #da308030
 _JAR_SPLIT = re.compile(r"[\s!-/:-@\[-`{-~]+")  # whitespace and ASCII punctuation: where the jar's -norm can cut a word
 _JAR_RUNS = re.compile(r"[^\W_]+")              # runs of letters and digits
 
@@ -193,6 +194,7 @@ def _read_table(src: Path) -> ParaphraseIndex:
     return ParaphraseIndex(words.to_list(), probs, small(ids), small(a.list.len().to_numpy()),
                            small(b.list.len().to_numpy()), str(src))
 
+# %% ../nbs/07_meteor.ipynb #5e51d308
 def _save_index(idx: ParaphraseIndex, folder: Path):
     "Write the index into a new folder next to `folder`, then move it into place (unless another builder was first)."
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
@@ -202,6 +204,7 @@ def _save_index(idx: ParaphraseIndex, folder: Path):
     try: os.replace(tmp, folder)
     except OSError: shutil.rmtree(tmp, ignore_errors=True)   # another process finished first: its index is the same
 
+# %% ../nbs/07_meteor.ipynb #47e0dbe6
 def _load_index(folder: Path) -> ParaphraseIndex:
     arrays = {n[:-4]: np.load(folder / n, mmap_mode="r") for n in _INDEX_FILES[1:]}
     return ParaphraseIndex((folder / "words.txt").read_text(encoding="utf-8").split("\n"), **arrays,
@@ -218,6 +221,7 @@ def paraphrase_table(jar=None # the METEOR 1.5 jar (default: pycocoevalcap's)
     if not p.is_file(): raise FileNotFoundError(f"METEOR's paraphrase table is missing: {p}")
     return p
 
+# %% ../nbs/07_meteor.ipynb #64555eea
 def paraphrase_index(jar=None,   # the METEOR 1.5 jar (default: pycocoevalcap's)
                      folder=None # where indexes are kept (default: `core.cache_dir()`/meteor)
                     ) -> ParaphraseIndex:
@@ -242,6 +246,7 @@ def paraphrase_index(jar=None,   # the METEOR 1.5 jar (default: pycocoevalcap's)
 # %% ../nbs/07_meteor.ipynb #9e99a9bc
 def _jar_of(cmd: Sequence[str]) -> str: return cmd[list(cmd).index("-jar") + 1]   # the jar in a java command line
 
+# %% ../nbs/07_meteor.ipynb #d51884f8
 class _MeteorJar:
     "One running METEOR jar in `-stdio` mode: request lines in, answer lines out (a writer thread avoids deadlocks)."
     def __init__(self, cmd: list[str], words: frozenset | None = None, table: Path | None = None):
@@ -317,6 +322,7 @@ def remove_stale_subsets(tmp: str | os.PathLike | None = None # where to look (d
             shutil.rmtree(d, ignore_errors=True); gone.append(d)
     return gone
 
+# %% ../nbs/07_meteor.ipynb #68e0e5a4
 def _paraphrase_subset(jar: str, words: frozenset) -> Path:
     "A paraphrase file holding the entries of the jar's table that `words` can match (see `ParaphraseIndex`)."
     if not _SUBSET_DIR:
@@ -328,10 +334,12 @@ def _paraphrase_subset(jar: str, words: frozenset) -> Path:
     path = Path(_SUBSET_DIR[0]) / f"paraphrase-{len(os.listdir(_SUBSET_DIR[0]))}.gz"
     return idx.write(idx.entries(words), path)
 
+# %% ../nbs/07_meteor.ipynb #471195f3
 def _covers(jvm: _MeteorJar | None, words: frozenset | None) -> bool:
     "Whether a running jar's paraphrase table serves `words` (None: the full table is asked for)."
     return jvm is not None and jvm.alive and (jvm.words is None or (words is not None and words <= jvm.words))
 
+# %% ../nbs/07_meteor.ipynb #c01fb950
 def _table_for(cmd: tuple, words: frozenset) -> Path:
     "A paraphrase subset for `words`: the file of another running jar of `cmd` made for the same words, else a new one."
     same = [j for (k, _), j in _METEOR_JVMS.items()
@@ -357,6 +365,7 @@ def meteor_jvm(cmd: Sequence[str],              # the java command line running 
         with old.lock: old.close()
     return jvm
 
+# %% ../nbs/07_meteor.ipynb #fa0011f1
 def close_meteor(cmd: Sequence[str] | None = None # the command line of one jar (default: every running jar)
                 ) -> int:
     "End the running METEOR jar(s) of this process; returns how many were ended."
@@ -377,12 +386,14 @@ def meteor_line(text: str) -> str:
     "Text made safe for the jar's line protocol (pycocoevalcap's clean-up, plus line breaks to spaces)."
     return " ".join(text.splitlines()).replace("|||", "").replace("  ", " ")
 
+# %% ../nbs/07_meteor.ipynb #dbf2424e
 def _meteor_cap(text: str, max_tokens: int | None) -> tuple[str, bool]:
     "`text` cut to its first `max_tokens` tokens (None: no cap), and whether it was cut."
     toks = text.split()
     if max_tokens is None or len(toks) <= max_tokens: return text, False
     return " ".join(toks[:max_tokens]), True
 
+# %% ../nbs/07_meteor.ipynb #88a15130
 def _chunks_as_summed(row: list[float]) -> list[float]:
     "Zero the chunk count of a perfectly matched segment, as the jar does when it adds statistics."
     t_total = sum(row[4 + 4 * s] + row[6 + 4 * s] for s in range(4)); r_total = sum(row[5 + 4 * s] + row[7 + 4 * s]
@@ -390,6 +401,7 @@ def _chunks_as_summed(row: list[float]) -> list[float]:
     if t_total == row[0] and r_total == row[1] and row[20] == 1: row = row[:20] + [0.0] + row[21:]
     return row
 
+# %% ../nbs/07_meteor.ipynb #845642a8
 @dataclass(frozen=True, eq=False)
 class MeteorRun:
     "One run of the METEOR jar: per-pair statistics and, when asked for, the jar's own segment and corpus scores."
@@ -411,10 +423,12 @@ def meteor_jvm_options() -> list[str]:
     env = os.environ.get("CXR_AUDIT_METEOR_JVM_OPTIONS")
     return list(METEOR_JVM_OPTIONS) if env is None else env.split()
 
+# %% ../nbs/07_meteor.ipynb #08144b06
 def meteor_command(jar, java, language: str, memory: str) -> list[str]:
     return [java_executable(java), *meteor_jvm_options(), f"-Xmx{memory}", "-jar", str(meteor_jar(jar)),
             "-", "-", "-stdio", "-l", language, "-norm"]
 
+# %% ../nbs/07_meteor.ipynb #cc98bb0b
 METEOR_MEMO = 1_000_000  # SCORE answers kept per jar command line and table (a pair's answer depends on the pair alone)
 _METEOR_ANSWERS: dict[tuple, dict] = {}
 
@@ -425,6 +439,7 @@ def meteor_jars() -> int:
     env = os.environ.get("CXR_AUDIT_METEOR_JARS")
     return max(1, int(env)) if env else (2 if (os.cpu_count() or 1) >= 2 else 1)
 
+# %% ../nbs/07_meteor.ipynb #21ff2822
 def _on_jar(cmd: list[str], words, slot: int, talk: Callable):
     "`talk(jar)` with jar `slot` of `cmd`; a jar that stops is closed and the call retried once on a fresh one."
     for attempt in (0, 1):
@@ -435,6 +450,7 @@ def _on_jar(cmd: list[str], words, slot: int, talk: Callable):
                 jvm.close()
                 if attempt: raise
 
+# %% ../nbs/07_meteor.ipynb #0fe7d7e8
 def _score_new(cmd: list[str], words, todo: list, memo: dict):
     "SCORE answers of `todo` into `memo` in batches of `METEOR_BATCH`; a long list is shared out over `meteor_jars()`."
     def score(part: list):

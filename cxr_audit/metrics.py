@@ -114,6 +114,7 @@ class MetricBase:
         "The corpus value: `value` of the summed statistics."
         return float(self.value(self.stats(references, hypotheses).sum(0)))
 
+# %% ../nbs/07a_metrics.ipynb #bb32993a
 def _out(v):
     "A value function's result: a float for one row of sums, an array otherwise."
     v = np.asarray(v, dtype=float)
@@ -161,11 +162,13 @@ def _encode(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarra
     ids = pd.factorize(np.array(flat, dtype=object))[0].astype(np.int64) if flat else np.zeros(0, np.int64)
     return ids, np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
 
+# %% ../nbs/07a_metrics.ipynb #63278c88
 def _dense(x: np.ndarray) -> tuple[np.ndarray, int]:
     "Dense ids `0..m-1` of the values of `x` (in sorted order), and `m`."
     u = np.unique(x)
     return np.searchsorted(u, x), len(u)
 
+# %% ../nbs/07a_metrics.ipynb #e2dc1630
 @dataclass(frozen=True)
 class NgramRows:
     "The distinct n-grams of one order in each text: one row each, sorted by text, then by n-gram id."
@@ -174,6 +177,7 @@ class NgramRows:
     count: np.ndarray  # occurrences of that n-gram in that text
     size: int          # number of distinct n-grams of this order in the corpus
 
+# %% ../nbs/07a_metrics.ipynb #2ed31711
 def ngram_table(token_lists: Sequence[Sequence[str]], # tokenized texts
                 n: int                               # highest n-gram order
                ) -> list[NgramRows]:
@@ -202,11 +206,13 @@ def _in_reference(rows: NgramRows, npairs: int) -> tuple[np.ndarray, np.ndarray]
     p = np.minimum(np.searchsorted(key, want), len(key) - 1)
     return hi, np.where(key[p] == want, p, -1)
 
+# %% ../nbs/07a_metrics.ipynb #7effeb24
 def _tfidf(rows: NgramRows, npairs: int, log_n: float) -> np.ndarray:
     "CIDEr-D's weight of each row: `tf · (log N − log max(1, df))`, df = number of references holding the n-gram."
     df = np.bincount(rows.gram[rows.text < npairs], minlength=rows.size)
     return rows.count.astype(float) * (log_n - np.log(np.maximum(1.0, df[rows.gram])))
 
+# %% ../nbs/07a_metrics.ipynb #2ec76aa8
 @dataclass(frozen=True)
 class PairCounts:
     "What BLEU and CIDEr-D need of each pair, from one n-gram table of the corpus."
@@ -214,6 +220,7 @@ class PairCounts:
     dot: np.ndarray    # (pairs × n): clipped TF-IDF dot product of hypothesis and reference, per order (CIDEr-D)
     norms: np.ndarray  # (pairs × n × 2): TF-IDF vector norms of the hypothesis and of the reference, per order
 
+# %% ../nbs/07a_metrics.ipynb #74160709
 def pair_counts(references: Sequence[str], # prepared references (they also give CIDEr-D's IDF)
                 hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
                 n: int = 4                 # highest n-gram order
@@ -234,6 +241,7 @@ def pair_counts(references: Sequence[str], # prepared references (they also give
     bleu[:, 2 * n], bleu[:, 2 * n + 1] = hl, rl
     return PairCounts(bleu, dot, norms)
 
+# %% ../nbs/07a_metrics.ipynb #f1f5e5a3
 @functools.lru_cache(maxsize=4)
 def _pair_counts4(refs: tuple, hyps: tuple) -> PairCounts:
     "`pair_counts` of order 4, kept for the last few corpora: BLEU-1..4 and CIDEr-D of the same pairs count once."
@@ -357,6 +365,7 @@ def _cider_from(pc: PairCounts, n: int, sigma: float) -> np.ndarray:
                    pc.dot) * (np.e ** (-(delta ** 2) / (2 * sigma ** 2)))[:, None]
     return val.mean(axis=1) * 10.0
 
+# %% ../nbs/07a_metrics.ipynb #1c64d083
 def cider_d_scores(references: Sequence[str], # prepared references (they also give the IDF)
                    hypotheses: Sequence[str], # prepared hypotheses, aligned with the references
                    n: int = 4,                # highest n-gram order
@@ -407,6 +416,7 @@ def start_meteor(jar=None,                                  # the METEOR 1.5 jar
     except (FileNotFoundError, ImportError, OSError): return False
     return True
 
+# %% ../nbs/07a_metrics.ipynb #eb305652
 def prefetch_meteor(references: Sequence[str],                 # reference texts (as given to `Meteor`)
                     hypotheses: Sequence[str],                 # generated texts, aligned with the references
                     tokenize: str | Callable | None = "r2gen", # how `Meteor` will tokenize them
@@ -570,6 +580,7 @@ def _metrics(metrics) -> list[Metric]:
             raise InputError(f"not a metric: {m!r} (needs name, higher_is_better, range, stats, value, per_sample)")
     return out
 
+# %% ../nbs/07a_metrics.ipynb #e0861814
 def _per_row(v, n: int, what: str) -> list:
     "A scalar repeated `n` times, or a sequence of `n` values."
     if v is None or isinstance(v, (str, int, float)): return [v] * n
@@ -594,6 +605,7 @@ def _row_notes(m, n: int) -> list[str]:
     notes = m.row_notes(n) if hasattr(m, "row_notes") else None
     return [""] * n if notes is None else list(notes)
 
+# %% ../nbs/07a_metrics.ipynb #b20ca432
 def sample_stats(references,                    # reference texts
                  hypotheses,                    # generated texts, aligned with the references
                  metrics=('bleu_4', 'rouge_l'), # metric names or Metric objects
@@ -782,6 +794,7 @@ class RadEvalError(RuntimeError):
     def __init__(self, message: str, reason: str = ""):
         super().__init__(message); self.reason = reason or message
 
+# %% ../nbs/07a_metrics.ipynb #c766d0c7
 def _radeval_failure(name: str, e: BaseException, stage: str = "load") -> RadEvalError:
     "One line: what is missing, and RadEval's own error in brackets."
     own = " ".join(f"{type(e).__name__}: {e}".split())
@@ -809,8 +822,10 @@ class _hub_offline:
     def __exit__(self, *exc):
         if self.mod is not None: self.mod.HF_HUB_OFFLINE = self.old
 
+# %% ../nbs/07a_metrics.ipynb #0d8de388
 def _options_key(options: Mapping) -> str: return repr(sorted(options.items()))
 
+# %% ../nbs/07a_metrics.ipynb #87525ceb
 def radeval_evaluator(name: str,                      # a RadEval metric name (see RADEVAL_METRICS)
                       options: Mapping | None = None, # constructor options of the RadEval metric
                       offline: bool = True            # switch the Hugging Face Hub client off while it loads
@@ -872,12 +887,14 @@ def _radeval_entry(name: str) -> tuple:
         raise InputError(f"unknown RadEval metric {name!r}; RadEval 2.2.1 has {', '.join(RADEVAL_METRICS)}")
     return RADEVAL_METRICS[name]
 
+# %% ../nbs/07a_metrics.ipynb #d7bcf2bf
 def _radeval_extra(name: str) -> str:
     "What a bridged metric needs beyond the core install."
     if name in ("bleu", "rouge"): return "radeval 2.2.1"
     return "radeval 2.2.1 + its model deps and weights" + (" or an API key" if name in API_KEY_METRICS + ("crimson",)
                                                            else "")
 
+# %% ../nbs/07a_metrics.ipynb #dfa09760
 @dataclass(repr=False)
 class RadEvalMetric(MetricBase):
     "One per-sample output of a RadEval metric as statistics `[score, 1]` (`[0, 0]`: a sample RadEval did not score)."
@@ -1088,13 +1105,16 @@ def _import_quietly(module: str):
     with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf), warnings.catch_warnings():
         warnings.simplefilter("ignore"); return importlib.import_module(module)
 
+# %% ../nbs/07a_metrics.ipynb #52231a26
 def _needs_api_key(name: str, options: Mapping) -> bool:
     return name in API_KEY_METRICS or (name == "crimson" and options.get("provider", "hf") in ("openai", "gemini"))
 
+# %% ../nbs/07a_metrics.ipynb #dacc3cee
 def _has_api_key(options: Mapping) -> bool:
     return any(options.get(k) for k in ("openai_api_key", "gemini_api_key")) or \
            any(os.environ.get(k) for k in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"))
 
+# %% ../nbs/07a_metrics.ipynb #529fa3f2
 def _weights_missing(name: str) -> list[str]:
     "Weights of a RadEval metric found neither in the Hugging Face cache nor in RadEval's own cache folders."
     try: from huggingface_hub import try_to_load_from_cache
@@ -1131,6 +1151,7 @@ def _bridged_check(m, load: bool) -> tuple[bool, str]:
     except RadEvalError as e: return False, e.reason
     return True, "loaded"
 
+# %% ../nbs/07a_metrics.ipynb #2a7e8770
 def _native_check(m) -> tuple[bool, str]:
     "Whether a metric computed here can run (METEOR needs Java and the jar)."
     while isinstance(m, Negated): m = m.inner
@@ -1182,6 +1203,7 @@ def _bridge(m):
     while isinstance(m, Negated): m = m.inner
     return m if isinstance(m, (RadEvalMetric, CheXbertF1)) else None
 
+# %% ../nbs/07a_metrics.ipynb #cb5a832b
 def metric_kind(metric # a Metric object or registry name
                ) -> str:
     "'bridged' for a metric that runs through RadEval, 'native' for one computed here."
@@ -1197,6 +1219,7 @@ def _as_metric(name):
     if name in RADEVAL_METRICS: return radeval_metric(name)
     return get_metric(name) if name in REGISTRY else None
 
+# %% ../nbs/07a_metrics.ipynb #4e574f89
 def _describe(m) -> str:
     "What a metric's value is: its note, else the first line of its class's docstring."
     return getattr(m, "note", "") or (type(m).__doc__ or "").strip().split("\n")[0]

@@ -178,6 +178,7 @@ def _generations(generations) -> pd.DataFrame:
                          "(several seeds or runs?); keep one run per configuration")
     return g
 
+# %% ../nbs/16_papers.ipynb #7717415d
 def _study_table(studies, g: pd.DataFrame, preset: Preset) -> pd.DataFrame:
     "One row per study of `g`: `reference` text and the preset's cluster columns that the studies table has."
     s = require_columns(studies, ["study_id"], "studies")
@@ -348,6 +349,7 @@ def decoding_kind(policy # a decoding policy (name, dict or `generate.DecodingPo
     p = get_policy(policy)
     return "B4" if p.num_beams > 1 else "K50" if p.do_sample else "G1"
 
+# %% ../nbs/16_papers.ipynb #9e9df070
 class Paper004Generator(SimulatedGenerator):
     "A SIMULATED stand-in for paper 004's model (one arm, one direction): the paper's effects point the same way."
     def __init__(self, arm: str,           # "ON" (the training-side control) or "OFF"
@@ -383,7 +385,6 @@ class Paper004Generator(SimulatedGenerator):
                  if m.current is not None and g.random() < rates.keep]
         k = int(g.integers(1, rates.normal + 1))
         return " ".join(lead + found + [NORMAL_SENTENCES[i] for i in g.choice(len(NORMAL_SENTENCES), k, replace=False)])
-
 
 # %% ../nbs/16_papers.ipynb #92c0d0ed
 def simulated_004_generations(corpus,                  # a `synth.DemoCorpus` (studies, findings, progression)

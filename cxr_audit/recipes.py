@@ -227,6 +227,7 @@ GENERATOR_RECIPES = MappingProxyType({r.name: r for r in (
                 "2-beam search with a 128-token cap, a setting in common use with these baselines"),
 )})
 
+# %% ../nbs/11a_recipes.ipynb #50b785e3
 def generator_recipe(name # a key of GENERATOR_RECIPES (any case), or a GeneratorRecipe
                     ) -> GeneratorRecipe:
     "One generator recipe by name."
@@ -287,6 +288,7 @@ def _fill_special_ids(model, tok) -> None:
     gc.decoder_start_token_id, gc.eos_token_id = start, end
     if gc.pad_token_id is None: gc.pad_token_id = getattr(tok, "pad_token_id", None)
 
+# %% ../nbs/11a_recipes.ipynb #63485ce9
 def _load_parts(tf, r: GeneratorRecipe, p: Path, dtype, trust: bool) -> tuple:
     "The model and its processor (or image processor and tokenizer) from a local folder."
     kw = {"local_files_only": True, **({"trust_remote_code": True} if trust else {})}

@@ -103,6 +103,7 @@ def _length_rows(words: np.ndarray, weight: np.ndarray) -> list[dict]:
     qs = (("q1", .25), ("median", .5), ("q3", .75), ("p95", .95))
     return [{"measure": f"words_{k}", "value": at(q)} for k, q in qs]
 
+# %% ../nbs/06a_reference_corpus.ipynb #6920d6f1
 def _label_shares(texts: list[str], weight: np.ndarray, labeler) -> pd.DataFrame:
     "Per CheXpert label: the weighted share of reports in each state, over `texts` labeled once each."
     wide = to_wide(labeler(texts, ids=list(range(len(texts))))).reindex(range(len(texts)))

@@ -44,6 +44,7 @@ def _check_headers(raw: Mapping, what: str) -> dict[str, list[str]]:
 def _packaged_headers() -> str:
     return resource_text("section_headers.json")
 
+# %% ../nbs/01_reports.ipynb #67cb3701
 def load_section_headers(path: str | os.PathLike | None = None # a JSON file like the packaged one; None: that one
                         ) -> dict[str, list[str]]:
     "The header table: canonical name -> list of regex variants."
@@ -94,6 +95,7 @@ class _Grammar:
 @functools.lru_cache(maxsize=16)
 def _compiled(spec: str) -> _Grammar: return _Grammar(json.loads(spec))
 
+# %% ../nbs/01_reports.ipynb #d6bb7921
 @functools.lru_cache(maxsize=1)
 def _default_grammar() -> _Grammar: return _compiled(json.dumps(load_section_headers(), sort_keys=True))
 
@@ -264,6 +266,7 @@ def _deid_line(line: str, deid: str, mask_token: str) -> str:
 # %% ../nbs/01_reports.ipynb #d9a49702
 DEID_MODES = ("keep", "mask", "drop")
 
+# %% ../nbs/01_reports.ipynb #64d53a32
 def standardize_report(text: str | None,          # one generated (or reference) report
                        deid: str = "keep",         # de-identification marks: "keep", "mask" or "drop"
                        mask_token: str = "___",    # what a run of marks becomes with deid="mask"
@@ -332,8 +335,10 @@ ABBREVIATIONS = ("approx", "appr", "e.g", "i.e", "vs", "cf", "dr", "mr", "mrs", 
 _SHIELD = "\ue000"
 _LIST_NUMBER = re.compile(r"(?:^|(?<=[.?!;:])\s+)\d{1,2}[.)]\s+(?=\S)")
 
+# %% ../nbs/01_reports.ipynb #10dbe6a8
 _DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
 
+# %% ../nbs/01_reports.ipynb #6cbfc0a9
 @functools.lru_cache(maxsize=32)
 def _abbreviation_pattern(abbreviations: tuple) -> re.Pattern | None:
     alt = "|".join(re.escape(a) for a in sorted(abbreviations, key=len, reverse=True))
@@ -376,11 +381,13 @@ def _pysbd():
     import pysbd
     return pysbd.Segmenter(language="en", clean=False)
 
+# %% ../nbs/01_reports.ipynb #3b86362c
 @functools.lru_cache(maxsize=1 << 16)   # about 40 MB when full
 def _pysbd_segment(text: str) -> tuple[str, ...]:
     "pysbd on one (shielded) piece, remembered: a looping output repeats sentences; stages split the same reports."
     return tuple(_pysbd().segment(text))
 
+# %% ../nbs/01_reports.ipynb #8120cef0
 def pysbd_splitter(text: str,                                  # one segment
                    abbreviations: Iterable[str] = ABBREVIATIONS  # their full stop never ends a sentence
                   ) -> list[str]:
@@ -411,6 +418,7 @@ def _stanza_pipeline(model_dir: str | None):
             "model_dir='stanza_resources')\"`, copy the stanza_resources folder here, and set STANZA_RESOURCES_DIR to "
             "it (or pass stanza_splitter(model_dir=...)).") from e
 
+# %% ../nbs/01_reports.ipynb #d773d311
 def stanza_splitter(model_dir: str | os.PathLike | None = None # stanza's resources folder (None: see below)
                    ) -> Callable[[str], list[str]]:
     "A splitter backed by stanza's English tokenizer (loaded once, never downloaded)."
@@ -432,6 +440,7 @@ def default_splitter_name() -> str:
 # %% ../nbs/01_reports.ipynb #b04da827
 SPLITTERS = ("default", "pysbd", "regex", "stanza")
 
+# %% ../nbs/01_reports.ipynb #7482651d
 def _splitter(splitter, abbreviations) -> Callable[[str], list[str]]:
     if callable(splitter): return splitter
     if splitter == "default": splitter = default_splitter_name()

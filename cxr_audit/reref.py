@@ -131,6 +131,7 @@ def _check_axis(axis: Mapping, dimensions: set, what: str) -> None:
     if bad:
         raise InputError(f"{where}: bad variation key(s) {bad} (snake case, and example keys must be variation keys)")
 
+# %% ../nbs/09_reref.ipynb #ee294757
 def _axis_of(raw: Mapping) -> Axis:
     variations = tuple(Variation(raw["key"], v["key"], v["name"], v["definition"], raw["name"])
                        for v in raw["variations"])
@@ -319,11 +320,13 @@ def _fields(parsed) -> dict:
     if isinstance(parsed, str): return json.loads(parsed)
     raise InputError(f"expected a dict or a pydantic object, not {type(parsed).__name__}")
 
+# %% ../nbs/09_reref.ipynb #d9937058
 def _bool(value, name: str) -> bool:
     if isinstance(value, (bool, np.bool_)): return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"): return value.strip().lower() == "true"
     raise InputError(f"verdict field {name!r} is not a boolean")
 
+# %% ../nbs/09_reref.ipynb #d9c1f326
 def as_rewrite(parsed # a Generator reply: dict, JSON text or pydantic object
               ) -> dict:
     "`{'findings', 'impression'}` from a Generator reply."
@@ -429,16 +432,17 @@ class ReRef:
 # %% ../nbs/09_reref.ipynb #ebb0acf7
 def _reads_tasks(backend) -> bool: return getattr(backend, "prompt_style", "chat") == "task"
 
+# %% ../nbs/09_reref.ipynb #fe065a89
 def _schema(backend, which: str):
     if not _reads_tasks(backend):
         try: return pydantic_schemas()[0 if which == "generate" else 1]
         except ImportError: pass
     return REWRITE_SCHEMA if which == "generate" else VERDICT_SCHEMA
 
+# %% ../nbs/09_reref.ipynb #9a37ef65
 def _other_sections(task: Mapping) -> dict:
     "The task's sections other than Findings and Impression that have text, in report order."
     return {k: task[k] for k in REPORT_SECTIONS if isinstance(task.get(k), str) and task[k].strip()}
-
 
 # %% ../nbs/09_reref.ipynb #41514c08
 @dataclass(frozen=True)
@@ -485,6 +489,7 @@ def verifier_request(self: ReRef, task: Mapping, # a checked task row
             "max_tokens": self.verifier_max_tokens,
             "restricted": task["restricted"]}
 
+# %% ../nbs/09_reref.ipynb #87931690
 def _batch(backend, requests: list, options: Mapping):
     "A `run_batch` call with the loop's options (one request at a time for rule back ends)."
     concurrency = 1 if getattr(backend, "kind", "") == "rule" else options["max_concurrency"]
@@ -493,6 +498,7 @@ def _batch(backend, requests: list, options: Mapping):
                      progress=options["progress"], prices=options["prices"],
                      allow_remote_restricted=options["allow_remote_restricted"])
 
+# %% ../nbs/09_reref.ipynb #a6b10fdd
 def _generated_row(task: Mapping, number: int, reply: Mapping) -> dict:
     "The round-log row of a task after the Generator's reply."
     row = {"task_id": task["task_id"], "study_id": task["study_id"], "variant": task["variant"], "round": number,
@@ -503,6 +509,7 @@ def _generated_row(task: Mapping, number: int, reply: Mapping) -> dict:
     try: return {**row, **as_rewrite(reply["parsed"])}
     except ValueError as e: return {**row, "generator_status": "failed", "error": f"ValueError: {e}"}
 
+# %% ../nbs/09_reref.ipynb #b27d3de5
 def _verified_row(row: Mapping, reply: Mapping) -> dict:
     "The round-log row after the Verifier's reply (its verdict fields, or the error)."
     row = {**row, "verifier_status": reply["status"], "tokens_in": row["tokens_in"] + reply["tokens_in"],
@@ -520,6 +527,7 @@ def _totals(batch) -> dict:
     "The call totals of one `BatchRun`."
     return batch.summary().iloc[0].to_dict()
 
+# %% ../nbs/09_reref.ipynb #c8153c8c
 def _sum_calls(totals: Sequence[Mapping]) -> dict:
     "Call totals added up over batches."
     out = {k: int(sum(s.get(k, 0) for s in totals)) for k in _CALL_KEYS}
@@ -527,6 +535,7 @@ def _sum_calls(totals: Sequence[Mapping]) -> dict:
     out["cost_usd"] = float(sum(costs)) if costs else float("nan")
     return out
 
+# %% ../nbs/09_reref.ipynb #f9e91500
 class _shared_cache:
     "One cache for a whole run: a path (or None, the default file) is opened once and closed at the end."
     def __init__(self, cache): self.arg, self.cache = cache, None
@@ -608,6 +617,7 @@ def _task_result(task: Mapping, rounds: Sequence[Round]) -> dict:
     sample = sample or {"findings": task["findings"], "impression": task["impression"]}
     return {**out, **sample, "feasible": True, "reasoning": None, **{k: None for k in VERDICT_FIELDS}}
 
+# %% ../nbs/09_reref.ipynb #23c15e48
 def _check_tasks(tasks, taxonomy: Taxonomy) -> list[dict]:
     rows = tasks.to_dict("records") if isinstance(tasks, pd.DataFrame) else [dict(t) for t in tasks]
     seen = set()
@@ -626,6 +636,7 @@ def is_waiting(row: Mapping # a round-log row (`ROUND_COLUMNS`)
     "Whether the task waits in this round for a batch result (its Generator or Verifier request is `pending`)."
     return row.get("generator_status") == "pending" or row.get("verifier_status") == "pending"
 
+# %% ../nbs/09_reref.ipynb #ba326ede
 def waiting_rounds(rounds: pd.DataFrame # a rounds log (`LoopRun.rounds` or `RewriteRun.rounds`)
                   ) -> pd.DataFrame:
     "Per round and step (`generate` or `verify`): how many tasks wait for batch results; empty when none does."
@@ -761,6 +772,7 @@ def backend_description(label: str # a `backend_label`
 # %% ../nbs/09_reref.ipynb #57e83ce1
 def _text(v) -> str: return "" if is_missing(v) else str(v).strip()
 
+# %% ../nbs/09_reref.ipynb #53edb7e4
 def _with_sections(s: pd.DataFrame) -> pd.DataFrame:
     "Every `REPORT_SECTIONS` column: the table's own, else parsed from a full-report `text` column, else empty."
     parsed = s["text"].map(lambda t: parse_sections(t) if isinstance(t, str) and t.strip()
@@ -779,6 +791,7 @@ def _studies_in(studies) -> pd.DataFrame:
     s["study_id"] = s.study_id.astype(str)
     return _with_sections(s)
 
+# %% ../nbs/09_reref.ipynb #d3f90f80
 def _reref_of(rewriter, verifier, settings: dict) -> ReRef:
     if isinstance(rewriter, ReRef):
         if verifier is not None:
@@ -790,6 +803,7 @@ def _reref_of(rewriter, verifier, settings: dict) -> ReRef:
                          "OpenAIChat(...))")
     return ReRef(rewriter, verifier, **settings)
 
+# %% ../nbs/09_reref.ipynb #a9b2377a
 def _cache_for(cache, reref: ReRef):
     if cache != "auto": return cache
     rule = all(getattr(b, "kind", "") == "rule" for b in (reref.generator, reref.verifier))
@@ -806,11 +820,13 @@ def _compound(study_id: str, variant: str, steps: list) -> dict:
             "reasoning": " | ".join(f"{st['variant']}: {st['reasoning']}" for st in steps if st["reasoning"]),
             "error": " | ".join(f"{st['variant']}: {st['error']}" for st in steps if st["error"]) or None}
 
+# %% ../nbs/09_reref.ipynb #5a11166c
 def _step_result(row: Mapping, step_input: Mapping) -> dict:
     usable = bool(row["feasible"]) and bool(row["accepted"])
     source = row if usable else step_input
     return {**row, "usable": usable, "out_findings": source["findings"], "out_impression": source["impression"]}
 
+# %% ../nbs/09_reref.ipynb #26b5e675
 def _step_tasks(depth: int, variants: list, base: Mapping, done: Mapping) -> dict:
     "task_id -> (study, step prefix, task) for the steps at `depth` of every requested variant."
     prefixes = dict.fromkeys(tuple(variant_steps(v)[:depth + 1]) for v in variants if len(variant_steps(v)) > depth)
@@ -834,12 +850,14 @@ def _waiting_row(study_id: str, variant: str) -> dict:
     return {"study_id": study_id, "variant": variant, "findings": None, "impression": None, "feasible": False,
             "accepted": False, "iterations": 0, "usable": False, "status": "waiting for batch", "error": None}
 
+# %% ../nbs/09_reref.ipynb #508ad092
 def _no_findings_rows(study: Mapping, variants: list) -> list[dict]:
     blank = {"feasible": False, "accepted": False, "iterations": 0, "usable": False, "status": "no findings section",
              "error": "no findings section to rewrite"}
     return [{"study_id": study["study_id"], "variant": v, "findings": "", "impression": study["impression"], **blank}
             for v in variants]
 
+# %% ../nbs/09_reref.ipynb #6c486f5e
 def _same_text(a, b) -> bool: return " ".join(str(a or "").split()) == " ".join(str(b or "").split())
 
 def _status(row: Mapping, study: Mapping) -> str:

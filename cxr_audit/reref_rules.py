@@ -56,10 +56,12 @@ class Rules:
         rows = [(pattern, repl if isinstance(repl, list) else [repl]) for pattern, repl in self.raw[name]]
         return _compiled_table(json.dumps(rows))
 
+# %% ../nbs/09a_reref_rules.ipynb #18fa2328
 def _left_boundary(pattern: str) -> str:
     "A word boundary before the pattern, unless it starts with punctuation itself."
     return "" if pattern[:1] in " ,;.^" else r"(?<![\w-])"
 
+# %% ../nbs/09a_reref_rules.ipynb #59ead79f
 def _right_boundary(pattern: str) -> str:
     "A word boundary after the pattern, unless it ends with punctuation itself."
     return "" if pattern.endswith(("$", "\\.", "\\)", " ")) else r"(?![\w-])"
@@ -243,6 +245,7 @@ def finding_mentions(text: str,                      # a report or a section
             elif mode == "strict" and m.label in CHEXPERT_14: out.add((m.label, "", 0.0))
     return frozenset(out)
 
+# %% ../nbs/09a_reref_rules.ipynb #3ac043c7
 def finding_differences(before: frozenset, # `finding_mentions` of the original
                         after: frozenset   # ... of the rewrite
                        ) -> list[str]:
@@ -253,6 +256,7 @@ def finding_differences(before: frozenset, # `finding_mentions` of the original
 # %% ../nbs/09a_reref_rules.ipynb #b92ada52
 def _cap(text: str) -> str: return text[:1].upper() + text[1:] if text else text
 
+# %% ../nbs/09a_reref_rules.ipynb #6c19c0b6
 def _article(match) -> str: return match.group(1) + ("n " if match.group(2).lower() in "aeiou" else " ")
 
 def _tidy(text: str) -> str:
@@ -261,6 +265,7 @@ def _tidy(text: str) -> str:
     text = re.sub(r",\s*\.", ".", text)
     return re.sub(r"\b([Aa])n? (?=(\w))", _article, text)
 
+# %% ../nbs/09a_reref_rules.ipynb #78292fa2
 def _replace_segments(segments: list, table: list, attempt: int) -> tuple[list, bool]:
     "`(text, replaced)` segments after one table pass; whether anything matched."
     hit = False
@@ -289,6 +294,7 @@ def replace_once(sentence: str,   # one sentence
         at += len(text)
     return _tidy(_undouble(result, sentence))
 
+# %% ../nbs/09a_reref_rules.ipynb #571a0ef9
 _DOUBLE = re.compile(r"\b(\w+) \1\b", re.I)
 
 def _undouble(text: str, original: str) -> str:
@@ -353,6 +359,7 @@ def _registrar(table: dict) -> Callable:
         return add
     return register
 
+# %% ../nbs/09a_reref_rules.ipynb #6c6a2170
 _RULE_OF: dict = {}
 _rule = _registrar(_RULE_OF)
 
@@ -360,8 +367,10 @@ def _each(text: str, rewrite: Callable[[str], list]) -> str:
     "Apply a per-sentence rewrite to a section."
     return edit_section(text, lambda sentences: [rewrite(s) for s in sentences])
 
+# %% ../nbs/09a_reref_rules.ipynb #009cb57f
 def _key(sentence: str) -> str: return re.sub(r"^(the|a|an) ", "", re.sub(r"[^a-z ]", "", sentence.lower())).strip()
 
+# %% ../nbs/09a_reref_rules.ipynb #de0c193d
 def _dedupe(new: list) -> list:
     "Drop a sentence that repeats an earlier one (after rewriting, two denials can become the same statement)."
     seen, out = set(), []
@@ -370,6 +379,7 @@ def _dedupe(new: list) -> list:
         seen.update(_key(x) for x in keep); out.append(keep)
     return out
 
+# %% ../nbs/09a_reref_rules.ipynb #7612c421
 def _severity_words(text: str, rules: Rules) -> set:
     return {m.group(0).lower() for m in rules.rx["severity"].finditer(text)}
 
@@ -388,14 +398,17 @@ def _structured(findings: str, impression: str, ctx: RuleContext) -> tuple[str, 
         impression = render_structured(section_sentences(impression), ctx.rules, numbered=True)
     return findings, impression
 
+# %% ../nbs/09a_reref_rules.ipynb #574b8729
 @_rule("structure:free_text")
 def _free_text(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     return tuple(render_prose(t, ctx.rules) if is_structured(t) else t for t in (findings, impression))
 
+# %% ../nbs/09a_reref_rules.ipynb #0a162140
 def _has_positive(text: str, ctx: RuleContext) -> bool:
     evidence, _ = ctx.labeler.label_text(text)
     return any(e.state != 0.0 for label, e in evidence.items() if label not in ("No Finding", "Support Devices"))
 
+# %% ../nbs/09a_reref_rules.ipynb #de87137a
 def _minimal_keep(sentences: Sequence[str], ctx: RuleContext) -> list[bool]:
     "Findings sentences a minimal report keeps: every abnormal one, the shortest normal one per healthy core system."
     normal = [ctx.normal(s) for s in sentences]
@@ -411,6 +424,7 @@ def _minimal_keep(sentences: Sequence[str], ctx: RuleContext) -> list[bool]:
     if not any(keep): keep[min(range(len(sentences)), key=lambda k: len(sentences[k]))] = True
     return keep
 
+# %% ../nbs/09a_reref_rules.ipynb #d8ecec02
 @_rule("findings_scope:minimal")
 def _minimal(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     "Normal statements condensed in the report's own words (one per core system), abnormal findings kept word for word."
@@ -418,10 +432,10 @@ def _minimal(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str
     if all(keep): return findings, impression
     return edit_section(findings, lambda ss: [[s] if k else [] for s, k in zip(ss, keep)]), impression
 
-
 # %% ../nbs/09a_reref_rules.ipynb #9c7d4b92
 def _is_comparison(sentence: str, ctx: RuleContext) -> bool: return bool(ctx.rules.rx["comparison"].search(sentence))
 
+# %% ../nbs/09a_reref_rules.ipynb #9ad56094
 _DANGLING = re.compile(r"\b(?:is|are|was|were|be|been|has|have|with|of|from|to|and|or|but|the|a|an"
                        r"|appears?|remains?|seems?|grossly|otherwise|largely|essentially|overall)\W*$", re.I)
 
@@ -434,6 +448,7 @@ def _strip_comparison(sentence: str, ctx: RuleContext) -> str | None:
              and kept == finding_mentions(sentence, ctx.labeler))
     return stripped if clean else None
 
+# %% ../nbs/09a_reref_rules.ipynb #50a9b7cf
 def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
     "The finding without its differential or interpretation clause ('..., which may represent ...'): the finding stays."
     stripped = replace_once(sentence, ctx.rules.table("differential_strip"))
@@ -441,6 +456,7 @@ def _strip_differential(sentence: str, ctx: RuleContext) -> str | None:
     kept = finding_mentions(stripped, ctx.labeler, "present")
     return stripped if kept and finding_mentions(sentence, ctx.labeler, "present") - kept else None
 
+# %% ../nbs/09a_reref_rules.ipynb #3be13925
 _GENERIC = frozenset("""no not significant significantly appreciable substantial definite acute interval change
 changes changed there is are was were has have had been be this the a an of to with from since compared
 comparison prior previous preceding earlier last recent study studies exam examination radiograph radiographs
@@ -507,6 +523,7 @@ def _implicit(labels: frozenset, denied: set, sentence: str, ctx: RuleContext,
     return [ctx.rules["implicit_remainder"] if lung_positive and key in widen.values() else implicit[key]
             for key in keys]
 
+# %% ../nbs/09a_reref_rules.ipynb #86932bf8
 def _drop_subsumed(new: list, implicit: Mapping) -> list:
     "'the pleural spaces are clear' makes 'the costophrenic angles are sharp' redundant, and so on."
     said = {k for k, text in implicit.items() if not k.startswith("_") and any(text in xs for xs in new)}
@@ -526,6 +543,7 @@ def _negation_implicit(findings: str, impression: str, ctx: RuleContext) -> tupl
         return _dedupe(_drop_subsumed([one(s) for s in sentences], ctx.rules["implicit"]))
     return edit_section(findings, rewrite), edit_section(impression, rewrite)
 
+# %% ../nbs/09a_reref_rules.ipynb #36c055a7
 @_rule("negation:explicit")
 def _negation_explicit(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     nouns = ctx.rules["explicit"]
@@ -548,6 +566,7 @@ def _pure(info: SentenceInfo, labels: set, implicit_only: bool = True) -> bool:
     return info.all_absent and not info.temporal and set(info.labels) == labels and (not implicit_only
                                                                                      or not info.explicit)
 
+# %% ../nbs/09a_reref_rules.ipynb #81962a6e
 @_rule("anatomical_granularity:low")
 def _anatomy_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     table = ctx.rules.table("anatomy_low")
@@ -562,6 +581,7 @@ def _anatomy_low(findings: str, impression: str, ctx: RuleContext) -> tuple[str,
         return out
     return edit_section(findings, merge), _each(impression, lambda s: [replace_once(s, table)])
 
+# %% ../nbs/09a_reref_rules.ipynb #300c2238
 @_rule("anatomical_granularity:high")
 def _anatomy_high(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     split = ctx.rules["split_high"]
@@ -573,6 +593,7 @@ def _anatomy_high(findings: str, impression: str, ctx: RuleContext) -> tuple[str
         return list(split["base"]) + ([split["hila"]] if re.search(r"\bhil(?:a|ar|um)\b", sentence, re.I) else [])
     return _each(findings, one), _each(impression, one)
 
+# %% ../nbs/09a_reref_rules.ipynb #983440e8
 _SIZED = re.compile(r"\b(\d+(?:\.\d+)?) ?(cm|mm) (?=(?:[a-z-]+ ){0,4}(?:nodules?|mass(?:es)?|lesions?)\b)", re.I)
 
 def _size_word(size: float, unit: str, ctx: RuleContext) -> str:
@@ -596,6 +617,7 @@ def _terminology(findings: str, impression: str, ctx: RuleContext) -> tuple[str,
     def one(sentence: str) -> list: return [replace_once(sentence, table, ctx.attempt)]
     return _each(findings, one), _each(impression, one)
 
+# %% ../nbs/09a_reref_rules.ipynb #0d93a366
 @_rule("hedging:alternative")
 def _hedging(findings: str, impression: str, ctx: RuleContext) -> tuple[str, str]:
     whole, table = ctx.rules.table("hedging_sentences"), ctx.rules.table("hedging")
@@ -653,41 +675,52 @@ _SYSTEMS = ("LUNGS", "PLEURA", "HEART AND MEDIASTINUM", "BONES")
 
 def _both(report: Mapping) -> str: return f"{report['findings']}\n{report['impression']}".strip()
 
+# %% ../nbs/09a_reref_rules.ipynb #357a9aa9
 def _all_sentences(report: Mapping) -> list[str]:
     return section_sentences(report["findings"]) + section_sentences(report["impression"])
 
+# %% ../nbs/09a_reref_rules.ipynb #16689d02
 def _normals(text: str, ctx: RuleContext) -> int: return sum(ctx.normal(s) for s in section_sentences(text))
 
+# %% ../nbs/09a_reref_rules.ipynb #eea9ea49
 def _negations(report: Mapping, ctx: RuleContext) -> tuple[int, int]:
     "(sentences with explicit denials, sentences with normal wording) among the normal statements of a report."
     infos = [x for x in (ctx.info(s) for s in _all_sentences(report)) if x.all_absent and not x.temporal]
     return sum(bool(x.explicit) for x in infos), sum(bool(x.normal) for x in infos)
 
+# %% ../nbs/09a_reref_rules.ipynb #82fb4b62
 def _substructures(report: Mapping, ctx: RuleContext) -> int:
     infos = [ctx.info(s) for s in section_sentences(report["findings"])]
     split = any(_pure(x, {"Cardiomegaly"}) for x in infos) and any(_pure(x, {"Enlarged Cardiomediastinum"})
                                                                    for x in infos)
     return len(ctx.rules.rx["substructure"].findall(_both(report))) + int(split)
 
+# %% ../nbs/09a_reref_rules.ipynb #d2a0f175
 def _aggregates(report: Mapping, ctx: RuleContext) -> int:
     return sum(bool(ctx.rules.rx["aggregate"].search(s))
                and _pure(ctx.info(s), {"Cardiomegaly", "Enlarged Cardiomediastinum"}, False)
                for s in _all_sentences(report))
 
+# %% ../nbs/09a_reref_rules.ipynb #4dcd9c58
 def _systems(report: Mapping, ctx: RuleContext) -> set:
     return {sentence_group(s, ctx.rules) for s in _all_sentences(report)} & set(_SYSTEMS)
 
+# %% ../nbs/09a_reref_rules.ipynb #d8097030
 def _matches(text: str, table: list) -> list:
     return sorted(m.group(0).lower() for pattern, _ in table for m in pattern.finditer(text))
 
+# %% ../nbs/09a_reref_rules.ipynb #9a4d2c0c
 def _any_structured(report: Mapping) -> bool:
     return is_structured(report["findings"]) or is_structured(report["impression"])
 
+# %% ../nbs/09a_reref_rules.ipynb #dee7a3b6
 def _words(report: Mapping) -> list: return re.findall(r"[a-z]+", _both(report).lower())
 
+# %% ../nbs/09a_reref_rules.ipynb #5ab0de57
 def _hedge_cues(report: Mapping, ctx: RuleContext) -> list:
     return sorted(m.group(0).lower() for m in ctx.rules.rx["hedge_cues"].finditer(_both(report)))
 
+# %% ../nbs/09a_reref_rules.ipynb #0808c141
 def _measurements(report: Mapping, ctx: RuleContext) -> int:
     return len(ctx.rules.rx["measurement"].findall(_both(report)))
 
@@ -756,6 +789,7 @@ def _numbers(report: Mapping, rules: Rules) -> set:
     "Numbers in the sentences of a report (list markers do not count)."
     return set(rules.rx["number"].findall(" ".join(_all_sentences(report))))
 
+# %% ../nbs/09a_reref_rules.ipynb #61d52362
 def _left_findings(before: Mapping, after: Mapping, ctx: RuleContext) -> list[str]:
     "What the original's Findings state (differential clauses aside) and the rewrite's Findings no longer do."
     table = ctx.rules.table("differential_strip")
@@ -765,6 +799,7 @@ def _left_findings(before: Mapping, after: Mapping, ctx: RuleContext) -> list[st
             for d in finding_differences(core - finding_mentions(after["findings"], ctx.labeler, "present"),
                                          frozenset())]
 
+# %% ../nbs/09a_reref_rules.ipynb #794c5d87
 def _verdict_reasons(mode: str, diffs: list, new_numbers: list, severity: list, empty: bool, findings: list = (),
                      left: list = ()) -> list[str]:
     reasons = [f"labels ({mode}): " + ("unchanged" if not diffs else "; ".join(diffs))]
@@ -775,6 +810,7 @@ def _verdict_reasons(mode: str, diffs: list, new_numbers: list, severity: list, 
     if empty: reasons.append("the Findings section is empty")
     return reasons
 
+# %% ../nbs/09a_reref_rules.ipynb #a8fd015c
 def _change_reason(no_info: bool, already: bool, changed: bool) -> str:
     if no_info: return "the original lacks what the target needs"
     if already: return "the original is already in the target form"
@@ -809,6 +845,7 @@ def rule_verify(original: Mapping,               # {"findings", "impression"} be
             "does_not_contain_required_info": bool(no_info),
             "is_already_in_expected_form": bool(already and not no_info), "reasoning": "; ".join(reasons) + "."}
 
+# %% ../nbs/09a_reref_rules.ipynb #85e2d3df
 def content_check(original: Mapping,              # {"findings", "impression"} before
                   alternative: Mapping,           # {"findings", "impression"} after (any back end's)
                   variant: str,                   # the variation it was made for
@@ -841,6 +878,7 @@ class _TaskRules(RuleChat):
     def _task_reply(self, messages, schema, seed=None) -> dict:
         return self._answer(read_task(messages, self.step), seed or 0)
 
+# %% ../nbs/09a_reref_rules.ipynb #68ee4abe
 class RuleRewriter(_TaskRules):
     "The rule-based ReRef Generator, as an offline, deterministic chat back end."
     step, default_name = "generate", "reref-rules"

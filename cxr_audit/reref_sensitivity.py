@@ -323,6 +323,7 @@ def _verdicts(table: pd.DataFrame, higher_is_better: bool, rule: str = "holm") -
     sig = table.significant if rule == "holm" else _ci_excludes_zero(table)
     return np.where(sig, np.where(ahead, "first better", "second better"), "tie")
 
+# %% ../nbs/09b_reref_sensitivity.ipynb #bf9493eb
 _REVERSAL_COLUMNS = ["dataset", "metric", "variant", "n_studies", "n_usable", "applicable", "status", "pairs", "flips",
                      "significant_flips", "verdict_changes", "fraction", "significant_fraction", "rule", "backend"]
 _OUTCOMES = ["pairs", "flips", "significant_flips", "verdict_changes"]
@@ -340,6 +341,7 @@ def _reversal_rows(counts: pd.DataFrame, usable: Mapping, variants: Sequence[str
     out = pd.DataFrame(rows, columns=["variant", "n_studies", "n_usable", "applicable", "status", *_OUTCOMES])
     return out.assign(fraction=out.flips / out.pairs, significant_fraction=out.significant_flips / out.pairs)
 
+# %% ../nbs/09b_reref_sensitivity.ipynb #b17a2703
 @dataclass(frozen=True, eq=False)
 class PairwiseGaps:
     "Paired differences between systems under each reference variant, on one shared set of resamples."

@@ -54,6 +54,7 @@ def _reref_checks(cb: Codebook) -> None:
                                 or get("realism_a")["labels"] != get("realism_b")["labels"]):
         _fail(cb.name, "'realism_a' and 'realism_b' must be ordinal end points with the same levels")
 
+# %% ../nbs/13b_reref_validation.ipynb #a42d4ed5
 def load_reref_codebook(codebook: str | os.PathLike | Mapping | Codebook | None = None # None: the packaged one
                        ) -> Codebook:
     "The ReRef validation codebook, checked: phase 1 only, nominal `original_guess`, ordinal `equivalence` and realism."
@@ -70,11 +71,14 @@ def _references_in(references) -> pd.DataFrame:
                         "references")
     return R.assign(study_id=R.study_id.astype(str), variant=R.variant.astype(str))
 
+# %% ../nbs/13b_reref_validation.ipynb #1d31daa1
 def _flag(R: pd.DataFrame, col: str) -> np.ndarray:
     return R[col].map(lambda v: False if is_missing(v) else bool(v)).to_numpy(dtype=bool)
 
+# %% ../nbs/13b_reref_validation.ipynb #324a2cc4
 def _same_text(a: str, b: str) -> bool: return " ".join(a.split()) == " ".join(b.split())
 
+# %% ../nbs/13b_reref_validation.ipynb #6888072a
 def _wanted_variants(variants, have: list[str]) -> list[str]:
     "The variants asked for: all in the table (None), the names given, or `rewrite_table`'s `variations` vocabulary."
     if variants is None: return have
@@ -130,6 +134,7 @@ def _draw_pairs(cands: pd.DataFrame, n_cases: int, g: np.random.Generator,
     pairs = pd.concat(parts, ignore_index=True) if parts else cands.iloc[:0]
     return pairs, pd.DataFrame(plan, columns=["stratum", "variant", "eligible", "available", "requested", "drawn"])
 
+# %% ../nbs/13b_reref_validation.ipynb #16ba8461
 def _plan_notes(plan: pd.DataFrame, want: list[str], n_cases: int) -> pd.DataFrame:
     "The plan in variant order, a row for each variant with no eligible pair, and a note where a stratum fell short."
     none = [v for v in want if v not in set(plan.variant)]
@@ -154,11 +159,13 @@ def _original_positions(strata: pd.Series, g: np.random.Generator) -> np.ndarray
         out[idx] = ab[g.permutation(len(idx))]
     return out
 
+# %% ../nbs/13b_reref_validation.ipynb #bcfebe1f
 def _reref_seed(seed: int, pairs: pd.DataFrame) -> int:
     "The sheets' generator seed: `seed` mixed with a digest of the pairs' private content."
     cols = ["study_id", "variant", "original_report", "rewritten_report"]
     return int(sha256_text(f"cxr_audit.reref_validation:{int(seed)}:{sha256_frame(pairs[cols])}")[:16], 16)
 
+# %% ../nbs/13b_reref_validation.ipynb #ae73aee7
 def _reref_sheet(key: pd.DataFrame, reviewer: str, cb: Codebook) -> pd.DataFrame:
     "One reviewer's sheet in the order of `key`: the pair as `report_a`, `report_b`, empty rating columns, `comment`."
     a_first = (key.original == "A").to_numpy()
@@ -302,6 +309,7 @@ def _reref_key(key) -> pd.DataFrame:
         if bad.any(): _fail(what, f"row {int(np.flatnonzero(bad)[0]) + 2}, column {col}: {K[col][bad].iloc[0]!r} {why}")
     return K
 
+# %% ../nbs/13b_reref_validation.ipynb #70edca77
 def _reref_decoded(R: pd.DataFrame, K: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
     "One row per reviewer and pair, decoded: `guess`, `outcome`, both realisms and their difference, `equivalence`."
     M = R.merge(K[["report_id", "study_id", "variant", "original"]], on="report_id", how="left")
@@ -331,12 +339,14 @@ def _indicators(D: pd.DataFrame, cb: Codebook) -> dict[str, tuple[np.ndarray, np
     e, lv = D.equivalence.to_numpy(dtype=float, na_value=np.nan), list(cb.get(1, "equivalence")["labels"])
     return out | {"equivalent": (e == max(lv), np.isfinite(e)), "major_discrepancy": (e == min(lv), np.isfinite(e))}
 
+# %% ../nbs/13b_reref_validation.ipynb #8424b9c9
 def _over_studies(S: np.ndarray, value: str, units: np.ndarray, reps: int, seed, size: float) -> tuple[float, float]:
     "Bootstrap percentile interval resampling studies (`nan` with fewer than two studies)."
     if len(set(units)) < 2: return np.nan, np.nan
     res = bootstrap(S, value, reps=reps, seed=seed, clusters=units, size=size)
     return res.ci_low, res.ci_high
 
+# %% ../nbs/13b_reref_validation.ipynb #5d8785c8
 def _share(num, den, units, pooled: bool, reps: int, seed, size: float) -> dict:
     "`k, n, estimate, ci_low, ci_high, method` of one share: exact for one reviewer, studies resampled when pooled."
     k, n = int((num & den).sum()), int(den.sum())
@@ -352,6 +362,7 @@ def _share(num, den, units, pooled: bool, reps: int, seed, size: float) -> dict:
                            seed, size)
     return {"k": k, "n": n, "estimate": k / n, "ci_low": lo, "ci_high": hi, "method": _BY_STUDY.format(reps)}
 
+# %% ../nbs/13b_reref_validation.ipynb #3c469500
 def _mean_difference(d: np.ndarray, units: np.ndarray, reps: int, seed, size: float) -> dict:
     "The mean realism difference (rewrite minus original) with an interval that resamples studies."
     ok = np.isfinite(d)
@@ -367,6 +378,7 @@ def _selected(D: pd.DataFrame, variant: str, who: str) -> np.ndarray:
     return (((D.variant == variant).to_numpy() | (variant == "all"))
             & ((D.reviewer == who).to_numpy() | (who == _POOLED)))
 
+# %% ../nbs/13b_reref_validation.ipynb #018a6456
 def _reref_proportions(D: pd.DataFrame, cb: Codebook, variants: list, reps: int, seed, size: float) -> pd.DataFrame:
     "Every share, and the mean realism difference, per variant (`all` too) and reviewer (`pooled` too)."
     ind, revs, rows = _indicators(D, cb), sorted(D.reviewer.unique()), []
@@ -382,6 +394,7 @@ def _reref_proportions(D: pd.DataFrame, cb: Codebook, variants: list, reps: int,
                              **_mean_difference(d[sel], units, reps, seed, size)})
     return pd.DataFrame(rows).astype({"k": "Int64"})
 
+# %% ../nbs/13b_reref_validation.ipynb #6868c4c1
 def _reref_distribution(D: pd.DataFrame, cb: Codebook, variants: list) -> pd.DataFrame:
     "Equivalence ratings per variant (`all` too), reviewer (`pooled` too) and level: `count`, `share`."
     labels, rows = cb.get(1, "equivalence")["labels"], []
@@ -400,10 +413,12 @@ def _agreement_endpoints(D: pd.DataFrame, cb: Codebook) -> list[tuple[str, str, 
         eps += [(c, "ordinal", list(cb.get(1, "realism_a")["labels"])) for c in ("realism_original", "realism_rewrite")]
     return eps + [("equivalence", "ordinal", list(cb.get(1, "equivalence")["labels"]))]
 
+# %% ../nbs/13b_reref_validation.ipynb #8d168e53
 def _wide(D: pd.DataFrame, column: str) -> pd.DataFrame:
     "One row per pair, one column per reviewer (pairs with a missing rating left out)."
     return D.pivot(index="report_id", columns="reviewer", values=column).dropna()
 
+# %% ../nbs/13b_reref_validation.ipynb #a9bf2d3b
 def _fleiss_stats(counts: np.ndarray) -> np.ndarray:
     "Per item, `[P_i, n_i1..n_iq, m_i, 1]` from its `(items × q)` category counts; their column sums give Fleiss' κ."
     m = counts.sum(1, keepdims=True)
@@ -439,6 +454,7 @@ def _reref_agreement(D: pd.DataFrame, cb: Codebook, reps: int, seed, size: float
     return pd.DataFrame(rows).reindex(columns=["endpoint", "raters", "metric", "estimate", "ci_low", "ci_high", "n",
                                                "method"])
 
+# %% ../nbs/13b_reref_validation.ipynb #8d99ec9f
 def _pair_patterns(D: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
     "Per pair and end point: every reviewer's value and whether all, a majority, or no majority of them agree."
     rows = []
@@ -458,6 +474,7 @@ def _share_text(r) -> str:
         return f"{r.estimate:+.2f}" + (f" ({r.ci_low:+.2f} to {r.ci_high:+.2f})" if np.isfinite(r.ci_low) else "")
     return f"{r.k}/{r.n} ({r.estimate:.0%}" + (f"; {r.ci_low:.0%}-{r.ci_high:.0%})" if np.isfinite(r.ci_low) else ")")
 
+# %% ../nbs/13b_reref_validation.ipynb #b418045c
 @dataclass(frozen=True, eq=False)
 class RerefValidation:
     ratings: pd.DataFrame       # per reviewer and pair, decoded: guess, outcome, realisms, equivalence
@@ -521,12 +538,14 @@ def summary(self: RerefValidation) -> pd.DataFrame:
     return out.assign(**{f"equivalence {levels}": counts.to_numpy()}, rewriter=self.rewriter,
                       ratings=self.source).reset_index()
 
+# %% ../nbs/13b_reref_validation.ipynb #d7c2b34c
 @patch
 def to_frame(self: RerefValidation) -> pd.DataFrame:
     "Shares (`part = share`) and agreement (`part = agreement`) in one long table, with rewriter and ratings' source."
     df = pd.concat([self.proportions.assign(part="share"), self.agreement.assign(part="agreement")], ignore_index=True)
     return df[["part", *[c for c in df.columns if c != "part"]]].assign(rewriter=self.rewriter, ratings=self.source)
 
+# %% ../nbs/13b_reref_validation.ipynb #a3f84a03
 @patch
 def headline(self: RerefValidation) -> str:
     "One sentence: pairs, rewriter, reviewers, the pooled realism and equivalence (flagged first when simulated)."
@@ -539,6 +558,7 @@ def headline(self: RerefValidation) -> str:
             f"a version ({i.estimate:.0%}; 50% = indistinguishable); {e.k} of {e.n} ratings found the two equivalent "
             f"and {mj.k} a major discrepancy.")
 
+# %% ../nbs/13b_reref_validation.ipynb #0caf96ed
 @patch
 def _repr_markdown_(self: RerefValidation): return self.headline() + "\n\n" + md_table(self.summary())
 
@@ -591,6 +611,7 @@ def plot_reref_validation(result: RerefValidation,   # from `read_reref_validati
     head = ("SIMULATED: " if result.simulated else "") + (title or head)
     return chart.properties(title=alt.TitleParams(head, subtitle=[f"rewrites by {result.rewriter}; {result.source}"]))
 
+# %% ../nbs/13b_reref_validation.ipynb #6159b174
 @patch
 def plot(self: RerefValidation, kind: str = "realism", # "realism", "equivalence" or "agreement"
          title: str | None = None                     # chart title

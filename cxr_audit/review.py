@@ -44,6 +44,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 def _fail(what: str, problem: str):
     raise InputError(f"{what}: {problem}")
 
+# %% ../nbs/13_review.ipynb #398340bb
 def _labels(e: Mapping, kind: str, where: str) -> dict:
     "Allowed levels of a binary, ordinal or nominal end point, `{int: label}`."
     raw = e.get("levels", {"0": "no", "1": "yes"} if kind == "binary" else None)
@@ -121,6 +122,7 @@ class Codebook:
 
     def _repr_markdown_(self): return md_table(self.to_frame())
 
+# %% ../nbs/13_review.ipynb #55bcc319
 def _allowed(ep: Mapping) -> str:
     "The allowed values of an end point, in words."
     if ep["kind"] == "count": return f"whole number from 0 to {ep['high']}"
@@ -130,6 +132,7 @@ def _allowed(ep: Mapping) -> str:
 def _packaged_codebook() -> dict:
     return json.loads(resource_text("review_codebook.json"))
 
+# %% ../nbs/13_review.ipynb #95d6463e
 def load_codebook(codebook: str | os.PathLike | Mapping | Codebook | None = None # None: the packaged one
                  ) -> Codebook:
     "The review codebook, checked: the packaged one, or yours (a JSON file or a dict of the same layout)."
@@ -159,6 +162,7 @@ _OUTPUT_COLUMNS = set(GENERATIONS_COLUMNS) - {"study_id"} | {"score", "value", "
 def _strata(strata) -> list[str]:
     return [] if strata is None else [strata] if isinstance(strata, str) else list(strata)
 
+# %% ../nbs/13_review.ipynb #04ba7179
 def _case_columns(df: pd.DataFrame, strata: list[str], what: str) -> pd.DataFrame:
     "`df` restricted to `study_id` and the strata; refused when it carries anything else."
     bad = [c for c in strata if c in _OUTPUT_COLUMNS or str(c).startswith("stat_")]
@@ -195,6 +199,7 @@ def _wanted(n_cases, labels: list[str], strata: list[str]) -> dict[str, int]:
     if unknown: _fail("sample_cases", f"unknown stratum {unknown[0]!r} in n_cases; strata are {labels}")
     return {str(k): check_int(v, f"n_cases[{k!r}]") for k, v in n_cases.items()}
 
+# %% ../nbs/13_review.ipynb #917dd1e0
 def _id_set(ids) -> set[str]:
     "IDs from a list/set/Series, or the `study_id` column of a table."
     if ids is None: return set()
@@ -259,6 +264,7 @@ def report_ids(n: int, g: np.random.Generator, prefix: str = "RV-", length: int 
             if t not in seen: seen.add(t); out.append(t)
     return out
 
+# %% ../nbs/13_review.ipynb #0fcb140a
 _PRIVATE = ["study_id", "panel", "stratum", "system", "policy", "sample_id", "generation_seed"]
 
 def packet_seed(seed: int,             # the review's seed
@@ -267,6 +273,7 @@ def packet_seed(seed: int,             # the review's seed
     "The packets' generator seed: `seed` mixed with a digest of the private content of `reports` (see above)."
     return int(sha256_text(f"cxr_audit.review:{int(seed)}:{sha256_frame(reports[_PRIVATE])}")[:16], 16)
 
+# %% ../nbs/13_review.ipynb #e5691435
 def check_reviewers(reviewers) -> tuple[str, ...]:
     r = tuple(map(str, [reviewers] if isinstance(reviewers, str) else reviewers))
     bad = [x for x in r if not _REVIEWER.match(x)]
@@ -286,6 +293,7 @@ def _configs(gen: pd.DataFrame, configs) -> list[tuple[str, str]]:
                                  f"{[config_label(*h) for h in have]} (name configurations as system+policy)")
     return out
 
+# %% ../nbs/13_review.ipynb #5020502c
 def _reports(cases: pd.DataFrame, gen: pd.DataFrame, configs) -> pd.DataFrame:
     "One row per case and configuration with its report (lowest seed), in case order."
     first = gen.sort_values("seed", kind="stable").drop_duplicates(["study_id", "system", "policy"])
@@ -304,17 +312,21 @@ def _as_list(v) -> list:
     if isinstance(v, (list, tuple, np.ndarray, pd.Series)): return list(v)
     return [] if is_missing(v) or v == "" else [v]
 
+# %% ../nbs/13_review.ipynb #78f442cf
 def _text(v) -> str: return "" if is_missing(v) else str(v)
 
+# %% ../nbs/13_review.ipynb #4a728244
 def _views(r: Mapping) -> str:
     v = [("?" if is_missing(x) else str(x)) for x in _as_list(r.get("image_views"))]
     return "; ".join(v) if v and set(v) != {"?"} else _text(r.get("view"))
 
+# %% ../nbs/13_review.ipynb #c34d4956
 def reference_text(r: Mapping) -> str:
     parts = [f"{h}: {_text(r.get(c)).strip()}" for h, c in (("FINDINGS", "findings"), ("IMPRESSION", "impression"))
              if _text(r.get(c)).strip()]
     return "\n\n".join(parts) if parts else _text(r.get("text"))
 
+# %% ../nbs/13_review.ipynb #966b7f0e
 def _study_info(studies, ids: Iterable[str]) -> pd.DataFrame:
     "Image reference, views and reference report of each case, indexed by `study_id`."
     s = require_columns(studies, ["study_id"], "studies")
@@ -337,6 +349,7 @@ def _sheet(rows: pd.DataFrame, reviewer: str, phase: int, cb: Codebook) -> pd.Da
     for c in cb.columns(phase): df[c] = pd.array([pd.NA] * len(df), dtype="Int64")
     return df.assign(comment="")
 
+# %% ../nbs/13_review.ipynb #b2bf8ab4
 def sheet_name(reviewer: str, # the reviewer's short name
                phase: int     # 1 or 2
               ) -> str:
@@ -348,6 +361,7 @@ def endpoint_limits(cb: Codebook, phase: int) -> dict:
     "The allowed range of each end point of `phase`: `{column: (low, high)}`."
     return {r["column"]: (r["low"], r["high"]) for r in cb.endpoints[cb.endpoints.phase == phase].to_dict("records")}
 
+# %% ../nbs/13_review.ipynb #d9fcd945
 class Packets:
     "What both kits' packets hold: a private `key`, `sheets` by name, `codebook`, `reviewers`, `seed`, `paths`."
     kind: ClassVar[str]      # what is reviewed, in messages: "review", "ReRef validation"
@@ -477,6 +491,7 @@ def _covered(gen: pd.DataFrame, configs: list[tuple[str, str]]) -> set[str]:
     have = gen.groupby("study_id").apply(lambda d: set(zip(d.system, d.policy)), include_groups=False)
     return {s for s, c in have.items() if set(configs) <= c}
 
+# %% ../nbs/13_review.ipynb #923020ff
 def prepare_review(studies,                              # IDs, strata, images and reference reports
                    generations,                          # generations table
                    n_cases: int | Mapping,               # random cases per stratum (see `sample_cases`)
@@ -510,6 +525,7 @@ def _items(v) -> set:
         except (ValueError, SyntaxError): v = [v]
     return set(map(str, _as_list(v)))
 
+# %% ../nbs/13_review.ipynb #d7a65d44
 def _generic(texts: pd.Series, corpus: pd.Series) -> np.ndarray:
     "Whether each text appears at least three times in `corpus` (whitespace-normalised)."
     norm = lambda s: s.fillna("").astype(str).str.split().str.join(" ")
@@ -549,6 +565,7 @@ def _latent_value(col: str, L: pd.DataFrame):
             "template_generic": gen, "unsupported_normality": (o > 0) & (tp == 0),
             "contradiction": 0 * o, "multiview_mismatch": 0 * o}.get(col)
 
+# %% ../nbs/13_review.ipynb #d8310ea3
 def noisy_ratings(x, ep: Mapping, g, noise: float, blank: float) -> pd.array:
     "One simulated reviewer's ratings of an end point from latent values `x`."
     x = np.asarray(x, dtype=int)
@@ -608,6 +625,7 @@ def _parse(text: str, ep: Mapping) -> tuple[int | None, str | None]:
     ok = ep["low"] <= v <= ep["high"] if ep["kind"] == "count" else v in ep["labels"]
     return (v, None) if ok else (None, f"{t!r} is out of range; allowed: {_allowed(ep)}")
 
+# %% ../nbs/13_review.ipynb #7c2e6ad8
 def _problem(sheet, row, column, header, problem) -> dict:
     col = f"{column} ({column_letter(header.index(column))})" if column in header else column
     return {"sheet": sheet, "row": row, "column": col, "problem": problem}
@@ -658,6 +676,7 @@ def _at(row: list, index: Mapping, column: str) -> str:
     j = index.get(column)
     return row[j] if j is not None and j < len(row) else ""
 
+# %% ../nbs/13_review.ipynb #6c89ebc9
 def _records(name, header, rows, eps, problems, ids: set | None) -> list[dict]:
     "One record per `(row number, cells)`: report_id, parsed ratings, comment; problems recorded."
     idx, seen, out = {h: j for j, h in enumerate(header)}, {}, []
@@ -713,6 +732,7 @@ def _ratings_frame(parts: list[pd.DataFrame], cb: Codebook) -> pd.DataFrame:
     return df[["reviewer", "phase", "report_id", *cols, "comment", "sheet", "row"]].sort_values(
         ["reviewer", "phase", "report_id"], kind="stable").reset_index(drop=True)
 
+# %% ../nbs/13_review.ipynb #6720df2f
 def _key(key) -> pd.DataFrame:
     k = read_table(key, "review key") if isinstance(key, (str, os.PathLike)) else as_pandas(key, "review key")
     return require_columns(k, ["report_id", "study_id"],
@@ -752,6 +772,7 @@ def split_reviewers(ratings # ratings of exactly two reviewers (from `read_ratin
     if len(names) != 2: _fail("ratings", f"need exactly two reviewers, found {names}")
     return tuple(r[r.reviewer.astype(str) == n].reset_index(drop=True) for n in names)
 
+# %% ../nbs/13_review.ipynb #d1af834b
 def _one(r, what: str) -> pd.DataFrame:
     r = require_columns(r, ["phase", "report_id"], what)
     if "reviewer" in r and r.reviewer.nunique() > 1:
@@ -865,6 +886,7 @@ def _trigger(a, b, ep: Mapping, rules: dict) -> str:
     if ep["kind"] == "count" and rules["count_gap"] and gap >= rules["count_gap"]: why.append(f"differ by {gap}")
     return "; ".join(why)
 
+# %% ../nbs/13_review.ipynb #8f0e1550
 def _triggered(r1, r2, rules, cb: Codebook) -> pd.DataFrame:
     P = _paired(r1, r2, cb); eps = {(e["phase"], e["column"]): e for e in cb.endpoints.to_dict("records")}
     return P.assign(trigger=[_trigger(a, b, eps[p, e], rules) for p, e, a, b in zip(P.phase, P.endpoint, P.r1, P.r2)])
@@ -996,6 +1018,7 @@ def apply_consensus(r1, r2,                # two reviewers' ratings
                                  f"(phase {open_.phase.iloc[0]})")
     return ConsensusResult(_final(trail, cb), trail, rules)
 
+# %% ../nbs/13_review.ipynb #817e1cfd
 def _final(trail: pd.DataFrame, cb: Codebook) -> pd.DataFrame:
     cols = list(dict.fromkeys(cb.endpoints.column))
     w = trail.pivot(index=["phase", "report_id"], columns="endpoint", values="value").reindex(columns=cols)
@@ -1018,18 +1041,21 @@ def _final_frame(final) -> pd.DataFrame:
     return require_columns(final.final if isinstance(final, ConsensusResult) else final, ["phase", "report_id"],
                            "final ratings")
 
+# %% ../nbs/13_review.ipynb #8e66b80c
 def _grouped(M: pd.DataFrame, by: list, col: str, fn) -> pd.DataFrame:
     "`fn(values)` -> dict per group of `by` (missing values dropped first)."
     rows = [{**dict(zip(by, k if isinstance(k, tuple) else (k,))), **fn(d[col].dropna().astype(int))} for k,
             d in M.groupby(by, sort=True)]
     return pd.DataFrame(rows)
 
+# %% ../nbs/13_review.ipynb #13df182c
 def _proportions(M, by, ep) -> pd.DataFrame:
     if ep["kind"] == "binary": metric, hit = "proportion", lambda v: v == 1
     else: metric, hit = f"share >= {int(ep['threshold'])}", lambda v: v >= ep["threshold"]
     t = _grouped(M, by, ep["column"], lambda v: {"k": int(hit(v).sum()), "n": len(v)})
     return t.assign(phase=ep["phase"], endpoint=ep["column"], role=ep["role"], metric=metric)
 
+# %% ../nbs/13_review.ipynb #09e47ac2
 def _distribution(M, by, ep) -> pd.DataFrame:
     levels = list(ep["labels"])
     t = _grouped(M, by, ep["column"], lambda v: {str(l): int((v == l).sum()) for l in levels})

@@ -66,12 +66,14 @@ _WIDE = {"generated_report": 70, "reference_report": 70, "image_reference": 28, 
 def csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, lineterminator="\n").encode("utf-8-sig")
 
+# %% ../nbs/00a_sheets.ipynb #2ea0b355
 def column_letter(i: int) -> str:
     "Spreadsheet column letter of the 0-based column `i` (0 -> A, 26 -> AA)."
     s, i = "", i + 1
     while i: i, r = divmod(i - 1, 26); s = chr(65 + r) + s
     return s
 
+# %% ../nbs/00a_sheets.ipynb #924b7c2a
 _CUT_MARK = (" [... cut: the text is longer than Excel's {:,}-character cell limit; the .csv file has all {:,} "
              "characters]")
 
@@ -99,6 +101,7 @@ def _fixed_zip(data: bytes) -> bytes:
             out.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), body, zipfile.ZIP_DEFLATED)
     return buf.getvalue()
 
+# %% ../nbs/00a_sheets.ipynb #4f0240e4
 def _worksheet(wb, name: str, df: pd.DataFrame, limits: Mapping):
     from openpyxl.styles import Alignment
     from openpyxl.worksheet.datavalidation import DataValidation
@@ -158,6 +161,7 @@ def _cell(v) -> str:
     if isinstance(v, (float, np.floating)) and float(v).is_integer(): return str(int(v))
     return str(v)
 
+# %% ../nbs/00a_sheets.ipynb #1851ceb7
 def _csv_sheet(path: Path) -> list[tuple[str, list, list]]:
     "A CSV file's header and rows; `;` is taken as the delimiter when the header has `;` but no `,` (some locales)."
     with open(path, newline="", encoding="utf-8-sig") as f: text = f.read()
@@ -165,6 +169,7 @@ def _csv_sheet(path: Path) -> list[tuple[str, list, list]]:
     rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=";" if ";" in first and "," not in first else ","))
     return [(path.name, rows[0] if rows else [], rows[1:])]
 
+# %% ../nbs/00a_sheets.ipynb #62be96dc
 def _xlsx_sheets(path: Path) -> list[tuple[str, list, list]]:
     from openpyxl import load_workbook
     try: wb = load_workbook(path, read_only=True, data_only=True)

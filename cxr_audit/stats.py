@@ -1009,6 +1009,7 @@ def _split_items(X: sparse.csr_matrix):
     df = np.diff(X.tocsc().indptr)
     return np.asarray(X[:, df == 1].sum(1)).ravel(), X[:, df > 1].T.tocsr()
 
+# %% ../nbs/04_stats.ipynb #4611e793
 def distinct_replicates(matrix,                   # (units × items) incidence matrix (see `incidence`)
                         reps: int = REPS_INTERVAL, # resamples
                         seed: int | np.random.Generator | None = DEFAULT_SEED, # see `core.rng`
@@ -1201,13 +1202,16 @@ def _fisher_ci(r: float, var: float, size: float) -> tuple[float, float]:
     z, h = np.arctanh(np.clip(r, -1, 1)), sps.norm.ppf((1 + size) / 2) * math.sqrt(var)
     return float(np.tanh(z - h)), float(np.tanh(z + h))
 
+# %% ../nbs/04_stats.ipynb #edc872ca
 EXACT_SPEARMAN_MAX_N = 10   # up to this many pairs, Spearman's p-value comes from every ordering (10! = 3,628,800)
 
+# %% ../nbs/04_stats.ipynb #c5a108ef
 @lru_cache(maxsize=4)
 def _orderings(n: int) -> np.ndarray:
     "Every permutation of range(n), one per row (int8)."
     return np.fromiter(chain.from_iterable(permutations(range(n))), dtype=np.int8).reshape(-1, n)
 
+# %% ../nbs/04_stats.ipynb #3dfe90db
 def _spearman(x: np.ndarray, y: np.ndarray):
     "Spearman's rho and its two-sided p: exact over all n! orderings up to `EXACT_SPEARMAN_MAX_N` pairs, else scipy's."
     from scipy import stats as sps
@@ -1234,6 +1238,7 @@ def _rank_correlation(name: str, metric: str, correlate, var_num: float, lost: i
     correlation.__doc__ = doc
     return correlation
 
+# %% ../nbs/04_stats.ipynb #cf476509
 spearman = _rank_correlation("spearman", "spearman_rho", _spearman, 1.06, 3,
                              "Spearman's rho with an exact permutation p-value for up to 10 pairs (asymptotic above) "
                              "and a Fisher-z interval.")
@@ -1244,6 +1249,7 @@ def _kendall(x: np.ndarray, y: np.ndarray):
     from scipy import stats as sps
     return (*sps.kendalltau(x, y), "scipy p (exact for small n without ties)")
 
+# %% ../nbs/04_stats.ipynb #46915091
 kendall_tau = _rank_correlation("kendall_tau", "kendall_tau_b", _kendall, 0.437, 4,
                                 "Kendall's tau-b with scipy's p-value and a Fisher-z interval.")
 
@@ -1388,6 +1394,7 @@ def gwet_ac1(sums # summed one-hot cells of the cross-table, shape (..., q²)
     P = _table(sums); q = P.shape[-1]; pi = (P.sum(-1) + P.sum(-2)) / 2
     return _chance_corrected(np.trace(P, axis1=-2, axis2=-1), (pi * (1 - pi)).sum(-1) / max(q - 1, 1))
 
+# %% ../nbs/04_stats.ipynb #61bf425c
 VALUES.update({f.__name__: f for f in (percent_agreement, within_one, cohen_kappa, quadratic_kappa, gwet_ac1)})
 
 # %% ../nbs/04_stats.ipynb #8966a5a0

@@ -46,6 +46,7 @@ FRAME_KINDS = ("static", "uncertain", "new", "new_uncertain", "worsened", "impro
 def _packaged_phrases() -> dict:
     return json.loads(resource_text("synth_phrases.json"))
 
+# %% ../nbs/02a_synth.ipynb #b6f6a030
 def _check_phrases(p: dict, what: str) -> dict:
     "Raise an `InputError` naming every missing part of a phrase bank."
     miss = [k for k in _REQUIRED if k not in p]
@@ -111,6 +112,7 @@ def _pick(g: np.random.Generator, options, p=None):
     p = np.asarray(p, dtype=float)
     return options[int(g.choice(len(options), p=p / p.sum()))]
 
+# %% ../nbs/02a_synth.ipynb #580ff1a3
 def _onset(obs: str, g: np.random.Generator, uncertain_ok: bool) -> Finding:
     "A newly appearing finding with random attributes."
     _, _, scale, sides, _, p_unc = FINDING_MODEL[obs]
@@ -199,12 +201,14 @@ _FMT = string.Formatter()
 def _fields(t: str) -> list[str]:
     return [name for _, name, _, _ in _FMT.parse(t) if name]
 
+# %% ../nbs/02a_synth.ipynb #6aaddf67
 def _fill(t: str, vals: Mapping) -> str:
     s = t.format_map({k: ("" if vals.get(k) is None else vals[k]) for k in _fields(t)})
     s = re.sub(r"(^|\s)-sided\b", r"\1", s)
     s = re.sub(r"\s+", " ", s).strip()
     return re.sub(r"\s+([,.)])", r"\1", s)
 
+# %% ../nbs/02a_synth.ipynb #9d7797ed
 def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
@@ -274,6 +278,7 @@ def render_mention(mention: Mention,                # what the sentence is about
         raise InputError(f"phrase bank: no usable '{mention.kind}' frame for {mention.observation} in style {fs!r}")
     return _cap(_fill(_pick(generator, frames), vals))
 
+# %% ../nbs/02a_synth.ipynb #38edaa08
 def _phrase_sev(f: Finding, ob: Mapping) -> str | None:
     return ob.get("sev_words", {}).get(f.severity, f.severity) if f.severity else None
 
@@ -321,6 +326,7 @@ def _impression(mentions, style, g, phrases) -> list[str]:
     items = [render_mention(m, style, g, phrases, frame_style="terse") for m in keep]
     return items or [_pick(g, phrases["normal_impression"][style])]
 
+# %% ../nbs/02a_synth.ipynb #94dafb06
 def _indication(style, g, phrases, sex: str, devices: bool, follow_up: bool) -> str:
     ind = phrases["indications"]
     pool = (ind["devices"] if devices and g.random() < 0.6 else ind["follow_up"] if follow_up and g.random() < 0.3
@@ -360,6 +366,7 @@ def render_report(current: dict,                   # {observation: Finding} at t
     r["text"] = _layout(r, style)
     return {**r, "denied": denied}
 
+# %% ../nbs/02a_synth.ipynb #1428d3ff
 def _layout(r: Mapping, style: str) -> str:
     heads = ("indication", "comparison", "technique", "findings", "impression")
     if style == "prose":
@@ -389,6 +396,7 @@ def _alter(m: Mention, g, r: Mapping) -> tuple[Mention, bool]:
         kind, hit = _pick(g, [k for k in ("worsened", "improved", "no change") if k != kind]), True
     return replace(m, current=cur, kind=kind), hit
 
+# %% ../nbs/02a_synth.ipynb #f736133a
 def _true_findings(ms) -> list[str]:
     return [m.observation for m in ms if m.kind != "resolved"]
 
@@ -402,12 +410,14 @@ def _gen_verbose(ms, g, P):
         if hit: altered.append(m.observation)
     return " ".join(render_findings(keep, "prose", g, P)[0]), omitted, [], altered
 
+# %% ../nbs/02a_synth.ipynb #066bbc96
 def _gen_terse(ms, g, P):
     r = SYSTEM_RATES["sim-terse"]
     ms = [replace(m, collapse_side=bool(g.random() < r["collapse_side"]),
                   collapse_sev=bool(g.random() < r["collapse_sev"])) for m in ms]
     return " ".join(render_findings(ms, "terse", g, P)[0]), [], [], []
 
+# %% ../nbs/02a_synth.ipynb #a39aaeda
 def _gen_omit(ms, g, P):
     r = SYSTEM_RATES["sim-omit"]
     drop = [bool(g.random() < r["omit"]) for _ in ms]
@@ -459,6 +469,7 @@ def _cap_tokens(text: str) -> tuple[str, int, bool]:
     toks = text.split()
     return (" ".join(toks[:MAX_TOKENS]), MAX_TOKENS, True) if len(toks) > MAX_TOKENS else (text, len(toks), False)
 
+# %% ../nbs/02a_synth.ipynb #0e5b61fd
 def _invalid_outputs(n: int, g, P) -> dict:
     "{row index: (hypothesis, n_tokens, truncated)} of the invalid K50 outputs among `n`."
     r = SYSTEM_RATES["sim-template"]
@@ -516,6 +527,7 @@ def _visit_times(g, n: int) -> list[_dt.datetime]:
         out.append(out[-1] + _dt.timedelta(days=days, minutes=int(g.integers(-120, 121))))
     return out
 
+# %% ../nbs/02a_synth.ipynb #de7f4c70
 def _views(g, devices: bool) -> tuple:
     if devices and g.random() < 0.8: return ("AP",)
     return _VIEW_SETS[int(g.choice(4, p=[0.65, 0.1, 0.15, 0.1]))]
@@ -580,6 +592,7 @@ def _frame(rows: list[dict], columns) -> pd.DataFrame:
     if "size_cm" in df.columns: df["size_cm"] = pd.to_numeric(df["size_cm"]).astype("float64")
     return df
 
+# %% ../nbs/02a_synth.ipynb #96b8e0b9
 def _generations(patients: list[dict], seed: int, g_inv, P) -> pd.DataFrame:
     sids = [s["study_id"] for p in patients for s in p["studies"]]
     rows = []

@@ -53,6 +53,7 @@ def _oriented(comparisons: pd.DataFrame) -> pd.DataFrame:
     if "win_prob" in c: c.loc[flip, "win_prob"] = 1 - c.loc[flip, "win_prob"]
     return c
 
+# %% ../nbs/13a_verdict.ipynb #3b279516
 def _facing(frame: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
     "The rows of a comparison table for the pair, turned so that each reads `first − second`."
     same = frame[(frame["first"] == first) & (frame["second"] == second)]
@@ -61,7 +62,6 @@ def _facing(frame: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
     back[["ci_low", "ci_high"]] = -back[["ci_high", "ci_low"]].to_numpy()
     back[["first", "second"]] = [first, second]
     return pd.concat([same, back])
-
 
 # %% ../nbs/13a_verdict.ipynb #7376028a
 def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
@@ -101,10 +101,12 @@ def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> tupl
     first = g.sort_values("seed", kind="stable") if "seed" in g.columns else g
     return g, first.drop_duplicates(["config", "study_id"]).sort_index()
 
+# %% ../nbs/13a_verdict.ipynb #694e0eb5
 def _by_config(g: pd.DataFrame) -> pd.DataFrame:
     "The table with each configuration as its `system` (an empty policy, no seed): how the scoring functions see it."
     return g.assign(system=g["config"], policy="").drop(columns=[c for c in ("seed",) if c in g.columns])
 
+# %% ../nbs/13a_verdict.ipynb #b6aa4f78
 def _chosen_pairs(configs: Sequence[str], pairs) -> list[tuple[str, str]] | None:
     "The requested pairs, checked against the configurations (None: every pair)."
     if pairs is None: return None
@@ -118,6 +120,7 @@ def _chosen_pairs(configs: Sequence[str], pairs) -> list[tuple[str, str]] | None
         out.append((str(p[0]), str(p[1])))
     return out
 
+# %% ../nbs/13a_verdict.ipynb #ed85d6c1
 def _kept(comparisons: pd.DataFrame, pairs, size: float) -> pd.DataFrame:
     "Only the requested pairs (either order), with Holm's adjustment redone over them."
     if pairs is None: return comparisons
@@ -126,16 +129,17 @@ def _kept(comparisons: pd.DataFrame, pairs, size: float) -> pd.DataFrame:
     c["p_holm"] = holm(c["p"].to_numpy())
     return c.assign(significant=c["p_holm"] < 1 - size)
 
-
 # %% ../nbs/13a_verdict.ipynb #a101a560
 def _gap(x: float) -> str:
     "A signed difference with 3 decimals, never `-0.000`."
     return f"{round(float(x), 3) + 0.0:+.3f}"
 
+# %% ../nbs/13a_verdict.ipynb #51326372
 def _say(progress: bool, t0: float, message: str):
     "One progress line on stderr (with the seconds since the start)."
     if progress: print(f"verdict [{time.perf_counter() - t0:6.1f} s] {message}", file=sys.stderr, flush=True)
 
+# %% ../nbs/13a_verdict.ipynb #029a70ea
 def _quiet(fn, *args, **kwargs):
     "`fn(...)` with its warnings kept: (result, the distinct messages of the warnings it gave)."
     with warnings.catch_warnings(record=True) as caught:
@@ -143,6 +147,7 @@ def _quiet(fn, *args, **kwargs):
         out = fn(*args, **kwargs)
     return out, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
 
+# %% ../nbs/13a_verdict.ipynb #5e8a4fb2
 def _seed_estimates(g: pd.DataFrame, studies, scored: list, ref_section: str) -> pd.DataFrame | None:
     "`metric, config, seed, estimate` when some configuration has several seeds (None otherwise)."
     if "seed" not in g.columns or g.groupby("config")["seed"].nunique().max() < 2: return None
@@ -153,6 +158,7 @@ def _seed_estimates(g: pd.DataFrame, studies, scored: list, ref_section: str) ->
     run = x.drop_duplicates("_run").set_index("_run")
     return e.assign(config=e["_run"].map(run["config"]), seed=e["_run"].map(run["seed"])).drop(columns="_run")
 
+# %% ../nbs/13a_verdict.ipynb #0ff360ae
 def _distinct_clusters(texts: pd.Series, patients: pd.Series | None = None) -> pd.Series:
     "Unit -> cluster: units with the same text (whitespace collapsed) or the same patient share one."
     n = len(texts)
@@ -166,7 +172,6 @@ def _distinct_clusters(texts: pd.Series, patients: pd.Series | None = None) -> p
     size = int(c.max()) + 1 if len(c) else n
     graph = sparse.coo_matrix((np.ones(len(r)), (r, c)), shape=(size, size))
     return pd.Series(connected_components(graph, directed=False)[1][:n], index=texts.index)
-
 
 # %% ../nbs/13a_verdict.ipynb #a828273e
 def _rewrites(studies, s: dict):
@@ -199,6 +204,7 @@ def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs,
     n_var = refs.loc[refs["variant"] != ORIGINAL, "variant"].nunique()
     return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`"
 
+# %% ../nbs/13a_verdict.ipynb #3e95e9e7
 def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict) -> tuple[pd.DataFrame | None, str]:
     "Every pair's progression-F1 gap on the studies whose reference has longitudinal sentences, or why there is none."
     backend = s["backend"]
@@ -216,7 +222,6 @@ def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict) -> tuple
     return f, (f"{c['studies']} studies with longitudinal reference sentences ({c['longitudinal_reference_sentences']} "
                f"sentences, annotated by `{ev.annotator}`)")
 
-
 # %% ../nbs/13a_verdict.ipynb #a22eee91
 def _check_stability(r, ctx: dict) -> tuple[str, str]:
     "The leader wins in most resamples and, where there are several seeds, with every seed both share."
@@ -233,6 +238,7 @@ def _check_stability(r, ctx: dict) -> tuple[str, str]:
             if len(lost): return "fail", why
     return ("pass" if r.win_prob >= ctx["min_win_prob"] else "fail"), why
 
+# %% ../nbs/13a_verdict.ipynb #b07b4f0c
 def _distinct_lead(r, ctx: dict) -> tuple[bool, str]:
     "Does the lead stay significant when the leader's identical reports (and a patient's studies) are one unit?"
     a, b = ctx["texts"][r.first], ctx["texts"][r.second]
@@ -263,7 +269,6 @@ def _check_concentration(r, ctx: dict) -> tuple[str, str]:
     if not concentrated: return "pass", why
     held, how = _distinct_lead(r, ctx)
     return ("pass" if held else "fail"), f"{why}; {how}"
-
 
 # %% ../nbs/13a_verdict.ipynb #82d376a0
 def _check_labels(r, ctx: dict) -> tuple[str, str]:
@@ -425,6 +430,7 @@ def _enough_reps(comparisons: int, size: float) -> int:
     "Resamples that let the smallest p, 2 / (B + 1), pass Holm over `comparisons` with room to spare (at least 1,000)."
     return int(max(1000, np.ceil(4 * comparisons / (1 - size) / 1000) * 1000))
 
+# %% ../nbs/13a_verdict.ipynb #f34e47b7
 def _settings(preset, given: dict) -> dict:
     "Each setting: the argument when given, else the preset's, else the package default."
     out = {}
@@ -442,6 +448,7 @@ def _settings(preset, given: dict) -> dict:
     return {**out, "variations": list(variations) if isinstance(variations, tuple) else variations,
             "checks": tuple(given["checks"]), "preset": getattr(preset, "name", None)}
 
+# %% ../nbs/13a_verdict.ipynb #276e6258
 def _cluster_map(st: pd.DataFrame, g: pd.DataFrame, clusters: str | None) -> pd.Series | None:
     "study_id -> resampling cluster (a study without a value is its own), from the studies or the generations column."
     if clusters is None: return None
@@ -450,6 +457,7 @@ def _cluster_map(st: pd.DataFrame, g: pd.DataFrame, clusters: str | None) -> pd.
     m = source.drop_duplicates("study_id").set_index("study_id")[clusters]
     return m.astype(object).where(m.notna(), "study:" + m.index.to_series().astype(str))
 
+# %% ../nbs/13a_verdict.ipynb #cf070bf8
 def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     "The evidence every check reads, computed once: concentration, the other section, seeds, rewrites, progression."
     p, ctx = s["progress"], {}
@@ -473,13 +481,13 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     ctx.update(texts={c: d.set_index("study_id") for c, d in g.groupby("config")}, g=g, studies=st, scored=scored)
     return ctx
 
+# %% ../nbs/13a_verdict.ipynb #7085406f
 def _resolved_reps(reps: int | None, comparisons: int, size: float) -> int:
     "The resamples to draw: those asked for (at least 1), else enough for Holm over `comparisons`."
     if reps is not None and int(reps) < 1:
         raise InputError("verdict: reps must be >= 1 (a verdict rests on resamples; None: enough for the family), "
                          f"got {reps}")
     return int(reps or _enough_reps(comparisons, size))
-
 
 # %% ../nbs/13a_verdict.ipynb #122de9a6
 def verdict(studies,                                    # studies: study_id, findings, impression (patient_id)
