@@ -192,8 +192,9 @@ GENERATOR_RECIPES = MappingProxyType({r.name: r for r in (
                 'of its own',
         transformers="4.46 (the release its code was written for; later ones may break it)",
         sources="paper 000 App. D.1 (official checkpoint, ungrounded findings with the prompts of the MAIRA-2 paper, "
-                "the three sections with N/A when missing, frontal and lateral views); "
-                "paper 001 (the indication slot); model card (classes, trust_remote_code, "
+                "the three sections with N/A when missing, frontal and "
+                "lateral views); paper 001 (the indication slot); model "
+                "card (classes, trust_remote_code, "
                 "format_and_preprocess_reporting_input, 300 new tokens)"),
     GeneratorRecipe(
         name="chexagent", title="CheXagent-2-3b", model_ids=("StanfordAIMI/CheXagent-2-3b",),
