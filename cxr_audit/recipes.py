@@ -11,10 +11,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
-from .core import DEFAULT_SEED, InputError, optional_import
+from .core import DEFAULT_SEED, InputError, check_int, optional_import
 from .generate import (INDICATION_FORMAT, KINDS, TINY_VOCAB, DecodingPolicy, HFReportGenerator, TinyModel,
                                 get_policy, image_file, image_refs, left_pad, load_image, model_folder, padding_side,
                                 report_context, with_indication)
@@ -124,10 +123,7 @@ class GeneratorRecipe:
         object.__setattr__(self, "model_ids", tuple(self.model_ids))
         if self.kind not in KINDS:
             raise InputError(f"recipe {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        for f in ("max_images", "batch_size"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise InputError(f"recipe {self.name!r}: {f} must be a positive integer")
+        for f in ("max_images", "batch_size"): check_int(getattr(self, f), f"recipe {self.name!r}: {f}", least=1)
 
     def settings(self) -> dict:
         "The `HFReportGenerator` keyword arguments this recipe implies (`prompt`, `policy`, `kind`, ...)."
