@@ -353,7 +353,8 @@ def _concentration_comparisons(a) -> list:
     "The Holm family of paired comparisons of a `ConcentrationAudit`, as report blocks."
     try: t = a.comparison_table()
     except InputError as e: return [f"No paired comparisons: {e}."]
-    return [f"**Paired comparisons** on the {t.n_units.iloc[0]:,} {a.unit} values every configuration covers, first − "
+    return [f"**Paired comparisons** on the {t.n_units.iloc[0]:,} {a.unit} values every configuration covers, "
+            "first − "
             f"second, Holm-adjusted over all {len(t)} tests as one family; {int(t.significant.sum())} significant "
             f"(p_holm < {1 - a.size:g}). Intervals are unadjusted.",
             t[["metric", "first", "second", "estimate", "ci_low", "ci_high", "p", "p_holm", "significant"]],
@@ -587,7 +588,8 @@ def reref_stage(ctx: AuditContext # the run: tables, ground truth and parameters
                res.summary()[["metric", "comparisons", "flips", "significant_flips"]], res.plot("flips"),
                res.plot("reversals"),
                f"The pair with the most significant flips for `{top['metric']}` on `{top['dataset']}`: "
-               f"`{top['first']}` − `{top['second']}` ({top['significant_flips']} significant flip(s), {top['flips']} "
+               f"`{top['first']}` − `{top['second']}` ({top['significant_flips']} significant flip(s), "
+               f"{top['flips']} "
                "flip(s); Figure 7a):",
                res.plot("gaps"),
                comparison.to_frame().assign(metric=top["metric"])[["metric", "first", "second", "estimate", "ci_low",

@@ -914,7 +914,7 @@ def _prepared(generations, studies, ref_section, by, unit, clusters, first_seed,
 @patch
 def compare(self: SystemScores, metric: str | None = None # one metric's comparisons (default: the whole family)
            ) -> pd.DataFrame:
-    "Paired differences (first − second), Holm-adjusted over the whole family: `significant` is `p_holm < 1 − size`."
+    "Paired differences (first − second), Holm-adjusted over the family: `significant` is `p_holm < 1 − size`."
     if self.comparisons is None: raise InputError("no comparisons: they need two or more configurations and reps > 0")
     if metric is None: return self.comparisons.copy()
     if metric not in self.results: raise InputError(f"unknown metric {metric!r}; scored: {self.metrics}")
@@ -957,7 +957,8 @@ def plot(self: SystemScores,
          title: str | None = None      # chart title (default: one per kind)
         ):
     "An Altair chart of the result."
-    if kind == "forest": return plot_forest(self.compare(metric), title=title or "Paired differences (first − second)")
+    if kind == "forest":
+        return plot_forest(self.compare(metric), title=title or "Paired differences (first − second)")
     if kind == "estimates":
         df = self.estimates if metric is None else self.estimates[self.estimates.metric == metric]
         return _plot_estimates(df, title or "Estimates with intervals")

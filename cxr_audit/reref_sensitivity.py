@@ -307,7 +307,8 @@ def iqr_summary(summary # a box table (from `shift_summary`)
     return pd.DataFrame(rows)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #b7433434
-SIGNIFICANCE_RULES = {"holm": "Holm-adjusted p below 1 − size over the family of system pairs (the package's default)",
+SIGNIFICANCE_RULES = {"holm": "Holm-adjusted p below 1 − size over the family of system pairs "
+                              "(the package's default)",
                       "ci": "the unadjusted interval of the gap excludes 0 (paper 000's rule)"}
 
 def _check_rule(rule: str) -> str:
@@ -425,8 +426,8 @@ class PairwiseGaps:
         if self.not_applicable:
             lines.append(f"{NOT_APPLICABLE.capitalize()} (not compared): "
                          f"{', '.join(_variant_order(self.not_applicable))}")
-        return plot_gaps(self.to_frame(), first, second, title or f"{self.metric}, {self.dataset}: {first} − {second}",
-                         lines)
+        title = title or f"{self.metric}, {self.dataset}: {first} − {second}"
+        return plot_gaps(self.to_frame(), first, second, title, lines)
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #ad87ee7d
 def _with_clusters(scores: pd.DataFrame, clusters, unit: str) -> tuple[pd.DataFrame, str | None]:
