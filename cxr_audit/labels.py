@@ -454,7 +454,7 @@ class _Evidence(NamedTuple):
     state: float; phrase: str | None; start: int | None; end: int | None; trigger: str | None; sentence: str | None
 
 # %% ../nbs/06_labels.ipynb #3dd9c11f
-@lru_cache(maxsize=16_384)
+@lru_cache(maxsize=1 << 17)   # every distinct text of a large audit: several labelers read each
 def _split_cached(text: str, splitter) -> tuple[str, ...]: return tuple(split_sentences(text, splitter=splitter))
 
 # %% ../nbs/06_labels.ipynb #7d5ab3b7
@@ -517,28 +517,52 @@ def _texts_and_ids(texts, ids) -> tuple[list, list]:
 # %% ../nbs/06_labels.ipynb #58920bb9
 def _text_hash(t) -> str | None: return sha256_text(t) if isinstance(t, str) else None
 
+def _distinct_positions(texts: list) -> tuple[np.ndarray, list[int]]:
+    "Per text, the number of its distinct text; and where each distinct text first occurs (a non-text is its own)."
+    seen: dict[str, int] = {}
+    codes, firsts = np.empty(len(texts), dtype=np.intp), []
+    for i, t in enumerate(texts):
+        k = seen.get(t) if isinstance(t, str) else None
+        if k is None:
+            k = len(firsts); firsts.append(i)
+            if isinstance(t, str): seen[t] = k
+        codes[i] = k
+    return codes, firsts
+
+def _taken(values: list, rows: np.ndarray):
+    "The column pandas makes of `values` (same dtype inference), with its rows picked by `rows`."
+    return pd.Series(values).array.take(rows)
+
+
 # %% ../nbs/06_labels.ipynb #a0003208
+_EVIDENCE_COLUMNS = ("state", "evidence", "start", "end", "trigger", "sentence", "flag", "text_sha256")
+
 @patch
 def __call__(self: Labeler, texts,            # report texts: a sequence, a pandas Series or {id: text}
              ids=None                       # one id per text (default: the Series index or positions)
          ) -> pd.DataFrame:
     "The long `labels` table of `texts`: 14 rows per text."
     texts, ids = _texts_and_ids(texts, ids)
-    cols = {c: [] for c in LABELS_COLUMNS + ("trigger", "sentence", "flag", "text_sha256")}
+    codes, firsts = _distinct_positions(texts)
+    block = {c: [] for c in _EVIDENCE_COLUMNS}   # 14 rows per distinct text, copied to each of its texts
     nan = float("nan")
-    for tid, text in zip(ids, texts):
-        ev, flag = self.label_text(text); h = _text_hash(text)
+    for i in firsts:
+        ev, flag = self.label_text(texts[i]); h = _text_hash(texts[i])
         for lab in CHEXPERT_14:
             e = ev.get(lab)
-            for c, v in zip(("text_id", "label", "state", "evidence", "start", "end", "trigger", "sentence", "flag",
-                             "text_sha256"),
-                            (tid, lab, nan if e is None else e.state, e and e.phrase, e and e.start, e and e.end,
-                             e and e.trigger, e and e.sentence, flag, h)):
-                cols[c].append(v)
-    cols["source"] = [self.source] * len(cols["text_id"])
-    for c in ("start", "end"): cols[c] = pd.array(cols[c], dtype="Int64")
-    cols["state"] = np.array(cols["state"], dtype="float64")
+            for c, v in zip(_EVIDENCE_COLUMNS, (nan if e is None else e.state, e and e.phrase, e and e.start,
+                                                e and e.end, e and e.trigger, e and e.sentence, flag, h)):
+                block[c].append(v)
+    k = len(CHEXPERT_14)
+    rows = (codes[:, None] * k + np.arange(k)).ravel()
+    cols = {c: _taken(block[c], rows) for c in ("evidence", "trigger", "sentence", "flag", "text_sha256")}
+    cols.update({c: pd.array(block[c], dtype="Int64").take(rows) for c in ("start", "end")})
+    cols["state"] = np.array(block["state"], dtype="float64")[rows]
+    cols["text_id"] = _taken(ids, np.repeat(np.arange(len(ids)), k))
+    cols["label"] = _taken(list(CHEXPERT_14) * bool(len(ids)), np.tile(np.arange(k), len(ids)))
+    cols["source"] = _taken([self.source] * bool(len(ids)), np.zeros(len(rows), dtype=np.intp))
     return pd.DataFrame({c: cols[c] for c in LABELS_COLUMNS + ("trigger", "sentence", "flag", "text_sha256")})
+
 
 # %% ../nbs/06_labels.ipynb #722f43d7
 _DEFAULT: dict = {}

@@ -464,19 +464,31 @@ def _score_new(cmd: list[str], words, todo: list, memo: dict):
     with ThreadPoolExecutor(n) as pool:   # each jar is its own process: the threads only wait on their pipes
         for f in [pool.submit(_on_jar, cmd, words, k, score(todo[k::n])) for k in range(n)]: f.result()
 
+_METEOR_SCORING: dict[tuple, threading.Lock] = {}   # one per memo: who is asking the jars for new pairs
+
+def _kept(memo: dict, uniq: list) -> dict | None:
+    "The kept answers of every pair of `uniq`, or None when some are missing."
+    try: return {p: memo[p] for p in uniq}
+    except KeyError: return None
+
 def _ask_jar(cmd: list[str], uniq: list, pairs: list, evaluate: bool, subset: bool) -> tuple[dict, list | None]:
     "SCORE answers of the distinct pairs (those not kept from before) and, with `evaluate`, the jar's EVAL answer."
     # the two tables' answers kept apart, so either can be checked against the other
-    memo = _METEOR_ANSWERS.setdefault((*cmd, subset), {})
-    todo = [p for p in uniq if p not in memo]
-    if not todo and not evaluate: return {p: memo[p] for p in uniq}, None
-    if len(memo) + len(todo) > METEOR_MEMO:   # the kept answers are dropped, so every pair is asked
-        memo.clear(); todo = list(uniq)
-    # the paraphrases the new pairs can use
-    words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None
-    if todo: _score_new(cmd, words, todo, memo)
-    raw = {p: memo[p] for p in uniq}
+    key = (*cmd, subset)
+    memo = _METEOR_ANSWERS.setdefault(key, {})
+    raw = _kept(memo, uniq)
+    if raw is None:
+        # a second caller (the audit's prefetch and a stage) waits for the pairs the first is asking, then asks the rest
+        with _METEOR_SCORING.setdefault(key, threading.Lock()):
+            todo = [p for p in uniq if p not in memo]
+            if len(memo) + len(todo) > METEOR_MEMO:   # the kept answers are dropped, so every pair is asked
+                memo.clear(); todo = list(uniq)
+            # the paraphrases the new pairs can use
+            words = frozenset(jar_words(chain.from_iterable(todo))) if subset else None
+            if todo: _score_new(cmd, words, todo, memo)
+            raw = {p: memo[p] for p in uniq}
     if not evaluate: return raw, None
+    words = frozenset() if subset else None   # the EVAL line needs no paraphrase: any running jar will do
     line = "EVAL ||| " + " ||| ".join(raw[p] for p in pairs)
     return raw, _on_jar(cmd, words, 0, lambda jvm: jvm.ask([line], len(pairs) + 1))
 

@@ -27,8 +27,8 @@ from .reref_rules import content_check, label_agreement, rule_reref
 
 # %% auto #0
 __all__ = ['DEFAULT_METRICS', 'SECTIONS', 'NOT_APPLICABLE', 'SHIFT_LEVELS', 'SHIFT_COLUMNS', 'SIGNIFICANCE_RULES', 'EXAMPLE_RULE',
-           'PLOT_KINDS', 'score_references', 'usable_counts', 'system_scores', 'score_shifts', 'shift_summary',
-           'iqr_summary', 'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts',
+           'PLOT_KINDS', 'score_references', 'rescored_pairs', 'usable_counts', 'system_scores', 'score_shifts',
+           'shift_summary', 'iqr_summary', 'PairwiseGaps', 'pairwise_gaps', 'all_pairwise_gaps', 'reversal_counts',
            'reversal_distribution', 'study_scores', 'chart_notes', 'plot_normalized_shifts', 'plot_system_shifts',
            'plot_gaps', 'plot_reversals', 'plot_reversal_fractions', 'plot_study_scores', 'StudyExample',
            'ReferenceSensitivity', 'metric_source', 'reference_sensitivity']
@@ -86,6 +86,27 @@ def _backend_of(table: pd.DataFrame) -> str:
     names = [str(b) for b in pd.unique(table["backend"].dropna())] if "backend" in table.columns else []
     return " / ".join(names) if names else "not stated"
 
+def _referenced(generations, references, section: str, what: str) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    "The references table (text study ids), each study's original text, and the generations that have one."
+    if section not in SECTIONS:
+        raise InputError(f"{what}: section must be findings, impression or both, not {section!r}")
+    refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references").copy()
+    refs["study_id"] = refs.study_id.astype(str)
+    originals = {sid: _section_text(row, section) for sid,
+                 row in refs[refs.variant == ORIGINAL].set_index("study_id").iterrows()}
+    return refs, originals, _scored_generations(generations, originals)
+
+def _variant_names(refs: pd.DataFrame, variants) -> list:
+    return list(variants) if variants is not None else [x for x in pd.unique(refs.variant) if x != ORIGINAL]
+
+def _rewritten(refs: pd.DataFrame, gens: pd.DataFrame, section: str, variant: str) -> tuple[np.ndarray, list]:
+    "Which generations have a usable rewrite of their reference under `variant`, and that rewrite's text for each."
+    usable = refs[(refs.variant == variant) & refs.usable].set_index("study_id")
+    chosen = gens.study_id.isin(usable.index).to_numpy()
+    # one text per study, not per row
+    texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}
+    return chosen, [texts[s] for s in gens.study_id[chosen]]
+
 def score_references(generations,                # a generations table
                      references,                 # the references table (from `rewrite_table`)
                      metrics=DEFAULT_METRICS,    # metric names or objects (see cxr_audit.metrics)
@@ -94,26 +115,31 @@ def score_references(generations,                # a generations table
                      variants: Sequence[str] | None = None # default: every variant in `references`
                     ) -> pd.DataFrame:
     "The `scores` long table of every system under the original and each alternative reference variant."
-    if section not in SECTIONS:
-        raise InputError(f"score_references: section must be findings, impression or both, not {section!r}")
-    refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references").copy()
-    refs["study_id"] = refs.study_id.astype(str)
-    originals = {sid: _section_text(row, section) for sid,
-                 row in refs[refs.variant == ORIGINAL].set_index("study_id").iterrows()}
-    gens = _scored_generations(generations, originals)
+    refs, originals, gens = _referenced(generations, references, section, "score_references")
     info = _study_info(studies, gens.study_id)
     base = _score_rows(gens, [originals[s] for s in gens.study_id], ORIGINAL, metrics, info).assign(perturbed=False)
     parts = [base]
-    for variant in (variants if variants is not None else [x for x in pd.unique(refs.variant) if x != ORIGINAL]):
-        usable = refs[(refs.variant == variant) & refs.usable].set_index("study_id")
-        chosen = gens.study_id.isin(usable.index).to_numpy()
-        # one text per study, not per row
-        texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}
-        rewritten = (_score_rows(gens[chosen], [texts[s] for s in gens.study_id[chosen]], variant, metrics, info)
-                     .assign(perturbed=True) if chosen.any() else None)
+    for variant in _variant_names(refs, variants):
+        chosen, texts = _rewritten(refs, gens, section, variant)
+        rewritten = (_score_rows(gens[chosen], texts, variant, metrics, info).assign(perturbed=True)
+                     if chosen.any() else None)
         kept = base[~np.tile(chosen, len(base) // max(len(gens), 1))].assign(variant=variant)
         parts.append(_order_like(pd.concat([x for x in (rewritten, kept) if x is not None], ignore_index=True), base))
     return pd.concat(parts, ignore_index=True).assign(backend=_backend_of(refs))
+
+# %% ../nbs/09b_reref_sensitivity.ipynb #fad7bf14
+def rescored_pairs(generations,                # a generations table
+                   references,                 # the references table (from `rewrite_table`)
+                   section: str = "findings",  # reference text: "findings", "impression" or "both"
+                   variants: Sequence[str] | None = None # default: every variant in `references`
+                  ) -> tuple[list[str], list[str]]:
+    "The reference texts and generated reports `score_references` pairs up, in two aligned lists (no scoring)."
+    refs, originals, gens = _referenced(generations, references, section, "rescored_pairs")
+    texts, hyps = [originals[s] for s in gens.study_id], gens.hypothesis.tolist()
+    for variant in _variant_names(refs, variants):
+        chosen, rewritten = _rewritten(refs, gens, section, variant)
+        texts += rewritten; hyps += gens.hypothesis[chosen].tolist()
+    return texts, hyps
 
 # %% ../nbs/09b_reref_sensitivity.ipynb #3ac99b6b
 NOT_APPLICABLE = "not applicable with this back end"   # the status of a variation with no usable rewrite

@@ -24,10 +24,10 @@ from .concentration import audit_concentration
 from .corpus import to_generations
 from .evaluator import score_systems
 from .labels import CHEXPERT_14, CHEXPERT_5, get_labeler, to_binary
-from .metrics import label_state_matrix, get_metric, start_meteor
+from .metrics import label_state_matrix, get_metric, prefetch_meteor, start_meteor
 from .reref import ORIGINAL, backend_label, rewrite_table
 from .reref_rules import rule_reref
-from .reref_sensitivity import SIGNIFICANCE_RULES, pairwise_gaps, score_references
+from .reref_sensitivity import SIGNIFICANCE_RULES, pairwise_gaps, rescored_pairs, score_references
 from .longitudinal import LLMAnnotator, RuleAnnotator
 from .longitudinal_eval import progression_evaluation
 
@@ -185,11 +185,15 @@ def _rewrites(studies, s: dict):
                          progress=s["progress"]).references
     return refs if "backend" in refs.columns else refs.assign(backend=backend_label(loop[0]))
 
-def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict) -> tuple[pd.DataFrame, str]:
+def _rescore_ahead(g: pd.DataFrame, refs: pd.DataFrame, s: dict):
+    "Start the METEOR jar with every rewrite's words and score the rewrites' pairs in the background."
+    # one paraphrase table for every variation's words: the jar is not restarted per variation
+    start_meteor(texts=[*refs["findings"].dropna(), *refs["impression"].dropna(), *g["hypothesis"].dropna()])
+    prefetch_meteor(*rescored_pairs(_by_config(g), refs, section=s["ref_section"]))
+
+def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict,
+                    refs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     "Every pair's gap under each applicable variation, with interval and significance; and who wrote the rewrites."
-    refs = _rewrites(studies, s)
-    if "meteor" in scored:   # one paraphrase table for every variation's words: the jar is not restarted per variation
-        start_meteor(texts=[*refs["findings"].dropna(), *refs["impression"].dropna(), *g["hypothesis"].dropna()])
     scores = score_references(_by_config(g), refs, scored, studies=studies,
                               section=s["ref_section"]).assign(dataset="all")
     cl = s["cluster_map"]
@@ -470,14 +474,17 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt)
     ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()),
                                    s["ref_section"]) if "stability" in s["checks"] else None
-    ctx["ref_gaps"], ctx["long_gaps"] = (None, NOT_ASKED), (None, NOT_ASKED)
+    ctx["ref_gaps"], ctx["long_gaps"], refs = (None, NOT_ASKED), (None, NOT_ASKED), None
     if "references" in s["checks"]:
-        _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'} and "
-                    "rescored")
-        ctx["ref_gaps"] = _reference_gaps(g, st, list(scored.values()), chosen, s)
+        _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'}")
+        refs = _rewrites(st, s)
+        if "meteor" in scored: _rescore_ahead(g, refs, s)   # the jar works while the longitudinal check runs
     if "longitudinal" in s["checks"]:
         _say(p, t0, "longitudinal sentences annotated, progression F1 compared")
         ctx["long_gaps"] = _longitudinal_gaps(g, st, s)
+    if refs is not None:
+        _say(p, t0, "every metric rescored against the rewritten references")
+        ctx["ref_gaps"] = _reference_gaps(g, st, list(scored.values()), chosen, s, refs)
     ctx.update(texts={c: d.set_index("study_id") for c, d in g.groupby("config")}, g=g, studies=st, scored=scored)
     return ctx
 

@@ -7,6 +7,7 @@ import tempfile
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -578,6 +579,30 @@ def test_a_long_meteor_batch_shared_over_two_jars_gives_the_same_statistics(monk
     one = run_meteor(refs, hyps).stats
     assert len(_jvm_pids()) == 1
     np.testing.assert_array_equal(two, one)
+    close_meteor()
+
+
+@needs_java
+def test_two_callers_at_once_ask_the_jar_for_each_pair_once(monkeypatch):
+    """A background prefetch and a stage asking overlapping pairs at the same time: the second waits for the first's
+    answers and asks only the rest (it used to ask them all again)."""
+    from cxr_audit import meteor
+    from cxr_audit.meteor import close_meteor, run_meteor
+    close_meteor(); meteor._METEOR_ANSWERS.clear()
+    asked, real_ask = [], meteor._MeteorJar.ask
+    def counting_ask(self, lines, *args, **kwargs):   # a spy: the real jar answers
+        asked.extend(line for line in lines if line.startswith("SCORE"))
+        return real_ask(self, lines, *args, **kwargs)
+    monkeypatch.setattr(meteor._MeteorJar, "ask", counting_ask)
+    refs = [f"the heart is normal . no effusion in case {i} ." for i in range(300)]
+    hyps = [f"heart size normal . small effusion {i % 7} ." for i in range(300)]
+    first = []
+    th = threading.Thread(target=lambda: first.append(run_meteor(refs, hyps)))
+    th.start()
+    later = run_meteor(refs[100:], hyps[100:])   # two thirds of the first caller's pairs
+    th.join()
+    assert len(asked) == len(set(asked)) == 300
+    np.testing.assert_array_equal(later.stats, first[0].stats[100:])
     close_meteor()
 
 

@@ -78,3 +78,21 @@ def test_cases_and_case_stats_match_the_pandas_path(demo):
         assert al._counts(None, s).equals(c)
         assert al.case_stats(s, ["Cardiomegaly", "Edema"], cases, "macro").shape == (len(cases), 6)
     assert al._counts(None, "no such system").empty
+
+
+def test_labeler_reads_each_distinct_text_once_and_copies_its_rows(demo, monkeypatch):
+    "Issue 44: a long list of repeated reports is labeled per distinct text; every copy gets the rows it got alone."
+    from cxr_audit.labels import Labeler
+    texts = list(demo.generations.hypothesis[:60]) * 3 + ["", None, float("nan"), 3, "No acute process.", "   "]
+    ids = [f"t{i}" for i in range(len(texts))]
+    lab = Labeler()
+    read, real = [], lab.label_text
+    monkeypatch.setattr(lab, "label_text", lambda text: read.append(text) or real(text))   # a spy on the real labeler
+    together = lab(texts, ids)
+    distinct = len({t for t in texts if isinstance(t, str)}) + sum(not isinstance(t, str) for t in texts)
+    assert len(read) == distinct < len(texts)
+    alone = pd.concat([Labeler()([t], [i]) for t, i in zip(texts, ids)], ignore_index=True)
+    assert len(together) == 14 * len(texts)
+    same = lambda df: df.astype(object).where(df.notna(), None)   # a text alone may give an all-missing object column
+    pd.testing.assert_frame_equal(same(together), same(alone))
+    assert together["text_id"].tolist() == alone["text_id"].tolist()
