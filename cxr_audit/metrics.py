@@ -125,8 +125,8 @@ TOKENIZERS: dict[str, Callable[[str], str]] = {"r2gen": clean_report_mimic, "r2g
 
 @functools.lru_cache(maxsize=None)
 def _memo(fn: Callable[[str], str]) -> Callable[[str], str]:
-    "`fn` remembering its last 65,536 texts: BLEU-1..4, ROUGE-L and CIDEr-D prepare the same texts once."
-    return functools.lru_cache(maxsize=1 << 16)(fn)
+    "`fn` remembering its last 131,072 texts: BLEU-1..4, ROUGE-L and CIDEr-D prepare the same texts once."
+    return functools.lru_cache(maxsize=1 << 17)(fn)
 
 def tokenizer(tokenize # a name in `TOKENIZERS`, a function, or None (as is)
              ) -> Callable[[str], str]:

@@ -194,16 +194,16 @@ def _rescore_ahead(g: pd.DataFrame, refs: pd.DataFrame, s: dict):
 def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict,
                     refs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     "Every pair's gap under each applicable variation, with interval and significance; and who wrote the rewrites."
-    scores = score_references(_by_config(g), refs, scored, studies=studies,
-                              section=s["ref_section"]).assign(dataset="all")
-    cl = s["cluster_map"]
-    parts = []
-    for m in pd.unique(scores["metric"]):
-        pg, _ = _quiet(pairwise_gaps, scores, m, pairs=pairs, reps=s["reps"], seed=s["seed"], size=s["size"],
-                       clusters=cl, rule=s["rule"])
-        f = pg.to_frame()
-        f["significant"] = f["significant"] if s["rule"] == "holm" else f["significant_ci"]
-        parts.append(f[f["variant"] != ORIGINAL])
+    cl, gens, parts = s["cluster_map"], _by_config(g), []
+    for metric in scored:   # one metric at a time: every rewrite's per-sample statistics of one metric held at once
+        scores = score_references(gens, refs, [metric], studies=studies, section=s["ref_section"]).assign(dataset="all")
+        for m in pd.unique(scores["metric"]):
+            pg, _ = _quiet(pairwise_gaps, scores, m, pairs=pairs, reps=s["reps"], seed=s["seed"], size=s["size"],
+                           clusters=cl, rule=s["rule"])
+            f = pg.to_frame()
+            f["significant"] = f["significant"] if s["rule"] == "holm" else f["significant_ci"]
+            parts.append(f[f["variant"] != ORIGINAL])
+        del scores
     backend = str(refs["backend"].iloc[0]) if "backend" in refs.columns and len(refs) else "not stated"
     n_var = refs.loc[refs["variant"] != ORIGINAL, "variant"].nunique()
     return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`"
