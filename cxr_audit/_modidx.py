@@ -2978,6 +2978,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.verdict._kept': ('verdict.html#_kept', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._label_gaps': ('verdict.html#_label_gaps', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._longitudinal_gaps': ('verdict.html#_longitudinal_gaps', 'cxr_audit/verdict.py'),
+                                   'cxr_audit.verdict._metric_name': ('verdict.html#_metric_name', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._micro_f1': ('verdict.html#_micro_f1', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._oriented': ('verdict.html#_oriented', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._prepared': ('verdict.html#_prepared', 'cxr_audit/verdict.py'),
@@ -2989,6 +2990,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.verdict._rewrites': ('verdict.html#_rewrites', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._row': ('verdict.html#_row', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._say': ('verdict.html#_say', 'cxr_audit/verdict.py'),
+                                   'cxr_audit.verdict._score_groups': ('verdict.html#_score_groups', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._seed_estimates': ('verdict.html#_seed_estimates', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._settings': ('verdict.html#_settings', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict.verdict': ('verdict.html#verdict', 'cxr_audit/verdict.py')}}}

@@ -224,10 +224,13 @@ def is_normal_statement(sentence: str,                 # one sentence
     return bool(rules.rx["normal_words"].search(sentence))
 
 # %% ../nbs/09a_reref_rules.ipynb #1e66dd2d
+_PLURAL_IES, _PLURAL_S, _WORDS = (re.compile(r"(?<=[a-z]{2})ies$"), re.compile(r"(?<=[a-z]{3})(?<![siu])s$"),
+                                  re.compile(r"[a-z0-9]+"))
+
+@functools.lru_cache(maxsize=1 << 16)   # the Verifier compares the same phrases for every variation of a report
 def _phrase_key(phrase: str) -> str:
     "A mention's words for comparison: lower case, plural endings off."
-    plural = lambda w: re.sub(r"(?<=[a-z]{3})(?<![siu])s$", "", re.sub(r"(?<=[a-z]{2})ies$", "y", w))
-    return " ".join(plural(w) for w in re.findall(r"[a-z0-9]+", phrase.lower()))
+    return " ".join(_PLURAL_S.sub("", _PLURAL_IES.sub("y", w)) for w in _WORDS.findall(phrase.lower()))
 
 def finding_mentions(text: str,                      # a report or a section
                      labeler: Labeler | None = None, # default: the rule labeler, clinical profile

@@ -191,19 +191,28 @@ def _rescore_ahead(g: pd.DataFrame, refs: pd.DataFrame, s: dict):
     start_meteor(texts=[*refs["findings"].dropna(), *refs["impression"].dropna(), *g["hypothesis"].dropna()])
     prefetch_meteor(*rescored_pairs(_by_config(g), refs, section=s["ref_section"]))
 
+def _metric_name(metric) -> str: return metric if isinstance(metric, str) else str(getattr(metric, "name", metric))
+
+def _score_groups(scored: list) -> list[list]:
+    "The metrics in the groups the rewrites are scored in: BLEU and CIDEr-D together (one n-gram count), others alone."
+    ngram = [m for m in scored if _metric_name(m).startswith(("bleu_", "cider"))]
+    return ([ngram] if ngram else []) + [[m] for m in scored if m not in ngram]
+
 def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict,
                     refs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     "Every pair's gap under each applicable variation, with interval and significance; and who wrote the rewrites."
-    cl, gens, parts = s["cluster_map"], _by_config(g), []
-    for metric in scored:   # one metric at a time: every rewrite's per-sample statistics of one metric held at once
-        scores = score_references(gens, refs, [metric], studies=studies, section=s["ref_section"]).assign(dataset="all")
+    cl, gens, parts = s["cluster_map"], _by_config(g), {}
+    for group in _score_groups(scored):   # a group at a time: fewer per-sample statistics held at once
+        scores = score_references(gens, refs, group, studies=studies, section=s["ref_section"]).assign(dataset="all")
         for m in pd.unique(scores["metric"]):
             pg, _ = _quiet(pairwise_gaps, scores, m, pairs=pairs, reps=s["reps"], seed=s["seed"], size=s["size"],
                            clusters=cl, rule=s["rule"])
             f = pg.to_frame()
             f["significant"] = f["significant"] if s["rule"] == "holm" else f["significant_ci"]
-            parts.append(f[f["variant"] != ORIGINAL])
+            parts[m] = f[f["variant"] != ORIGINAL]
         del scores
+    names = [_metric_name(m) for m in scored]
+    parts = [parts[m] for m in sorted(parts, key=lambda m: names.index(m) if m in names else len(names))]
     backend = str(refs["backend"].iloc[0]) if "backend" in refs.columns and len(refs) else "not stated"
     n_var = refs.loc[refs["variant"] != ORIGINAL, "variant"].nunique()
     return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`"
