@@ -1976,6 +1976,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.reports._as_text': ('reports.html#_as_text', 'cxr_audit/reports.py'),
                                    'cxr_audit.reports._blocks': ('reports.html#_blocks', 'cxr_audit/reports.py'),
                                    'cxr_audit.reports._body': ('reports.html#_body', 'cxr_audit/reports.py'),
+                                   'cxr_audit.reports._char_spans': ('reports.html#_char_spans', 'cxr_audit/reports.py'),
                                    'cxr_audit.reports._check_headers': ('reports.html#_check_headers', 'cxr_audit/reports.py'),
                                    'cxr_audit.reports._collect': ('reports.html#_collect', 'cxr_audit/reports.py'),
                                    'cxr_audit.reports._compiled': ('reports.html#_compiled', 'cxr_audit/reports.py'),

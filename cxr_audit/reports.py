@@ -376,10 +376,29 @@ def _segments(text, g: _Grammar) -> list[str]:
             if p.strip()]
 
 # %% ../nbs/01_reports.ipynb #5aa398df
+def _char_spans(text: str, sentences: Iterable[str], span: Callable) -> list:
+    "pysbd's sentence spans (`span(sentence with its trailing whitespace, start, end)`) found by string search."
+    out, prior, n = [], 0, len(text)
+    for sent in sentences:
+        pos = 0
+        while (i := text.find(sent, pos)) >= 0:
+            j = i + len(sent)
+            while j < n and text[j].isspace(): j += 1   # `\s*`: what `str.isspace` calls white space, as `re` does
+            if j > prior:
+                out.append(span(text[i:j], i, j)); prior = j
+                break
+            pos = j
+    return out
+
 @functools.lru_cache(maxsize=1)
 def _pysbd():
     import pysbd
-    return pysbd.Segmenter(language="en", clean=False)
+    from pysbd.utils import TextSpan
+    class Segmenter(pysbd.Segmenter):
+        def sentences_with_char_spans(self, sentences):
+            if not all(sentences): return super().sentences_with_char_spans(sentences)   # an empty one: pysbd's way
+            return _char_spans(self.original_text, sentences, TextSpan)
+    return Segmenter(language="en", clean=False)
 
 # %% ../nbs/01_reports.ipynb #3b86362c
 @functools.lru_cache(maxsize=1 << 17)   # about 80 MB when full: the segments of a 20,000-study audit

@@ -192,3 +192,15 @@ def test_xlsx_cut_at_excel_cell_limit_is_flagged(tmp_path):
     text = (folder / "R1_phase1.csv").read_text("utf-8-sig")
     assert "No acute process. " * 2_299 + "No acute process." in text       # the CSV keeps the whole report
     assert XLSX_CUT_NOTE in (folder / "README.txt").read_text("utf-8")
+
+
+def test_pysbd_spans_found_by_string_search_give_pysbds_own_sentences():
+    """Issue 44: the splitter's segmenter finds each sentence's span by string search instead of one regex per sentence;
+    on real reports, repeated ones and white space of every kind it returns what pysbd returns."""
+    import pysbd
+    plain = pysbd.Segmenter(language="en", clean=False)
+    texts = [v["report"] for v in IU.values() if v["report"]]
+    texts += [long_text(n=3_000), long_text(sep="\n", n=2_000), "No effusion. " * 40, "A. B. A. B. A. B.",
+              "Heart normal.\u00a0\u2003Lungs clear.\u2029Heart normal.\t\tHeart normal.", "...", "ok"]
+    for t in texts:
+        assert reports._pysbd().segment(t) == plain.segment(t), t[:80]
