@@ -2408,6 +2408,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                                                                                   'cxr_audit/reref_sensitivity.py'),
                                              'cxr_audit.reref_sensitivity._section_text': ( 'reref_sensitivity.html#_section_text',
                                                                                             'cxr_audit/reref_sensitivity.py'),
+                                             'cxr_audit.reref_sensitivity._section_texts': ( 'reref_sensitivity.html#_section_texts',
+                                                                                             'cxr_audit/reref_sensitivity.py'),
                                              'cxr_audit.reref_sensitivity._signed': ( 'reref_sensitivity.html#_signed',
                                                                                       'cxr_audit/reref_sensitivity.py'),
                                              'cxr_audit.reref_sensitivity._split_options': ( 'reref_sensitivity.html#_split_options',

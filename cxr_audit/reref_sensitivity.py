@@ -41,6 +41,12 @@ def _section_text(row: Mapping, section: str) -> str:
     if section == "both": return f"{row['findings']} {row['impression']}".strip()
     return str(row[section])
 
+def _section_texts(table: pd.DataFrame, section: str) -> dict:
+    "study_id -> `_section_text` of each row of `table` (read column by column, not row by row)."
+    cols = ["findings", "impression"] if section == "both" else [section]
+    values = zip(*(table[c].tolist() for c in cols))
+    return {sid: _section_text(dict(zip(cols, v)), section) for sid, v in zip(table["study_id"].tolist(), values)}
+
 def _study_info(studies, ids) -> pd.DataFrame:
     "dataset (and patient_id) per study id; 'dataset' when no studies table is given."
     if studies is None: return pd.DataFrame({"dataset": "dataset"}, index=pd.Index(pd.unique(ids), name="study_id"))
@@ -92,8 +98,7 @@ def _referenced(generations, references, section: str, what: str) -> tuple[pd.Da
         raise InputError(f"{what}: section must be findings, impression or both, not {section!r}")
     refs = require_columns(references, ["study_id", "variant", "findings", "impression", "usable"], "references").copy()
     refs["study_id"] = refs.study_id.astype(str)
-    originals = {sid: _section_text(row, section) for sid,
-                 row in refs[refs.variant == ORIGINAL].set_index("study_id").iterrows()}
+    originals = _section_texts(refs[refs.variant == ORIGINAL], section)
     return refs, originals, _scored_generations(generations, originals)
 
 def _variant_names(refs: pd.DataFrame, variants) -> list:
@@ -101,10 +106,9 @@ def _variant_names(refs: pd.DataFrame, variants) -> list:
 
 def _rewritten(refs: pd.DataFrame, gens: pd.DataFrame, section: str, variant: str) -> tuple[np.ndarray, list]:
     "Which generations have a usable rewrite of their reference under `variant`, and that rewrite's text for each."
-    usable = refs[(refs.variant == variant) & refs.usable].set_index("study_id")
-    chosen = gens.study_id.isin(usable.index).to_numpy()
-    # one text per study, not per row
-    texts = {sid: _section_text(row, section) for sid, row in usable.iterrows()} if chosen.any() else {}
+    usable = refs[(refs.variant == variant) & refs.usable]
+    chosen = gens.study_id.isin(usable.study_id).to_numpy()
+    texts = _section_texts(usable, section) if chosen.any() else {}   # one text per study, not per row
     return chosen, [texts[s] for s in gens.study_id[chosen]]
 
 def score_references(generations,                # a generations table
