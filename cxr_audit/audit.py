@@ -31,7 +31,7 @@ from .synth import make_demo_corpus
 from .cohort import RECIPES, run_recipe
 from .stats import resampling_unit, resolve_clusters
 from .concentration import audit_concentration, compare_configurations
-from .verdict import CHECKS, verdict
+from .verdict import CHECK_STUDIES, CHECKS, verdict
 from .label_audit import SWAP_LABELERS, label_audit, labeler_swap, swap_note
 from .labels import get_labeler
 from .reref_sensitivity import reference_sensitivity
@@ -725,7 +725,8 @@ def verdict_stage(ctx: AuditContext # the run: tables, ground truth and paramete
                                     "on them."])
     v = verdict(ctx.studies, ctx.generations, metrics=_VERDICT_METRICS, reps=ctx.params.get("reps"), seed=ctx.seed,
                 clusters="patient_id" if "patient_id" in ctx.studies.columns else None,
-                labeler=ctx.params.get("labeler") or "chexpert", ref_section=ctx.ref_section)
+                labeler=ctx.params.get("labeler") or "chexpert", ref_section=ctx.ref_section,
+                check_studies=ctx.params.get("check_studies", CHECK_STUDIES))
     ctx.extra["_verdict"] = v   # the metrics section shows it beside each "best"
     t = v.to_frame()
     fragile = t[t.verdict == "fragile"]
@@ -993,14 +994,16 @@ def run_demo(out_dir,                    # output folder
              n_patients: int = 60,       # synthetic patients
              seed: int = DEFAULT_SEED,   # seed of the corpus and of every resample
              reps: int | None = None,    # resamples in every stage (None: each stage's default)
-             workers: int | None = None  # processes running the stages (see `audit_workers`)
+             workers: int | None = None, # processes running the stages (see `audit_workers`)
+             check_studies: int | None = CHECK_STUDIES # verdict's rewriting checks: a sample this large (None: all)
             ) -> dict[str, Path]:
     "Build the synthetic demo corpus, write its tables, manifest and `report.html` into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     corpus = make_demo_corpus(n_patients=n_patients, seed=seed)
     tables = corpus.tables()
     paths = {name: write_table(df, out / f"{name}.parquet") for name, df in tables.items()}
-    params = {"n_patients": n_patients, "seed": seed, "cohort_recipe": "003_lmimic", **({"reps": reps} if reps else {})}
+    params = {"n_patients": n_patients, "seed": seed, "cohort_recipe": "003_lmimic", **({"reps": reps} if reps else {}),
+              **({"check_studies": check_studies} if check_studies != CHECK_STUDIES else {})}
     extra = {k: v for k, v in tables.items() if k not in ("studies", "generations")}
     paths["report"] = run_audit(tables["studies"], tables["generations"], out, extra=extra, params=params,
                                 title="cxr_audit demo report (synthetic data)", workers=workers)

@@ -115,16 +115,24 @@ def _stage_reps(reps: int | None) -> int | None:
                      "own default")
     return reps
 
+def _check_studies(n: int | None) -> dict:
+    "`--check-studies`: {} (the verdict's default), else the audit parameter; 0 means every study, below 0 is refused."
+    if n is None: return {}
+    if int(n) < 0: raise _error(f"--check-studies must be >= 0 (0: every study), got {n}")
+    return {"check_studies": int(n) or None}
+
 # %% ../nbs/15_cli.ipynb #b8c6bd30
 def demo(out: str = "demo_out",       # output folder
          n_patients: int = 60,        # number of synthetic patients
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
          reps: int | None = None,     # resamples in every stage (None: each stage's own default)
-         workers: int | None = None   # processes running the stages
+         workers: int | None = None,  # processes running the stages
+         check_studies: int | None = None # verdict's rewriting checks: a sample this large (default 2,000; 0: all)
         ) -> str:
     "Build the synthetic demo corpus and write the full audit report (offline)."
     from cxr_audit.audit import run_demo
-    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=_stage_reps(reps), workers=workers)
+    paths = run_demo(out, n_patients=n_patients, seed=seed, reps=_stage_reps(reps), workers=workers,
+                     **_check_studies(check_studies))
     return f"Wrote the demo audit (synthetic data) to {paths['report']}"
 
 # %% ../nbs/15_cli.ipynb #818f5473
@@ -139,7 +147,8 @@ def audit(*, studies: str,                  # studies table (.csv/.parquet)
           labeler: str = "chexpert",        # CheXpert labels
           reference_section: Literal["findings", "impression", "both"] = "findings", # the section every metric scores
           baseline: str | None = None,       # system+policy the others are compared with (default: first)
-          workers: int | None = None         # processes running the stages
+          workers: int | None = None,        # processes running the stages
+          check_studies: int | None = None   # verdict's rewriting checks: a sample this large (default 2,000; 0: all)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit
@@ -147,7 +156,8 @@ def audit(*, studies: str,                  # studies table (.csv/.parquet)
     params = {"studies": Path(studies).name, "generations": Path(generations).name, "cohort_recipe": cohort_recipe,
               "seed": seed, **({"reps": reps} if reps is not None else {}),
               **({"keep_flagged": True} if keep_flagged else {}), "labeler": _labeler_arg(labeler),
-              "ref_section": reference_section, **({"baseline": baseline} if baseline else {})}
+              "ref_section": reference_section, **({"baseline": baseline} if baseline else {}),
+              **_check_studies(check_studies)}
     path = run_audit(_table(studies), _table(generations), out, stages=stages, params=params,
                      what=(studies, generations), workers=workers)
     return f"Wrote the audit report to {path}"

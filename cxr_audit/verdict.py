@@ -33,7 +33,7 @@ from .longitudinal_eval import progression_evaluation
 
 
 # %% auto #0
-__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'VERDICT_COLORS', 'NOT_ASKED', 'Verdict', 'verdict']
+__all__ = ['CHECKS', 'LABEL_METRICS', 'VERDICTS', 'VERDICT_COLORS', 'NOT_ASKED', 'CHECK_STUDIES', 'Verdict', 'verdict']
 
 # %% ../nbs/13a_verdict.ipynb #d9dd35a4
 CHECKS = ("stability", "concentration", "labels", "section", "references", "longitudinal")
@@ -42,6 +42,7 @@ VERDICTS = ("holds", "fragile", "not shown")
 # never a system's colour (core.PALETTE, EXTRA_COLORS)
 VERDICT_COLORS = dict(zip(VERDICTS, ("#1A1A1A", "#8A6D3B", "#C8C8C8")))
 NOT_ASKED = "not run: not asked for"
+CHECK_STUDIES = 2000   # above this, the references and longitudinal checks read a seeded sample
 
 def _oriented(comparisons: pd.DataFrame) -> pd.DataFrame:
     "The comparisons with `first` the configuration ahead (higher score), the difference and its interval turned too."
@@ -173,6 +174,27 @@ def _distinct_clusters(texts: pd.Series, patients: pd.Series | None = None) -> p
     graph = sparse.coo_matrix((np.ones(len(r)), (r, c)), shape=(size, size))
     return pd.Series(connected_components(graph, directed=False)[1][:n], index=texts.index)
 
+# %% ../nbs/13a_verdict.ipynb #f1764283
+def _check_sample(g: pd.DataFrame, st: pd.DataFrame, s: dict,
+                  among: pd.Series | None = None) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    "The generations and studies a rewriting check reads: all, or a seeded sample of whole clusters (`check_studies`)."
+    ids = pd.Index(pd.unique(g["study_id"]))
+    if among is not None: ids = ids[ids.isin(set(among.astype(str)))]
+    cap, n = s["check_studies"], len(ids)
+    if cap is None or n <= cap:
+        return (g, st, "") if among is None else (g[g["study_id"].isin(ids)], st[st["study_id"].isin(ids)], "")
+    unit = pd.Series(ids.astype(str), index=ids)
+    if s["cluster_map"] is not None:
+        c = s["cluster_map"].reindex(ids)
+        unit = c.astype(str).where(c.notna(), unit)
+    order = np.random.default_rng(s["seed"]).permutation(np.array(sorted(unit.unique()), dtype=object))
+    fits = np.cumsum(unit.value_counts().reindex(order).to_numpy()) <= cap
+    kept = ids[unit.isin(set(order[:max(1, int(fits.sum()))]))]   # whole clusters, the first that fit in turn
+    whole = f"whole `{s['clusters']}` clusters" if s["cluster_map"] is not None else "studies"
+    return (g[g["study_id"].isin(kept)], st[st["study_id"].isin(kept)],
+            f"a sample of {len(kept):,} of {n:,} studies ({whole}, seed {s['seed']}; `check_studies` {cap:,})")
+
+
 # %% ../nbs/13a_verdict.ipynb #a828273e
 def _rewrites(studies, s: dict):
     "The references table of the rewrites: the one given, else rewritten by the rule back end or the chat back end."
@@ -199,7 +221,7 @@ def _score_groups(scored: list) -> list[list]:
     return ([ngram] if ngram else []) + [[m] for m in scored if m not in ngram]
 
 def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs, s: dict,
-                    refs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+                    refs: pd.DataFrame, drawn: str = "") -> tuple[pd.DataFrame, str]:
     "Every pair's gap under each applicable variation, with interval and significance; and who wrote the rewrites."
     cl, gens, parts = s["cluster_map"], _by_config(g), {}
     for group in _score_groups(scored):   # a group at a time: fewer per-sample statistics held at once
@@ -215,10 +237,12 @@ def _reference_gaps(g: pd.DataFrame, studies: pd.DataFrame, scored: list, pairs,
     parts = [parts[m] for m in sorted(parts, key=lambda m: names.index(m) if m in names else len(names))]
     backend = str(refs["backend"].iloc[0]) if "backend" in refs.columns and len(refs) else "not stated"
     n_var = refs.loc[refs["variant"] != ORIGINAL, "variant"].nunique()
-    return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`"
+    return pd.concat(parts, ignore_index=True), f"{n_var} variations written by `{backend}`" + (f" on {drawn}"
+                                                                                                 if drawn else "")
 
 # %% ../nbs/13a_verdict.ipynb #3e95e9e7
-def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict) -> tuple[pd.DataFrame | None, str]:
+def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict,
+                       drawn: str = "") -> tuple[pd.DataFrame | None, str]:
     "Every pair's progression-F1 gap on the studies whose reference has longitudinal sentences, or why there is none."
     backend = s["backend"]
     annotator = RuleAnnotator() if backend is None else LLMAnnotator(backend, progress=s["progress"])
@@ -233,7 +257,7 @@ def _longitudinal_gaps(g: pd.DataFrame, studies: pd.DataFrame, s: dict) -> tuple
     f["significant"] = f["significant"] if s["rule"] == "holm" else f["ci_excludes_0"]
     c = ev.coverage()
     return f, (f"{c['studies']} studies with longitudinal reference sentences ({c['longitudinal_reference_sentences']} "
-               f"sentences, annotated by `{ev.annotator}`)")
+               f"sentences, annotated by `{ev.annotator}`)" + (f" in {drawn}" if drawn else ""))
 
 # %% ../nbs/13a_verdict.ipynb #a22eee91
 def _check_stability(r, ctx: dict) -> tuple[str, str]:
@@ -484,16 +508,22 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()),
                                    s["ref_section"]) if "stability" in s["checks"] else None
     ctx["ref_gaps"], ctx["long_gaps"], refs = (None, NOT_ASKED), (None, NOT_ASKED), None
+    gs, sts, drawn = _check_sample(g, st, s)   # the studies both rewriting checks read
+    if drawn: _say(p, t0, f"the references and longitudinal checks read {drawn}")
     if "references" in s["checks"]:
         _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'}")
-        refs = _rewrites(st, s)
-        if "meteor" in scored: _rescore_ahead(g, refs, s)   # the jar works while the longitudinal check runs
+        if s["references"] is None: gr, sr, rdrawn, refs = gs, sts, drawn, _rewrites(sts, s)
+        else:   # rewrites made before: the sample is drawn among the studies they cover
+            refs = _rewrites(st, s)
+            gr, sr, rdrawn = _check_sample(g, st, s, among=refs["study_id"])
+            refs = refs[refs["study_id"].astype(str).isin(set(sr["study_id"]))]
+        if "meteor" in scored: _rescore_ahead(gr, refs, s)   # the jar works while the longitudinal check runs
     if "longitudinal" in s["checks"]:
         _say(p, t0, "longitudinal sentences annotated, progression F1 compared")
-        ctx["long_gaps"] = _longitudinal_gaps(g, st, s)
+        ctx["long_gaps"] = _longitudinal_gaps(gs, sts, s, drawn)
     if refs is not None:
         _say(p, t0, "every metric rescored against the rewritten references")
-        ctx["ref_gaps"] = _reference_gaps(g, st, list(scored.values()), chosen, s, refs)
+        ctx["ref_gaps"] = _reference_gaps(gr, sr, list(scored.values()), chosen, s, refs, rdrawn)
     ctx.update(texts={c: d.set_index("study_id") for c, d in g.groupby("config")}, g=g, studies=st, scored=scored)
     return ctx
 
@@ -521,6 +551,7 @@ def verdict(studies,                                    # studies: study_id, fin
             references=None,                            # rewrites made before (`RewriteRun` or its table)
             variations=None,                            # `reref.resolve_variants` names (None: preset, the 12)
             checks: Sequence[str] = CHECKS,             # the checks to run (others: "not run: not asked for")
+            check_studies: int | None = CHECK_STUDIES,  # references, longitudinal: a sample this large (None: all)
             rule: str | None = None,                    # significant reversal: "holm" or "ci" (None: preset)
             min_win_prob: float = 0.95,                 # stability: the leader's least share of resamples won
             min_unique_ratio: float = 0.5,              # concentration: fewer distinct reports per study
@@ -534,7 +565,10 @@ def verdict(studies,                                    # studies: study_id, fin
     t0 = time.perf_counter()
     s = _settings(preset, dict(reps=reps, seed=seed, size=size, labeler=labeler, ref_section=ref_section, rule=rule,
                                variations=variations, checks=checks))
-    s.update(backend=backend, references=references, progress=bool(progress))
+    if check_studies is not None and int(check_studies) < 1:
+        raise InputError(f"verdict: check_studies must be >= 1 or None (every study), got {check_studies}")
+    s.update(backend=backend, references=references, progress=bool(progress), clusters=clusters,
+             check_studies=None if check_studies is None else int(check_studies))
     lab = get_labeler(s["labeler"])
     other = get_labeler("clinical" if getattr(lab, "profile", "chexpert") == "chexpert" else "chexpert")
     st = require_columns(studies, ["study_id"], "studies").assign(study_id=lambda d: d["study_id"].astype(str))
@@ -560,7 +594,8 @@ def verdict(studies,                                    # studies: study_id, fin
     _say(s["progress"], t0, "checks of each comparison")
     done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]
     params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
-    params.update(clusters=clusters, labeler=lab.source, other_labeler=other.source, references=ctx["ref_gaps"][1],
+    params.update(clusters=clusters, check_studies=s["check_studies"], labeler=lab.source, other_labeler=other.source,
+                  references=ctx["ref_gaps"][1],
                   longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
                   max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct),
                   seconds=round(time.perf_counter() - t0, 1), warnings=caught)

@@ -126,6 +126,20 @@ def test_audit_on_csv_inputs(demo_runs, tmp_path):
     assert "Corpus overview" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
 
 
+def test_check_studies_samples_the_verdicts_rewriting_checks(demo_runs, tmp_path):
+    a = demo_runs[0]
+    r = cli("audit", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--out",
+            tmp_path / "out", "--stages", "verdict", "--check-studies", 12)
+    assert r.returncode == 0, r.stderr
+    n = pd.read_parquet(a / "generations.parquet").study_id.nunique()
+    assert re.search(rf"a sample of \d+ of {n} studies", (tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["params"]["check_studies"] == 12
+    bad = cli("audit", "--studies", a / "studies.parquet", "--generations", a / "generations.parquet", "--out",
+              tmp_path / "bad", "--stages", "verdict", "--check-studies", -1)
+    assert bad.returncode == 2 and "--check-studies must be >= 0" in bad.stderr
+    assert not (tmp_path / "bad" / "report.html").exists()
+
+
 def test_missing_file_is_one_clear_line(tmp_path):
     r = cli("audit", "--studies", tmp_path / "nope.csv", "--generations", tmp_path / "g.csv", "--out", tmp_path)
     assert r.returncode == 2

@@ -90,6 +90,18 @@ def test_a_lead_that_needs_one_reference_style_fails_the_references_check(demo):
     # rewrites made before are used as given (e.g. an LLM's): the same verdict without rewriting again
     r2 = verdict(both, g, metrics=("bleu_4",), seed=0, checks=("references",), references=refs).to_frame().iloc[0]
     assert r2.references == "fail"
+    # a large audit's check reads a seeded sample of whole patients (`check_studies`): the planted reversal is
+    # strong enough to show on a quarter of the studies, and the evidence says which studies were read
+    n = both.study_id.nunique()
+    v3 = verdict(both, g, metrics=("bleu_4",), seed=0, checks=("references",), check_studies=n // 4)
+    r3 = v3.to_frame().iloc[0]
+    assert r3.references == "fail" and r3.verdict == "fragile"
+    assert "on a sample of" in v3.params["references"] and f"of {n} studies (whole `patient_id` clusters" in r3.reasons
+    assert v3.params["check_studies"] == n // 4
+    # given rewrites: the sample is drawn among the studies they cover
+    r4 = verdict(both, g, metrics=("bleu_4",), seed=0, checks=("references",), references=refs,
+                 check_studies=n // 4).to_frame().iloc[0]
+    assert r4.references == "fail" and f"of {n} studies" in r4.reasons
 
 
 def test_a_lead_with_the_changes_turned_round_fails_the_longitudinal_check(demo):
