@@ -481,9 +481,12 @@ def _settings(preset, given: dict) -> dict:
         raise InputError(f"verdict: rule must be one of {list(SIGNIFICANCE_RULES)}, got {out['rule']!r}")
     unknown = [c for c in given["checks"] if c not in CHECKS]
     if unknown: raise InputError(f"verdict: unknown check {unknown[0]!r}; the checks are {list(CHECKS)}")
-    variations = out["variations"]
+    variations, cap = out["variations"], given.get("check_studies")
+    if cap is not None and int(cap) < 1:
+        raise InputError(f"verdict: check_studies must be >= 1 or None (every study), got {cap}")
     return {**out, "variations": list(variations) if isinstance(variations, tuple) else variations,
-            "checks": tuple(given["checks"]), "preset": getattr(preset, "name", None)}
+            "checks": tuple(given["checks"]), "preset": getattr(preset, "name", None),
+            "check_studies": None if cap is None else int(cap)}
 
 # %% ../nbs/13a_verdict.ipynb #276e6258
 def _cluster_map(st: pd.DataFrame, g: pd.DataFrame, clusters: str | None) -> pd.Series | None:
@@ -564,11 +567,8 @@ def verdict(studies,                                    # studies: study_id, fin
     "Per metric and pair of configurations: the paired difference, Holm's p, the checks, holds / fragile / not shown."
     t0 = time.perf_counter()
     s = _settings(preset, dict(reps=reps, seed=seed, size=size, labeler=labeler, ref_section=ref_section, rule=rule,
-                               variations=variations, checks=checks))
-    if check_studies is not None and int(check_studies) < 1:
-        raise InputError(f"verdict: check_studies must be >= 1 or None (every study), got {check_studies}")
-    s.update(backend=backend, references=references, progress=bool(progress), clusters=clusters,
-             check_studies=None if check_studies is None else int(check_studies))
+                               variations=variations, checks=checks, check_studies=check_studies))
+    s.update(backend=backend, references=references, progress=bool(progress), clusters=clusters)
     lab = get_labeler(s["labeler"])
     other = get_labeler("clinical" if getattr(lab, "profile", "chexpert") == "chexpert" else "chexpert")
     st = require_columns(studies, ["study_id"], "studies").assign(study_id=lambda d: d["study_id"].astype(str))
@@ -576,9 +576,8 @@ def verdict(studies,                                    # studies: study_id, fin
     configs = list(dict.fromkeys(g["config"]))
     if len(configs) < 2: raise InputError("verdict: needs at least two configurations to compare")
     chosen = _chosen_pairs(configs, pairs)
-    if chosen is not None:
-        keep = {c for p in chosen for c in p}
-        g, g_all = g[g["config"].isin(keep)], g_all[g_all["config"].isin(keep)]
+    keep = set(configs) if chosen is None else {c for p in chosen for c in p}
+    g, g_all = g[g["config"].isin(keep)], g_all[g_all["config"].isin(keep)]
     s["cluster_map"] = _cluster_map(st, g, clusters)
     n_pairs = len(chosen) if chosen is not None else len(set(g["config"])) * (len(set(g["config"])) - 1) // 2
     s["reps"] = _resolved_reps(s["reps"], n_pairs * len(metrics), s["size"])
@@ -595,10 +594,9 @@ def verdict(studies,                                    # studies: study_id, fin
     done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]
     params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
     params.update(clusters=clusters, check_studies=s["check_studies"], labeler=lab.source, other_labeler=other.source,
-                  references=ctx["ref_gaps"][1],
-                  longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
-                  max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct),
-                  seconds=round(time.perf_counter() - t0, 1), warnings=caught)
+                  references=ctx["ref_gaps"][1], longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob,
+                  min_unique_ratio=min_unique_ratio, max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate,
+                  min_distinct=int(min_distinct), seconds=round(time.perf_counter() - t0, 1), warnings=caught)
     _say(s["progress"], t0, "done")
     return Verdict(pd.DataFrame([row for row, _ in done]), pd.DataFrame([e for _, ev in done for e in ev]), params)
 
