@@ -967,6 +967,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                                                                     'cxr_audit/label_audit.py'),
                                        'cxr_audit.label_audit._counts_rows': ('label_audit.html#_counts_rows', 'cxr_audit/label_audit.py'),
                                        'cxr_audit.label_audit._entry_keys': ('label_audit.html#_entry_keys', 'cxr_audit/label_audit.py'),
+                                       'cxr_audit.label_audit._given_alignment': ( 'label_audit.html#_given_alignment',
+                                                                                   'cxr_audit/label_audit.py'),
                                        'cxr_audit.label_audit._labels_from_csv': ( 'label_audit.html#_labels_from_csv',
                                                                                    'cxr_audit/label_audit.py'),
                                        'cxr_audit.label_audit._match': ('label_audit.html#_match', 'cxr_audit/label_audit.py'),

@@ -397,10 +397,10 @@ def _labeler_words(lab) -> str:
     return f"the offline rule-based labeler (`cxr_audit.labels`, labels `{lab.source}`: {how}{quirks}; no LLM)"
 
 # %% ../nbs/14_audit.ipynb #3f774a82
-def _swap_blocks(ctx: AuditContext, lab) -> list:
+def _swap_blocks(ctx: AuditContext, lab, aligned: dict) -> list:
     "The labeler swap: each run's micro-F1 under the audit's labeler and the other packaged readings, ranked."
     names = [lab] + [n for n in SWAP_LABELERS if get_labeler(n) is not lab]
-    swap = labeler_swap(ctx.studies, ctx.generations, names)
+    swap = labeler_swap(ctx.studies, ctx.generations, names, aligned=aligned)
     cells = swap.assign(cell=[f"{f:.3f} ({r})" for f, r in zip(swap.micro_f1, swap["rank"])])
     table = cells.pivot(index="system", columns="labeler", values="cell")[list(pd.unique(swap.labeler))].reset_index()
     return ["**Labeler swap.** The same runs scored again under other readings of the reports (micro-F1 over the 14 "
@@ -439,7 +439,9 @@ def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameter
                      f"without {', '.join(audit.exclude)}), under each labeler (a descriptive check, outside any Holm "
                      "family):",
                      audit.exclusion[_LABEL_EXCLUSION_COLUMNS]]
-    blocks += _swap_blocks(ctx, lab)
+    aligned = {lab.source: al}   # the swap reuses this alignment; the audit's other tables go before it labels
+    del audit, naive, al
+    blocks += _swap_blocks(ctx, lab, aligned)
     return Section("Labels and traceability", blocks, note="Labels are proxies: check what drives them before trusting "
                                                            "a label-based score.")
 

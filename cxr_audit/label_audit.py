@@ -850,11 +850,20 @@ def save(self: LabelAudit,
 # %% ../nbs/06b_label_audit.ipynb #c94b1722
 SWAP_LABELERS = ("chexpert", "clinical", "chexpert+quirks")   # the default readings of `labeler_swap`
 
+def _given_alignment(aligned: Mapping | None, source: str, labels, uncertain_positive: bool):
+    "The alignment given for this labeler (checked to score the same labels the same way), else None."
+    al = (aligned or {}).get(source)
+    if al is not None and (tuple(al.labels) != tuple(labels) or bool(al.uncertain_positive) != bool(uncertain_positive)):
+        raise InputError(f"labeler_swap: the alignment given for {source!r} scores labels {list(al.labels)} with "
+                         f"{al.convention}; the swap asks for {list(labels)} with {uncertain_note(uncertain_positive)}")
+    return al
+
 def labeler_swap(studies,                              # `studies` (findings/impression, or text)
                  generations,                          # the generations table
                  labelers: Sequence = SWAP_LABELERS,   # labelers, or names/paths `get_labeler` reads
                  labels: Sequence[str] = CHEXPERT_14,  # observations scored
-                 uncertain_positive: bool = UNCERTAIN_POSITIVE # count uncertain (-1) as positive
+                 uncertain_positive: bool = UNCERTAIN_POSITIVE, # count uncertain (-1) as positive
+                 aligned: Mapping | None = None        # labeler source -> its `align_labels` made before on these tables
                 ) -> pd.DataFrame:
     "Micro-F1 of every run under each labeler (point estimates) and its rank there (1: best)."
     g, refs = to_generations(generations), reference_texts(studies)
@@ -862,8 +871,10 @@ def labeler_swap(studies,                              # `studies` (findings/imp
     rows = []
     for spec in labelers:
         lab = get_labeler(spec)
-        al = align_labels(label_reports(refs, labeler=lab), label_generations(g, lab), labels, uncertain_positive,
-                          case_map=g[["sample_id", "study_id"]])
+        al = _given_alignment(aligned, getattr(lab, "source", str(spec)), labels, uncertain_positive)
+        if al is None:   # not given: the reports are labeled here
+            al = align_labels(label_reports(refs, labeler=lab), label_generations(g, lab), labels, uncertain_positive,
+                              case_map=g[["sample_id", "study_id"]])
         c = al.per_label().groupby("system", sort=False)[["tp", "fp", "fn"]].sum()
         f1 = (2 * c.tp / (2 * c.tp + c.fp + c.fn).where(2 * c.tp + c.fp + c.fn > 0)).rename("micro_f1")
         rows.append(f1.reset_index().assign(labeler=getattr(lab, "source", str(spec)), convention=al.convention))
