@@ -853,7 +853,8 @@ SWAP_LABELERS = ("chexpert", "clinical", "chexpert+quirks")   # the default read
 def _given_alignment(aligned: Mapping | None, source: str, labels, uncertain_positive: bool):
     "The alignment given for this labeler (checked to score the same labels the same way), else None."
     al = (aligned or {}).get(source)
-    if al is not None and (tuple(al.labels) != tuple(labels) or bool(al.uncertain_positive) != bool(uncertain_positive)):
+    same = al is None or (tuple(al.labels) == tuple(labels) and bool(al.uncertain_positive) == bool(uncertain_positive))
+    if not same:
         raise InputError(f"labeler_swap: the alignment given for {source!r} scores labels {list(al.labels)} with "
                          f"{al.convention}; the swap asks for {list(labels)} with {uncertain_note(uncertain_positive)}")
     return al
@@ -863,7 +864,7 @@ def labeler_swap(studies,                              # `studies` (findings/imp
                  labelers: Sequence = SWAP_LABELERS,   # labelers, or names/paths `get_labeler` reads
                  labels: Sequence[str] = CHEXPERT_14,  # observations scored
                  uncertain_positive: bool = UNCERTAIN_POSITIVE, # count uncertain (-1) as positive
-                 aligned: Mapping | None = None        # labeler source -> its `align_labels` made before on these tables
+                 aligned: Mapping | None = None        # labeler source -> its `align_labels` made on these tables
                 ) -> pd.DataFrame:
     "Micro-F1 of every run under each labeler (point estimates) and its rank there (1: best)."
     g, refs = to_generations(generations), reference_texts(studies)
