@@ -14,6 +14,7 @@ import subprocess
 import re
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from .reref_sensitivity import reference_sensitivity
 from .longitudinal_eval import progression_evaluation
 from .generate import plot_policy_summary, policy_summary
 from .metrics import get_metric, prefetch_meteor, start_meteor
-from .evaluator import score_systems
+from .evaluator import score_systems, study_section
 from .review import simulate_review
 
 # %% auto #0
@@ -880,10 +881,13 @@ def run_stages(names: Sequence[str], # stage names, in report order
                ctx: AuditContext,    # the run
                colors: dict,         # system colours (`core.system_colors`)
                pool,                 # where charts are drawn (`core.shared_chart_pool`)
-               workers: int = 1      # 2: `SIDE_STAGES` run in a second process meanwhile
+               workers: int = 1,     # 2: `SIDE_STAGES` run in a second process meanwhile
+               ready: Callable[[], object] | None = None # called once the tables are final (after `TABLE_STAGES`)
               ) -> tuple[list[Section], dict]:
     "Every stage's section in `names` order, and `id(chart) -> future SVG` of their charts."
     side, cut = _side_plan(names, workers)
+    final = max((i for i, n in enumerate(names) if n in TABLE_STAGES), default=-1)
+    if ready is not None and final < 0: ready()
     out, drawn = [None] * len(names), {}
     def keep(i, sec):
         # drawn while the rest runs
@@ -895,6 +899,7 @@ def run_stages(names: Sequence[str], # stage names, in report order
             for i in _main_order(names, cut):
                 n = names[i]
                 if i not in side: keep(i, run_stage(n, ctx))
+                if ready is not None and i == final: ready()
                 # the tables are final from here on
                 if side and i == cut: helper.send([names[j] for j in side], ctx, colors)
             secs = helper.result() if side else []
@@ -905,13 +910,24 @@ def run_stages(names: Sequence[str], # stage names, in report order
 
 # %% ../nbs/14_audit.ipynb #9a088e64
 def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):
-    "Start the METEOR jar with the paraphrases of every report's words; score the reports on their findings meanwhile."
+    "Start the METEOR jar with the paraphrases of every report's words: it loads while the first stages run."
     start_meteor(texts=[*g["hypothesis"], *(x for c in ("findings", "impression") if c in s.columns for x in s[c])])
-    first = s.drop_duplicates("study_id")
-    ref = pd.Series(first["findings"].to_numpy() if "findings" in first else "",
-                    index=first["study_id"].astype(str).to_numpy())
-    # the metrics stage finds them scored
-    prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())
+
+def _meteor_pairs_ahead(ctx: AuditContext, names: Sequence[str]) -> threading.Thread:
+    "Score in the background the METEOR pairs of the final tables: the reference section, then the verdict's other."
+    sections = [ctx.ref_section] + (["both" if ctx.ref_section != "both" else "findings"] if "verdict" in names
+                                    else [])
+    first, g = ctx.studies.drop_duplicates("study_id"), ctx.generations
+    def work():
+        # one section after the other: a stage asking for the first never waits for the second
+        for section in sections:
+            ref = pd.Series([study_section(r, section) for r in first.to_dict("records")],
+                            index=first["study_id"].astype(str).to_numpy())   # the text the scorers read
+            th = prefetch_meteor(g["study_id"].astype(str).map(ref).tolist(), g["hypothesis"].tolist())
+            if th is None: return
+            th.join()
+    th = threading.Thread(target=work, name="meteor-ahead", daemon=True); th.start()
+    return th
 
 def _check_choices(ctx: AuditContext):
     "The reference section and baseline asked for exist (checked before any stage runs)."
@@ -970,10 +986,12 @@ def run_audit(studies,                              # a `studies` table
     if progress or (progress is None and sys.stderr.isatty()):
         ctx.params["_progress"] = {n: (k, len(names)) for k, n in enumerate(names, 1)}
     # the jar and its answers, beside the first stages
-    if "metrics" in names and "meteor" in _REPORT_METRICS: _meteor_ahead(s, g)
+    meteor = "meteor" in _REPORT_METRICS and ("metrics" in names or "verdict" in names)
+    if meteor: _meteor_ahead(s, g)
     colors = system_colors(config_label(g.system, g.policy))                  # one colour per system, in every chart
     with use_system_colors(colors):                   # charts drawn in another process, kept for the next audit
-        sections, drawn = run_stages(names, ctx, colors, shared_chart_pool(), audit_workers(workers))
+        sections, drawn = run_stages(names, ctx, colors, shared_chart_pool(), audit_workers(workers),
+                                     ready=(lambda: _meteor_pairs_ahead(ctx, names)) if meteor else None)
     ctx.params.pop("_progress", None)
     path = out / "report.html"
     path.write_text(render_report(sections, title=title, synthetic=ctx.synthetic, params=ctx.params, drawn=drawn,

@@ -69,10 +69,19 @@ def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
     tp, fp, fn = (R & H).sum(), (~R & H).sum(), (R & ~H).sum()
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn else float("nan")
 
+def _label_states(lab, texts: Sequence[str], labels: Sequence[str], cache: dict) -> np.ndarray:
+    "Binary states of `texts`, each distinct text labeled once per labeler and label list over all calls with `cache`."
+    memo, texts = cache.setdefault((id(lab), tuple(labels)), {}), list(texts)
+    new = list(dict.fromkeys(t for t in texts if t not in memo))
+    if new: memo.update(zip(new, label_state_matrix(new, lab, labels)))
+    rows = np.array([memo[t] for t in texts], dtype=float).reshape(len(texts), len(labels))
+    return to_binary(rows).astype(bool)
+
 def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str],
-                labeler, other) -> dict:
+                labeler, other, cache: dict | None = None) -> dict:
     "Micro-F1 gap first − second under `labeler`, under `other`, and without the first's top true-positive label."
-    def states(lab, texts): return to_binary(label_state_matrix(list(texts), lab, labels)).astype(bool)
+    cache = {} if cache is None else cache   # the verdict's: references and each configuration labeled once
+    def states(lab, texts): return _label_states(lab, texts, labels, cache)
     R, A, B = states(labeler, refs), states(labeler, first), states(labeler, second)
     tp = (R & A).sum(0)
     top = int(np.argmax(tp)) if tp.sum() else None
@@ -314,7 +323,8 @@ def _check_labels(r, ctx: dict) -> tuple[str, str]:
     a, b = ctx["texts"][r.first], ctx["texts"][r.second]
     units = a.index.intersection(b.index)
     lg = _label_gaps(a.loc[units, "reference"], a.loc[units, "hypothesis"].fillna(""),
-                     b.loc[units, "hypothesis"].fillna(""), LABEL_METRICS[r.metric], ctx["lab"], ctx["other"])
+                     b.loc[units, "hypothesis"].fillna(""), LABEL_METRICS[r.metric], ctx["lab"], ctx["other"],
+                     ctx.setdefault("label_states", {}))
     parts = [f"under `{ctx['other'].source}` the gap is {_gap(lg['gap_other'])}"]
     if lg["top_label"] is not None:
         nf = "" if lg["top_label"] == "No Finding" else f" ({lg['no_finding_share']:.0%} No Finding)"

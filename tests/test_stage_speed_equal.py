@@ -96,3 +96,28 @@ def test_labeler_reads_each_distinct_text_once_and_copies_its_rows(demo, monkeyp
     same = lambda df: df.astype(object).where(df.notna(), None)   # a text alone may give an all-missing object column
     pd.testing.assert_frame_equal(same(together), same(alone))
     assert together["text_id"].tolist() == alone["text_id"].tolist()
+
+
+@pytest.mark.skipif(__import__("shutil").which("java") is None, reason="METEOR needs Java on PATH")
+def test_the_audits_meteor_pairs_ahead_are_the_pairs_the_metrics_and_the_verdict_ask(demo, monkeypatch):
+    """Once the tables are final the audit scores, in the background, every METEOR pair of the report's reference
+    section and then of the verdict's other section: the scorers that follow find them all and ask the jar for none
+    (a spy on the real jar's input)."""
+    from cxr_audit import meteor
+    from cxr_audit.audit import AuditContext, _meteor_pairs_ahead, check_pair
+    from cxr_audit.evaluator import score_systems
+    s, g = check_pair(demo.studies, demo.generations, ("studies", "generations"), notes=[])
+    ctx = AuditContext(s, g, {}, {"seed": 0})
+    meteor.close_meteor(); meteor._METEOR_ANSWERS.clear()
+    _meteor_pairs_ahead(ctx, ["metrics", "verdict"]).join()
+    kept = sum(len(m) for m in meteor._METEOR_ANSWERS.values())
+    asked, real_ask = [], meteor._MeteorJar.ask
+    def counting_ask(self, lines, *args, **kwargs):
+        asked.extend(line for line in lines if line.startswith("SCORE"))
+        return real_ask(self, lines, *args, **kwargs)
+    monkeypatch.setattr(meteor._MeteorJar, "ask", counting_ask)
+    for section in ("findings", "both"):   # the metrics stage's section, then the verdict's section check
+        res = score_systems(g, s, ["meteor"], reps=0, ref_section=section, by=("system", "policy"), clusters=None)
+        assert res.estimates["estimate"].notna().all()
+    assert asked == [] and kept > len(g)   # two sections' pairs, none asked again
+    meteor.close_meteor()
