@@ -1075,6 +1075,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.labels._read_labeled_csv': ('labels.html#_read_labeled_csv', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._resource': ('labels.html#_resource', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._row_hash': ('labels.html#_row_hash', 'cxr_audit/labels.py'),
+                                  'cxr_audit.labels._row_hashes': ('labels.html#_row_hashes', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._set_kind': ('labels.html#_set_kind', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._share_flag': ('labels.html#_share_flag', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._split': ('labels.html#_split', 'cxr_audit/labels.py'),

@@ -956,9 +956,18 @@ def _trace_rows(labels: pd.DataFrame, texts: dict, ref: Labeler) -> pd.DataFrame
                                                       st in zip(ids, states) if st == 1.0 and str(t) in texts}}
     df["with_term"] = [l in found[str(t)] if st == 1.0 and str(t) in texts else None           # each text read once
                        for t, l, st in zip(ids, labs, states)]
-    hashed = [c for c in _HASHED if c in df.columns]
-    df["row_sha256"] = [_row_hash(dict(zip(hashed, row))) for row in zip(*[_values(df[c]) for c in hashed])]
+    del ids, labs, states, evs, ev_sents, sents, phrases, found   # a large audit's lists go before the hashes
+    seen.clear()
+    df["row_sha256"] = _row_hashes(df)
     return df
+
+def _row_hashes(df: pd.DataFrame, chunk: int = 65_536) -> list[str]:
+    "`_row_hash` of every row, read a chunk of rows at a time (the hashed columns are never all Python lists at once)."
+    hashed, out = [c for c in _HASHED if c in df.columns], []
+    for i in range(0, len(df), chunk):
+        part = df.iloc[i:i + chunk]
+        out += [_row_hash(dict(zip(hashed, row))) for row in zip(*[_values(part[c]) for c in hashed])]
+    return out
 
 # %% ../nbs/06_labels.ipynb #b5aeaf18
 def _phrase_counts(rows: pd.DataFrame, group: list, key: str) -> pd.DataFrame:
