@@ -2986,7 +2986,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                    'cxr_audit.verdict._gap': ('verdict.html#_gap', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._kept': ('verdict.html#_kept', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._label_gaps': ('verdict.html#_label_gaps', 'cxr_audit/verdict.py'),
-                                   'cxr_audit.verdict._label_states': ('verdict.html#_label_states', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._longitudinal_gaps': ('verdict.html#_longitudinal_gaps', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._metric_name': ('verdict.html#_metric_name', 'cxr_audit/verdict.py'),
                                    'cxr_audit.verdict._micro_f1': ('verdict.html#_micro_f1', 'cxr_audit/verdict.py'),

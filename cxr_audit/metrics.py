@@ -497,9 +497,13 @@ class Meteor(MetricBase):
     def __repr__(self): return f"Meteor(tokenize={self.tokenize!r})"
 
 # %% ../nbs/07a_metrics.ipynb #5c0b7bac
-def label_state_matrix(texts: Sequence[str], labeler, labels: Sequence[str]) -> np.ndarray:
-    "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once."
-    seen: dict[str, np.ndarray] = {}
+def label_state_matrix(texts: Sequence[str],          # report texts
+                       labeler,                       # a labeler (`labels.get_labeler`)
+                       labels: Sequence[str],         # the columns, in order
+                       memo: dict | None = None       # text -> states kept across calls (same labeler and labels)
+                      ) -> np.ndarray:
+    "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once (once per `memo`)."
+    seen: dict[str, np.ndarray] = {} if memo is None else memo
     if hasattr(labeler, "require"): labeler.require(texts)  # labels read from a file: name every missing text up front
     for t in texts:
         if t not in seen:

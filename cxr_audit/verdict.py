@@ -69,19 +69,13 @@ def _micro_f1(R: np.ndarray, H: np.ndarray) -> float:
     tp, fp, fn = (R & H).sum(), (~R & H).sum(), (R & ~H).sum()
     return float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn else float("nan")
 
-def _label_states(lab, texts: Sequence[str], labels: Sequence[str], cache: dict) -> np.ndarray:
-    "Binary states of `texts`, each distinct text labeled once per labeler and label list over all calls with `cache`."
-    memo, texts = cache.setdefault((id(lab), tuple(labels)), {}), list(texts)
-    new = list(dict.fromkeys(t for t in texts if t not in memo))
-    if new: memo.update(zip(new, label_state_matrix(new, lab, labels)))
-    rows = np.array([memo[t] for t in texts], dtype=float).reshape(len(texts), len(labels))
-    return to_binary(rows).astype(bool)
-
 def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str], labels: Sequence[str],
                 labeler, other, cache: dict | None = None) -> dict:
     "Micro-F1 gap first − second under `labeler`, under `other`, and without the first's top true-positive label."
     cache = {} if cache is None else cache   # the verdict's: references and each configuration labeled once
-    def states(lab, texts): return _label_states(lab, texts, labels, cache)
+    def states(lab, texts):   # each distinct text labeled once per labeler over all calls with `cache`
+        memo = cache.setdefault((id(lab), tuple(labels)), {})
+        return to_binary(label_state_matrix(list(texts), lab, labels, memo)).astype(bool)
     R, A, B = states(labeler, refs), states(labeler, first), states(labeler, second)
     tp = (R & A).sum(0)
     top = int(np.argmax(tp)) if tp.sum() else None
@@ -199,7 +193,7 @@ def _check_sample(g: pd.DataFrame, st: pd.DataFrame, s: dict,
     order = np.random.default_rng(s["seed"]).permutation(np.array(sorted(unit.unique()), dtype=object))
     fits = np.cumsum(unit.value_counts().reindex(order).to_numpy()) <= cap
     kept = ids[unit.isin(set(order[:max(1, int(fits.sum()))]))]   # whole clusters, the first that fit in turn
-    whole = f"whole `{s['clusters']}` clusters" if s["cluster_map"] is not None else "studies"
+    whole = f"whole `{s['clusters']}` clusters" if s["cluster_map"] is not None else "single studies"
     return (g[g["study_id"].isin(kept)], st[st["study_id"].isin(kept)],
             f"a sample of {len(kept):,} of {n:,} studies ({whole}, seed {s['seed']}; `check_studies` {cap:,})")
 
