@@ -915,8 +915,10 @@ def _meteor_ahead(s: pd.DataFrame, g: pd.DataFrame):
 
 def _meteor_pairs_ahead(ctx: AuditContext, names: Sequence[str]) -> threading.Thread:
     "Score in the background the METEOR pairs of the final tables: the reference section, then the verdict's other."
+    cap = ctx.params.get("check_studies", CHECK_STUDIES)   # above it the verdict scores the other section on a sample
+    whole = cap is None or ctx.generations["study_id"].nunique() <= cap
     sections = [ctx.ref_section] + (["both" if ctx.ref_section != "both" else "findings"] if "verdict" in names
-                                    else [])
+                                    and whole else [])
     first, g = ctx.studies.drop_duplicates("study_id"), ctx.generations
     def work():
         # one section after the other: a stage asking for the first never waits for the second
@@ -1015,7 +1017,7 @@ def run_demo(out_dir,                    # output folder
              seed: int = DEFAULT_SEED,   # seed of the corpus and of every resample
              reps: int | None = None,    # resamples in every stage (None: each stage's default)
              workers: int | None = None, # processes running the stages (see `audit_workers`)
-             check_studies: int | None = CHECK_STUDIES # verdict's rewriting checks: a sample this large (None: all)
+             check_studies: int | None = CHECK_STUDIES # verdict's section, rewriting checks: a sample (None: all)
             ) -> dict[str, Path]:
     "Build the synthetic demo corpus, write its tables, manifest and `report.html` into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)

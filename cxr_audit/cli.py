@@ -127,7 +127,7 @@ def demo(out: str = "demo_out",       # output folder
          seed: int = DEFAULT_SEED,    # seed of the synthetic corpus and of every resample
          reps: int | None = None,     # resamples in every stage (None: each stage's own default)
          workers: int | None = None,  # processes running the stages
-         check_studies: int | None = None # verdict's rewriting checks: a sample this large (default 2,000; 0: all)
+         check_studies: int | None = None # verdict's section, rewriting checks: a sample (default 2,000; 0: all)
         ) -> str:
     "Build the synthetic demo corpus and write the full audit report (offline)."
     from cxr_audit.audit import run_demo
@@ -148,7 +148,7 @@ def audit(*, studies: str,                  # studies table (.csv/.parquet)
           reference_section: Literal["findings", "impression", "both"] = "findings", # the section every metric scores
           baseline: str | None = None,       # system+policy the others are compared with (default: first)
           workers: int | None = None,        # processes running the stages
-          check_studies: int | None = None   # verdict's rewriting checks: a sample this large (default 2,000; 0: all)
+          check_studies: int | None = None   # verdict's section, rewriting checks: a sample (default 2,000; 0: all)
          ) -> str:
     "Run the audit on your studies and generations tables and write report.html."
     from cxr_audit.audit import run_audit

@@ -331,7 +331,8 @@ def _check_section(r, ctx: dict) -> tuple[str, str]:
     "The lead keeps its sign with the other reference section (`both`, or `findings` when `both` was scored)."
     moved = ctx["est"].get((r.metric, r.first), np.nan) - ctx["est"].get((r.metric, r.second), np.nan)
     if not np.isfinite(moved): return "not run: no estimate with the other section", ""
-    return ("pass" if moved > 0 else "fail"), f"with the reference `{ctx['alt_section']}` the gap is {_gap(moved)}"
+    on = f" on {ctx['alt_drawn']}" if ctx.get("alt_drawn") else ""
+    return ("pass" if moved > 0 else "fail"), f"with the reference `{ctx['alt_section']}` the gap is {_gap(moved)}{on}"
 
 def _reversals(frame: pd.DataFrame, r, label: str) -> tuple[str, str]:
     "pass / fail on the significant reversals of `first − second` among the rows of `frame` (one per condition)."
@@ -403,8 +404,9 @@ class Verdict:
         return (f"`holds`: significant after Holm over all {len(self.table)} comparisons (p_holm < {1 - p['size']:g}) "
                 "and every check that ran passes; `fragile`: significant, but a check fails; `not shown`: not "
                 f"significant. {p['reps']:,} paired resamples of {p['clusters'] or 'studies'} (seed {p['seed']}); "
-                f"references: `{p['ref_section']}`; labels: `{p['labeler']}` (swap: `{p['other_labeler']}`); reference "
-                f"rewrites: {p['references']}; longitudinal: {p['longitudinal']}; a reversal counts when "
+                f"references: `{p['ref_section']}` (section check: {p.get('other_section', 'not recorded')}); "
+                f"labels: `{p['labeler']}` (swap: `{p['other_labeler']}`); reference rewrites: {p['references']}; "
+                f"longitudinal: {p['longitudinal']}; a reversal counts when "
                 f"significant by the `{p['rule']}` rule" + (f"; settings of preset {p['preset']}" if p.get("preset")
                                                             else "") + ".")
     def headline(self) -> str:
@@ -508,15 +510,15 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     _say(p, t0, "concentration of each configuration's reports")
     ctx["conc"] = audit_concentration(g.assign(system=g["config"], policy="-"), reps=1).summary().set_index("system")
     alt = "both" if s["ref_section"] != "both" else "findings"
+    gs, sts, drawn = _check_sample(g, st, s)   # the studies the section and both rewriting checks read
+    if drawn: _say(p, t0, f"the section, references and longitudinal checks read {drawn}")
     _say(p, t0, f"scores with the reference section `{alt}`")
-    other, _ = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=0, ref_section=alt,
+    other, _ = _quiet(score_systems, _by_config(gs), sts, list(scored.values()), reps=0, ref_section=alt,
                       by=("system",), clusters=None)
-    ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt)
+    ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt, alt_drawn=drawn)
     ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()),
                                    s["ref_section"]) if "stability" in s["checks"] else None
     ctx["ref_gaps"], ctx["long_gaps"], refs = (None, NOT_ASKED), (None, NOT_ASKED), None
-    gs, sts, drawn = _check_sample(g, st, s)   # the studies both rewriting checks read
-    if drawn: _say(p, t0, f"the references and longitudinal checks read {drawn}")
     if "references" in s["checks"]:
         _say(p, t0, f"references rewritten by {'the rules' if s['backend'] is None else 'the chat back end'}")
         if s["references"] is None: gr, sr, rdrawn, refs = gs, sts, drawn, _rewrites(sts, s)
@@ -558,7 +560,7 @@ def verdict(studies,                                    # studies: study_id, fin
             references=None,                            # rewrites made before (`RewriteRun` or its table)
             variations=None,                            # `reref.resolve_variants` names (None: preset, the 12)
             checks: Sequence[str] = CHECKS,             # the checks to run (others: "not run: not asked for")
-            check_studies: int | None = CHECK_STUDIES,  # references, longitudinal: a sample this large (None: all)
+            check_studies: int | None = CHECK_STUDIES,  # section, rewriting checks: a sample this big (None: all)
             rule: str | None = None,                    # significant reversal: "holm" or "ci" (None: preset)
             min_win_prob: float = 0.95,                 # stability: the leader's least share of resamples won
             min_unique_ratio: float = 0.5,              # concentration: fewer distinct reports per study
@@ -599,6 +601,7 @@ def verdict(studies,                                    # studies: study_id, fin
     params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
     params.update(clusters=clusters, check_studies=s["check_studies"], labeler=lab.source, other_labeler=other.source,
                   references=ctx["ref_gaps"][1], longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob,
+                  other_section=f"`{ctx['alt_section']}`" + (f" on {ctx['alt_drawn']}" if ctx["alt_drawn"] else ""),
                   min_unique_ratio=min_unique_ratio, max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate,
                   min_distinct=int(min_distinct), seconds=round(time.perf_counter() - t0, 1), warnings=caught)
     _say(s["progress"], t0, "done")
