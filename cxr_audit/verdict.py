@@ -515,7 +515,8 @@ def _context(g_all, g, st, scored: dict, chosen, s: dict, t0: float) -> dict:
     _say(p, t0, f"scores with the reference section `{alt}`")
     other, _ = _quiet(score_systems, _by_config(gs), sts, list(scored.values()), reps=0, ref_section=alt,
                       by=("system",), clusters=None)
-    ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt, alt_drawn=drawn)
+    ctx.update(est=other.estimates.set_index(["metric", "config"])["estimate"], alt_section=alt, alt_drawn=drawn,
+               alt_said=f"`{alt}`" + (f" on {drawn}" if drawn else ""))
     ctx["seeds"] = _seed_estimates(g_all, st, list(scored.values()),
                                    s["ref_section"]) if "stability" in s["checks"] else None
     ctx["ref_gaps"], ctx["long_gaps"], refs = (None, NOT_ASKED), (None, NOT_ASKED), None
@@ -593,17 +594,16 @@ def verdict(studies,                                    # studies: study_id, fin
     res, caught = _quiet(score_systems, _by_config(g), st, list(scored.values()), reps=s["reps"], seed=s["seed"],
                          ref_section=s["ref_section"], by=("system",), clusters=clusters, size=s["size"])
     ctx = _context(g_all, g, st, scored, chosen, s, t0)
+    th = dict(min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio, max_top5_share=max_top5_share,
+              max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct))   # the checks' thresholds
     ctx.update({k: s[k] for k in ("reps", "seed", "size", "ref_section", "checks")}, lab=lab, other=other,
-               patients=s["cluster_map"], min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio,
-               max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct))
+               patients=s["cluster_map"], **th)
     _say(s["progress"], t0, "checks of each comparison")
     done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]
     params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
     params.update(clusters=clusters, check_studies=s["check_studies"], labeler=lab.source, other_labeler=other.source,
-                  references=ctx["ref_gaps"][1], longitudinal=ctx["long_gaps"][1], min_win_prob=min_win_prob,
-                  other_section=f"`{ctx['alt_section']}`" + (f" on {ctx['alt_drawn']}" if ctx["alt_drawn"] else ""),
-                  min_unique_ratio=min_unique_ratio, max_top5_share=max_top5_share, max_prefix_rate=max_prefix_rate,
-                  min_distinct=int(min_distinct), seconds=round(time.perf_counter() - t0, 1), warnings=caught)
+                  references=ctx["ref_gaps"][1], longitudinal=ctx["long_gaps"][1], **th, other_section=ctx["alt_said"],
+                  seconds=round(time.perf_counter() - t0, 1), warnings=caught)
     _say(s["progress"], t0, "done")
     return Verdict(pd.DataFrame([row for row, _ in done]), pd.DataFrame([e for _, ev in done for e in ev]), params)
 
