@@ -759,11 +759,15 @@ def _scores_table(stats: dict, meta: list, units: list) -> pd.DataFrame:
     return df[["sample_id", "config", "metric", *stat, "value"]]
 
 # %% ../nbs/12_evaluator.ipynb #6cd71caa
+def _text_flags(texts: pd.Series) -> list[str]:
+    "`corpus.text_flag` of each text, computed once per distinct text (a missing one is empty)."
+    codes, distinct = pd.factorize(texts)
+    return np.array([text_flag(t) for t in distinct] + ["empty"], dtype=object)[codes].tolist()
+
 def _flagged(by_cfg: dict, cfgs: list, order: list, keep: bool) -> pd.DataFrame:
     "Empty or mask-only references (per unit) and generations (per configuration); `excluded`: the unit is left out."
-    first = by_cfg[cfgs[0]]
-    rows = [(u, None, "reference", text_flag(first.at[u, "_ref"])) for u in order]
-    rows += [(u, c, "hypothesis", text_flag(by_cfg[c].at[u, "_hyp"])) for c in cfgs for u in order]
+    rows = [(u, None, "reference", f) for u, f in zip(order, _text_flags(by_cfg[cfgs[0]].loc[order, "_ref"]))]
+    rows += [(u, c, "hypothesis", f) for c in cfgs for u, f in zip(order, _text_flags(by_cfg[c].loc[order, "_hyp"]))]
     df = pd.DataFrame([r for r in rows if r[3]], columns=["sample_id", "config", "text", "reason"])
     out = df.loc[(df["text"] == "reference") & ((df["reason"] == "empty") | (not keep)), "sample_id"]
     return df.assign(excluded=df["sample_id"].isin(out))

@@ -91,6 +91,14 @@ def _label_gaps(refs: Sequence[str], first: Sequence[str], second: Sequence[str]
 
 
 # %% ../nbs/13a_verdict.ipynb #61a3bbd0
+def _joined(frame: pd.DataFrame, sep: str) -> pd.Series:
+    "Each row's values (as text) joined by `sep`: `frame.astype(str).agg(sep.join, axis=1)`, a column at a time."
+    t = frame.astype(str)
+    if not len(t.columns) or t.isna().any().any(): return t.agg(sep.join, axis=1)   # its own result (or error)
+    out = t.iloc[:, 0]
+    for c in t.columns[1:]: out = out + sep + t[c]
+    return out.rename(None)
+
 def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     "Every generated report with its configuration (`config`) and reference (`reference`), and the first seed of each."
     g = to_generations(generations)
@@ -99,9 +107,9 @@ def _prepared(generations, studies, ref_section: str, by: Sequence[str]) -> tupl
     missing = [c for c in sections if c not in s.columns]
     if missing:
         raise InputError(f"verdict: studies have no {', '.join(missing)} column for ref_section={ref_section!r}")
-    text = s[sections].fillna("").astype(str).agg(" ".join, axis=1).str.strip()
+    text = _joined(s[sections].fillna(""), " ").str.strip()
     g = g[g["study_id"].isin(text.index)]
-    g = g.assign(config=g[list(by)].astype(str).agg("+".join, axis=1), reference=g["study_id"].map(text).to_numpy())
+    g = g.assign(config=_joined(g[list(by)], "+"), reference=g["study_id"].map(text).to_numpy())
     first = g.sort_values("seed", kind="stable") if "seed" in g.columns else g
     return g, first.drop_duplicates(["config", "study_id"]).sort_index()
 
