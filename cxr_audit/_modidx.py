@@ -1061,6 +1061,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '', 'doc_host': '.', 'git_ur
                                   'cxr_audit.labels._flag_table': ('labels.html#_flag_table', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._from_normal_wording': ('labels.html#_from_normal_wording', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._inside': ('labels.html#_inside', 'cxr_audit/labels.py'),
+                                  'cxr_audit.labels._json_list': ('labels.html#_json_list', 'cxr_audit/labels.py'),
+                                  'cxr_audit.labels._json_scalar': ('labels.html#_json_scalar', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._locate': ('labels.html#_locate', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._lower': ('labels.html#_lower', 'cxr_audit/labels.py'),
                                   'cxr_audit.labels._merged': ('labels.html#_merged', 'cxr_audit/labels.py'),

@@ -901,11 +901,31 @@ def _values(col: pd.Series) -> list:
     return col.tolist() if isinstance(col.dtype, pd.StringDtype) else list(col)
 
 # %% ../nbs/06_labels.ipynb #ea605a5e
+_JSON_STR = json.encoder.encode_basestring   # what `json.dumps(..., ensure_ascii=False)` writes for a string
+
+def _json_scalar(v) -> str | None:
+    "The JSON `json.dumps` writes for a None, str, int or float (None for any other type)."
+    t = type(v)
+    if v is None: return "null"
+    if t is str: return _JSON_STR(v)
+    if t is int: return int.__repr__(v)
+    if t is float:
+        if v != v: return "NaN"
+        return "Infinity" if v == float("inf") else "-Infinity" if v == float("-inf") else float.__repr__(v)
+    return None
+
+def _json_list(vals: list) -> str:
+    "`json.dumps(vals, ensure_ascii=False, default=str)`, written directly for a list of plain scalars."
+    parts = [_json_scalar(v) for v in vals]
+    if None in parts: return json.dumps(vals, ensure_ascii=False, default=str)   # another type: json's own answer
+    return "[" + ", ".join(parts) + "]"
+
 def _row_hash(r) -> str:
     vals = [str(r["text_id"]), str(r.get("source")), r["label"], None if pd.isna(r["state"]) else float(r["state"]),
             r.get("evidence"), None if pd.isna(r.get("start", None)) else int(r["start"]),
             None if pd.isna(r.get("end", None)) else int(r["end"]), r.get("text_sha256")]
-    return sha256_text(json.dumps(vals, ensure_ascii=False, default=str))
+    return sha256_text(_json_list(vals))
+
 
 # %% ../nbs/06_labels.ipynb #d63000c9
 def _wording_spans(labeler: Labeler, sentence, label: str) -> list[tuple[int, int]]:
