@@ -416,7 +416,7 @@ def labels_stage(ctx: AuditContext # the run: tables, ground truth and parameter
     reps, seed = ctx.reps(200), ctx.seed
     lab = get_labeler(ctx.params.get("labeler"))
     audit = label_audit(ctx.studies, ctx.generations, ctx.extra.get("findings"), reps=reps, seed=seed, labeler=lab,
-                        contrast="naive")
+                        contrast="naive", keep_tables=False)   # its long tables go before the contrast labels
     al, naive = audit.alignment, audit.contrast
     matched = int((al.matching.status == "matched").sum())
     blocks = [f"CheXpert-14 labels from {_labeler_words(lab)} for "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -651,6 +651,7 @@ class LabelAudit:
     clusters: dict | None = None        # study id -> cluster, used by every interval (None: cases are resampled)
     labeler: str = "cxr_audit"          # the `source` of the labeler that produced the labels
     contrast: LabelAudit | None = None  # the same audit under a contrast labeler (e.g. the naive one)
+    tables_kept: bool = True            # False: made with `keep_tables=False` (labels and trace rows left empty)
 
     def _against(self, against: str) -> LabelAlignment:
         if against not in _AGAINST: raise InputError(f"against must be one of {list(_AGAINST)}, got {against!r}")
@@ -762,6 +763,15 @@ def _audit_probes(lab) -> pd.DataFrame:
     if not len(held): return pr.iloc[:0].assign(got=np.nan, ok=False, trigger=False)
     return probe_labeler(lab, held, builtin=False)
 
+def _emptied(df: pd.DataFrame) -> pd.DataFrame:
+    "A table with the columns and dtypes of `df`, no rows, and no memory shared with it."
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in df.dtypes.items()})
+
+def _without_tables(a: LabelAudit) -> LabelAudit:
+    "The audit without its long tables (labels, trace rows): every score, count, flag and chart is made without them."
+    return replace(a, reference_labels=_emptied(a.reference_labels), generated_labels=_emptied(a.generated_labels),
+                   trace=replace(a.trace, rows=_emptied(a.trace.rows)), tables_kept=False)
+
 def label_audit(studies,                                # `studies` (findings/impression, or text)
                 generations,                            # the generations table
                 findings=None,                          # ground truth (study_id, observation, status), e.g. the demo's
@@ -774,7 +784,8 @@ def label_audit(studies,                                # `studies` (findings/im
                 contrast: Labeler | str | None = None,  # also audit a contrast labeler ("naive": see below)
                 pair: Sequence[str] | None = None,      # the two runs of the exclusion sensitivity (`system+policy`)
                 exclude: Sequence[str] = ("Cardiomegaly",), # labels dropped by the exclusion sensitivity
-                size: float = 0.95                      # interval coverage
+                size: float = 0.95,                     # interval coverage
+                keep_tables: bool = True                # False: drop the long tables before the contrast (see below)
                ) -> LabelAudit:
     "Label references and generated reports, align them (and with the ground truth), trace and probe the labeler."
     lab, g, refs = get_labeler(labeler), to_generations(generations), reference_texts(studies)
@@ -791,10 +802,12 @@ def label_audit(studies,                                # `studies` (findings/im
     other = _contrast_labeler(contrast)
     kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair,
               exclude=exclude, size=size)
-    return LabelAudit(ref_lab, gen_lab, al, truth,
-                      trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))), _audit_probes(lab),
-                      pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source,
-                      None if other is None else label_audit(studies, g, labeler=other, **kw))
+    out = LabelAudit(ref_lab, gen_lab, al, truth,
+                     trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))), _audit_probes(lab),
+                     pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source)
+    if not keep_tables: del ref_lab, gen_lab; out = _without_tables(out)   # gone before the contrast labels again
+    return out if other is None else replace(out, contrast=label_audit(studies, g, labeler=other,
+                                                                       keep_tables=keep_tables, **kw))
 
 # %% ../nbs/06b_label_audit.ipynb #60cb87d9
 @patch
@@ -829,6 +842,9 @@ def save(self: LabelAudit,
          inputs: Mapping | None = None  # name -> input file or table, recorded (hashed) in the manifest
         ) -> dict[str, Path]:
     "Write labels, counts, matching, scores, trace, probes (and exclusion) tables, the per-label chart and a manifest."
+    if not self.tables_kept:
+        raise InputError("label audit: made with keep_tables=False, so its labels tables and trace rows were not kept; "
+                         "run label_audit with keep_tables=True to save them")
     out, al = Path(out_dir), self.alignment
     out.mkdir(parents=True, exist_ok=True)
     tables = {"reference_labels.parquet": self.reference_labels, "prediction_labels.parquet": self.generated_labels,
