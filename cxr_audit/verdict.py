@@ -19,10 +19,10 @@ from scipy.sparse.csgraph import connected_components
 
 from .core import (DEFAULT_SEED, IncompleteRunError, InputError, enable_theme, md_table, require_columns,
                             save_chart, write_manifest, write_table)
-from .stats import holm
+from .stats import bootstrap_metrics, holm, holm_family
 from .concentration import audit_concentration
 from .corpus import to_generations
-from .evaluator import score_systems
+from .evaluator import metric_leaves, resolve_metrics, score_systems
 from .labels import CHEXPERT_14, CHEXPERT_5, get_labeler, to_binary
 from .metrics import label_state_matrix, get_metric, prefetch_meteor, start_meteor
 from .reref import ORIGINAL, backend_label, rewrite_table
@@ -287,6 +287,48 @@ def _check_stability(r, ctx: dict) -> tuple[str, str]:
     return ("pass" if r.win_prob >= ctx["min_win_prob"] else "fail"), why
 
 # %% ../nbs/13a_verdict.ipynb #b07b4f0c
+def _pair_stats(r, ctx: dict, two: pd.DataFrame) -> tuple[list, list, dict] | None:
+    "Units, configurations and per-unit statistics of the pair, from the main scoring (None: not exactly those)."
+    main = ctx["main"]
+    names = list(dict.fromkeys(two["config"]))   # the order scoring the pair alone takes
+    if "entry_id" in two.columns or main.flagged is None or len(names) != 2: return None
+    out = set(main.flagged.loc[main.flagged["excluded"], "sample_id"])
+    common = set(two.loc[two["config"] == names[0], "study_id"]) & set(two.loc[two["config"] == names[1], "study_id"])
+    order = [u for u in dict.fromkeys(two["study_id"]) if u in common and u not in out]
+    sc = main.scores[(main.scores["metric"] == r.metric) & main.scores["config"].isin(names)]
+    per = {c: d.set_index("sample_id") for c, d in sc.groupby("config", sort=False)}
+    # the same studies: CIDEr-D's document frequencies are those of the same references
+    if set(per) != set(names) or any(set(d.index) != set(order) for d in per.values()): return None
+    cols = [c for c in sc.columns if c.startswith("stat_") and sc[c].notna().any()]
+    S = {c: per[c].loc[order, cols].to_numpy(dtype=float) for c in names}
+    return (order, names, S) if not any(np.isnan(x).any() for x in S.values()) else None
+
+def _reused_comparison(r, ctx: dict, two: pd.DataFrame, cl: pd.Series) -> pd.Series | None:
+    "The pair's comparison with `cl` as resampling units, bootstrapped from the main scoring's per-unit statistics."
+    got = _pair_stats(r, ctx, two)
+    m = resolve_metrics([ctx["scored"][r.metric]])[0]
+    f = dict(metric_leaves(m)).get(r.metric)
+    if got is None or f is None: return None
+    order, names, S = got
+    est = ctx["main"].estimates.set_index(["metric", "config"])["estimate"]
+    try: same = all(np.isclose(float(np.asarray(f(S[c].sum(0)[None]))[0]), est[(r.metric, c)]) for c in names)
+    except (ValueError, IndexError, KeyError): same = False   # statistics of another shape: score the pair again
+    if not same: return None
+    res = bootstrap_metrics({r.metric: (S, f)}, reps=ctx["reps"], seed=ctx["seed"], clusters=[cl[u] for u in order],
+                            size=ctx["size"], higher_is_better={r.metric: bool(getattr(m, "higher_is_better", True))})
+    return _facing(_quiet(holm_family, res)[0], r.first, r.second).iloc[0]
+
+def _distinct_comparison(r, ctx: dict, units: pd.Index, cl: pd.Series) -> pd.Series:
+    "The pair's comparison with `cl` as resampling units: from the main scoring's statistics, else scored again."
+    g = ctx["g"]
+    two = g[g["config"].isin([r.first, r.second]) & g["study_id"].isin(units)]
+    c = _reused_comparison(r, ctx, two, cl)
+    if c is not None: return c
+    res, _ = _quiet(score_systems, _by_config(two.assign(_distinct=two["study_id"].map(cl).to_numpy())), ctx["studies"],
+                    [ctx["scored"][r.metric]], reps=ctx["reps"], seed=ctx["seed"], ref_section=ctx["ref_section"],
+                    by=("system",), clusters="_distinct", size=ctx["size"])
+    return _facing(res.comparisons, r.first, r.second).iloc[0]
+
 def _distinct_lead(r, ctx: dict) -> tuple[bool, str]:
     "Does the lead stay significant when the leader's identical reports (and a patient's studies) are one unit?"
     a, b = ctx["texts"][r.first], ctx["texts"][r.second]
@@ -296,12 +338,7 @@ def _distinct_lead(r, ctx: dict) -> tuple[bool, str]:
     if n < ctx["min_distinct"]:
         return False, (f"its reports are {n} distinct text{'s' * (n != 1)}, too few to resample (needs "
                        f"{ctx['min_distinct']})")
-    g = ctx["g"]
-    two = g[g["config"].isin([r.first, r.second]) & g["study_id"].isin(units)]
-    res, _ = _quiet(score_systems, _by_config(two.assign(_distinct=two["study_id"].map(cl).to_numpy())), ctx["studies"],
-                    [ctx["scored"][r.metric]], reps=ctx["reps"], seed=ctx["seed"], ref_section=ctx["ref_section"],
-                    by=("system",), clusters="_distinct", size=ctx["size"])
-    c = _facing(res.comparisons, r.first, r.second).iloc[0]
+    c = _distinct_comparison(r, ctx, units, cl)
     held = bool(c.estimate > 0 and c.significant)
     return held, (f"counting each distinct text once ({n} resampling units) the gap is {_gap(c.estimate)} "
                   f"[{_gap(c.ci_low)}, {_gap(c.ci_high)}], {'still' if held else 'no longer'} significant")
@@ -605,7 +642,7 @@ def verdict(studies,                                    # studies: study_id, fin
     th = dict(min_win_prob=min_win_prob, min_unique_ratio=min_unique_ratio, max_top5_share=max_top5_share,
               max_prefix_rate=max_prefix_rate, min_distinct=int(min_distinct))   # the checks' thresholds
     ctx.update({k: s[k] for k in ("reps", "seed", "size", "ref_section", "checks")}, lab=lab, other=other,
-               patients=s["cluster_map"], **th)
+               patients=s["cluster_map"], main=res, **th)
     _say(s["progress"], t0, "checks of each comparison")
     done = [_row(r, ctx) for r in _oriented(_kept(res.comparisons, chosen, s["size"])).itertuples()]
     params = {k: s[k] for k in ("reps", "seed", "size", "ref_section", "rule", "checks", "preset")}
