@@ -793,6 +793,8 @@ def label_audit(studies,                                # `studies` (findings/im
         raise InputError("label_audit: every reference report is empty; there is nothing to label (every label "
                          "would be absent, and micro-F1 0 by construction)")
     ref_lab, gen_lab, cmap = label_reports(refs, labeler=lab), label_generations(g, lab), g[["sample_id", "study_id"]]
+    trace = trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis)))
+    if not keep_tables: trace = replace(trace, rows=_emptied(trace.rows))   # counted: its rows go before the alignments
     al = align_labels(ref_lab, gen_lab, labels, uncertain_positive, case_map=cmap)
     truth = None if findings is None else align_labels(findings_to_labels(findings, study_ids=refs.index), gen_lab,
                                                        labels, uncertain_positive, case_map=cmap)
@@ -802,9 +804,8 @@ def label_audit(studies,                                # `studies` (findings/im
     other = _contrast_labeler(contrast)
     kw = dict(reps=reps, seed=seed, clusters=clusters, labels=labels, uncertain_positive=uncertain_positive, pair=pair,
               exclude=exclude, size=size)
-    out = LabelAudit(ref_lab, gen_lab, al, truth,
-                     trace_label_triggers(gen_lab, texts=dict(zip(g.sample_id, g.hypothesis))), _audit_probes(lab),
-                     pair, tuple(exclude), int(reps), int(seed), size, _study_clusters(clusters, studies), lab.source)
+    out = LabelAudit(ref_lab, gen_lab, al, truth, trace, _audit_probes(lab), pair, tuple(exclude), int(reps), int(seed),
+                     size, _study_clusters(clusters, studies), lab.source)
     if not keep_tables: del ref_lab, gen_lab; out = _without_tables(out)   # gone before the contrast labels again
     return out if other is None else replace(out, contrast=label_audit(studies, g, labeler=other,
                                                                        keep_tables=keep_tables, **kw))
