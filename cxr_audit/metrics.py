@@ -17,7 +17,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -162,6 +162,15 @@ def _encode(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarra
     ids = pd.factorize(np.array(flat, dtype=object))[0].astype(np.int64) if flat else np.zeros(0, np.int64)
     return ids, np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
 
+def _encode_texts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    "`_encode` of the texts split on whitespace (the same ids), without holding their token lists."
+    vocab, lens = {}, np.zeros(len(texts), dtype=np.int64)
+    def ids():
+        for i, x in enumerate(texts):
+            toks = x.split(); lens[i] = len(toks)
+            for w in toks: yield vocab.setdefault(w, len(vocab))   # ids in order of first appearance, as factorize
+    return np.fromiter(ids(), dtype=np.int64), lens
+
 # %% ../nbs/07a_metrics.ipynb #63278c88
 def _dense(x: np.ndarray) -> tuple[np.ndarray, int]:
     "Dense ids `0..m-1` of the values of `x` (in sorted order), and `m`."
@@ -178,22 +187,24 @@ class NgramRows:
     size: int          # number of distinct n-grams of this order in the corpus
 
 # %% ../nbs/07a_metrics.ipynb #2ed31711
-def ngram_table(token_lists: Sequence[Sequence[str]], # tokenized texts
-                n: int                               # highest n-gram order
-               ) -> list[NgramRows]:
-    "For each order 1..`n`, the counts of every distinct n-gram of every text (exact integer ids)."
-    ids, lens = _encode(token_lists)
+def _ngram_orders(ids: np.ndarray, lens: np.ndarray, n: int) -> Iterator[NgramRows]:
+    "The `NgramRows` of orders 1..`n` of encoded texts, one order at a time."
     text = np.repeat(np.arange(len(lens)), lens)
     left = np.repeat(np.cumsum(lens), lens) - np.arange(len(ids))    # tokens from each position to the end of its text
-    gram, size, out = ids, max(int(ids.max()) + 1 if len(ids) else 1, 1), []
+    gram, size = ids, max(int(ids.max()) + 1 if len(ids) else 1, 1)
     for k in range(1, n + 1):
         pos = np.flatnonzero(left >= k)
         if k > 1:
             code, gram = gram[pos] * (len(ids) + 1) + ids[pos + k - 1], np.full(len(ids), -1, dtype=np.int64)
             gram[pos], size = _dense(code); size = max(size, 1)
         key, count = np.unique(text[pos] * size + gram[pos], return_counts=True)
-        out.append(NgramRows(key // size, key % size, count, size))
-    return out
+        yield NgramRows(key // size, key % size, count, size)
+
+def ngram_table(token_lists: Sequence[Sequence[str]], # tokenized texts
+                n: int                               # highest n-gram order
+               ) -> list[NgramRows]:
+    "For each order 1..`n`, the counts of every distinct n-gram of every text (exact integer ids)."
+    return list(_ngram_orders(*_encode(token_lists), n))
 
 # %% ../nbs/07a_metrics.ipynb #e07aee0a
 def _in_reference(rows: NgramRows, npairs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,10 +237,11 @@ def pair_counts(references: Sequence[str], # prepared references (they also give
                 n: int = 4                 # highest n-gram order
                ) -> PairCounts:
     "BLEU statistics and CIDEr-D's TF-IDF parts of every pair, counted for the whole corpus at once."
-    r, h = [x.split() for x in references], [x.split() for x in hypotheses]; N = len(r)
-    hl, rl = np.fromiter(map(len, h), float, N), np.fromiter(map(len, r), float, N)
+    N = len(references)
+    ids, lens = _encode_texts([*references, *hypotheses])   # token ids, no token lists: a large corpus's biggest part
+    rl, hl = lens[:N].astype(float), lens[N:].astype(float)
     bleu, dot, norms = np.zeros((N, 2 * n + 2)), np.zeros((N, n)), np.zeros((N, n, 2))
-    for k, rows in enumerate(ngram_table(r + h, n)):
+    for k, rows in enumerate(_ngram_orders(ids, lens, n)):   # one order's rows at a time
         hi, ri = _in_reference(rows, N); has, rj, pair = ri >= 0, np.maximum(ri, 0), rows.text[hi] - N
         bleu[:, k] = np.bincount(pair, weights=np.where(has, np.minimum(rows.count[hi], rows.count[rj]), 0),
                                  minlength=N)
