@@ -19,7 +19,7 @@ import pandas as pd
 
 from .core import (InputError, as_pandas, enable_theme, is_missing, md_table, patch, read_json, read_table,
                             require_columns, resource_text, sha256_text)
-from .reports import SPECIAL_TOKENS, regex_splitter, split_sentences
+from .reports import SPECIAL_TOKENS, split_sentences
 
 # %% auto #0
 __all__ = ['CHEXPERT_14', 'CHEXPERT_13', 'CHEXPERT_5', 'STATES', 'LABELS_COLUMNS', 'PHRASE_KINDS', 'OTHER_FINDING', 'PROFILES',
@@ -882,7 +882,7 @@ def texts_by_id(texts, labels: pd.DataFrame) -> dict:
 def _cue_evidence(labeler: Labeler, text, label: str) -> tuple[str | None, str | None]:
     "(sentence, phrase) where `text` most likely triggered `label`: a phrase of it, else a cue of it."
     if input_flag(text): return None, None
-    sents = _split(text, regex_splitter)   # the fast splitter of `reports`
+    sents = _split(text, "regex")   # the fast splitter of `reports`, split once with the labelers' own
     for s in sents:
         m = next((m for m in labeler.sentence_mentions(s) if m.label == label), None)
         if m: return s, m.phrase
@@ -945,7 +945,7 @@ def _from_normal_wording(labeler: Labeler, sentence, phrase, label: str) -> bool
 def _term_labels(labeler: Labeler, text) -> frozenset:
     "The labels of which `text` holds an abnormal (`mention` or `uncertain`) phrase, whatever its context."
     if input_flag(text): return frozenset()
-    return frozenset(m.label for s in _split(text, regex_splitter) for m in labeler.sentence_mentions(s)
+    return frozenset(m.label for s in _split(text, "regex") for m in labeler.sentence_mentions(s)
                      if m.kind in ("mention", "uncertain"))
 
 # %% ../nbs/06_labels.ipynb #9d8251a9
