@@ -924,6 +924,22 @@ def compare(self: SystemScores, metric: str | None = None # one metric's compari
     if metric not in self.results: raise InputError(f"unknown metric {metric!r}; scored: {self.metrics}")
     return self.comparisons[self.comparisons["metric"] == metric].reset_index(drop=True)
 
+# %% ../nbs/12_evaluator.ipynb #bc26badf
+@patch
+def unit_stats(self: SystemScores,
+               metric: str,            # a metric of `scores` (a leaf, e.g. bleu_4)
+               configs: Sequence[str]  # configurations scored
+              ) -> tuple[list, dict[str, np.ndarray]]:
+    "The units scored, in scoring order, and each configuration's `(units × k)` statistics of `metric` from `scores`."
+    sc = self.scores[(self.scores["metric"] == metric) & self.scores["config"].isin(list(configs))]
+    if not len(sc): raise InputError(f"unit_stats: no scores of {metric!r}; scored: {self.metrics}")
+    per = {c: d.set_index("sample_id") for c, d in sc.groupby("config", sort=False)}
+    missing = [c for c in configs if c not in per]
+    if missing: raise InputError(f"unit_stats: configuration(s) {missing} not scored; scored: {self.configs}")
+    cols = [c for c in sc.columns if c.startswith("stat_") and sc[c].notna().any()]   # the statistics this metric has
+    units = per[configs[0]].index.tolist()
+    return units, {c: per[c].loc[units, cols].to_numpy(dtype=float) for c in configs}
+
 # %% ../nbs/12_evaluator.ipynb #8b68e4cb
 @patch
 def paired(self: SystemScores, metric: str # a scored metric leaf

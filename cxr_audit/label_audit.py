@@ -768,9 +768,9 @@ def _emptied(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in df.dtypes.items()})
 
 def _without_tables(a: LabelAudit) -> LabelAudit:
-    "The audit without its long tables (labels, trace rows): every score, count, flag and chart is made without them."
+    "The audit without its labels tables (its trace rows already went): every score, count and chart is made."
     return replace(a, reference_labels=_emptied(a.reference_labels), generated_labels=_emptied(a.generated_labels),
-                   trace=replace(a.trace, rows=_emptied(a.trace.rows)), tables_kept=False)
+                   tables_kept=False)
 
 def label_audit(studies,                                # `studies` (findings/impression, or text)
                 generations,                            # the generations table

@@ -156,20 +156,16 @@ def bleu_pair_stats(reference: str,  # one prepared reference
     return m + [max(0, len(h) - k) for k in range(n)] + [len(h), len(r)]
 
 # %% ../nbs/07a_metrics.ipynb #e224e999
-def _encode(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
-    "Every token as an integer id (one vocabulary for all the texts), and each text's length."
-    flat = list(chain.from_iterable(token_lists))
-    ids = pd.factorize(np.array(flat, dtype=object))[0].astype(np.int64) if flat else np.zeros(0, np.int64)
-    return ids, np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+def _encode(token_lists: Iterable[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+    "Every token as an integer id (one vocabulary, ids in order of first appearance), and each text's length."
+    vocab, lens = {}, []
+    def ids():   # read one token list at a time: given a generator, no list of a large corpus's tokens is held
+        for toks in token_lists:
+            lens.append(len(toks))
+            for w in toks: yield vocab.setdefault(w, len(vocab))
+    out = np.fromiter(ids(), dtype=np.int64)
+    return out, np.array(lens, dtype=np.int64)
 
-def _encode_texts(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    "`_encode` of the texts split on whitespace (the same ids), without holding their token lists."
-    vocab, lens = {}, np.zeros(len(texts), dtype=np.int64)
-    def ids():
-        for i, x in enumerate(texts):
-            toks = x.split(); lens[i] = len(toks)
-            for w in toks: yield vocab.setdefault(w, len(vocab))   # ids in order of first appearance, as factorize
-    return np.fromiter(ids(), dtype=np.int64), lens
 
 # %% ../nbs/07a_metrics.ipynb #63278c88
 def _dense(x: np.ndarray) -> tuple[np.ndarray, int]:
@@ -238,7 +234,7 @@ def pair_counts(references: Sequence[str], # prepared references (they also give
                ) -> PairCounts:
     "BLEU statistics and CIDEr-D's TF-IDF parts of every pair, counted for the whole corpus at once."
     N = len(references)
-    ids, lens = _encode_texts([*references, *hypotheses])   # token ids, no token lists: a large corpus's biggest part
+    ids, lens = _encode(x.split() for x in chain(references, hypotheses))   # no token lists are held
     rl, hl = lens[:N].astype(float), lens[N:].astype(float)
     bleu, dot, norms = np.zeros((N, 2 * n + 2)), np.zeros((N, n)), np.zeros((N, n, 2))
     for k, rows in enumerate(_ngram_orders(ids, lens, n)):   # one order's rows at a time
@@ -514,7 +510,7 @@ def label_state_matrix(texts: Sequence[str],          # report texts
                        labels: Sequence[str],         # the columns, in order
                        memo: dict | None = None       # text -> states kept across calls (same labeler and labels)
                       ) -> np.ndarray:
-    "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts`, each distinct text labelled once (once per `memo`)."
+    "`(n × labels)` raw CheXpert states (1, 0, -1, NaN) of `texts` (each distinct text labelled once per `memo`)."
     seen: dict[str, np.ndarray] = {} if memo is None else memo
     if hasattr(labeler, "require"): labeler.require(texts)  # labels read from a file: name every missing text up front
     for t in texts:

@@ -295,12 +295,11 @@ def _pair_stats(r, ctx: dict, two: pd.DataFrame) -> tuple[list, list, dict] | No
     out = set(main.flagged.loc[main.flagged["excluded"], "sample_id"])
     common = set(two.loc[two["config"] == names[0], "study_id"]) & set(two.loc[two["config"] == names[1], "study_id"])
     order = [u for u in dict.fromkeys(two["study_id"]) if u in common and u not in out]
-    sc = main.scores[(main.scores["metric"] == r.metric) & main.scores["config"].isin(names)]
-    per = {c: d.set_index("sample_id") for c, d in sc.groupby("config", sort=False)}
+    units, S = main.unit_stats(r.metric, names)
     # the same studies: CIDEr-D's document frequencies are those of the same references
-    if set(per) != set(names) or any(set(d.index) != set(order) for d in per.values()): return None
-    cols = [c for c in sc.columns if c.startswith("stat_") and sc[c].notna().any()]
-    S = {c: per[c].loc[order, cols].to_numpy(dtype=float) for c in names}
+    if set(units) != set(order): return None
+    at = pd.Index(units).get_indexer(order)   # in the order scoring the pair alone takes
+    S = {c: s[at] for c, s in S.items()}
     return (order, names, S) if not any(np.isnan(x).any() for x in S.values()) else None
 
 def _reused_comparison(r, ctx: dict, two: pd.DataFrame, cl: pd.Series) -> pd.Series | None:
